@@ -1,0 +1,1 @@
+"""hvp-lightning."""

@@ -1,0 +1,122 @@
+"""Backbone registry: torchvision ResNets and timm ViTs, always randomly initialised.
+
+Every builder returns a module mapping images ``[B, 3, H, W]`` to features ``[B, D]`` and
+exposes ``feature_dim`` so heads can be sized without a dummy forward. Nothing here
+downloads weights: SSL pretraining starts from scratch, and tests run offline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+from torchvision.models import resnet as tvr
+
+
+class Backbone(nn.Module):
+    """Wraps a trunk so every backbone has the same interface (``forward`` -> ``[B, D]``)."""
+
+    def __init__(self, trunk: nn.Module, feature_dim: int, channels_last: bool = False,
+                 patch_size: int | None = None) -> None:
+        super().__init__()
+        self.trunk = trunk
+        self.feature_dim = feature_dim
+        self.channels_last = channels_last
+        self.patch_size = patch_size
+        if channels_last:
+            self.trunk.to(memory_format=torch.channels_last)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self.trunk(x)
+
+
+class _WidthResNet(tvr.ResNet):
+    """torchvision ResNet with a base width other than 64 (narrow nets for CPU runs).
+
+    Key names stay torchvision's (``conv1``, ``layer1.0.conv1`` ...), so a width-64 trunk's
+    state_dict loads into ``torchvision.models.resnet18()`` unchanged.
+    """
+
+    def __init__(self, block: type[nn.Module], layers: list[int], width: int, cifar_stem: bool) -> None:
+        self._scale = width / 64
+        self._first_layer = True
+        super().__init__(block, layers)  # type: ignore[arg-type]
+        if cifar_stem:
+            # CIFAR variant (SimCLR/SimSiam papers): 3x3 stride-1 stem, no max-pool.
+            self.conv1 = nn.Conv2d(3, width, kernel_size=3, stride=1, padding=1, bias=False)
+            self.maxpool = nn.Identity()
+        elif width != 64:
+            self.conv1 = nn.Conv2d(3, width, kernel_size=7, stride=2, padding=3, bias=False)
+        if width != 64:
+            self.bn1 = nn.BatchNorm2d(width)
+        nn.init.kaiming_normal_(self.conv1.weight, mode="fan_out", nonlinearity="relu")
+        self.fc = nn.Identity()
+
+    def _make_layer(self, block, planes, blocks, stride=1, dilate=False):  # type: ignore[override]
+        if self._first_layer:
+            self.inplanes = max(1, round(64 * self._scale))
+            self._first_layer = False
+        return super()._make_layer(block, max(1, round(planes * self._scale)), blocks, stride, dilate)
+
+
+_RESNETS: dict[str, tuple[type[nn.Module], list[int]]] = {
+    "resnet18": (tvr.BasicBlock, [2, 2, 2, 2]),
+    "resnet34": (tvr.BasicBlock, [3, 4, 6, 3]),
+    "resnet50": (tvr.Bottleneck, [3, 4, 6, 3]),
+}
+
+_VITS: dict[str, dict[str, int]] = {
+    "vit_tiny": dict(embed_dim=192, depth=12, num_heads=3),
+    "vit_small": dict(embed_dim=384, depth=12, num_heads=6),
+    "vit_base": dict(embed_dim=768, depth=12, num_heads=12),
+}
+
+
+def build_resnet(name: str, width: int = 64, cifar_stem: bool = False, channels_last: bool = True) -> Backbone:
+    block, layers = _RESNETS[name]
+    trunk = _WidthResNet(block, layers, width=width, cifar_stem=cifar_stem)
+    feature_dim = round(512 * width / 64) * block.expansion  # type: ignore[attr-defined]
+    return Backbone(trunk, feature_dim, channels_last=channels_last)
+
+
+def build_vit(name: str, img_size: int = 224, patch_size: int = 16, drop_path_rate: float = 0.0,
+              depth: int | None = None) -> Backbone:
+    import timm.models.vision_transformer as tvit
+
+    spec = dict(_VITS[name])
+    if depth is not None:
+        spec["depth"] = depth
+    trunk = tvit.VisionTransformer(
+        img_size=img_size, patch_size=patch_size, num_classes=0, drop_path_rate=drop_path_rate,
+        dynamic_img_size=True,  # multi-crop: local crops interpolate the position embedding
+        **spec,
+    )
+    return Backbone(trunk, spec["embed_dim"], patch_size=patch_size)
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    family: str
+    builder: Callable[..., Backbone]
+
+
+BACKBONES: dict[str, BackboneSpec] = {
+    **{n: BackboneSpec("resnet", build_resnet) for n in _RESNETS},
+    **{n: BackboneSpec("vit", build_vit) for n in _VITS},
+}
+
+
+def build_backbone(cfg) -> Backbone:
+    """Build from a ``backbone`` config group node (name + family-specific keys)."""
+    name = cfg.name
+    if name not in BACKBONES:
+        raise KeyError(name)
+    spec = BACKBONES[name]
+    if spec.family == "resnet":
+        return build_resnet(name, width=cfg.width, cifar_stem=cfg.cifar_stem, channels_last=cfg.channels_last)
+    return build_vit(name, img_size=cfg.img_size, patch_size=cfg.patch_size,
+                     drop_path_rate=cfg.drop_path_rate, depth=cfg.get("depth"))

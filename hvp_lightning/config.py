@@ -1,0 +1,136 @@
+"""Start-up validation: every bad value ends in one message naming the key, the value and
+what is allowed -- before any data is read or a Lightning Trainer exists."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from .backbones import BACKBONES
+from .data.datamodule import DATASETS, split_dir
+from .selection import MODES, PRECISIONS
+
+LOGGERS = ("wandb", "csv")
+
+
+class ConfigError(ValueError):
+    """A config value is not allowed; the message is meant for the user as is."""
+
+
+def _fail(key: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
+
+
+def _int_at_least(cfg: DictConfig, key: str, low: int) -> None:
+    value = _get(cfg, key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        _fail(key, value, f"expected an integer >= {low}")
+
+
+def _prob(cfg: DictConfig, key: str) -> None:
+    value = _get(cfg, key)
+    if not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        _fail(key, value, "expected a probability in [0, 1]")
+
+
+def _get(cfg: DictConfig, key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, DictConfig) else None
+    return node
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` on the first invalid setting."""
+    from .methods import METHODS
+
+    if cfg.method.name not in METHODS:
+        _fail("method.name", cfg.method.name, f"one of {', '.join(METHODS)}")
+    _int_at_least(cfg, "method.batch_size", 2)  # BatchNorm heads need >= 2 samples
+    if cfg.method.optimizer.base_lr <= 0:
+        _fail("method.optimizer.base_lr", cfg.method.optimizer.base_lr, "expected > 0")
+    _validate_backbone(cfg)
+    _validate_data(cfg)
+    _validate_hvp(cfg)
+    _validate_trainer(cfg)
+    _int_at_least(cfg, "eval.every_n_epochs", 1)
+    _int_at_least(cfg, "eval.knn_k", 1)
+    if not cfg.eval.knn_temperature > 0:
+        _fail("eval.knn_temperature", cfg.eval.knn_temperature, "expected > 0")
+    if cfg.logger.name not in LOGGERS:
+        _fail("logger.name", cfg.logger.name, f"one of {', '.join(LOGGERS)}")
+    if cfg.logger.name == "wandb" and cfg.logger.mode not in ("auto", "online", "offline", "disabled"):
+        _fail("logger.mode", cfg.logger.mode, "one of auto, online, offline, disabled")
+
+
+def _validate_backbone(cfg: DictConfig) -> None:
+    b, crop = cfg.backbone, cfg.data.crop_size
+    if b.name not in BACKBONES:
+        _fail("backbone.name", b.name, f"one of {', '.join(BACKBONES)}")
+    _int_at_least(cfg, "data.crop_size", 1)
+    if BACKBONES[b.name].family == "resnet":
+        _int_at_least(cfg, "backbone.width", 1)
+        smallest = 8 if b.cifar_stem else 32  # the trunk downsamples 8x (CIFAR stem) or 32x
+        if crop < smallest:
+            _fail("data.crop_size", crop, f">= {smallest} px for {b.name} with cifar_stem={b.cifar_stem}")
+    else:
+        _int_at_least(cfg, "backbone.patch_size", 1)
+        if crop % b.patch_size:
+            _fail("data.crop_size", crop, f"a multiple of backbone.patch_size={b.patch_size} for {b.name}")
+
+
+def _validate_data(cfg: DictConfig) -> None:
+    d = cfg.data
+    if d.name not in DATASETS:
+        _fail("data.name", d.name, f"one of {', '.join(DATASETS)}")
+    for key in ("flip_p", "jitter_p", "gray_p", "blur_p", "solarize_p"):
+        _prob(cfg, f"data.aug.{key}")
+    lo, hi = d.aug.scale
+    if not 0 < lo <= hi <= 1:
+        _fail("data.aug.scale", list(d.aug.scale), "two numbers 0 < min <= max <= 1")
+    _int_at_least(cfg, "data.num_workers", 0)
+    for key in ("train_subset", "test_subset"):
+        if d.get(key) is not None:
+            _int_at_least(cfg, f"data.{key}", 1)
+    if d.name == "synthetic":
+        _int_at_least(cfg, "data.train_size", 2)
+        _int_at_least(cfg, "data.test_size", 1)
+        return
+    root = Path(str(d.root)).expanduser()
+    if d.name == "imagefolder":
+        for split in ("train", "test"):
+            folder = split_dir(root, split)
+            if not folder.is_dir() or not any(p.is_dir() for p in folder.iterdir()):
+                want = "<root>/train/<class>/*" if split == "train" else "<root>/test/<class>/* or <root>/val/<class>/*"
+                _fail("data.root", str(d.root), f"an ImageNet-layout folder with {want} (no class folders in {folder})")
+    elif not d.download and (not root.is_dir() or not any(root.iterdir())):
+        _fail("data.root", str(d.root), f"a folder holding {d.name} (it is missing or empty; set data.download=true to fetch it)")
+
+
+def _validate_hvp(cfg: DictConfig) -> None:
+    h = cfg.get("hvp")
+    if h is None or not h.get("enabled", False):
+        return
+    _int_at_least(cfg, "hvp.num_views", 2)
+    if h.mode not in MODES:
+        _fail("hvp.mode", h.mode, f"one of {', '.join(MODES)}")
+    _int_at_least(cfg, "hvp.every_n_steps", 1)
+    if h.selection_precision not in PRECISIONS:
+        _fail("hvp.selection_precision", h.selection_precision, f"one of {', '.join(PRECISIONS)}")
+    if h.get("max_combinations") is not None:
+        _int_at_least(cfg, "hvp.max_combinations", 1)
+
+
+def _validate_trainer(cfg: DictConfig) -> None:
+    import lightning as L
+
+    allowed = set(inspect.signature(L.Trainer.__init__).parameters) - {"self", "logger", "callbacks", "default_root_dir"}
+    for key in cfg.trainer:
+        if key not in allowed:
+            _fail(f"trainer.{key}", cfg.trainer[key], "not a lightning.Trainer argument")
+    _int_at_least(cfg, "trainer.max_epochs", 1)
+    if cfg.trainer.get("accumulate_grad_batches") is not None:
+        _int_at_least(cfg, "trainer.accumulate_grad_batches", 1)

@@ -1,0 +1,137 @@
+"""Base LightningModule shared by all SSL methods: backbone, optimiser and schedule,
+online k-NN monitor, run counters. Methods add their heads, loss and HVP hooks."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+
+from ..backbones import build_backbone
+from ..data.augment import ViewAug
+from ..data.datamodule import view_aug
+from ..knn import knn_accuracy
+from ..selection import HVPConfig
+
+
+def hvp_config(cfg: DictConfig) -> HVPConfig:
+    node = cfg.get("hvp")
+    if node is None or not node.get("enabled", False):
+        return HVPConfig(enabled=False)
+    return HVPConfig(enabled=True, num_views=node.num_views, mode=node.mode, every_n_steps=node.every_n_steps,
+                     selection_precision=node.selection_precision, max_combinations=node.get("max_combinations"))
+
+
+def warmup_cosine(step: int, total: int, warmup: int, final_ratio: float = 0.0) -> float:
+    """LR multiplier: linear warm-up over ``warmup`` steps, then cosine to ``final_ratio``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return final_ratio + (1 - final_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class SSLMethod(L.LightningModule):
+    """Everything a method needs that is not its loss. Subclasses implement ``ssl_step``
+    and may override ``param_groups`` (e.g. SimSiam's fixed-LR predictor)."""
+
+    def __init__(self, cfg: DictConfig | dict) -> None:
+        super().__init__()
+        cfg = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
+        self.save_hyperparameters({"cfg": OmegaConf.to_container(cfg, resolve=True)})
+        self.cfg = cfg
+        self.seed = int(cfg.get("seed", 0))
+        self.hvp = hvp_config(cfg)
+        self.backbone = build_backbone(cfg.backbone)
+        self.num_classes = int(cfg.data.get("num_classes") or 0)
+        self.images_seen = 0
+        self.skipped_files: set[str] = set()
+        self.knn_result: dict[str, float] = {}
+        self._val_store: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+
+    # --- hooks for methods ---------------------------------------------------------------
+    @classmethod
+    def view_augs(cls, cfg: DictConfig) -> tuple[ViewAug, ...]:
+        """Augmentation of each view the loader produces per image, in order: 2 for the
+        baseline, ``hvp.num_views`` candidates with HVP. Multi-crop methods override this."""
+        return (view_aug(cfg.data),) * hvp_config(cfg).views_per_image
+
+    def ssl_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        return self.ssl_step(batch, batch_idx)
+
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [{"params": [p for p in self.parameters() if p.requires_grad]}]
+
+    @property
+    def eval_backbone(self) -> torch.nn.Module:
+        """Backbone whose features are evaluated (the teacher's for DINO/iBOT)."""
+        return self.backbone
+
+    # --- optimisation --------------------------------------------------------------------
+    @property
+    def global_batch_size(self) -> int:
+        t = self.trainer
+        return self.cfg.method.batch_size * t.world_size * t.accumulate_grad_batches
+
+    def configure_optimizers(self):
+        opt_cfg = self.cfg.method.optimizer
+        lr = opt_cfg.base_lr * self.global_batch_size / 256  # linear scaling rule (SimSiam/SimCLR)
+        groups = self.param_groups()
+        if opt_cfg.name == "sgd":
+            opt = torch.optim.SGD(groups, lr=lr, momentum=opt_cfg.momentum, weight_decay=opt_cfg.weight_decay)
+        elif opt_cfg.name == "adamw":
+            opt = torch.optim.AdamW(groups, lr=lr, weight_decay=opt_cfg.weight_decay)
+        else:
+            raise ValueError(f"method.optimizer.name={opt_cfg.name!r}; allowed: sgd, adamw")
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        steps_per_epoch = max(1, total // max(1, self.trainer.max_epochs or 1))
+        warmup = int(opt_cfg.warmup_epochs * steps_per_epoch)
+
+        def schedule(step: int) -> float:
+            return warmup_cosine(step, total, warmup, opt_cfg.final_lr_ratio)
+
+        lambdas = [(lambda _: 1.0) if g.get("fixed_lr") else schedule for g in groups]
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambdas)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # --- counters --------------------------------------------------------------------------
+    def on_train_batch_end(self, outputs: Any, batch: dict[str, Any], batch_idx: int) -> None:
+        self.images_seen += int(batch["label"].shape[0]) * self.trainer.world_size
+        self.skipped_files.update(f for f in batch.get("bad_file", ()) if f)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False, batch_size=1)  # type: ignore[union-attr]
+
+    # --- online k-NN monitor (validation loop: bank loader 0, query loader 1) ---------------
+    def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        feats = F.normalize(self.eval_backbone(batch["image"]).float(), dim=1)
+        self._val_store.setdefault(dataloader_idx, []).append((feats, batch["label"], batch["index"]))
+        self.skipped_files.update(f for f in batch.get("bad_file", ()) if f)
+
+    def _gathered(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        feats, labels, index = (torch.cat(x) for x in zip(*self._val_store[idx]))
+        if self.trainer.world_size > 1:  # every rank saw a shard; DistributedSampler pads duplicates
+            feats, labels, index = (self.all_gather(x).flatten(0, 1) for x in (feats, labels, index))
+            order = torch.argsort(index, stable=True)
+            index, feats, labels = index[order], feats[order], labels[order]
+            keep = torch.ones_like(index, dtype=torch.bool)
+            keep[1:] = index[1:] != index[:-1]
+            feats, labels = feats[keep], labels[keep]
+        return feats, labels
+
+    def on_validation_epoch_end(self) -> None:
+        if not {0, 1} <= self._val_store.keys():
+            self._val_store.clear()
+            return
+        bank, bank_labels = self._gathered(0)
+        queries, query_labels = self._gathered(1)
+        self._val_store.clear()
+        knn = self.cfg.eval
+        res = knn_accuracy(bank, bank_labels, queries, query_labels, self.num_classes, knn.knn_k, knn.knn_temperature)
+        self.knn_result = dict(res, epoch=self.current_epoch)
+        self.log("knn/top1", res["top1"], prog_bar=True, add_dataloader_idx=False)
+        self.log("knn/top5", res["top5"], add_dataloader_idx=False)

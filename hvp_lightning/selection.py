@@ -1,0 +1,224 @@
+"""Hard View Pretraining: the selection step shared by every method.
+
+The whole algorithm lives here. A method that mixes in :class:`HardViewMixin` supplies
+
+* ``candidate_scores(batch) -> Tensor[B, C]``: the method's own per-sample loss for every
+  candidate combination ``c`` (pairs for SimSiam/SimCLR, crop sets for DINO/iBOT), computed
+  from a forward over all candidate views. The mixin runs it without gradients, with
+  BatchNorm running statistics frozen and RNG streams restored afterwards;
+* ``select_views(batch, choice) -> batch``: the ordinary 2-view (or multi-crop) batch made of
+  each sample's chosen combination (pair methods get this for free);
+* ``ssl_step(batch, batch_idx) -> loss``: the method's unchanged training step.
+
+With HVP off, ``training_step`` is exactly ``ssl_step``: the mixin adds nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+MODES = ("hard", "easy", "random")
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class HVPConfig:
+    """What the paper varies: number of views, choice rule, frequency, selection precision."""
+
+    enabled: bool = False
+    num_views: int = 4
+    mode: str = "hard"
+    every_n_steps: int = 1
+    selection_precision: str = "fp32"
+    # Multi-crop methods only: score K random combinations instead of the exact maximum
+    # (the paper's fidelity setting); None = exact.
+    max_combinations: int | None = None
+
+    @property
+    def views_per_image(self) -> int:
+        """Candidate views the data pipeline must produce per image (2 = baseline)."""
+        return self.num_views if self.enabled else 2
+
+
+def pair_index(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """All unordered pairs ``(k, l)``, ``k < l``, of ``n`` views: LongTensor ``[n(n-1)/2, 2]``.
+
+    The order is row-major (``(0,1), (0,2), ..., (n-2,n-1)``), so with ``n == 2`` the only
+    pair is ``(0, 1)`` -- the baseline's pair.
+    """
+    return torch.triu_indices(n, n, offset=1, device=device).T.contiguous()
+
+
+def choose(table: torch.Tensor, mode: str, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Per-sample choice over candidate combinations: ``table`` is ``[B, C]`` -> LongTensor ``[B]``.
+
+    ``hard`` = argmax of the loss (the paper's HVP), ``easy`` = argmin (the "cooperative"
+    ablation), ``random`` = uniform over the same candidates (isolates the effect of the
+    choice from the effect of drawing more views).
+    """
+    if mode == "hard":
+        return table.argmax(dim=1)
+    if mode == "easy":
+        return table.argmin(dim=1)
+    if mode == "random":
+        idx = torch.randint(table.shape[1], (table.shape[0],), generator=generator)
+        return idx.to(table.device)
+    raise ValueError(f"hvp.mode={mode!r}; allowed: {', '.join(MODES)}")
+
+
+def resolve_selection_dtype(precision: str, device_type: str) -> torch.dtype | None:
+    """Autocast dtype for the selection forward, or None for full fp32.
+
+    On CPU, bf16/fp16 autocast was measured 30-37x *slower* than fp32 for ResNet convs
+    (DESIGN.md), so it falls back to fp32 there -- loudly, never silently.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"hvp.selection_precision={precision!r}; allowed: {', '.join(PRECISIONS)}")
+    if precision == "fp32":
+        return None
+    if device_type == "cpu":
+        warnings.warn(
+            f"hvp.selection_precision={precision} is not used on CPU: low-precision autocast "
+            "convolutions run 30-37x slower than fp32 there; selecting in fp32 instead.",
+            stacklevel=2,
+        )
+        return None
+    return torch.bfloat16 if precision == "bf16" else torch.float16
+
+
+@contextmanager
+def frozen_state(module: nn.Module, device: torch.device) -> Iterator[None]:
+    """No gradients, no BatchNorm running-stat updates, RNG streams restored on exit.
+
+    BatchNorm keeps normalising with the *batch* statistics in train mode (as the loss it
+    imitates does); ``track_running_stats=False`` only stops the buffer updates (running
+    mean/var and ``num_batches_tracked``). Forking the RNG means dropout/drop-path in the
+    selection forward cannot shift the random streams of the training step or the loader.
+    """
+    bns = [m for m in module.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
+    for m in bns:
+        m.track_running_stats = False
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            yield
+    finally:
+        for m in bns:
+            m.track_running_stats = True
+
+
+def gather_pairs(views: torch.Tensor, pairs: torch.Tensor, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick each sample's chosen pair from stacked candidates ``views`` ``[N, B, ...]``.
+
+    Returns the two view batches ``[B, ...]`` -- vectorised, no loop over samples.
+    """
+    b = torch.arange(views.shape[1], device=views.device)
+    k, l = pairs[choice].to(views.device).unbind(1)
+    return views[k, b], views[l, b]
+
+
+def _stable_seed(*parts: int) -> int:
+    digest = hashlib.blake2b(" ".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+class HardViewMixin:
+    """Overrides ``training_step`` with HVP's select-then-train step (see module docstring).
+
+    Put it before the LightningModule base: ``class SimSiam(HardViewMixin, SSLMethod)``.
+    The host sets ``self.hvp`` (an :class:`HVPConfig`) in ``__init__``.
+    """
+
+    hvp: HVPConfig
+
+    # --- hooks the method provides -------------------------------------------------------
+    def candidate_scores(self, batch: dict[str, Any]) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def ssl_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+    def select_views(self, batch: dict[str, Any], choice: torch.Tensor) -> dict[str, Any]:
+        """Default for pair methods: ``batch['views']`` is a list of N candidate batches."""
+        stacked = torch.stack(batch["views"])
+        pairs = pair_index(stacked.shape[0])
+        v1, v2 = gather_pairs(stacked, pairs, choice)
+        out = dict(batch, views=[v1, v2])
+        if "params" in batch:  # augmentation parameters travel with their views
+            out["params"] = _gather_params(batch["params"], pairs, choice)
+        return out
+
+    # --- the step --------------------------------------------------------------------------
+    def hvp_active(self) -> bool:
+        return self.hvp.enabled and self.global_step % self.hvp.every_n_steps == 0  # type: ignore[attr-defined]
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        if not self.hvp.enabled:
+            return self.ssl_step(batch, batch_idx)
+        if not self.hvp_active():
+            # Alternating schedule: an ordinary step on the first two (i.i.d.) candidates.
+            return self.ssl_step(self.select_views(batch, self._first_combination(batch)), batch_idx)
+        table = self.score_candidates(batch)
+        choice = choose(table, self.hvp.mode, self._choice_generator())
+        self._record_selection(batch, table, choice)
+        return self.ssl_step(self.select_views(batch, choice), batch_idx)
+
+    def score_candidates(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The selection pass: ``candidate_scores`` under :func:`frozen_state` and autocast."""
+        device: torch.device = self.device  # type: ignore[attr-defined]
+        dtype = self._selection_dtype(device.type)
+        amp = torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+        with frozen_state(self, device), amp:  # type: ignore[arg-type]
+            table = self.candidate_scores(batch)
+        return table.float()
+
+    # --- helpers ---------------------------------------------------------------------------
+    def _first_combination(self, batch: dict[str, Any]) -> torch.Tensor:
+        return torch.zeros(batch["label"].shape[0], dtype=torch.long, device=self.device)  # type: ignore[attr-defined]
+
+    def _selection_dtype(self, device_type: str) -> torch.dtype | None:
+        key = (self.hvp.selection_precision, device_type)
+        if getattr(self, "_hvp_dtype_key", None) != key:  # resolve (and warn) once per device
+            self._hvp_dtype = resolve_selection_dtype(*key)
+            self._hvp_dtype_key = key
+        return self._hvp_dtype
+
+    def _choice_generator(self) -> torch.Generator | None:
+        """Private generator for ``random`` mode: reproducible, and it leaves the global RNG
+        (and so the data loader's views) exactly where the baseline would have it."""
+        if self.hvp.mode != "random":
+            return None
+        seed = getattr(self, "seed", 0)
+        return torch.Generator().manual_seed(_stable_seed(seed, self.global_step, self.global_rank))  # type: ignore[attr-defined]
+
+    def _record_selection(self, batch: dict[str, Any], table: torch.Tensor, choice: torch.Tensor) -> None:
+        selected = table.gather(1, choice[:, None]).squeeze(1)
+        sel, cand = selected.mean(), table.mean()
+        b = table.shape[0]
+        self.log("hvp/selected_loss", sel, on_step=True, on_epoch=True, batch_size=b)  # type: ignore[attr-defined]
+        self.log("hvp/candidate_loss", cand, on_step=True, on_epoch=True, batch_size=b)  # type: ignore[attr-defined]
+        self.log("hvp/selected_minus_candidate", sel - cand, on_step=True, on_epoch=False, batch_size=b)  # type: ignore[attr-defined]
+        # Run totals (selected sum, candidate sum, samples) stay on device: no sync per step.
+        inc = torch.stack([selected.sum(), table.mean(1).sum(), table.new_tensor(float(table.shape[0]))]).double()
+        totals = getattr(self, "hvp_totals", None)
+        self.hvp_totals = inc if totals is None else totals.to(inc.device) + inc
+        self.last_selection = {"table": table.detach(), "choice": choice.detach()}
+
+
+def _gather_params(params: dict[str, torch.Tensor], pairs: torch.Tensor, choice: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Keep the augmentation parameters of the chosen views: ``[B, N, ...]`` -> ``[B, 2, ...]``."""
+    k, l = pairs[choice].unbind(1)
+    b = torch.arange(choice.shape[0])
+    out = {}
+    for name, p in params.items():
+        kk, ll, bb = k.to(p.device), l.to(p.device), b.to(p.device)
+        out[name] = torch.stack([p[bb, kk], p[bb, ll]], dim=1)
+    return out

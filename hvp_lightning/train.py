@@ -1,0 +1,115 @@
+"""The training driver behind ``python train.py``: validate, build, fit, evaluate, summarise."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from .config import ConfigError, validate
+from .data.datamodule import SSLDataModule
+from .methods import METHODS, SSLMethod
+
+log = logging.getLogger(__name__)
+
+
+def build_logger(cfg: DictConfig, run_dir: Path):
+    from lightning.pytorch.loggers import CSVLogger, WandbLogger
+
+    if cfg.logger.name == "csv":
+        return CSVLogger(save_dir=str(run_dir), name="csv", version="")
+    lc = cfg.logger
+    mode = os.environ.get("WANDB_MODE") or (lc.mode if lc.mode != "auto" else ("online" if _wandb_logged_in() else "offline"))
+    return WandbLogger(project=lc.project, entity=lc.entity, group=lc.group, tags=list(lc.tags),
+                       name=run_dir.name, save_dir=str(run_dir), mode=mode,
+                       config=OmegaConf.to_container(cfg, resolve=True))
+
+
+def _wandb_logged_in() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
+
+
+def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Pretrain as configured and return the summary (also written to run_dir/summary.json)."""
+    validate(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    torch.set_float32_matmul_precision("high")
+    method_cls = METHODS[cfg.method.name]
+    dm = SSLDataModule(cfg.data, method_cls.view_augs(cfg), cfg.method.batch_size, cfg.data.num_workers, cfg.seed)
+    dm.setup("fit")
+    if len(dm.train_set) < cfg.method.batch_size:
+        raise ConfigError(f"method.batch_size={cfg.method.batch_size} is not allowed: the training set has only "
+                          f"{len(dm.train_set)} images (batches are full, drop_last)")
+    with open_dict(cfg):
+        cfg.data.num_classes = dm.num_classes
+    model: SSLMethod = method_cls(cfg)
+    trainer = L.Trainer(
+        **OmegaConf.to_container(cfg.trainer, resolve=True),  # type: ignore[arg-type]
+        default_root_dir=str(run_dir),
+        logger=build_logger(cfg, run_dir),
+        callbacks=[ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0)],
+        check_val_every_n_epoch=cfg.eval.every_n_epochs,
+        num_sanity_val_steps=0,
+    )
+    start = time.time()
+    trainer.fit(model, datamodule=dm)
+    if model.knn_result.get("epoch") != trainer.max_epochs - 1:  # k-NN always runs on the final weights
+        trainer.validate(model, datamodule=dm, verbose=False)
+    summary = _summary(cfg, model, trainer, run_dir, time.time() - start)
+    if trainer.is_global_zero:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        OmegaConf.save(cfg, run_dir / "config.yaml")
+    return summary
+
+
+def _summary(cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Path, seconds: float) -> dict[str, Any]:
+    metrics = trainer.callback_metrics
+    skipped = sorted(model.skipped_files)
+    if trainer.world_size > 1:
+        gathered: list[Any] = [None] * trainer.world_size
+        torch.distributed.all_gather_object(gathered, skipped)
+        skipped = sorted({f for part in gathered for f in part})
+    out: dict[str, Any] = {
+        "method": cfg.method.name,
+        "backbone": cfg.backbone.name,
+        "dataset": cfg.data.name,
+        "hvp_enabled": model.hvp.enabled,
+        "num_classes": model.num_classes,
+        "knn_top1": model.knn_result.get("top1"),
+        "knn_top5": model.knn_result.get("top5"),
+        "knn_chance": 1 / model.num_classes,
+        "train_loss": float(metrics["train/loss_epoch"]) if "train/loss_epoch" in metrics else None,
+        "epochs": trainer.current_epoch,
+        "steps": trainer.global_step,
+        "images_seen": model.images_seen,
+        "skipped_images": len(skipped),
+        "skipped_files": skipped[:100],
+        "seed": cfg.seed,
+        "wall_time_s": round(seconds, 1),
+        "run_dir": str(run_dir),
+    }
+    totals = getattr(model, "hvp_totals", None)
+    if model.hvp.enabled:
+        if totals is not None:
+            totals = trainer.strategy.reduce(totals.clone(), reduce_op="sum")
+        n = float(totals[2]) if totals is not None else 0.0
+        out["hvp"] = {
+            "num_views": model.hvp.num_views, "mode": model.hvp.mode, "every_n_steps": model.hvp.every_n_steps,
+            "selection_precision": model.hvp.selection_precision,
+            "selected_loss_mean": float(totals[0]) / n if n else None,
+            "candidate_loss_mean": float(totals[1]) / n if n else None,
+            "selected_samples": int(n),
+        }
+    return out

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
+import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -23,3 +27,53 @@ def mlp(in_dim: int, hidden_dim: int, out_dim: int, num_layers: int, last_bn: bo
     if last_bn:
         layers.append(nn.BatchNorm1d(out_dim, affine=last_bn_affine))
     return nn.Sequential(*layers)
+
+
+class WeightNormLinear(nn.Module):
+    """Bias-free linear layer with weight ``g * v / ||v||`` (one norm per output unit).
+
+    Written out rather than using torch's weight-norm parametrisation so that the teacher
+    can be a plain ``deepcopy`` and the EMA walks ordinary parameters. ``fix_norm`` freezes
+    ``g`` at 1 (DINO's ``norm_last_layer``, which the authors found stabilises training).
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, fix_norm: bool = True) -> None:
+        super().__init__()
+        self.weight_v = nn.Parameter(torch.empty(out_dim, in_dim))
+        nn.init.kaiming_uniform_(self.weight_v, a=math.sqrt(5))  # nn.Linear's default init
+        self.weight_g = nn.Parameter(torch.ones(out_dim), requires_grad=not fix_norm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight_g[:, None] * F.normalize(self.weight_v, dim=1))
+
+
+class DINOHead(nn.Module):
+    """DINO projection head: MLP (GELU) -> bottleneck -> L2-normalise -> weight-normed layer.
+
+    Parameters of the output layer live under ``last_layer`` so the method can find them by
+    name (DINO freezes them during the first epoch(s)).
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, hidden_dim: int = 2048, bottleneck_dim: int = 256,
+                 num_layers: int = 3, use_bn: bool = False, norm_last_layer: bool = True) -> None:
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        layers: list[nn.Module] = []
+        dim = in_dim
+        for _ in range(num_layers - 1):
+            layers.append(nn.Linear(dim, hidden_dim))
+            if use_bn:
+                layers.append(nn.BatchNorm1d(hidden_dim))
+            layers.append(nn.GELU())
+            dim = hidden_dim
+        layers.append(nn.Linear(dim, bottleneck_dim))
+        self.mlp = nn.Sequential(*layers)
+        for m in self.mlp.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+        self.last_layer = WeightNormLinear(bottleneck_dim, out_dim, fix_norm=norm_last_layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last_layer(F.normalize(self.mlp(x), dim=-1))

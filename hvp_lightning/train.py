@@ -65,17 +65,18 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     )
     start = time.time()
     trainer.fit(model, datamodule=dm)
+    train_loss = trainer.callback_metrics.get("train/loss_epoch")  # validate() below clears it
     if model.knn_result.get("epoch") != trainer.max_epochs - 1:  # k-NN always runs on the final weights
         trainer.validate(model, datamodule=dm, verbose=False)
-    summary = _summary(cfg, model, trainer, run_dir, time.time() - start)
+    summary = _summary(cfg, model, trainer, run_dir, time.time() - start, train_loss)
     if trainer.is_global_zero:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         OmegaConf.save(cfg, run_dir / "config.yaml")
     return summary
 
 
-def _summary(cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Path, seconds: float) -> dict[str, Any]:
-    metrics = trainer.callback_metrics
+def _summary(cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Path, seconds: float,
+             train_loss: torch.Tensor | None) -> dict[str, Any]:
     skipped = sorted(model.skipped_files)
     if trainer.world_size > 1:
         gathered: list[Any] = [None] * trainer.world_size
@@ -90,7 +91,7 @@ def _summary(cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Pat
         "knn_top1": model.knn_result.get("top1"),
         "knn_top5": model.knn_result.get("top5"),
         "knn_chance": 1 / model.num_classes,
-        "train_loss": float(metrics["train/loss_epoch"]) if "train/loss_epoch" in metrics else None,
+        "train_loss": float(train_loss) if train_loss is not None else None,
         "epochs": trainer.current_epoch,
         "steps": trainer.global_step,
         "images_seen": model.images_seen,

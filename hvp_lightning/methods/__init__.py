@@ -1,8 +1,10 @@
 """Method registry: ``METHODS[name]`` is the LightningModule class for ``method.name``."""
 
 from .base import SSLMethod
+from .dino import DINO
+from .simclr import SimCLR
 from .simsiam import SimSiam
 
-METHODS: dict[str, type[SSLMethod]] = {"simsiam": SimSiam}
+METHODS: dict[str, type[SSLMethod]] = {"dino": DINO, "simsiam": SimSiam, "simclr": SimCLR}
 
-__all__ = ["METHODS", "SSLMethod", "SimSiam"]
+__all__ = ["DINO", "METHODS", "SSLMethod", "SimCLR", "SimSiam"]

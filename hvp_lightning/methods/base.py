@@ -15,6 +15,7 @@ from ..backbones import build_backbone
 from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
 from ..knn import knn_accuracy
+from ..optim import LARS
 from ..selection import HVPConfig
 
 
@@ -87,8 +88,11 @@ class SSLMethod(L.LightningModule):
             opt = torch.optim.SGD(groups, lr=lr, momentum=opt_cfg.momentum, weight_decay=opt_cfg.weight_decay)
         elif opt_cfg.name == "adamw":
             opt = torch.optim.AdamW(groups, lr=lr, weight_decay=opt_cfg.weight_decay)
+        elif opt_cfg.name == "lars":  # SimCLR: no decay/adaptation for biases and norm params
+            opt = LARS(groups, lr=lr, momentum=opt_cfg.momentum, weight_decay=opt_cfg.weight_decay,
+                       eta=opt_cfg.get("eta", 1e-3))
         else:
-            raise ValueError(f"method.optimizer.name={opt_cfg.name!r}; allowed: sgd, adamw")
+            raise ValueError(f"method.optimizer.name={opt_cfg.name!r}; allowed: sgd, adamw, lars")
         total = max(1, int(self.trainer.estimated_stepping_batches))
         steps_per_epoch = max(1, total // max(1, self.trainer.max_epochs or 1))
         warmup = int(opt_cfg.warmup_epochs * steps_per_epoch)

@@ -1,0 +1,66 @@
+"""LARS (You et al., 2017) as SimCLR uses it: large-batch SGD with a layer-wise trust ratio.
+
+Why: SimCLR trains with batches of 4096 and linearly scaled learning rates (0.3 x 4096/256 =
+4.8); plain SGD diverges there. LARS rescales each weight tensor's step by
+``eta * ||w|| / ||g + wd * w||`` so that no layer's update is large relative to its weights.
+As in the SimCLR code, biases and BatchNorm parameters (every parameter with ``ndim <= 1``)
+get neither weight decay nor the trust ratio: their norms say nothing about a layer's scale.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+
+
+class LARS(torch.optim.Optimizer):
+    """SGD with (heavy-ball) momentum and layer-wise adaptive rate scaling.
+
+    Per parameter ``w`` with gradient ``g``, for tensors with ``ndim > 1``::
+
+        d     = g + weight_decay * w
+        trust = eta * ||w|| / ||d||      (1 where either norm is 0)
+        v     = momentum * v + lr * trust * d
+        w     = w - v
+
+    and for 1-D tensors (biases, norm layers) ``d = g`` and ``trust = 1``. The learning rate
+    sits inside the momentum buffer, as in the SimCLR reference implementation. Set
+    ``exclude_1d=False`` in a param group to adapt and decay its 1-D tensors too.
+    """
+
+    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], lr: float,
+                 momentum: float = 0.9, weight_decay: float = 0.0, eta: float = 1e-3,
+                 exclude_1d: bool = True) -> None:
+        if lr < 0 or momentum < 0 or weight_decay < 0 or eta <= 0:
+            raise ValueError(f"LARS: invalid lr={lr}, momentum={momentum}, weight_decay={weight_decay}, eta={eta}")
+        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta, exclude_1d=exclude_1d)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, momentum, wd, eta = group["lr"], group["momentum"], group["weight_decay"], group["eta"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                d = p.grad
+                if not (group["exclude_1d"] and p.ndim <= 1):
+                    if wd:
+                        d = d.add(p, alpha=wd)
+                    w_norm = torch.linalg.vector_norm(p)
+                    d_norm = torch.linalg.vector_norm(d)
+                    # torch.where keeps this on device (no host sync per tensor).
+                    trust = torch.where((w_norm > 0) & (d_norm > 0), eta * w_norm / d_norm, torch.ones_like(w_norm))
+                    d = d * trust
+                state = self.state[p]
+                buf = state.get("momentum_buffer")
+                if buf is None:
+                    buf = state["momentum_buffer"] = torch.zeros_like(p)
+                buf.mul_(momentum).add_(d, alpha=lr)
+                p.sub_(buf)
+        return loss

@@ -1,0 +1,120 @@
+"""Data pipeline: recorded augmentation parameters, ImageFolder robustness, real CIFAR-10."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hvp_lightning.data.augment import PARAM_NAMES, MultiViewTransform, ViewAug, augment
+from hvp_lightning.data.datamodule import SSLDataModule
+from hvp_lightning.data.datasets import SafeImageFolder, SyntheticShapes
+
+from .conftest import SHARED_CIFAR
+
+
+def test_augment_records_crop_box_in_source_pixels():
+    img = torch.zeros(3, 40, 60, dtype=torch.uint8)
+    img[:, 10:20, 30:45] = 255  # a white block
+    aug = ViewAug(size=16, scale=(0.05, 0.3), jitter_p=0, gray_p=0, blur_p=0, flip_p=0)
+    torch.manual_seed(0)
+    for _ in range(20):
+        view, p = augment(img, aug)
+        x, y, w, h = (int(p[k]) for k in ("crop_x", "crop_y", "crop_w", "crop_h"))
+        assert (p["src_w"], p["src_h"]) == (60, 40) and 0 <= x and x + w <= 60 and 0 <= y and y + h <= 40
+        inside = img[0, y:y + h, x:x + w].float().mean() / 255  # share of white pixels in the box
+        seen = (view[0] * 0.229 + 0.485).clamp(0, 1).mean()  # de-normalised view intensity
+        assert abs(inside.item() - seen.item()) < 0.08
+
+
+def test_augment_parameters_are_consistent():
+    torch.manual_seed(1)
+    img = torch.randint(0, 255, (3, 32, 32), dtype=torch.uint8)
+    views, params = MultiViewTransform((ViewAug(size=32, blur_p=0.5, solarize_p=0.5),) * 200)(img)
+    assert set(params) == {*PARAM_NAMES, "jitter_order"} and params["jitter_order"].shape == (200, 4)
+    jit = params["jitter"].bool()
+    assert 0.65 < jit.float().mean() < 0.95  # p = 0.8
+    assert ((params["brightness"][jit] - 1).abs() <= 0.4).all() and (params["hue"][jit].abs() <= 0.1).all()
+    assert (params["jitter_order"][jit].sort(1).values == torch.arange(4)).all()  # a permutation
+    assert (params["jitter_order"][~jit] == -1).all() and (params["brightness"][~jit] == 1).all()
+    blurred = params["blur_sigma"] > 0
+    assert ((params["blur_sigma"][blurred] >= 0.1) & (params["blur_sigma"][blurred] <= 2.0)).all()
+    area = params["crop_w"] * params["crop_h"] / (32 * 32)
+    assert (area >= 0.2 - 0.05).all() and (area <= 1.0).all()
+    assert all(v.shape == (3, 32, 32) for v in views)
+
+
+def test_synthetic_data_is_deterministic_and_balanced():
+    a, b = SyntheticShapes(200, 32, seed=0), SyntheticShapes(200, 32, seed=0)
+    assert torch.equal(a.images, b.images) and a.images.dtype == torch.uint8
+    assert not torch.equal(a.images, SyntheticShapes(200, 32, seed=1).images)
+    counts = torch.bincount(a.labels, minlength=10)
+    assert counts.min() > 5
+
+
+@pytest.fixture
+def messy_tree(tmp_path):
+    """ImageNet-layout tree with a corrupt file, a truncated JPEG, grayscale, RGBA, palette and tiny images."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for cls in ("cats", "dogs"):
+            d = tmp_path / split / cls
+            d.mkdir(parents=True)
+            for i in range(6):
+                Image.fromarray(rng.integers(0, 255, (24, 20, 3), dtype=np.uint8)).save(d / f"{i}.jpg")
+    train = tmp_path / "train" / "cats"
+    Image.fromarray(rng.integers(0, 255, (30, 30), dtype=np.uint8), mode="L").save(train / "gray.png")
+    Image.fromarray(rng.integers(0, 255, (30, 30, 4), dtype=np.uint8), mode="RGBA").save(train / "rgba.png")
+    Image.fromarray(rng.integers(0, 255, (30, 30, 3), dtype=np.uint8)).convert("P").save(train / "palette.png")
+    Image.fromarray(rng.integers(0, 255, (5, 7, 3), dtype=np.uint8)).save(train / "tiny.png")  # smaller than the crop
+    (train / "corrupt.jpg").write_bytes(b"not an image at all")
+    full = (train / "0.jpg").read_bytes()
+    (tmp_path / "train" / "dogs" / "truncated.jpg").write_bytes(full[: len(full) // 2])
+    return tmp_path
+
+
+def test_imagefolder_skips_bad_files_and_reads_every_mode(messy_tree, caplog, cfg_factory):
+    ds = SafeImageFolder(messy_tree / "train")
+    bad = {str(messy_tree / "train" / "cats" / "corrupt.jpg"), str(messy_tree / "train" / "dogs" / "truncated.jpg")}
+    with caplog.at_level(logging.WARNING):
+        items = [ds[i] for i in range(len(ds))]
+    assert {path for _, _, path in items if path} == bad
+    assert all(n in caplog.text for n in ("corrupt.jpg", "truncated.jpg"))
+    cfg = cfg_factory("data=imagefolder", f"data.root={messy_tree}", "data.crop_size=16", "data.num_workers=0")
+    views = (ViewAug(size=16),) * 3
+    dm = SSLDataModule(cfg.data, views, batch_size=4, num_workers=0)
+    dm.setup()
+    assert dm.num_classes == 2 and len(dm.test_set) == 12  # val/ is used when test/ is absent
+    for i in range(len(dm.train_set)):
+        sample = dm.train_set[i]
+        assert len(sample["views"]) == 3 and all(v.shape == (3, 16, 16) for v in sample["views"])
+        assert all(torch.isfinite(v).all() for v in sample["views"])
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["params"]["crop_x"].shape == (4, 3) and len(batch["views"]) == 3
+
+
+def test_end_to_end_on_messy_imagefolder_counts_skips(messy_tree, cfg_factory, tmp_path):
+    from hvp_lightning.train import run
+
+    cfg = cfg_factory("data=imagefolder", f"data.root={messy_tree}", "data.crop_size=16", "method.batch_size=4",
+                      "+hvp=on", "hvp.num_views=3")
+    summary = run(cfg, tmp_path / "run")
+    assert summary["skipped_images"] == 2 and all(f.endswith(("corrupt.jpg", "truncated.jpg")) for f in summary["skipped_files"])
+
+
+@pytest.mark.skipif(not (SHARED_CIFAR / "train").is_dir(), reason=f"shared CIFAR-10 not found at {SHARED_CIFAR}")
+def test_shared_cifar10_imagefolder(cfg_factory):
+    cfg = cfg_factory("data=imagefolder", f"data.root={SHARED_CIFAR}", "data.crop_size=32", "data.eval_crop_ratio=1.0",
+                      "data.train_subset=64", "data.test_subset=32")
+    dm = SSLDataModule(cfg.data, (ViewAug(size=32),) * 4, batch_size=8, num_workers=0)
+    dm.setup()
+    assert dm.class_names == ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    assert len(dm.train_set) == 64 and len(dm.test_set) == 32
+    batch = next(iter(dm.train_dataloader()))
+    assert len(batch["views"]) == 4 and batch["views"][0].shape == (8, 3, 32, 32)
+    assert (batch["params"]["src_w"] == 32).all()
+    ev = next(iter(dm.val_dataloader()[1]))
+    assert ev["image"].shape == (8, 3, 32, 32) and ev["label"].max() < 10

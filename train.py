@@ -26,8 +26,9 @@ def main(cfg: DictConfig) -> float | None:
         logging.getLogger("hvp_lightning").error("config error: %s", err)
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
-    top1 = summary["knn_top1"]
-    print(f"k-NN top-1: {100 * top1:.2f}% (chance {100 * summary['knn_chance']:.1f}%) | run dir: {run_dir}")
+    top1, init = summary["knn_top1"], summary.get("knn_top1_init")
+    ref = f"at init {100 * init:.2f}%, " if init is not None else ""
+    print(f"k-NN top-1: {100 * top1:.2f}% ({ref}chance {100 * summary['knn_chance']:.1f}%) | run dir: {run_dir}")
     return top1  # lets Hydra sweepers optimise it
 
 

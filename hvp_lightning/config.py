@@ -58,6 +58,8 @@ def validate(cfg: DictConfig) -> None:
     _validate_trainer(cfg)
     _int_at_least(cfg, "eval.every_n_epochs", 1)
     _int_at_least(cfg, "eval.knn_k", 1)
+    if not isinstance(cfg.eval.at_start, bool):
+        _fail("eval.at_start", cfg.eval.at_start, "true or false")
     if not cfg.eval.knn_temperature > 0:
         _fail("eval.knn_temperature", cfg.eval.knn_temperature, "expected > 0")
     if cfg.logger.name not in LOGGERS:

@@ -77,3 +77,29 @@ class DINOHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.last_layer(F.normalize(self.mlp(x), dim=-1))
+
+
+class IBOTHead(DINOHead):
+    """iBOT's head: DINO's MLP over the CLS *and* patch tokens, with the patch tokens sent
+    to their own weight-normed output layer ``last_layer2`` unless ``shared`` (then both
+    use ``last_layer``). The MLP is always shared, as in the official iBOT head; naming
+    the separate layer ``last_layer2`` keeps it under DINO's "last_layer" freeze rule.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, patch_out_dim: int, shared: bool = True, hidden_dim: int = 2048,
+                 bottleneck_dim: int = 256, num_layers: int = 3, use_bn: bool = False,
+                 norm_last_layer: bool = True) -> None:
+        super().__init__(in_dim, out_dim, hidden_dim, bottleneck_dim, num_layers, use_bn, norm_last_layer)
+        if shared and patch_out_dim != out_dim:
+            raise ValueError(f"a shared head needs patch_out_dim == out_dim, got {patch_out_dim} != {out_dim}")
+        self.last_layer2 = None if shared else WeightNormLinear(bottleneck_dim, patch_out_dim, fix_norm=norm_last_layer)
+
+    def forward_tokens(self, cls: torch.Tensor, patches: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cls [B, D]``, ``patches [B, N, D]`` -> CLS logits ``[B, K]``, patch logits ``[B, N, K2]``.
+
+        One MLP pass over all tokens (flattened), so a BatchNorm head normalises over every
+        token of the batch, as the official head does."""
+        tokens = torch.cat([cls[:, None], patches], dim=1)
+        z = F.normalize(self.mlp(tokens.flatten(0, 1)), dim=-1).unflatten(0, tokens.shape[:2])
+        patch_layer = self.last_layer if self.last_layer2 is None else self.last_layer2
+        return self.last_layer(z[:, 0]), patch_layer(z[:, 1:])

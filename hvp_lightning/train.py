@@ -64,11 +64,16 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         num_sanity_val_steps=0,
     )
     start = time.time()
+    knn_init = None
+    if cfg.eval.at_start:  # the random-init reference: how far did pretraining move the features?
+        trainer.validate(model, datamodule=dm, verbose=False)
+        knn_init = model.knn_result.get("top1")
     trainer.fit(model, datamodule=dm)
     train_loss = trainer.callback_metrics.get("train/loss_epoch")  # validate() below clears it
-    if model.knn_result.get("epoch") != trainer.max_epochs - 1:  # k-NN always runs on the final weights
+    if model.knn_result.get("step") != trainer.global_step:  # k-NN always runs on the final weights
         trainer.validate(model, datamodule=dm, verbose=False)
     summary = _summary(cfg, model, trainer, run_dir, time.time() - start, train_loss)
+    summary["knn_top1_init"] = knn_init
     if trainer.is_global_zero:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         OmegaConf.save(cfg, run_dir / "config.yaml")

@@ -6,8 +6,10 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+import yaml
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -16,16 +18,38 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_CIFAR = REPO.parent / "shared" / "datasets" / "cifar10"
 
 # Small enough for a few seconds on 2 CPU cores.
+TINY_GROUPS = ["logger=csv"]
 TINY = [
-    "logger=csv", "data.train_size=64", "data.test_size=32", "data.crop_size=16", "data.num_workers=0",
+    "data.train_size=64", "data.test_size=32", "data.crop_size=16", "data.num_workers=0",
     "method.batch_size=16", "method.proj_hidden_dim=64", "method.proj_dim=32", "backbone.width=8",
-    "trainer.max_epochs=1", "+trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
+    "trainer.max_epochs=1", "eval.at_start=false", "+trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
 ]
 
 
 def make_cfg(*overrides: str, tiny: bool = True) -> DictConfig:
+    """Compose conf/ with ``overrides``; then shrink it with TINY wherever the chosen groups
+    have that key and the test did not set it ("+key" entries are always added)."""
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("config", overrides=[*(TINY if tiny else []), *overrides])
+        given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+        groups = [g for g in TINY_GROUPS if tiny and g.split("=")[0] not in given]
+        cfg = compose("config", overrides=[*groups, *overrides])
+    if tiny:
+        with open_dict(cfg):
+            for item in TINY:
+                key, value = item.split("=", 1)
+                add, key = key.startswith("+"), key.lstrip("+")
+                if key not in given and (add or OmegaConf.select(cfg, key) is not None):
+                    OmegaConf.update(cfg, key, yaml.safe_load(value), force_add=True)
+    return cfg
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    """Tiny tensors: intra-op threads only add wake-up latency (seconds on a busy 2-core box)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture

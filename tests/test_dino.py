@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from torch import nn
 
@@ -23,7 +22,7 @@ from hvp_lightning.methods.dino import (DINO, candidate_counts, dino_cross_entro
 from hvp_lightning.selection import choose
 from hvp_lightning.teacher import (Centering, cosine_momentum, ema_update, make_teacher, teacher_temperature)
 
-REPO = Path(__file__).resolve().parents[1]
+from .conftest import make_cfg as compose_cfg
 
 VIT = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32", "+backbone.depth=1",
        "backbone.drop_path_rate=0.0"]
@@ -31,18 +30,8 @@ TINY = ["method=dino_cifar", "method.out_dim=64", "method.head_hidden_dim=32",
         "method.bottleneck_dim=16", "logger=csv", "data.num_workers=0"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add wake-up latency (seconds on a busy 2-core box)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def make_cfg(*overrides: str, backbone: tuple[str, ...] = tuple(VIT)) -> DictConfig:
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("config", overrides=[*TINY, *backbone, *overrides])
+    return compose_cfg(*TINY, *backbone, *overrides, tiny=False)
 
 
 def make_batch(cfg: DictConfig, b: int = 3, seed: int = 0) -> dict:
@@ -323,12 +312,11 @@ def test_freeze_last_layer_and_per_parameter_clipping() -> None:
 def test_tiny_hydra_run(tmp_path: Path) -> None:
     from hvp_lightning.train import run
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[
-            "method=dino_cifar", "backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32",
-            "+backbone.depth=2", "+hvp=on", "logger=csv", "data.train_size=64", "data.test_size=32",
-            "method.batch_size=8", "trainer.max_epochs=1", "data.num_workers=0", "method.out_dim=256",
-            "method.head_hidden_dim=64", "method.bottleneck_dim=32", "eval.every_n_epochs=1"])
+    cfg = compose_cfg(*[
+        "method=dino_cifar", "backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32",
+        "+backbone.depth=2", "+hvp=on", "logger=csv", "data.train_size=64", "data.test_size=32",
+        "method.batch_size=8", "trainer.max_epochs=1", "data.num_workers=0", "method.out_dim=256",
+        "method.head_hidden_dim=64", "method.bottleneck_dim=32", "eval.every_n_epochs=1"], tiny=False)
     summary = run(cfg, tmp_path)
     assert summary["method"] == "dino" and summary["steps"] == 8
     assert summary["train_loss"] is not None and math.isfinite(summary["train_loss"])

@@ -17,7 +17,7 @@ from hvp_lightning.methods.simclr import gather_with_grad, nt_xent_loss, simclr_
 from hvp_lightning.optim import LARS
 from hvp_lightning.selection import choose, pair_index
 
-REPO = Path(__file__).resolve().parents[1]
+from .conftest import REPO, make_cfg
 
 
 def reference_nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -168,19 +168,9 @@ def test_gather_single_process_is_identity() -> None:
 
 
 def test_tiny_train_with_hvp(tmp_path: Path) -> None:
-    from hydra import compose, initialize_config_dir
-
     from hvp_lightning.train import run
 
-    overrides = [
-        "method=simclr_cifar", "+hvp=on", "logger=csv", "data.train_size=64", "data.test_size=32",
-        "method.batch_size=16", "trainer.max_epochs=1", "data.num_workers=0",
-        # Keep it fast on 2 shared cores; validate inside fit so train/loss_epoch is kept.
-        "data.image_size=16", "data.crop_size=16", "eval.every_n_epochs=1",
-    ]
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
-    summary = run(cfg, tmp_path)
+    summary = run(make_cfg("method=simclr_cifar", "+hvp=on", "data.image_size=16"), tmp_path)
     assert summary["method"] == "simclr"
     assert summary["hvp_enabled"] is True
     assert summary["steps"] == 4
@@ -195,13 +185,10 @@ def test_tiny_train_with_hvp(tmp_path: Path) -> None:
 @pytest.mark.parametrize("preset", ["simclr", "simclr_cifar"])
 def test_presets_build(preset: str) -> None:
     """Both presets compose, validate and build the paper's head (2048 -> 128, BN) and LARS."""
-    from hydra import compose, initialize_config_dir
-
     from hvp_lightning.config import validate
     from hvp_lightning.methods import METHODS
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"method={preset}", "logger=csv", "data.num_workers=0"])
+    cfg = make_cfg(f"method={preset}", "logger=csv", "data.num_workers=0", tiny=False)
     validate(cfg)
     model = METHODS[cfg.method.name](cfg)
     linears = [m for m in model.projector if isinstance(m, nn.Linear)]

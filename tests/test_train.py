@@ -18,13 +18,14 @@ SUMMARY_KEYS = {"method", "hvp_enabled", "num_classes", "knn_top1", "train_loss"
 
 @pytest.mark.parametrize("hvp", [False, True])
 def test_tiny_train_run(cfg_factory, tmp_path, hvp):
-    overrides = ["+hvp=on", "hvp.num_views=3"] if hvp else []
+    overrides = ["+hvp=on", "hvp.num_views=3"] if hvp else ["eval.at_start=true"]
     summary = run(cfg_factory(*overrides, "trainer.max_epochs=2", "eval.every_n_epochs=1"), tmp_path)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert SUMMARY_KEYS <= on_disk.keys() and on_disk["hvp_enabled"] is hvp
     assert summary["epochs"] == 2 and summary["images_seen"] == 2 * 4 * 16  # 64 images / batch 16, drop_last
     assert 0 <= summary["knn_top1"] <= 1 and summary["num_classes"] == 10
     assert summary["train_loss"] is not None
+    assert (summary["knn_top1_init"] is None) is hvp  # the random-init reference when asked for
     metrics = (tmp_path / "csv" / "metrics.csv").read_text().splitlines()[0].split(",")
     assert "knn/top1" in metrics and "train/loss_step" in metrics
     if hvp:

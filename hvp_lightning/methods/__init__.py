@@ -2,9 +2,10 @@
 
 from .base import SSLMethod
 from .dino import DINO
+from .ibot import IBOT
 from .simclr import SimCLR
 from .simsiam import SimSiam
 
-METHODS: dict[str, type[SSLMethod]] = {"dino": DINO, "simsiam": SimSiam, "simclr": SimCLR}
+METHODS: dict[str, type[SSLMethod]] = {"dino": DINO, "ibot": IBOT, "simsiam": SimSiam, "simclr": SimCLR}
 
-__all__ = ["DINO", "METHODS", "SSLMethod", "SimCLR", "SimSiam"]
+__all__ = ["DINO", "IBOT", "METHODS", "SSLMethod", "SimCLR", "SimSiam"]

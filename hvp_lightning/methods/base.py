@@ -136,6 +136,6 @@ class SSLMethod(L.LightningModule):
         self._val_store.clear()
         knn = self.cfg.eval
         res = knn_accuracy(bank, bank_labels, queries, query_labels, self.num_classes, knn.knn_k, knn.knn_temperature)
-        self.knn_result = dict(res, epoch=self.current_epoch)
+        self.knn_result = dict(res, epoch=self.current_epoch, step=self.global_step)
         self.log("knn/top1", res["top1"], prog_bar=True, add_dataloader_idx=False)
         self.log("knn/top5", res["top5"], add_dataloader_idx=False)

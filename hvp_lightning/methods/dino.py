@@ -251,16 +251,27 @@ class DINO(HardViewMixin, SSLMethod):
         m = self.cfg.method
         _check_crops(self.cfg)
         self.num_local = int(m.num_local_crops)
-        self.num_globals, self.num_locals_cand = candidate_counts(self.cfg)
-        self.head = DINOHead(self.backbone.feature_dim, m.out_dim, m.head_hidden_dim, m.bottleneck_dim,
-                             m.head_layers, m.use_bn_in_head, m.norm_last_layer)
+        self.num_globals, self.num_locals_cand = self.view_counts(self.cfg)
+        self.head = self.build_head()
         self.teacher = nn.ModuleDict({"backbone": make_teacher(self.backbone), "head": make_teacher(self.head)})
         self.centering = Centering(m.out_dim, m.center_momentum)
         self.teacher_reuse = bool(m.get("teacher_reuse", True)) and not has_batchnorm(self.teacher)
         self._selection: dict[str, Any] | None = None
         self._ema_step = 0
 
+    def build_head(self) -> DINOHead:
+        """The student head (the teacher's is a copy); a hook so iBOT can add patch outputs."""
+        m = self.cfg.method
+        return DINOHead(self.backbone.feature_dim, m.out_dim, m.head_hidden_dim, m.bottleneck_dim, m.head_layers,
+                        m.use_bn_in_head, m.norm_last_layer)
+
     # --- views ------------------------------------------------------------------------------
+    @classmethod
+    def view_counts(cls, cfg: DictConfig) -> tuple[int, int]:
+        """(global, local) views per image in the loader; a hook so iBOT can keep its locals
+        out of the candidates. DINO: :func:`candidate_counts`."""
+        return candidate_counts(cfg)
+
     @classmethod
     def view_augs(cls, cfg: DictConfig) -> tuple[ViewAug, ...]:
         """DINO's multi-crop: two asymmetric global pipelines (1: blur p=1; 2: blur p=0.1,
@@ -276,7 +287,7 @@ class DINO(HardViewMixin, SSLMethod):
                 for i in range(2)]
         loc = dataclasses.replace(base, size=int(m.local_crop_size), scale=tuple(m.local_scale),
                                   blur_p=float(m.local_blur_p), solarize_p=0.0)
-        g, lc = candidate_counts(cfg)
+        g, lc = cls.view_counts(cfg)
         return tuple(glob[i % 2] for i in range(g)) + (loc,) * lc
 
     # --- forward ----------------------------------------------------------------------------
@@ -408,8 +419,9 @@ class DINO(HardViewMixin, SSLMethod):
         if clip > 0:
             clip_gradients_per_parameter([p for p in self.parameters() if p.requires_grad], clip)
         if self.current_epoch < int(self.cfg.method.get("freeze_last_layer", 0)):
-            for p in self.head.last_layer.parameters():
-                p.grad = None
+            for name, p in self.head.named_parameters():  # every output layer (iBOT: last_layer2 too)
+                if name.startswith("last_layer"):
+                    p.grad = None
 
     def on_train_batch_end(self, outputs: Any, batch: dict[str, Any], batch_idx: int) -> None:
         """EMA teacher update once per optimiser step (not per micro-batch under accumulation)."""

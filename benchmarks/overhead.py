@@ -1,0 +1,412 @@
+"""HVP step-time overhead, measured by hand (a benchmark, not a test).
+
+Builds the baseline (HVP off) and the HVP model (``+hvp=on``) of one method from the real
+Hydra config, with the same initial weights, and times full training steps
+(``training_step`` + backward + optimiser step) alternately in one process -- baseline,
+HVP, baseline, HVP, ... -- so that machine noise hits both alike. Each round also times the
+no-grad forwards that make up the selection pass, from which the compute bound follows
+(DESIGN.md, "Overhead"):
+
+* SimSiam/SimCLR: ``bound = (baseline_step + N * F) / baseline_step`` with ``F`` the no-grad
+  forward of one candidate batch of B through backbone + heads; plus per-view (N forwards
+  of B, what the selection does) vs stacked (one forward of N*B) selection forwards.
+* DINO: the selection forwards G global candidates through teacher and student (in pairs)
+  and Lc local candidates through the student (in groups of L); with teacher reuse the
+  training step skips its own teacher forward of the 2 chosen globals. iBOT: the same with
+  token forwards (masked student globals) and its L ordinary locals (Lc = L).
+
+Run from the repository root, e.g.::
+
+    uv run python benchmarks/overhead.py --method simsiam --backbone resnet18_cifar \
+        --width 64 --batch-size 256 --num-views 4 --iters 10 --warmup 2 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import math
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from hvp_lightning.data.augment import PARAM_NAMES  # noqa: E402
+from hvp_lightning.methods import METHODS, SSLMethod  # noqa: E402
+from hvp_lightning.methods.dino import DINO  # noqa: E402
+from hvp_lightning.selection import frozen_state  # noqa: E402
+from hvp_lightning.teacher import ema_update  # noqa: E402
+
+Batch = dict[str, Any]
+
+
+# --- configuration and models --------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--method", choices=sorted(METHODS), default="simsiam")
+    p.add_argument("--preset", default=None,
+                   help="conf/method file (default: <method>_cifar if it exists, else <method>)")
+    p.add_argument("--backbone", default="resnet18_cifar", help="conf/backbone preset")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--crop", type=int, default=32, help="data.crop_size (DINO/iBOT: global crops)")
+    p.add_argument("--local-crop", type=int, default=None, help="DINO/iBOT: method.local_crop_size")
+    p.add_argument("--width", type=int, default=None, help="backbone.width (ResNets only)")
+    p.add_argument("--num-views", type=int, default=4, help="hvp.num_views (N)")
+    p.add_argument("--iters", type=int, default=10, help="timed rounds (one baseline + one HVP step each)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--max-combinations", type=int, default=None, help="DINO: +hvp.max_combinations=K (iBOT rejects it)")
+    p.add_argument("--no-teacher-reuse", action="store_true",
+                   help="DINO/iBOT: method.teacher_reuse=false for the HVP model")
+    p.add_argument("--compare-reuse", action="store_true",
+                   help="DINO/iBOT: also time an HVP model without teacher reuse in the same rounds")
+    p.add_argument("--no-extras", action="store_true", help="skip the per-round no-grad forward timings")
+    p.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="extra Hydra overrides for both models, e.g. backbone.patch_size=4")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="append a markdown section to this file")
+    args = p.parse_args(argv)
+    if not issubclass(METHODS[args.method], DINO) and (args.max_combinations or args.no_teacher_reuse
+                                                       or args.compare_reuse):
+        p.error("--max-combinations / --no-teacher-reuse / --compare-reuse are DINO/iBOT options")
+    if args.iters < 1 or args.warmup < 0 or args.num_views < 2:
+        p.error("need --iters >= 1, --warmup >= 0, --num-views >= 2")
+    return args
+
+
+def method_preset(args: argparse.Namespace) -> str:
+    if args.preset:
+        return args.preset
+    cifar = f"{args.method}_cifar"
+    return cifar if (REPO / "conf" / "method" / f"{cifar}.yaml").exists() else args.method
+
+
+def compose_cfg(args: argparse.Namespace, hvp: bool, teacher_reuse: bool = True) -> DictConfig:
+    """The real config (conf/ via Hydra, as tests/conftest.py) with this run's overrides."""
+    preset = method_preset(args)
+    ov = [f"method={preset}", f"backbone={args.backbone}", "data=synthetic", "logger=csv",
+          f"method.batch_size={args.batch_size}", f"data.crop_size={args.crop}", f"seed={args.seed}"]
+    if args.width is not None:
+        ov.append(f"backbone.width={args.width}")
+    if args.local_crop is not None:
+        ov.append(f"method.local_crop_size={args.local_crop}")
+    ov += args.override
+    if issubclass(METHODS[args.method], DINO) and not teacher_reuse:
+        ov.append("method.teacher_reuse=false")
+    if hvp:
+        ov += ["+hvp=on", f"hvp.num_views={args.num_views}"]
+        if args.max_combinations is not None:
+            ov.append(f"+hvp.max_combinations={args.max_combinations}")
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=ov)
+
+
+@dataclass
+class Runner:
+    """One model with its optimiser, its batch format and per-phase timings of its steps."""
+
+    name: str
+    model: SSLMethod
+    cfg: DictConfig
+    device: torch.device
+    opt: torch.optim.Optimizer = field(init=False)
+    times: dict[str, list[float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.model.to(self.device).train()
+        self.model.log = lambda *a, **k: None  # type: ignore[method-assign]  # no Trainer attached
+        # Plain SGD for every method: the optimiser costs the same with and without HVP.
+        self.opt = torch.optim.SGD(self.model.param_groups(), lr=1e-3, momentum=0.9, weight_decay=1e-4)
+        self.view_sizes = [a.size for a in type(self.model).view_augs(self.cfg)]
+        self._phase: dict[str, float] = {}
+        if self.model.hvp.enabled:  # time the selection pass inside the real HVP step
+            inner = self.model.score_candidates
+
+            def timed_scores(batch: Batch) -> torch.Tensor:
+                t0 = now(self.device)
+                out = inner(batch)
+                self._phase["select"] = now(self.device) - t0
+                return out
+
+            self.model.score_candidates = timed_scores  # type: ignore[method-assign]
+
+    def batch(self, gen: torch.Generator) -> Batch:
+        """Random batch in the loader's format: ``views`` (one ``[B,3,S,S]`` per view),
+        ``params`` (``[B, V]`` per scalar, ``[B, V, 4]`` jitter order), ``label``, ``index``."""
+        b, v = int(self.cfg.method.batch_size), len(self.view_sizes)
+        views = [torch.randn(b, 3, s, s, generator=gen).to(self.device) for s in self.view_sizes]
+        params = {k: torch.rand(b, v, generator=gen).to(self.device) for k in PARAM_NAMES}
+        params["jitter_order"] = torch.stack([torch.randperm(4, generator=gen) for _ in range(b * v)]).view(b, v, 4)
+        params["jitter_order"] = params["jitter_order"].to(self.device)
+        return {"views": views, "params": params, "label": torch.randint(10, (b,), generator=gen).to(self.device),
+                "index": torch.arange(b, device=self.device)}
+
+    def step(self, batch: Batch) -> None:
+        """One full training step, timed by phase: ``training_step`` (HVP: selection pass
+        split out), backward, optimiser (DINO: + per-parameter clipping and EMA teacher)."""
+        m, dev = self.model, self.device
+        self._phase.clear()
+        self.opt.zero_grad(set_to_none=True)
+        t0 = now(dev)
+        loss = m.training_step(batch, 0)
+        t1 = now(dev)
+        loss.backward()
+        t2 = now(dev)
+        if hasattr(m, "clip_and_freeze_gradients"):
+            m.clip_and_freeze_gradients()  # type: ignore[operator]
+        self.opt.step()
+        if hasattr(m, "teacher"):
+            ema_update(m.teacher.backbone, m.backbone, 0.996)  # type: ignore[union-attr,arg-type]
+            ema_update(m.teacher.head, m.head, 0.996)  # type: ignore[union-attr,arg-type]
+        t3 = now(dev)
+        sel = self._phase.get("select", 0.0)
+        rec = {"step": t3 - t0, "train_fwd": t1 - t0 - sel, "backward": t2 - t1, "optimizer": t3 - t2}
+        if m.hvp.enabled:
+            rec["select"] = sel
+        if not math.isfinite(float(loss.detach())):
+            raise FloatingPointError(f"{self.name}: loss {float(loss.detach())}")
+        for k, v in rec.items():
+            self.times.setdefault(k, []).append(v)
+
+
+def now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def timed(device: torch.device, fn: Callable[[], Any]) -> float:
+    t0 = now(device)
+    fn()
+    return now(device) - t0
+
+
+# --- per-round no-grad forwards ------------------------------------------------------------
+
+
+def pair_extras(r: Runner, hvp_batch: Batch, n: int) -> dict[str, float]:
+    """SimSiam/SimCLR: F (one view batch of B), N per-view forwards, one stacked N*B forward."""
+    m, dev, views = r.model, r.device, hvp_batch["views"]
+    fwd = m.forward_view  # type: ignore[attr-defined]
+    with frozen_state(m, dev):
+        f = timed(dev, lambda: fwd(views[0]))
+        per_view = timed(dev, lambda: [fwd(v) for v in views])
+        stacked = timed(dev, lambda: fwd(torch.cat(views)))
+    return {"F (1 view, no grad)": f, f"select fwd: {n} x B per view": per_view,
+            f"select fwd: 1 x {n}B stacked": stacked}
+
+
+def multicrop_extras(r: Runner, hvp_batch: Batch, g: int) -> dict[str, float]:
+    """DINO/iBOT: the selection's forward groups, each once: teacher / student on 2 globals,
+    student on L locals (DINO: one chunk of its Lc local candidates; iBOT: its L locals).
+    iBOT's globals go through the token forward (CLS + patch logits), the student's masked."""
+    m, dev, views = r.model, r.device, hvp_batch["views"]
+    n_loc = m.num_local  # type: ignore[attr-defined]
+    glob, loc = list(views[:2]), list(views[g:g + n_loc])
+    t_mod, s_mod = (m.teacher.backbone, m.teacher.head), (m.backbone, m.head)  # type: ignore[union-attr]
+    if hasattr(m, "make_masks"):  # iBOT
+        masks = m.make_masks(hvp_batch)[:2]  # type: ignore[operator]
+        teacher_fwd = lambda: m._token_forward(*t_mod, glob)  # type: ignore[operator]  # noqa: E731
+        student_fwd = lambda: m._token_forward(*s_mod, glob, masks)  # type: ignore[operator]  # noqa: E731
+    else:
+        teacher_fwd = lambda: m._forward(*t_mod, glob, 2)  # type: ignore[operator]  # noqa: E731
+        student_fwd = lambda: m._forward(*s_mod, glob, 2)  # type: ignore[operator]  # noqa: E731
+    out: dict[str, float] = {}
+    with frozen_state(m, dev):
+        out["T2g: teacher fwd, 2 globals"] = timed(dev, teacher_fwd)
+        out["S2g: student fwd, 2 globals"] = timed(dev, student_fwd)
+        if n_loc:
+            out["SL: student fwd, L locals"] = timed(dev, lambda: m._forward(*s_mod, loc, n_loc))  # type: ignore[operator]
+    return out
+
+
+# --- statistics and reporting --------------------------------------------------------------
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def spread(xs: list[float]) -> str:
+    """Min and interquartile range (min is the least contention-sensitive statistic)."""
+    if len(xs) < 4:
+        return f"{min(xs):.3f} / {min(xs):.3f}-{max(xs):.3f}"
+    q = statistics.quantiles(xs, n=4)
+    return f"{min(xs):.3f} / {q[0]:.3f}-{q[2]:.3f}"
+
+
+def machine_info(device: torch.device) -> list[tuple[str, str]]:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        cpu = platform.processor() or "?"
+    info = [("nproc", f"{len(os.sched_getaffinity(0))} (os.cpu_count {os.cpu_count()})"), ("CPU", cpu),
+            ("torch", torch.__version__), ("torch threads", str(torch.get_num_threads())),
+            ("python", platform.python_version())]
+    if device.type == "cuda":
+        info.append(("GPU", torch.cuda.get_device_name(device)))
+    try:
+        info.append(("load avg (1/5/15 min)", " ".join(f"{x:.2f}" for x in os.getloadavg())))
+    except OSError:
+        pass
+    return info
+
+
+def render(rows: list[tuple[str, str, str, str]], markdown: bool) -> str:
+    head = ("quantity", "median", "min / IQR", "note")
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(lines)
+    w = [max(len(r[i]) for r in [head, *rows]) for i in range(3)]
+    fmt = lambda r: f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}  {r[3]}"  # noqa: E731
+    return "\n".join([fmt(head), "-" * (sum(w) + 6 + 30), *map(fmt, rows)])
+
+
+# --- main --------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    n, b = args.num_views, args.batch_size
+
+    torch.manual_seed(args.seed)
+    cls = METHODS[args.method]
+    base_cfg = compose_cfg(args, hvp=False)
+    variants: list[tuple[str, DictConfig]] = [("baseline", base_cfg),
+                                              ("hvp", compose_cfg(args, True, not args.no_teacher_reuse))]
+    if args.compare_reuse:
+        variants.append(("hvp_noreuse", compose_cfg(args, True, teacher_reuse=False)))
+    runners: list[Runner] = []
+    for name, cfg in variants:
+        model = cls(cfg)
+        if runners:  # same initial weights for every variant
+            model.load_state_dict(runners[0].model.state_dict())
+        runners.append(Runner(name, model, cfg, device))
+    base, hvps = runners[0], runners[1:]
+    is_dino = isinstance(base.model, DINO)  # DINO or iBOT (multi-crop, EMA teacher)
+
+    notes = [f"method={args.method} preset={method_preset(args)} backbone={args.backbone} "
+             f"B={b} crop={args.crop} N={n} device={device}"]
+    if is_dino:
+        g, lc = hvps[0].model.num_globals, hvps[0].model.num_locals_cand  # type: ignore[attr-defined]
+        n_loc = base.model.num_local  # type: ignore[attr-defined]
+        notes.append(f"{args.method} views: baseline 2 globals + {n_loc} locals ({base.view_sizes}); HVP {g} globals + "
+                     f"{lc} locals ({hvps[0].view_sizes}); max_combinations={args.max_combinations}")
+        for r in hvps:
+            notes.append(f"{r.name}: teacher_reuse={r.model.teacher_reuse}")  # type: ignore[attr-defined]
+    print("\n".join(notes), flush=True)
+
+    gen = torch.Generator().manual_seed(args.seed)
+    extras: dict[str, list[float]] = {}
+    for it in range(args.warmup + args.iters):
+        hvp_batch = None
+        for r in runners:  # A, B(, C) -- interleaved every round
+            batch = r.batch(gen)
+            hvp_batch = batch if r is hvps[0] else hvp_batch
+            r.step(batch)
+        if not args.no_extras:
+            ex = (multicrop_extras(base, hvp_batch, hvps[0].model.num_globals)  # type: ignore[arg-type,attr-defined]
+                  if is_dino else pair_extras(base, hvp_batch, n))  # type: ignore[arg-type]
+        if it < args.warmup:
+            for r in runners:
+                r.times.clear()
+            continue
+        if not args.no_extras:
+            for k, v in ex.items():
+                extras.setdefault(k, []).append(v)
+        print(f"round {it - args.warmup + 1}/{args.iters}: "
+              + "  ".join(f"{r.name} {r.times['step'][-1]:.3f}s" for r in runners), flush=True)
+
+    rows: list[tuple[str, str, str, str]] = []
+    add = lambda q, xs, note="", fmt="{:.3f} s": rows.append((q, fmt.format(med(xs)), spread(xs), note))  # noqa: E731
+    for r in runners:
+        for k, xs in r.times.items():
+            add(f"{r.name}: {k}", xs, "full step" if k == "step" else "")
+    a_step = base.times["step"]
+    for r in hvps:
+        ratios = [h / a for h, a in zip(r.times["step"], a_step)]
+        add(f"{r.name}/baseline step (paired)", ratios, "median of per-round ratios", "{:.3f}x")
+        rows.append((f"{r.name}/baseline (ratio of medians)", f"{med(r.times['step']) / med(a_step):.3f}x", "", ""))
+    fb = [f + bw for f, bw in zip(base.times["train_fwd"], base.times["backward"])]
+    add("baseline fwd+bwd (2 views / crops)", fb, "step without optimiser")
+    explain: list[str] = []
+    if not args.no_extras:
+        for k, xs in extras.items():
+            add(k, xs)
+        A = med(a_step)
+        if is_dino:
+            g, lc = hvps[0].model.num_globals, hvps[0].model.num_locals_cand  # type: ignore[attr-defined]
+            n_loc = base.model.num_local  # type: ignore[attr-defined]
+            t2 = med(extras["T2g: teacher fwd, 2 globals"])
+            s2 = med(extras["S2g: student fwd, 2 globals"])
+            sl = med(extras["SL: student fwd, L locals"]) if n_loc else 0.0
+            f_sel = g / 2 * (t2 + s2) + (lc / n_loc * sl if n_loc else 0.0)
+            rows.append(("bound, no teacher reuse", f"{(A + f_sel) / A:.3f}x", "", "(A + F_sel) / A"))
+            reusable = bool(hvps[0].model.teacher_reuse) or args.no_teacher_reuse  # type: ignore[attr-defined]
+            rows.append(("bound, teacher reuse", f"{(A + f_sel - t2) / A:.3f}x", "",
+                         "(A + F_sel - T2g) / A" + ("" if reusable else "; n/a here: BatchNorm teacher")))
+            explain += [f"{args.method}: F_sel = G/2*(T2g + S2g) + Lc/L*SL = {g}/2*({t2:.3f}+{s2:.3f}) + "
+                        f"{lc}/{n_loc}*{sl:.3f} = {f_sel:.3f} s (no-grad forwards of the selection pass, grouped "
+                        f"as it groups them); A = baseline step {A:.3f} s. With teacher reuse the training step "
+                        f"skips its teacher forward of the 2 chosen globals (T2g). Lc/L scales the local groups "
+                        f"linearly; the selection's CE table and top-k are not in F_sel."]
+        else:
+            f = med(extras["F (1 view, no grad)"])
+            rows.append((f"bound (A + {n}F) / A", f"{(A + n * f) / A:.3f}x", "", f"medians: F={f:.3f}s, A={A:.3f}s"))
+            fm, am = min(extras["F (1 view, no grad)"]), min(a_step)
+            rows.append((f"bound (A + {n}F) / A, from minima", f"{(am + n * fm) / am:.3f}x", "",
+                         f"minima: F={fm:.3f}s, A={am:.3f}s"))
+            pv = med(extras[f"select fwd: {n} x B per view"])
+            st = med(extras[f"select fwd: 1 x {n}B stacked"])
+            rows.append(("stacked / per-view select fwd", f"{st / pv:.3f}x", "", "<1: stacked is faster"))
+            bwd = med(base.times["backward"]) / med(base.times["train_fwd"])
+            explain.append(f"Pair method: F = no-grad forward of one candidate batch of B through backbone + "
+                           f"heads, A = baseline full step; backward/forward(with grad) = {bwd:.2f}.")
+        sel, extra = med(hvps[0].times["select"]), med(hvps[0].times["step"]) - A
+        share = f"{sel / extra:.2f}" if extra > 0 else "n/a (HVP median step <= baseline: too noisy)"
+        explain.append(f"Measured selection pass inside the HVP step ({hvps[0].name}): {sel:.3f} s; "
+                       f"its share of the extra step time (median HVP - median baseline) = {share}.")
+
+    info = machine_info(device)
+    print()
+    print("\n".join(f"{k}: {v}" for k, v in info))
+    print(render(rows, markdown=False))
+    print("\n".join(explain))
+    if args.out:
+        cmd = "uv run python " + shlex.join([os.path.relpath(sys.argv[0], REPO) if sys.argv[0] else "", *sys.argv[1:]])
+        section = [f"\n## HVP overhead: {args.method}, {args.backbone}, B={b}, N={n} "
+                   f"({dt.datetime.now().astimezone().isoformat(timespec='seconds')})", "",
+                   *[f"- {k}: {v}" for k, v in info], "", "```", cmd, "```", "", *[f"- {x}" for x in notes],
+                   f"- rounds: {args.iters} timed after {args.warmup} warm-up, variants interleaved "
+                   f"({', '.join(r.name for r in runners)}) each round", "", render(rows, markdown=True), "",
+                   *[f"- {x}" for x in explain], ""]
+        with args.out.open("a") as fh:
+            fh.write("\n".join(section))
+        print(f"appended to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

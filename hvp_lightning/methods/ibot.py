@@ -1,0 +1,379 @@
+"""iBOT (Zhou et al., ICLR 2022): DINO's CLS self-distillation plus masked image modelling
+on patch tokens, with exact Hard View Pretraining over the global views.
+
+Loss (official ``iBOTLoss``): the student sees its two global crops with blockwise masks
+(masked patch embeddings replaced by a learned token) and its L local crops unmasked; the
+teacher sees the two globals unmasked. Per sample,
+
+    l_b = lambda1 * CLS_b + lambda2 * (M_b(g1) + M_b(g2)) / 2
+
+where ``CLS_b`` is DINO's bracket (teacher global i against every other student crop,
+over ``2L + 2`` terms; :func:`~.dino.dino_loss`) and ``M_b(g)`` is the cross-entropy
+between teacher and student patch tokens of the *same* global g, averaged over g's masked
+tokens (:func:`ibot_patch_loss`). The official code averages the patch term over its 2
+(same-view) pairs and the CLS term over its ``2L + 2`` pairs, each per batch, so the batch
+mean of ``l_b`` is exactly the official loss.
+
+Hard views (paper: "the original objective ... with global views only"): the candidates
+are G global crops, each with its own mask (a candidate *is* crop + mask: the mask changes
+the student's CLS output too); the L locals are the ordinary ones, fixed. ``M_b`` is unary
+in the global, so the exact per-sample table over the ``C(G,2)`` global pairs is one DINO
+cross-entropy table plus G patch terms.
+
+View layout in ``batch["views"]``: ``[global_1..global_G, local_1..local_L]`` with G = 2
+without HVP; ``batch["masks"]`` holds one bool ``[B, h, w]`` patch mask per global view.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from ..backbones import BACKBONES
+from ..config import ConfigError
+from ..heads import IBOTHead
+from ..selection import _stable_seed, pair_index
+from ..teacher import Centering, teacher_temperature
+from .base import hvp_config
+from .dino import DINO, _combination_loss, _student_log_probs, _teacher_probs, dino_ce_table, dino_loss
+
+# --- blockwise masks (BEiT/iBOT "block" prediction shape) --------------------------------------
+
+
+def block_mask(h: int, w: int, num_masked: float, rng: random.Random, min_aspect: float = 0.3,
+               attempts: int = 10) -> np.ndarray:
+    """Bool ``[h, w]`` patch mask of about ``num_masked`` patches made of random rectangles.
+
+    BEiT's rule, as iBOT's loader uses it: repeatedly draw a block of area
+    ``U((min(h, w) // 3)**2, remaining)`` and aspect ratio log-uniform in
+    ``[min_aspect, 1/min_aspect]``, strictly smaller than the grid, at a uniform position;
+    keep it if it adds between 1 and ``remaining`` new patches (up to ``attempts`` draws),
+    and stop when the target is met or no draw fits. Python ``random`` on a private
+    generator: cheap per draw and never touches torch's global RNG."""
+    mask = np.zeros((h, w), dtype=bool)
+    log_lo, log_hi = math.log(min_aspect), -math.log(min_aspect)
+    min_area = (min(h, w) // 3) ** 2
+    count = 0
+    while count < num_masked:
+        budget = num_masked - count
+        added = 0
+        for _ in range(attempts):
+            area = rng.uniform(min_area, budget)
+            aspect = math.exp(rng.uniform(log_lo, log_hi))
+            bh, bw = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
+            if bh >= h or bw >= w:
+                continue
+            top, left = rng.randint(0, h - bh), rng.randint(0, w - bw)
+            block = mask[top:top + bh, left:left + bw]
+            new = bh * bw - int(block.sum())
+            if 0 < new <= budget:
+                block[...] = True
+                added = new
+                break
+        if added == 0:
+            break
+        count += added
+    return mask
+
+
+def ibot_masks(n: int, h: int, w: int, ratio: tuple[float, float], prob: float, min_aspect: float,
+               rng: random.Random) -> torch.Tensor:
+    """``n`` independent masks ``[n, h, w]``: each image is masked with probability ``prob``,
+    at a ratio ``U(ratio)`` of its patches, else not at all. iBOT's ViT recipe
+    (``pred_ratio 0 0.3``, ``pred_ratio_var 0 0.2``) is ``prob=0.5``, ``ratio=(0.1, 0.5)``."""
+    out = []
+    for _ in range(n):
+        r = rng.uniform(*ratio) if rng.random() < prob else 0.0
+        out.append(block_mask(h, w, r * h * w, rng, min_aspect))
+    return torch.from_numpy(np.stack(out)) if out else torch.zeros(0, h, w, dtype=torch.bool)
+
+
+# --- the student/teacher ViT forward ----------------------------------------------------------
+
+
+def vit_tokens(backbone: nn.Module, images: torch.Tensor, mask: torch.Tensor | None = None,
+               mask_token: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """CLS ``[B, D]`` and patch tokens ``[B, N, D]`` of a timm ViT (or a :class:`Backbone`
+    wrapping one), after the final norm: timm's ``forward_features`` with masked image
+    modelling. ``mask`` (bool ``[B, h, w]`` on the patch grid) replaces the masked patch
+    embeddings by ``mask_token`` before the position embedding is added (iBOT's
+    ``mask_model``), so a masked patch keeps its position but loses its content. Without a
+    mask, the CLS output equals the backbone's ordinary forward."""
+    vit = getattr(backbone, "trunk", backbone)
+    x = vit.patch_embed(images)  # [B, h, w, D] with dynamic_img_size, else [B, N, D]
+    if mask is not None:
+        if mask_token is None:
+            raise ValueError("a mask needs a mask_token")
+        grid = x.shape[1:3] if x.ndim == 4 else (x.shape[1],)
+        m = mask if x.ndim == 4 else mask.flatten(1)
+        if tuple(m.shape[1:]) != tuple(grid):
+            raise ValueError(f"mask grid {tuple(mask.shape[1:])} does not match the patch grid {tuple(grid)}")
+        x = torch.where(m[..., None], mask_token.to(x.dtype), x)
+    x = vit.norm_pre(vit.patch_drop(vit._pos_embed(x)))
+    x = vit.norm(vit.blocks(x))
+    return x[:, 0], x[:, vit.num_prefix_tokens:]
+
+
+# --- the loss, per sample ---------------------------------------------------------------------
+
+
+def ibot_patch_loss(teacher_patch_logits: torch.Tensor, student_patch_logits: torch.Tensor, mask: torch.Tensor,
+                    center2: torch.Tensor, tau_t: float, tau_s: float) -> torch.Tensor:
+    """Masked-token mean cross-entropy ``M_b`` of one global view, per sample ``[B]``.
+
+    Teacher and student patch logits ``[B, N, K]`` of the same view; ``mask`` ``[B, N]`` or
+    ``[B, h, w]``. As official iBOT: the sum over masked tokens of
+    ``-softmax((t - c2)/tau_t) . log_softmax(s/tau_s)`` over the number of masked tokens
+    (clamped to >= 1, so an unmasked image contributes 0)."""
+    with torch.autocast(teacher_patch_logits.device.type, enabled=False):  # rank the loss in fp32
+        ce = -(_teacher_probs(teacher_patch_logits, center2, tau_t)
+               * _student_log_probs(student_patch_logits, tau_s)).sum(-1)  # [B, N]
+        m = mask.flatten(1).to(ce.dtype)
+        return (ce * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+
+
+def ibot_loss_terms(teacher_cls: Sequence[torch.Tensor], student_cls: Sequence[torch.Tensor],
+                    teacher_patch: Sequence[torch.Tensor], student_patch: Sequence[torch.Tensor],
+                    masks: Sequence[torch.Tensor], center: torch.Tensor, center2: torch.Tensor, tau_t: float,
+                    tau_t2: float, tau_s: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unweighted per-sample terms ``(CLS_b, mean_i M_b(i))``, each ``[B]`` (see module doc).
+
+    ``teacher_cls``/``teacher_patch``/``student_patch``/``masks``: the globals (same order);
+    ``student_cls``: the globals then the locals."""
+    if not len(teacher_patch) == len(student_patch) == len(masks) == len(teacher_cls):
+        raise ValueError("one teacher/student patch output and one mask per global view")
+    cls = dino_loss(teacher_cls, student_cls, center, tau_t, tau_s)
+    patch = torch.stack([ibot_patch_loss(t, s, m, center2, tau_t2, tau_s)
+                         for t, s, m in zip(teacher_patch, student_patch, masks)]).mean(0)
+    return cls, patch
+
+
+def ibot_loss(teacher_cls: Sequence[torch.Tensor], student_cls: Sequence[torch.Tensor],
+              teacher_patch: Sequence[torch.Tensor], student_patch: Sequence[torch.Tensor],
+              masks: Sequence[torch.Tensor], center: torch.Tensor, center2: torch.Tensor, tau_t: float,
+              tau_t2: float, tau_s: float, lambda1: float = 1.0, lambda2: float = 1.0) -> torch.Tensor:
+    """Official iBOT loss per sample ``[B]``: ``lambda1 * CLS_b + lambda2 * mean_i M_b(i)``;
+    its ``.mean()`` is the official batch loss (CLS over ``2L + 2`` terms, patch over 2)."""
+    cls, patch = ibot_loss_terms(teacher_cls, student_cls, teacher_patch, student_patch, masks, center, center2,
+                                 tau_t, tau_t2, tau_s)
+    return lambda1 * cls + lambda2 * patch
+
+
+def ibot_pair_table(ce: torch.Tensor, patch_terms: torch.Tensor, lambda1: float = 1.0,
+                    lambda2: float = 1.0) -> torch.Tensor:
+    """Per-sample loss of every global pair with the fixed locals: ``[B, C(G,2)]``, columns
+    in :func:`pair_index` order.
+
+    ``ce`` ``[B, G, G + L]`` is DINO's CLS cross-entropy table (teacher global -> student
+    global/local, :func:`dino_ce_table`), ``patch_terms`` ``[B, G]`` the ``M_b(g)``. Entry
+    (b, (g1, g2)) = ``lambda1 * CLS bracket / (2L + 2) + lambda2 * (M_b(g1) + M_b(g2)) / 2``
+    = :func:`ibot_loss` of that pair."""
+    bsz, g, v = ce.shape
+    pairs = pair_index(g, device=ce.device)
+    locals_ = torch.arange(v - g, device=ce.device).expand(bsz, pairs.shape[0], v - g)
+    cls = _combination_loss(ce, pairs.expand(bsz, -1, -1), locals_, g)
+    g1, g2 = pairs.unbind(1)
+    return lambda1 * cls + lambda2 * (patch_terms[:, g1] + patch_terms[:, g2]) / 2
+
+
+# --- config ------------------------------------------------------------------------------------
+
+
+def _check_ibot(cfg: DictConfig) -> None:
+    m, b = cfg.method, cfg.backbone
+    if BACKBONES[b.name].family != "vit":
+        raise ConfigError(f"backbone.name={b.name!r} is not allowed for method=ibot: a ViT (patch tokens), "
+                          f"one of {', '.join(n for n, s in BACKBONES.items() if s.family == 'vit')}")
+    lo, hi = m.mask_ratio
+    if not 0 <= lo <= hi <= 1:
+        raise ConfigError(f"method.mask_ratio={list(m.mask_ratio)!r} is not allowed: two numbers 0 <= min <= max <= 1")
+    if not 0 <= m.mask_prob <= 1:
+        raise ConfigError(f"method.mask_prob={m.mask_prob!r} is not allowed: expected a probability in [0, 1]")
+    if not 0 < m.mask_min_aspect <= 1:
+        raise ConfigError(f"method.mask_min_aspect={m.mask_min_aspect!r} is not allowed: expected 0 < value <= 1")
+    for key in ("lambda1", "lambda2"):
+        if not m[key] >= 0:
+            raise ConfigError(f"method.{key}={m[key]!r} is not allowed: expected >= 0")
+
+
+# --- the method --------------------------------------------------------------------------------
+
+
+class IBOT(DINO):
+    """iBOT with an optional exact hard-view selection over global crops (module docstring).
+
+    Everything that is not the loss -- EMA teacher, CLS centring, temperature and weight
+    decay schedules, per-parameter clipping, last-layer freeze, multi-crop augmentations,
+    teacher reuse, evaluation of the teacher backbone -- is DINO's (this class subclasses
+    :class:`DINO`, itself ``HardViewMixin, SSLMethod``). iBOT adds the :class:`IBOTHead`
+    (``method.shared_head``: one output layer for CLS and patches; the teacher's head is a
+    copy of the student's), a learned ``mask_token``, a second centre for patch logits
+    (``patch_centering``) with its own temperature schedule, and blockwise masks.
+
+    Masks: produced per global view in :meth:`training_step` from a private generator seeded
+    by (seed, step, rank, batch index) unless the batch already carries ``masks``; they are
+    part of the batch from then on, so the selection pass, the gather and the training
+    step see the same ones, and the global RNG (hence the loader's views) is untouched.
+
+    HVP flow: :meth:`candidate_scores` returns ``[B, C(G,2)]`` (:func:`ibot_pair_table`);
+    the mixin chooses a column; :meth:`select_views` gathers that pair's crops *and masks*
+    (and, with teacher reuse, the selection's teacher CLS/patch logits); the L locals pass
+    through unchanged. The off-step combination (column 0) is globals 0 and 1, the baseline.
+    """
+
+    def __init__(self, cfg: DictConfig | dict) -> None:
+        super().__init__(cfg)
+        m = self.cfg.method
+        if self.hvp.enabled and self.hvp.max_combinations is not None:
+            raise ConfigError(f"hvp.max_combinations={self.hvp.max_combinations!r} is not allowed for method=ibot: "
+                              "it selects exactly over the C(G,2) global pairs (leave it unset)")
+        self.patch_centering = Centering(self.patch_dim, m.center_momentum2)
+        self.mask_token = nn.Parameter(torch.zeros(1, self.backbone.feature_dim))  # zero-init, as iBOT
+
+    @property
+    def patch_dim(self) -> int:
+        """Patch logits' size: ``out_dim`` with a shared head (official iBOT), else ``patch_out_dim``."""
+        m = self.cfg.method
+        return int(m.out_dim if m.shared_head else m.patch_out_dim)
+
+    def build_head(self) -> IBOTHead:
+        m = self.cfg.method
+        return IBOTHead(self.backbone.feature_dim, m.out_dim, self.patch_dim, bool(m.shared_head), m.head_hidden_dim,
+                        m.bottleneck_dim, m.head_layers, m.use_bn_in_head, m.norm_last_layer)
+
+    @classmethod
+    def view_counts(cls, cfg: DictConfig) -> tuple[int, int]:
+        """(G, L): G = 2, or with HVP ``hvp.num_global_candidates`` (default ``hvp.num_views``)
+        global candidates; always the L = ``method.num_local_crops`` ordinary locals."""
+        _check_ibot(cfg)
+        num_local = int(cfg.method.num_local_crops)
+        hvp = hvp_config(cfg)
+        if not hvp.enabled:
+            return 2, num_local
+        g = cfg.hvp.get("num_global_candidates") or hvp.num_views
+        lc = cfg.hvp.get("num_local_candidates")
+        if int(g) < 2:
+            raise ConfigError(f"hvp.num_global_candidates={g!r} is not allowed: expected an integer >= 2")
+        if lc is not None and int(lc) != num_local:
+            raise ConfigError(f"hvp.num_local_candidates={lc!r} is not allowed for method=ibot: it selects among "
+                              f"global views only (leave it unset or = method.num_local_crops={num_local})")
+        return int(g), num_local
+
+    def teacher_patch_temp(self) -> float:
+        m = self.cfg.method
+        return teacher_temperature(self.current_epoch, m.teacher_patch_temp, m.warmup_teacher_patch_temp,
+                                   int(m.warmup_teacher_temp_epochs))
+
+    # --- masks ------------------------------------------------------------------------------
+    def make_masks(self, batch: dict[str, Any], batch_idx: int = 0) -> list[torch.Tensor]:
+        """One bool ``[B, h, w]`` mask per global view of ``batch`` (h, w: the patch grid).
+
+        Seeded by (seed, step, rank, batch_idx): reproducible, distinct per micro-batch
+        under gradient accumulation and per rank, and recomputable (same batch, same masks)."""
+        views, m = batch["views"], self.cfg.method
+        ps = int(self.backbone.patch_size)
+        h, w = views[0].shape[-2] // ps, views[0].shape[-1] // ps
+        rng = random.Random(_stable_seed(self.seed, self.global_step, self.global_rank, 2, batch_idx))
+        ratio = (float(m.mask_ratio[0]), float(m.mask_ratio[1]))
+        return [ibot_masks(views[0].shape[0], h, w, ratio, float(m.mask_prob), float(m.mask_min_aspect), rng)
+                .to(views[0].device) for _ in range(self.num_globals)]
+
+    def _masks(self, batch: dict[str, Any]) -> list[torch.Tensor]:
+        masks = batch.get("masks")
+        return list(masks) if masks is not None else self.make_masks(batch)
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        """Attach masks (if the loader did not) so they travel with their views, then HVP/DINO's step."""
+        if batch.get("masks") is None:
+            batch = dict(batch, masks=self.make_masks(batch, batch_idx))
+        return super().training_step(batch, batch_idx)
+
+    # --- forward ----------------------------------------------------------------------------
+    def _token_forward(self, backbone: nn.Module, head: IBOTHead, crops: Sequence[torch.Tensor],
+                       masks: Sequence[torch.Tensor] | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """CLS and patch logits per crop; the crops (same size) share one forward."""
+        mask = torch.cat(list(masks)) if masks is not None else None
+        cls, patches = vit_tokens(backbone, torch.cat(list(crops)), mask, self.mask_token if mask is not None else None)
+        c, p = head.forward_tokens(cls, patches)
+        return list(c.chunk(len(crops))), list(p.chunk(len(crops)))
+
+    # --- training step ------------------------------------------------------------------------
+    def ssl_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        views = batch["views"]
+        globals_, locals_ = list(views[:2]), list(views[2:])
+        masks = self._masks(batch)[:2]
+        teacher_out = batch.get("teacher_out")
+        if teacher_out is None:
+            with torch.no_grad():
+                t_cls, t_patch = self._token_forward(self.teacher.backbone, self.teacher.head, globals_)
+        else:
+            t_cls, t_patch = teacher_out
+        s_cls, s_patch = self._token_forward(self.backbone, self.head, globals_, masks)
+        s_cls += self._forward(self.backbone, self.head, locals_, len(locals_))
+        m = self.cfg.method
+        tau_t, tau_t2 = self.teacher_temp(), self.teacher_patch_temp()
+        cls, patch = ibot_loss_terms(t_cls, s_cls, t_patch, s_patch, masks, self.centering.center,
+                                     self.patch_centering.center, tau_t, tau_t2, m.student_temp)
+        loss_cls, loss_patch = m.lambda1 * cls.mean(), m.lambda2 * patch.mean()
+        loss = loss_cls + loss_patch
+        # After the loss, as iBOT: both centres from this step's teacher outputs.
+        self.centering.update(torch.stack([t.detach() for t in t_cls]))
+        self.patch_centering.update(torch.stack([t.detach() for t in t_patch]))
+        b = globals_[0].shape[0]
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=b)
+        self.log("train/loss_cls", loss_cls, on_step=True, on_epoch=True, batch_size=b)
+        self.log("train/loss_patch", loss_patch, on_step=True, on_epoch=True, batch_size=b)
+        self.log("train/teacher_temp", tau_t, on_step=True, on_epoch=False, batch_size=b)
+        self.log("train/teacher_patch_temp", tau_t2, on_step=True, on_epoch=False, batch_size=b)
+        return loss
+
+    # --- HVP hooks --------------------------------------------------------------------------
+    def candidate_scores(self, batch: dict[str, Any]) -> torch.Tensor:
+        views, g, m = batch["views"], self.num_globals, self.cfg.method
+        globals_, locals_ = list(views[:g]), list(views[g:])
+        masks = self._masks(batch)
+        tau_t, tau_t2, tau_s = self.teacher_temp(), self.teacher_patch_temp(), m.student_temp
+        reuse = self.teacher_reuse and self._selection_dtype(self.device.type) is None
+        t_cls, t_patch, s_cls, patch_terms = [], [], [], []
+        for i in range(0, g, 2):  # globals two at a time, as the training step forwards them
+            crops, crop_masks = globals_[i:i + 2], masks[i:i + 2]
+            tc, tp = self._token_forward(self.teacher.backbone, self.teacher.head, crops)
+            sc, sp = self._token_forward(self.backbone, self.head, crops, crop_masks)
+            patch_terms += [ibot_patch_loss(t, s, k, self.patch_centering.center, tau_t2, tau_s)
+                            for t, s, k in zip(tp, sp, crop_masks)]
+            t_cls += tc
+            s_cls += sc
+            if reuse:
+                t_patch += tp
+        s_cls += self._forward(self.backbone, self.head, locals_, len(locals_))
+        teacher = torch.stack(t_cls)  # [G, B, K]
+        ce = dino_ce_table(teacher, torch.stack(s_cls), self.centering.center, tau_t, tau_s)
+        table = ibot_pair_table(ce, torch.stack(patch_terms, 1), m.lambda1, m.lambda2)
+        self._selection = {"key": views[0], "teacher": (teacher, torch.stack(t_patch)) if reuse else None}
+        return table
+
+    def select_views(self, batch: dict[str, Any], choice: torch.Tensor) -> dict[str, Any]:
+        """Each sample's chosen global pair, with its masks (and reusable teacher logits),
+        followed by the unchanged locals. Column 0 (HVP's off-steps) = globals 0 and 1."""
+        sel, self._selection = self._selection, None
+        views, g, n_loc = batch["views"], self.num_globals, self.num_local
+        bsz = choice.shape[0]
+        b = torch.arange(bsz, device=choice.device)
+        pair = pair_index(g, device=choice.device)[choice]  # [B, 2]
+        g1, g2 = pair.unbind(1)
+        glob, masks = torch.stack(list(views[:g])), torch.stack(self._masks(batch))
+        out = dict(batch, views=[glob[g1, b], glob[g2, b], *views[g:]], masks=[masks[g1, b], masks[g2, b]])
+        out.pop("teacher_out", None)
+        if sel is not None and sel["key"] is views[0] and sel["teacher"] is not None:
+            t_cls, t_patch = sel["teacher"]
+            out["teacher_out"] = ([t_cls[g1, b], t_cls[g2, b]], [t_patch[g1, b], t_patch[g2, b]])
+        if "params" in batch:  # augmentation parameters travel with their views
+            idx = torch.cat([pair, g + torch.arange(n_loc, device=choice.device).expand(bsz, n_loc)], dim=1)
+            out["params"] = {k: p[b.to(p.device)[:, None], idx.to(p.device)] for k, p in batch["params"].items()}
+        return out

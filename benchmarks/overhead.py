@@ -327,16 +327,16 @@ def main(argv: list[str] | None = None) -> None:
             batch = r.batch(gen)
             hvp_batch = batch if r is hvps[0] else hvp_batch
             r.step(batch)
-        if not args.no_extras:
+        ex: dict[str, float] = {}
+        if not args.no_extras:  # the selection's no-grad forwards, timed on the baseline model
             ex = (multicrop_extras(base, hvp_batch, hvps[0].model.num_globals)  # type: ignore[arg-type,attr-defined]
                   if is_dino else pair_extras(base, hvp_batch, n))  # type: ignore[arg-type]
         if it < args.warmup:
             for r in runners:
                 r.times.clear()
             continue
-        if not args.no_extras:
-            for k, v in ex.items():
-                extras.setdefault(k, []).append(v)
+        for k, v in ex.items():
+            extras.setdefault(k, []).append(v)
         print(f"round {it - args.warmup + 1}/{args.iters}: "
               + "  ".join(f"{r.name} {r.times['step'][-1]:.3f}s" for r in runners), flush=True)
 

@@ -7,10 +7,10 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from .backbones import BACKBONES
-from .data.datamodule import DATASETS, split_dir
+from .data.datamodule import DATASETS, resolve_auto_crop, split_dir
 from .selection import MODES, PRECISIONS
 
 LOGGERS = ("wandb", "csv")
@@ -44,7 +44,8 @@ def _get(cfg: DictConfig, key: str) -> Any:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Raise :class:`ConfigError` on the first invalid setting."""
+    """Raise :class:`ConfigError` on the first invalid setting. Resolves ``data.crop_size:
+    auto`` (ImageFolder) once the data root is known to be valid."""
     from .methods import METHODS
 
     if cfg.method.name not in METHODS:
@@ -52,8 +53,9 @@ def validate(cfg: DictConfig) -> None:
     _int_at_least(cfg, "method.batch_size", 2)  # BatchNorm heads need >= 2 samples
     if cfg.method.optimizer.base_lr <= 0:
         _fail("method.optimizer.base_lr", cfg.method.optimizer.base_lr, "expected > 0")
-    _validate_backbone(cfg)
     _validate_data(cfg)
+    resolve_auto_crop(cfg.data)
+    _validate_backbone(cfg)
     _validate_hvp(cfg)
     _validate_trainer(cfg)
     _int_at_least(cfg, "eval.every_n_epochs", 1)
@@ -101,6 +103,8 @@ def _validate_data(cfg: DictConfig) -> None:
         _int_at_least(cfg, "data.train_size", 2)
         _int_at_least(cfg, "data.test_size", 1)
         return
+    if OmegaConf.is_missing(d, "root"):
+        _fail("data.root", "???", f"the folder holding {d.name}: add data.root=<path> to the command")
     root = Path(str(d.root)).expanduser()
     if d.name == "imagefolder":
         for split in ("train", "test"):

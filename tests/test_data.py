@@ -9,6 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
+from hvp_lightning.config import validate
 from hvp_lightning.data.augment import PARAM_NAMES, MultiViewTransform, ViewAug, augment
 from hvp_lightning.data.datamodule import SSLDataModule
 from hvp_lightning.data.datasets import SafeImageFolder, SyntheticShapes
@@ -107,8 +108,10 @@ def test_end_to_end_on_messy_imagefolder_counts_skips(messy_tree, cfg_factory, t
 
 @pytest.mark.skipif(not (SHARED_CIFAR / "train").is_dir(), reason=f"shared CIFAR-10 not found at {SHARED_CIFAR}")
 def test_shared_cifar10_imagefolder(cfg_factory):
-    cfg = cfg_factory("data=imagefolder", f"data.root={SHARED_CIFAR}", "data.crop_size=32", "data.eval_crop_ratio=1.0",
-                      "data.train_subset=64", "data.test_subset=32")
+    cfg = cfg_factory("data=imagefolder", f"data.root={SHARED_CIFAR}", "data.crop_size=auto", "data.train_subset=64",
+                      "data.test_subset=32")
+    validate(cfg)  # resolves crop_size: auto from the images themselves
+    assert (cfg.data.crop_size, cfg.data.eval_crop_ratio) == (32, 1.0)
     dm = SSLDataModule(cfg.data, (ViewAug(size=32),) * 4, batch_size=8, num_workers=0)
     dm.setup()
     assert dm.class_names == ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]

@@ -54,6 +54,7 @@ def test_easy_mode_selects_below_the_candidate_mean(cfg_factory, tmp_path):
         ("backbone.name=resnet7", "backbone.name='resnet7'"),
         ("data.name=mnist", "data.name='mnist'"),
         ("data=imagefolder data.root=/nonexistent/path", "data.root='/nonexistent/path'"),
+        ("data=imagefolder", "data.root='???'"),
         ("data=cifar10 data.root=/nonexistent/cifar", "data.root='/nonexistent/cifar'"),
         ("backbone=vit_tiny data.crop_size=20", "data.crop_size=20"),
         ("backbone=resnet18 data.crop_size=16", "data.crop_size=16"),

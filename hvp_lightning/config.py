@@ -58,7 +58,10 @@ def validate(cfg: DictConfig) -> None:
     _validate_backbone(cfg)
     _validate_hvp(cfg)
     _validate_trainer(cfg)
+    _validate_analysis(cfg)
     _int_at_least(cfg, "eval.every_n_epochs", 1)
+    if OmegaConf.select(cfg, "checkpoint.every_n_epochs") is not None:
+        _int_at_least(cfg, "checkpoint.every_n_epochs", 1)
     _int_at_least(cfg, "eval.knn_k", 1)
     if not isinstance(cfg.eval.at_start, bool):
         _fail("eval.at_start", cfg.eval.at_start, "true or false")
@@ -130,11 +133,26 @@ def _validate_hvp(cfg: DictConfig) -> None:
         _int_at_least(cfg, "hvp.max_combinations", 1)
 
 
+def _validate_analysis(cfg: DictConfig) -> None:
+    a = cfg.get("analysis")
+    if a is None:
+        return
+    if not isinstance(a.get("online", True), bool):
+        _fail("analysis.online", a.online, "true or false")
+    if a.get("log_every_n_steps") is not None:
+        _int_at_least(cfg, "analysis.log_every_n_steps", 1)
+    if a.get("flush_every_n_logs") is not None:
+        _int_at_least(cfg, "analysis.flush_every_n_logs", 1)
+
+
 def _validate_trainer(cfg: DictConfig) -> None:
     import lightning as L
 
     allowed = set(inspect.signature(L.Trainer.__init__).parameters) - {"self", "logger", "callbacks", "default_root_dir"}
     for key in cfg.trainer:
+        if key in ("enable_checkpointing", "plugins"):  # train.py owns checkpointing (hvp_lightning/checkpoint.py)
+            _fail(f"trainer.{key}", cfg.trainer[key], "not set here: checkpoints are always written "
+                  "(checkpoint.every_n_epochs sets the kept ones)")
         if key not in allowed:
             _fail(f"trainer.{key}", cfg.trainer[key], "not a lightning.Trainer argument")
     _int_at_least(cfg, "trainer.max_epochs", 1)

@@ -11,9 +11,10 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from .analysis.callback import analysis_callbacks
+from .checkpoint import AtomicCheckpointIO, RunCheckpoint, continue_csv_log, resume_checkpoint, wandb_run_id
 from .config import ConfigError, validate
 from .data.datamodule import SSLDataModule
 from .methods import METHODS, SSLMethod
@@ -25,11 +26,14 @@ def build_logger(cfg: DictConfig, run_dir: Path):
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
     if cfg.logger.name == "csv":
-        return CSVLogger(save_dir=str(run_dir), name="csv", version="")
+        logger = CSVLogger(save_dir=str(run_dir), name="csv", version="")
+        continue_csv_log(logger)  # a resumed run appends to metrics.csv
+        return logger
     lc = cfg.logger
     mode = os.environ.get("WANDB_MODE") or (lc.mode if lc.mode != "auto" else ("online" if _wandb_logged_in() else "offline"))
     return WandbLogger(project=lc.project, entity=lc.entity, group=lc.group, tags=list(lc.tags),
                        name=run_dir.name, save_dir=str(run_dir), mode=mode,
+                       id=wandb_run_id(run_dir), resume="allow",  # a resumed run continues its W&B run
                        config=OmegaConf.to_container(cfg, resolve=True))
 
 
@@ -44,6 +48,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Pretrain as configured and return the summary (also written to run_dir/summary.json)."""
     validate(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_path = resume_checkpoint(cfg, run_dir)  # None: a fresh run; else continue from last.ckpt
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")
     method_cls = METHODS[cfg.method.name]
@@ -59,25 +64,40 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         **OmegaConf.to_container(cfg.trainer, resolve=True),  # type: ignore[arg-type]
         default_root_dir=str(run_dir),
         logger=build_logger(cfg, run_dir),
-        callbacks=[ModelCheckpoint(dirpath=run_dir / "checkpoints", save_last=True, save_top_k=0)],
+        plugins=[AtomicCheckpointIO()],
+        callbacks=[RunCheckpoint(run_dir / "checkpoints", OmegaConf.select(cfg, "checkpoint.every_n_epochs")),
+                   *analysis_callbacks(cfg, run_dir)],
         check_val_every_n_epoch=cfg.eval.every_n_epochs,
         num_sanity_val_steps=0,
     )
     start = time.time()
-    knn_init = None
-    if cfg.eval.at_start:  # the random-init reference: how far did pretraining move the features?
+    if cfg.eval.at_start and ckpt_path is None:  # the random-init reference: how far did pretraining move the features?
         trainer.validate(model, datamodule=dm, verbose=False)
-        knn_init = model.knn_result.get("top1")
-    trainer.fit(model, datamodule=dm)
+        model.knn_init = model.knn_result.get("top1")
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
     train_loss = trainer.callback_metrics.get("train/loss_epoch")  # validate() below clears it
     if model.knn_result.get("step") != trainer.global_step:  # k-NN always runs on the final weights
         trainer.validate(model, datamodule=dm, verbose=False)
     summary = _summary(cfg, model, trainer, run_dir, time.time() - start, train_loss)
-    summary["knn_top1_init"] = knn_init
+    summary["knn_top1_init"] = model.knn_init
     if trainer.is_global_zero:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         OmegaConf.save(cfg, run_dir / "config.yaml")
+    _close_logger(trainer, summary)
     return summary
+
+
+def _close_logger(trainer: L.Trainer, summary: dict[str, Any]) -> None:
+    """Put the run summary on the W&B run and finish it now (it would otherwise print its
+    sync hints at interpreter exit, after the run's final line)."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    if isinstance(trainer.logger, WandbLogger) and trainer.is_global_zero:
+        run = trainer.logger.experiment
+        run.summary.update({f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float, str, bool))})
+        if "hvp" in summary:
+            run.summary.update({f"summary/hvp_{k}": v for k, v in summary["hvp"].items()})
+        run.finish()
 
 
 def _summary(cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Path, seconds: float,
@@ -109,7 +129,7 @@ def _summary(cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Pat
     totals = getattr(model, "hvp_totals", None)
     if model.hvp.enabled:
         if totals is not None:
-            totals = trainer.strategy.reduce(totals.clone(), reduce_op="sum")
+            totals = trainer.strategy.reduce(totals.to(model.device).clone(), reduce_op="sum")
         n = float(totals[2]) if totals is not None else 0.0
         out["hvp"] = {
             "num_views": model.hvp.num_views, "mode": model.hvp.mode, "every_n_steps": model.hvp.every_n_steps,

@@ -55,3 +55,32 @@ def _one_thread():
 @pytest.fixture
 def cfg_factory():
     return make_cfg
+
+
+def tiny_vit_run(method: str, tmp_path: Path) -> tuple[dict, dict, str]:
+    """A 1-epoch multi-crop run (ViT-tiny, 32/16 px, +hvp=on) through train.run, with the checks
+    every method shares; returns (summary, checkpoint state_dict, metrics CSV text)."""
+    import json
+    import math
+
+    from hvp_lightning.train import run
+
+    cfg = make_cfg(
+        f"method={method}_cifar", "backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32",
+        "+backbone.depth=2", "+hvp=on", "logger=csv", "data.train_size=64", "data.test_size=32",
+        "method.batch_size=8", "trainer.max_epochs=1", "data.num_workers=0", "method.out_dim=256",
+        "method.head_hidden_dim=64", "method.bottleneck_dim=32", "eval.every_n_epochs=1", tiny=False)
+    summary = run(cfg, tmp_path)
+    assert summary["method"] == method and summary["steps"] == 8
+    assert summary["train_loss"] is not None and math.isfinite(summary["train_loss"])
+    assert summary["hvp"]["selected_samples"] == 64
+    assert summary["hvp"]["selected_loss_mean"] >= summary["hvp"]["candidate_loss_mean"]
+    assert summary["knn_top1"] is not None
+    assert json.loads((tmp_path / "summary.json").read_text())["method"] == method
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    state = ckpt["state_dict"]
+    # Epoch 0 < freeze_last_layer: the student's last layer never moved, so the EMA teacher's
+    # copy still equals it, while the rest of the head trained and the teacher lags behind.
+    torch.testing.assert_close(state["head.last_layer.weight_v"], state["teacher.head.last_layer.weight_v"])
+    assert not torch.equal(state["head.mlp.0.weight"], state["teacher.head.mlp.0.weight"])
+    return summary, state, (tmp_path / "csv" / "metrics.csv").read_text()

@@ -25,7 +25,7 @@ from hvp_lightning.methods.ibot import (IBOT, block_mask, ibot_loss, ibot_masks,
 from hvp_lightning.selection import choose, pair_index
 from hvp_lightning.teacher import ema_update
 
-from .conftest import make_cfg as compose_cfg
+from .conftest import make_cfg as compose_cfg, tiny_vit_run
 
 VIT = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32", "+backbone.depth=1",
        "backbone.drop_path_rate=0.0"]
@@ -365,27 +365,9 @@ def test_separate_patch_head_freeze_and_ema() -> None:
 
 
 def test_tiny_hydra_run(tmp_path: Path) -> None:
-    from hvp_lightning.train import run
-
-    cfg = compose_cfg(*[
-        "method=ibot_cifar", "backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32",
-        "+backbone.depth=2", "+hvp=on", "logger=csv", "data.train_size=64", "data.test_size=32",
-        "method.batch_size=8", "trainer.max_epochs=1", "data.num_workers=0", "method.out_dim=256",
-        "method.head_hidden_dim=64", "method.bottleneck_dim=32", "eval.every_n_epochs=1"], tiny=False)
-    summary = run(cfg, tmp_path)
-    assert summary["method"] == "ibot" and summary["steps"] == 8
-    assert summary["train_loss"] is not None and math.isfinite(summary["train_loss"])
-    assert summary["hvp"]["selected_samples"] == 64
-    assert summary["hvp"]["selected_loss_mean"] >= summary["hvp"]["candidate_loss_mean"]
-    assert summary["knn_top1"] is not None
-    assert json.loads((tmp_path / "summary.json").read_text())["method"] == "ibot"
-    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    state = ckpt["state_dict"]
+    summary, state, metrics = tiny_vit_run("ibot", tmp_path)
     for key in ("centering.center", "patch_centering.center"):
         assert not torch.equal(state[key], torch.zeros_like(state[key])), key
     assert "mask_token" in state and not torch.equal(state["mask_token"], torch.zeros_like(state["mask_token"]))
     assert not any(k.startswith("teacher.") and "mask_token" in k for k in state)
-    torch.testing.assert_close(state["head.last_layer.weight_v"], state["teacher.head.last_layer.weight_v"])
-    assert not torch.equal(state["head.mlp.0.weight"], state["teacher.head.mlp.0.weight"])
-    metrics = (tmp_path / "csv" / "metrics.csv").read_text()
     assert "train/loss_patch_step" in metrics and "hvp/selected_loss_step" in metrics

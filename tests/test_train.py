@@ -89,3 +89,21 @@ def test_cli_reports_config_error_in_one_line_without_traceback(tmp_path):
     assert proc.returncode == 2
     assert "config error: hvp.num_views=1 is not allowed: expected an integer >= 2" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_wandb_offline_run_logs_metrics_and_summary(cfg_factory, tmp_path, monkeypatch):
+    """The default logger: W&B in offline mode (no account, no network), finished before the
+    run's final line, with HVP statistics and the run summary on it."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    summary = run(cfg_factory("logger=wandb", "+hvp=on", "hvp.num_views=3", "eval.every_n_epochs=1",
+                              "trainer.log_every_n_steps=1"), tmp_path)
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and summary["knn_top1"] is not None
+    import wandb
+
+    assert wandb.run is None  # finished by train.run
+    # Offline runs keep history and summary in the run's protobuf log; keys are plain strings there.
+    record = next(runs[0].glob("run-*.wandb")).read_bytes()
+    for key in ("knn/top1", "hvp/selected_loss_step", "train/loss_step", "summary/knn_top1",
+                "summary/hvp_selected_loss_mean"):
+        assert key.encode() in record, key

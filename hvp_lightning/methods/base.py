@@ -51,6 +51,7 @@ class SSLMethod(L.LightningModule):
         self.images_seen = 0
         self.skipped_files: set[str] = set()
         self.knn_result: dict[str, float] = {}
+        self.knn_init: float | None = None  # k-NN top-1 at random init (eval.at_start)
         self._val_store: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
 
     # --- hooks for methods ---------------------------------------------------------------
@@ -109,6 +110,30 @@ class SSLMethod(L.LightningModule):
         self.images_seen += int(batch["label"].shape[0]) * self.trainer.world_size
         self.skipped_files.update(f for f in batch.get("bad_file", ()) if f)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False, batch_size=1)  # type: ignore[union-attr]
+
+    # --- run state in checkpoints (resume) ------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Run counters that are not tensors of the module: they travel in the checkpoint as
+        plain values (it still loads with ``torch.load(weights_only=True)``)."""
+        totals = getattr(self, "hvp_totals", None)
+        checkpoint["hvp_lightning"] = {
+            "images_seen": int(self.images_seen),
+            "skipped_files": sorted(self.skipped_files),
+            "knn_result": {k: float(v) for k, v in self.knn_result.items()},
+            "knn_init": self.knn_init,
+            "hvp_totals": totals.detach().cpu() if totals is not None else None,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("hvp_lightning")
+        if not state:
+            return
+        self.images_seen = int(state["images_seen"])
+        self.skipped_files = set(state["skipped_files"])
+        self.knn_result = {k: (int(v) if k in ("epoch", "step") else v) for k, v in state["knn_result"].items()}
+        self.knn_init = state.get("knn_init")
+        if state.get("hvp_totals") is not None:
+            self.hvp_totals = state["hvp_totals"].to(self.device)
 
     # --- online k-NN monitor (validation loop: bank loader 0, query loader 1) ---------------
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:

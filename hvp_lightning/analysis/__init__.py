@@ -1,0 +1,6 @@
+"""Hard-view analysis (paper section 6): pair metrics, an online statistics callback with an
+optional Parquet view log, and the offline report ``python -m hvp_lightning.analysis``.
+
+Kept import-light: ``train.py`` imports the callback; the report's plotting and model-fitting
+libraries load only when the CLI runs.
+"""

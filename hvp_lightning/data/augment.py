@@ -1,0 +1,142 @@
+"""View augmentation that also returns the parameters it sampled.
+
+HVP's analysis (paper section 6) needs, for every candidate view, the crop box in
+source-image pixels, the flip, the colour-jitter factors and their order, grayscale, blur
+sigma and solarize. torchvision's composed transforms hide those, so this module samples
+them explicitly (with torchvision's own samplers, so the distributions are identical) and
+applies them with ``torchvision.transforms.v2.functional``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from torchvision import transforms as T
+from torchvision.transforms.v2 import functional as F
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+# Scalar parameters recorded per view (plus ``jitter_order``: the 4 jitter ops' order).
+PARAM_NAMES = (
+    "crop_x", "crop_y", "crop_w", "crop_h", "src_w", "src_h", "flip", "jitter",
+    "brightness", "contrast", "saturation", "hue", "grayscale", "blur_sigma", "solarize",
+)
+
+
+@dataclass(frozen=True)
+class ViewAug:
+    """One view's augmentation distribution (defaults: SimSiam/BYOL ImageNet pipeline)."""
+
+    size: int = 224
+    scale: tuple[float, float] = (0.2, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip_p: float = 0.5
+    jitter_p: float = 0.8
+    brightness: float = 0.4
+    contrast: float = 0.4
+    saturation: float = 0.4
+    hue: float = 0.1
+    gray_p: float = 0.2
+    blur_p: float = 0.5
+    blur_sigma: tuple[float, float] = (0.1, 2.0)
+    solarize_p: float = 0.0
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+
+    @property
+    def blur_kernel(self) -> int:
+        """Odd kernel of ~10% of the crop (23 px at 224, as in SimCLR/BYOL/DINO)."""
+        k = max(3, int(0.1 * self.size))
+        return k if k % 2 == 1 else k + 1
+
+
+def to_uint8_tensor(img) -> torch.Tensor:
+    """PIL image (any mode) or tensor -> uint8 ``[3, H, W]`` RGB."""
+    if isinstance(img, torch.Tensor):
+        if img.dtype != torch.uint8:
+            raise TypeError(f"expected a uint8 image tensor, got {img.dtype}")
+        return img if img.shape[0] == 3 else img[:1].expand(3, -1, -1)
+    if img.mode != "RGB":
+        # Palette/LA/RGBA images go through RGBA so transparency is dropped consistently.
+        img = img.convert("RGBA").convert("RGB") if img.mode in ("P", "LA", "PA") else img.convert("RGB")
+    return F.pil_to_tensor(img)
+
+
+def _rand() -> float:
+    return torch.rand(()).item()
+
+
+def augment(img: torch.Tensor, aug: ViewAug) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Sample and apply one view. Uses the global torch RNG (seeded per DataLoader worker)."""
+    _, h_src, w_src = img.shape
+    top, left, h, w = T.RandomResizedCrop.get_params(img, list(aug.scale), list(aug.ratio))
+    x = F.resized_crop(img, top, left, h, w, [aug.size, aug.size], antialias=True)
+    flip = _rand() < aug.flip_p
+    if flip:
+        x = F.horizontal_flip(x)
+    jitter = _rand() < aug.jitter_p
+    factors = (1.0, 1.0, 1.0, 0.0)
+    order = torch.arange(4)
+    if jitter:
+        order, b, c, s, hue = T.ColorJitter.get_params(
+            [max(0.0, 1 - aug.brightness), 1 + aug.brightness], [max(0.0, 1 - aug.contrast), 1 + aug.contrast],
+            [max(0.0, 1 - aug.saturation), 1 + aug.saturation], [-aug.hue, aug.hue])
+        factors = (float(b), float(c), float(s), float(hue))  # type: ignore[arg-type]
+        ops = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
+        for op_idx in order.tolist():
+            x = ops[op_idx](x, factors[op_idx])
+    gray = _rand() < aug.gray_p
+    if gray:
+        x = F.rgb_to_grayscale(x, num_output_channels=3)
+    sigma = 0.0
+    if aug.blur_p > 0 and _rand() < aug.blur_p:
+        sigma = aug.blur_sigma[0] + _rand() * (aug.blur_sigma[1] - aug.blur_sigma[0])
+        x = F.gaussian_blur(x, [aug.blur_kernel, aug.blur_kernel], [sigma, sigma])
+    solarize = aug.solarize_p > 0 and _rand() < aug.solarize_p
+    if solarize:
+        x = F.solarize(x, 128)
+    out = normalize(x, aug.mean, aug.std)
+    values = (left, top, w, h, w_src, h_src, flip, jitter, *factors, gray, sigma, solarize)
+    params = {k: torch.tensor(float(v)) for k, v in zip(PARAM_NAMES, values)}
+    params["jitter_order"] = order.clone() if jitter else torch.full((4,), -1)
+    return out, params
+
+
+def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    return F.normalize(x.float().div_(255), list(mean), list(std))
+
+
+@dataclass(frozen=True)
+class MultiViewTransform:
+    """Candidate views of one image, each with its own distribution, and their parameters.
+
+    Returns ``(views, params)``: a list of view tensors and a dict of parameters stacked
+    over views (``[V]`` per scalar, ``[V, 4]`` for ``jitter_order``).
+    """
+
+    augs: tuple[ViewAug, ...] = field(default_factory=tuple)
+
+    def __call__(self, img) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+        img = to_uint8_tensor(img)
+        views, plist = zip(*(augment(img, a) for a in self.augs))
+        params = {k: torch.stack([p[k] for p in plist]) for k in plist[0]}
+        return list(views), params
+
+
+@dataclass(frozen=True)
+class EvalTransform:
+    """Resize + centre crop + normalise, for k-NN/linear evaluation."""
+
+    size: int
+    crop_ratio: float = 1.0  # 0.875 on ImageNet (resize 256, crop 224); 1.0 for small images
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+
+    def __call__(self, img) -> torch.Tensor:
+        x = to_uint8_tensor(img)
+        x = F.resize(x, [round(self.size / self.crop_ratio)], antialias=True)
+        x = F.center_crop(x, [self.size, self.size])
+        return normalize(x, self.mean, self.std)

@@ -1,0 +1,165 @@
+"""LightningDataModule: N candidate views per image for training, plain crops for k-NN."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from .augment import EvalTransform, MultiViewTransform, ViewAug
+from .datasets import SafeImageFolder, SyntheticShapes
+
+DATASETS = ("synthetic", "imagefolder", "cifar10", "cifar100", "stl10")
+
+
+def _unpack(item: tuple) -> tuple[Any, int, str]:
+    """(image, label, skipped file or "") from any raw dataset."""
+    return item[0], int(item[1]), item[2] if len(item) > 2 else ""
+
+
+class MultiViewDataset(Dataset):
+    def __init__(self, raw: Dataset, transform: MultiViewTransform) -> None:
+        self.raw, self.transform = raw, transform
+
+    def __len__(self) -> int:
+        return len(self.raw)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        img, label, bad = _unpack(self.raw[i])
+        views, params = self.transform(img)
+        return {"views": views, "params": params, "label": label, "index": i, "bad_file": bad}
+
+
+class EvalDataset(Dataset):
+    def __init__(self, raw: Dataset, transform: EvalTransform) -> None:
+        self.raw, self.transform = raw, transform
+
+    def __len__(self) -> int:
+        return len(self.raw)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        img, label, bad = _unpack(self.raw[i])
+        return {"image": self.transform(img), "label": label, "index": i, "bad_file": bad}
+
+
+def _subset(ds: Dataset, n: int | None, seed: int) -> Dataset:
+    """A fixed random subset (same images for every arm and seed of a comparison)."""
+    if n is None or n >= len(ds):  # type: ignore[arg-type]
+        return ds
+    idx = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed))[:n]  # type: ignore[arg-type]
+    return Subset(ds, idx.sort().values.tolist())
+
+
+def split_dir(root: Path, split: str) -> Path:
+    """``train/`` for training; ``test/`` or else ``val/`` for evaluation (ImageNet layout)."""
+    if split == "train":
+        return root / "train"
+    return root / "test" if (root / "test").is_dir() else root / "val"
+
+
+def typical_image_side(folder: Path, sample: int = 32) -> int:
+    """Median shorter side of a few images (headers only), to size crops for unknown folders."""
+    from PIL import Image
+
+    sides = []
+    for path in _spread(sorted(p for p in folder.rglob("*") if p.is_file()), sample):
+        try:
+            with Image.open(path) as img:
+                sides.append(min(img.size))
+        except Exception:  # noqa: BLE001 -- unreadable files are skipped at load time too
+            continue
+    return int(sorted(sides)[len(sides) // 2]) if sides else 224
+
+
+def _spread(items: list, k: int) -> list:
+    """k items spread over the list (every class folder, not only the first)."""
+    step = max(1, len(items) // k)
+    return items[::step][:k]
+
+
+def resolve_auto_crop(cfg) -> None:
+    """``crop_size: auto``: small images (<= 96 px, CIFAR/STL-like) are cropped at their own
+    size and evaluated uncropped; larger ones get the ImageNet 224 / 0.875 protocol."""
+    if cfg.get("crop_size") == "auto":
+        side = typical_image_side(split_dir(Path(cfg.root), "train"))
+        cfg.crop_size = side if side <= 96 else 224
+    if cfg.get("eval_crop_ratio") == "auto":
+        cfg.eval_crop_ratio = 1.0 if cfg.crop_size <= 96 else 0.875
+
+
+def build_raw_datasets(cfg) -> tuple[Dataset, Dataset, Dataset, list[str]]:
+    """(pretraining set, labelled k-NN bank, test set, class names) for a ``data`` config."""
+    name = cfg.name
+    if name == "synthetic":
+        train = SyntheticShapes(cfg.train_size, cfg.image_size, seed=cfg.seed)
+        test = SyntheticShapes(cfg.test_size, cfg.image_size, seed=cfg.seed + 1)
+        return train, train, test, train.classes
+    if name == "imagefolder":
+        root = Path(cfg.root)
+        train = SafeImageFolder(split_dir(root, "train"))
+        test = SafeImageFolder(split_dir(root, "test"))
+        return train, train, test, train.classes
+    from torchvision import datasets as tvd
+
+    if name in ("cifar10", "cifar100"):
+        cls = tvd.CIFAR10 if name == "cifar10" else tvd.CIFAR100
+        train = cls(cfg.root, train=True, download=cfg.download)
+        test = cls(cfg.root, train=False, download=cfg.download)
+        return train, train, test, list(train.classes)
+    if name == "stl10":
+        pre = tvd.STL10(cfg.root, split="train+unlabeled", download=cfg.download)
+        bank = tvd.STL10(cfg.root, split="train", download=cfg.download)
+        test = tvd.STL10(cfg.root, split="test", download=cfg.download)
+        return pre, bank, test, list(bank.classes)
+    raise ValueError(f"data.name={name!r}; allowed: {', '.join(DATASETS)}")
+
+
+def view_aug(cfg) -> ViewAug:
+    a = cfg.aug
+    return ViewAug(
+        size=cfg.crop_size, scale=tuple(a.scale), flip_p=a.flip_p, jitter_p=a.jitter_p,
+        brightness=a.brightness, contrast=a.contrast, saturation=a.saturation, hue=a.hue,
+        gray_p=a.gray_p, blur_p=a.blur_p, solarize_p=a.solarize_p,
+        mean=tuple(cfg.mean), std=tuple(cfg.std),
+    )
+
+
+class SSLDataModule(L.LightningDataModule):
+    """Training loader yields ``{"views": [N x [B,3,H,W]], "params": {name: [B,N,...]}, ...}``;
+    the two validation loaders (k-NN bank, test queries) yield ``{"image", "label", "index"}``."""
+
+    def __init__(self, cfg, views: tuple[ViewAug, ...], batch_size: int, num_workers: int, seed: int = 0) -> None:
+        super().__init__()
+        self.cfg, self.views, self.batch_size, self.num_workers, self.seed = cfg, views, batch_size, num_workers, seed
+        self.class_names: list[str] = []
+
+    def setup(self, stage: str | None = None) -> None:
+        if hasattr(self, "train_set"):
+            return
+        pre, bank, test, self.class_names = build_raw_datasets(self.cfg)
+        pre = _subset(pre, self.cfg.train_subset, seed=0)
+        bank = pre if bank is pre or bank is getattr(pre, "dataset", None) else bank
+        test = _subset(test, self.cfg.test_subset, seed=1)
+        self.train_set = MultiViewDataset(pre, MultiViewTransform(self.views))
+        evaluate = EvalTransform(self.cfg.crop_size, self.cfg.eval_crop_ratio, tuple(self.cfg.mean), tuple(self.cfg.std))
+        self.bank_set = EvalDataset(bank, evaluate)
+        self.test_set = EvalDataset(test, evaluate)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def _loader(self, ds: Dataset, train: bool) -> DataLoader:
+        return DataLoader(
+            ds, batch_size=self.batch_size, shuffle=train, drop_last=train, num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available(),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, train=True)
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return [self._loader(self.bank_set, train=False), self._loader(self.test_set, train=False)]

@@ -84,3 +84,17 @@ def tiny_vit_run(method: str, tmp_path: Path) -> tuple[dict, dict, str]:
     torch.testing.assert_close(state["head.last_layer.weight_v"], state["teacher.head.last_layer.weight_v"])
     assert not torch.equal(state["head.mlp.0.weight"], state["teacher.head.mlp.0.weight"])
     return summary, state, (tmp_path / "csv" / "metrics.csv").read_text()
+
+
+def score_and_assert_stateless(model: torch.nn.Module, batch: dict) -> torch.Tensor:
+    """Run the selection pass; assert every parameter, buffer (BN stats, teacher, centres)
+    and the global RNG are exactly as before; return the candidate table."""
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    table = model.score_candidates(batch)
+    assert torch.isfinite(table).all()
+    assert torch.equal(torch.get_rng_state(), rng)
+    after = model.state_dict()
+    for k, v in before.items():
+        assert torch.equal(after[k], v), k
+    return table

@@ -167,7 +167,7 @@ class HardViewMixin:
             # Alternating schedule: an ordinary step on the first two (i.i.d.) candidates.
             return self.ssl_step(self.select_views(batch, self._first_combination(batch)), batch_idx)
         table = self.score_candidates(batch)
-        choice = choose(table, self.hvp.mode, self._choice_generator())
+        choice = choose(table, self.hvp.mode, self._choice_generator(batch_idx))
         self._record_selection(batch, table, choice)
         return self.ssl_step(self.select_views(batch, choice), batch_idx)
 
@@ -191,13 +191,14 @@ class HardViewMixin:
             self._hvp_dtype_key = key
         return self._hvp_dtype
 
-    def _choice_generator(self) -> torch.Generator | None:
-        """Private generator for ``random`` mode: reproducible, and it leaves the global RNG
-        (and so the data loader's views) exactly where the baseline would have it."""
+    def _choice_generator(self, batch_idx: int) -> torch.Generator | None:
+        """Private generator for ``random`` mode: reproducible, distinct per micro-batch under
+        gradient accumulation, and it leaves the global RNG (and so the data loader's views)
+        exactly where the baseline would have it."""
         if self.hvp.mode != "random":
             return None
         seed = getattr(self, "seed", 0)
-        return torch.Generator().manual_seed(_stable_seed(seed, self.global_step, self.global_rank))  # type: ignore[attr-defined]
+        return torch.Generator().manual_seed(_stable_seed(seed, self.global_step, batch_idx, self.global_rank))  # type: ignore[attr-defined]
 
     def _record_selection(self, batch: dict[str, Any], table: torch.Tensor, choice: torch.Tensor) -> None:
         selected = table.gather(1, choice[:, None]).squeeze(1)

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from .callback import PAIR_FEATURES, STAT_KEYS
 
@@ -300,6 +301,8 @@ def plot_importance(imp: dict[str, Any], path: Path) -> None:
     axes[0].set_title("fANOVA-like main effects")
     axes[1].barh(y, perm[order], xerr=err[order], color=BASE_COLOR)
     axes[1].set_xlabel("permutation importance: drop in held-out $R^2$")
+    axes[1].xaxis.set_major_locator(MaxNLocator(nbins=4))  # small values: keep tick labels apart
+    axes[1].ticklabel_format(axis="x", style="sci", scilimits=(-2, 3))
     axes[1].set_title(f"permutation importance (forest $R^2$ = {imp['r2_test']:.2f})")
     if imp["r2_test"] <= 0.05:
         axes[0].set_title("fANOVA-like main effects\n(held-out $R^2$ <= 0.05: noise, log more steps)", color="tab:red")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import math
 import os
 import time
 import warnings
@@ -35,7 +34,8 @@ from .config import ConfigError, _fail, _int_at_least, _validate_backbone, _vali
 from .data.augment import EvalTransform, normalize, to_uint8_tensor
 from .data.datamodule import EvalDataset, _subset, build_raw_datasets, resolve_auto_crop
 from .knn import knn_accuracies
-from .optim import LARS
+from .methods.base import warmup_cosine
+from .optim import make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -149,19 +149,12 @@ class Classifier(L.LightningModule):
             if p.requires_grad:
                 (no_decay if p.ndim <= 1 or name.endswith(".bias") else decay).append(p)
         groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
-        if s["optimizer"] == "sgd":
-            opt = torch.optim.SGD(groups, lr=s["lr"], momentum=s.get("momentum", 0.9), weight_decay=s["weight_decay"])
-        elif s["optimizer"] == "lars":
-            opt = LARS(groups, lr=s["lr"], momentum=s.get("momentum", 0.9), weight_decay=s["weight_decay"])
-        else:
-            opt = torch.optim.AdamW(groups, lr=s["lr"], weight_decay=s["weight_decay"])
+        opt = make_optimizer(s["optimizer"], groups, s["lr"], s["weight_decay"], s.get("momentum", 0.9))
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup = int(s.get("warmup_epochs", 0) * total / max(1, s["epochs"]))
 
         def schedule(step: int) -> float:  # linear warm-up, then cosine to 0 (per step)
-            if step < warmup:
-                return (step + 1) / warmup
-            return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+            return warmup_cosine(step, total, warmup)
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

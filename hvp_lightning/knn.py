@@ -35,11 +35,8 @@ def knn_scores(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Ten
 def knn_accuracy(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Tensor,
                  query_labels: torch.Tensor, num_classes: int, k: int = 20,
                  temperature: float = 0.07) -> dict[str, float]:
-    """Top-1 and top-5 accuracy (fractions in [0, 1])."""
-    scores = knn_scores(bank, bank_labels, queries, num_classes, k, temperature)
-    top = scores.topk(min(5, num_classes), dim=1).indices
-    hit = top == query_labels[:, None]
-    return {"top1": hit[:, 0].float().mean().item(), "top5": hit.any(1).float().mean().item()}
+    """Top-1 and top-5 accuracy (fractions in [0, 1]) for one k."""
+    return knn_accuracies(bank, bank_labels, queries, query_labels, num_classes, (k,), temperature)[k]
 
 
 def knn_accuracies(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Tensor,

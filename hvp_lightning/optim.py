@@ -64,3 +64,18 @@ class LARS(torch.optim.Optimizer):
                 buf.mul_(momentum).add_(d, alpha=lr)
                 p.sub_(buf)
         return loss
+
+
+OPTIMIZERS = ("sgd", "adamw", "lars")
+
+
+def make_optimizer(name: str, groups: list[dict[str, Any]], lr: float, weight_decay: float,
+                   momentum: float = 0.9, eta: float = 1e-3) -> torch.optim.Optimizer:
+    """The optimisers the recipes use, by name (pretraining and evaluation share this)."""
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if name == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+    if name == "lars":  # no decay/adaptation for biases and norm params
+        return LARS(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta)
+    raise ValueError(f"optimizer {name!r}; allowed: {', '.join(OPTIMIZERS)}")

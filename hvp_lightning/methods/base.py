@@ -15,7 +15,7 @@ from ..backbones import build_backbone
 from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
 from ..knn import knn_accuracy
-from ..optim import LARS
+from ..optim import OPTIMIZERS, make_optimizer
 from ..selection import HVPConfig
 
 
@@ -85,15 +85,10 @@ class SSLMethod(L.LightningModule):
         opt_cfg = self.cfg.method.optimizer
         lr = opt_cfg.base_lr * self.global_batch_size / 256  # linear scaling rule (SimSiam/SimCLR)
         groups = self.param_groups()
-        if opt_cfg.name == "sgd":
-            opt = torch.optim.SGD(groups, lr=lr, momentum=opt_cfg.momentum, weight_decay=opt_cfg.weight_decay)
-        elif opt_cfg.name == "adamw":
-            opt = torch.optim.AdamW(groups, lr=lr, weight_decay=opt_cfg.weight_decay)
-        elif opt_cfg.name == "lars":  # SimCLR: no decay/adaptation for biases and norm params
-            opt = LARS(groups, lr=lr, momentum=opt_cfg.momentum, weight_decay=opt_cfg.weight_decay,
-                       eta=opt_cfg.get("eta", 1e-3))
-        else:
-            raise ValueError(f"method.optimizer.name={opt_cfg.name!r}; allowed: sgd, adamw, lars")
+        if opt_cfg.name not in OPTIMIZERS:
+            raise ValueError(f"method.optimizer.name={opt_cfg.name!r}; allowed: {', '.join(OPTIMIZERS)}")
+        opt = make_optimizer(opt_cfg.name, groups, lr, opt_cfg.weight_decay, opt_cfg.get("momentum", 0.9),
+                             opt_cfg.get("eta", 1e-3))
         total = max(1, int(self.trainer.estimated_stepping_batches))
         steps_per_epoch = max(1, total // max(1, self.trainer.max_epochs or 1))
         warmup = int(opt_cfg.warmup_epochs * steps_per_epoch)

@@ -116,6 +116,7 @@ def _summary(cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Pat
         "knn_top1": model.knn_result.get("top1"),
         "knn_top5": model.knn_result.get("top5"),
         "knn_chance": 1 / model.num_classes,
+        "knn_history": model.knn_history,
         "train_loss": float(train_loss) if train_loss is not None else None,
         "epochs": trainer.current_epoch,
         "steps": trainer.global_step,

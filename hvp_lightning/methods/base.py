@@ -52,6 +52,7 @@ class SSLMethod(L.LightningModule):
         self.skipped_files: set[str] = set()
         self.knn_result: dict[str, float] = {}
         self.knn_init: float | None = None  # k-NN top-1 at random init (eval.at_start)
+        self.knn_history: list[dict[str, float]] = []  # every k-NN pass: the learning curve in summary.json
         self._val_store: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
 
     # --- hooks for methods ---------------------------------------------------------------
@@ -116,6 +117,7 @@ class SSLMethod(L.LightningModule):
             "skipped_files": sorted(self.skipped_files),
             "knn_result": {k: float(v) for k, v in self.knn_result.items()},
             "knn_init": self.knn_init,
+            "knn_history": list(self.knn_history),
             "hvp_totals": totals.detach().cpu() if totals is not None else None,
         }
 
@@ -127,6 +129,7 @@ class SSLMethod(L.LightningModule):
         self.skipped_files = set(state["skipped_files"])
         self.knn_result = {k: (int(v) if k in ("epoch", "step") else v) for k, v in state["knn_result"].items()}
         self.knn_init = state.get("knn_init")
+        self.knn_history = list(state.get("knn_history", []))
         if state.get("hvp_totals") is not None:
             self.hvp_totals = state["hvp_totals"].to(self.device)
 
@@ -135,6 +138,16 @@ class SSLMethod(L.LightningModule):
         feats = F.normalize(self.eval_backbone(batch["image"]).float(), dim=1)
         self._val_store.setdefault(dataloader_idx, []).append((feats, batch["label"], batch["index"]))
         self.skipped_files.update(f for f in batch.get("bad_file", ()) if f)
+
+    def _epochs_done(self) -> float:
+        """Training epochs completed at this k-NN pass (0 at init; from optimiser steps so that a
+        pass after the last epoch and one inside the loop agree)."""
+        if self.global_step == 0:
+            return 0.0
+        batches = self.trainer.num_training_batches
+        if not isinstance(batches, int) or batches <= 0:  # validate() outside fit: the epoch counter
+            return float(self.current_epoch)
+        return self.global_step / max(1, math.ceil(batches / self.trainer.accumulate_grad_batches))
 
     def _gathered(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         feats, labels, index = (torch.cat(x) for x in zip(*self._val_store[idx]))
@@ -157,5 +170,8 @@ class SSLMethod(L.LightningModule):
         knn = self.cfg.eval
         res = knn_accuracy(bank, bank_labels, queries, query_labels, self.num_classes, knn.knn_k, knn.knn_temperature)
         self.knn_result = dict(res, epoch=self.current_epoch, step=self.global_step)
+        self.knn_history.append({"step": int(self.global_step), "epoch": round(self._epochs_done(), 4),
+                                 "images_seen": int(self.images_seen), "top1": float(res["top1"]),
+                                 "top5": float(res["top5"])})
         self.log("knn/top1", res["top1"], prog_bar=True, add_dataloader_idx=False)
         self.log("knn/top5", res["top5"], add_dataloader_idx=False)

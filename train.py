@@ -12,12 +12,15 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from hvp_lightning.checkpoint import resume_config
 from hvp_lightning.config import ConfigError
 from hvp_lightning.train import run
+import hvp_lightning.sweep  # noqa: F401  registers ${hvp_dirname:...} (hydra.sweep.subdir)
 
 # hydra.run.dir: the run dir being resumed, else a new timestamped one (conf/config.yaml).
 OmegaConf.register_new_resolver("hvp_resume_or", lambda resume, new: str(resume) if resume else new, replace=True)
@@ -34,10 +37,13 @@ def main(cfg: DictConfig) -> float | None:
     except (ConfigError, MisconfigurationException) as err:  # bad settings: one line, no traceback
         logging.getLogger("hvp_lightning").error("config error: %s", err)
         print(f"config error: {err}", file=sys.stderr)
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # this job fails, the sweep goes on; its sweep_summary.csv row says failed
         sys.exit(2)
     top1, init = summary["knn_top1"], summary.get("knn_top1_init")
     ref = f"at init {100 * init:.2f}%, " if init is not None else ""
-    print(f"k-NN top-1: {100 * top1:.2f}% ({ref}chance {100 * summary['knn_chance']:.1f}%) | run dir: {run_dir}")
+    if rank_zero_only.rank == 0:  # DDP: one final line per run, not one per process
+        print(f"k-NN top-1: {100 * top1:.2f}% ({ref}chance {100 * summary['knn_chance']:.1f}%) | run dir: {run_dir}")
     return top1  # lets Hydra sweepers optimise it
 
 

@@ -14,6 +14,9 @@ from .data.datamodule import DATASETS, resolve_auto_crop, split_dir
 from .selection import MODES, PRECISIONS
 
 LOGGERS = ("wandb", "csv")
+# Mixed precision keeps fp32 master weights, EMA teacher and centres; "*-true" half
+# precision would run them in half precision too.
+TRAINER_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 
 
 class ConfigError(ValueError):
@@ -53,11 +56,13 @@ def validate(cfg: DictConfig) -> None:
     _int_at_least(cfg, "method.batch_size", 2)  # BatchNorm heads need >= 2 samples
     if cfg.method.optimizer.base_lr <= 0:
         _fail("method.optimizer.base_lr", cfg.method.optimizer.base_lr, "expected > 0")
+    _validate_lr_end(cfg)
     _validate_data(cfg)
     resolve_auto_crop(cfg.data)
     _validate_backbone(cfg)
     _validate_hvp(cfg)
     _validate_trainer(cfg)
+    _validate_distributed(cfg)
     _validate_analysis(cfg)
     _int_at_least(cfg, "eval.every_n_epochs", 1)
     if OmegaConf.select(cfg, "checkpoint.every_n_epochs") is not None:
@@ -87,6 +92,29 @@ def _validate_backbone(cfg: DictConfig) -> None:
         _int_at_least(cfg, "backbone.patch_size", 1)
         if crop % b.patch_size:
             _fail("data.crop_size", crop, f"a multiple of backbone.patch_size={b.patch_size} for {b.name}")
+
+
+def _validate_lr_end(cfg: DictConfig) -> None:
+    """Where the cosine ends: ``min_lr`` (absolute, DINO/iBOT) or ``final_lr_ratio`` (of the peak)."""
+    o = cfg.method.optimizer
+    min_lr, ratio = o.get("min_lr"), o.get("final_lr_ratio")
+    if (min_lr is None) == (ratio is None):
+        _fail("method.optimizer.min_lr", min_lr, "set exactly one of method.optimizer.min_lr (absolute end lr) "
+              "and method.optimizer.final_lr_ratio (end lr / peak lr)")
+    if min_lr is not None and (isinstance(min_lr, bool) or not isinstance(min_lr, (int, float)) or min_lr < 0):
+        _fail("method.optimizer.min_lr", min_lr, "expected a number >= 0")
+    if ratio is not None:
+        _prob(cfg, "method.optimizer.final_lr_ratio")
+
+
+def _validate_distributed(cfg: DictConfig) -> None:
+    """DDP settings Lightning would only reject once processes are launched (or never)."""
+    t = cfg.trainer
+    sync = t.get("sync_batchnorm", "auto")
+    if not (sync == "auto" or isinstance(sync, bool)):
+        _fail("trainer.sync_batchnorm", sync, "auto (on when the model has BatchNorm), true or false")
+    if t.get("num_nodes") is not None:
+        _int_at_least(cfg, "trainer.num_nodes", 1)
 
 
 def _validate_data(cfg: DictConfig) -> None:
@@ -158,3 +186,21 @@ def _validate_trainer(cfg: DictConfig) -> None:
     _int_at_least(cfg, "trainer.max_epochs", 1)
     if cfg.trainer.get("accumulate_grad_batches") is not None:
         _int_at_least(cfg, "trainer.accumulate_grad_batches", 1)
+    _validate_precision(cfg)
+
+
+def _validate_precision(cfg: DictConfig) -> None:
+    """Lightning has no fp16 AMP on CPU: it would silently train in bf16-mixed instead."""
+    precision = cfg.trainer.get("precision", "32-true")
+    if precision not in TRAINER_PRECISIONS:
+        _fail("trainer.precision", precision, f"one of {', '.join(TRAINER_PRECISIONS)}")
+    if precision == "16-mixed" and _runs_on_cpu(str(cfg.trainer.get("accelerator", "auto"))):
+        _fail("trainer.precision", precision, "on CPU one of 32-true, bf16-mixed (no fp16 mixed precision on CPU)")
+
+
+def _runs_on_cpu(accelerator: str) -> bool:
+    if accelerator != "auto":
+        return accelerator == "cpu"
+    import torch
+
+    return not (torch.cuda.is_available() or torch.backends.mps.is_available())

@@ -11,13 +11,23 @@ The whole algorithm lives here. A method that mixes in :class:`HardViewMixin` su
 * ``ssl_step(batch, batch_idx) -> loss``: the method's unchanged training step.
 
 With HVP off, ``training_step`` is exactly ``ssl_step``: the mixin adds nothing.
+
+Gradient accumulation: ``hvp.every_n_steps`` counts optimiser steps (Lightning's
+``global_step``), so the k micro-batches of one optimiser step either all select hard views
+or all train on plain ones -- the accumulated step is the same kind of step as one big batch.
+Random draws (``random`` mode, DINO's sampled locals, iBOT's masks) are seeded by
+(seed, global_step, micro-batch index, rank), so the micro-batches of one step draw differently.
+
+Precision: the selection forward runs at ``hvp.selection_precision`` whatever
+``trainer.precision`` is (``fp32`` switches Lightning's autocast off for it); the methods
+compute the candidate tables in fp32, so the argmax ranks the loss the method computes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -100,8 +110,11 @@ def frozen_state(module: nn.Module, device: torch.device) -> Iterator[None]:
 
     BatchNorm keeps normalising with the *batch* statistics in train mode (as the loss it
     imitates does); ``track_running_stats=False`` only stops the buffer updates (running
-    mean/var and ``num_batches_tracked``). Forking the RNG means dropout/drop-path in the
-    selection forward cannot shift the random streams of the training step or the loader.
+    mean/var and ``num_batches_tracked``). SyncBatchNorm (DDP, ``trainer.sync_batchnorm``) is
+    a ``_BatchNorm`` too: candidates are then normalised with the statistics of the global
+    batch of their view set, as the training step normalises its views. Forking the RNG
+    means dropout/drop-path in the selection forward cannot shift the random streams of the
+    training step or the loader.
     """
     bns = [m for m in module.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
     for m in bns:
@@ -138,6 +151,7 @@ class HardViewMixin:
     """
 
     hvp: HVPConfig
+    hvp_batch_idx: int = 0  # micro-batch being selected: part of the private generators' seeds
 
     # --- hooks the method provides -------------------------------------------------------
     def candidate_scores(self, batch: dict[str, Any]) -> torch.Tensor:  # pragma: no cover
@@ -158,11 +172,13 @@ class HardViewMixin:
 
     # --- the step --------------------------------------------------------------------------
     def hvp_active(self) -> bool:
+        """HVP on this optimiser step? Same answer for every micro-batch of one step."""
         return self.hvp.enabled and self.global_step % self.hvp.every_n_steps == 0  # type: ignore[attr-defined]
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         if not self.hvp.enabled:
             return self.ssl_step(batch, batch_idx)
+        self.hvp_batch_idx = batch_idx
         if not self.hvp_active():
             # Alternating schedule: an ordinary step on the first two (i.i.d.) candidates.
             return self.ssl_step(self.select_views(batch, self._first_combination(batch)), batch_idx)
@@ -172,10 +188,12 @@ class HardViewMixin:
         return self.ssl_step(self.select_views(batch, choice), batch_idx)
 
     def score_candidates(self, batch: dict[str, Any]) -> torch.Tensor:
-        """The selection pass: ``candidate_scores`` under :func:`frozen_state` and autocast."""
+        """The selection pass: ``candidate_scores`` under :func:`frozen_state`, at the selection
+        precision: its own autocast, or none at all for fp32 (even inside the training step's
+        ``bf16-mixed``/``16-mixed`` autocast)."""
         device: torch.device = self.device  # type: ignore[attr-defined]
         dtype = self._selection_dtype(device.type)
-        amp = torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+        amp = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
         with frozen_state(self, device), amp:  # type: ignore[arg-type]
             table = self.candidate_scores(batch)
         return table.float()

@@ -5,8 +5,8 @@
   on a cosine over training (DINO paper, sec. 3.1);
 * :func:`teacher_temperature`: the linear teacher-temperature warm-up (per epoch);
 * :class:`Centering`: the running centre subtracted from teacher logits (avoids collapse
-  to one dimension); it is updated *after* the loss of a step, from that step's teacher
-  outputs, averaged over all ranks.
+  to one dimension); it is updated *after* the loss of a step, once per optimiser step, from
+  the teacher outputs of all that step's micro-batches, averaged over all ranks.
 """
 
 from __future__ import annotations
@@ -76,6 +76,11 @@ class Centering(nn.Module):
     ``center`` has shape ``[1, dim]`` and broadcasts over ``[B, dim]`` (DINO's CLS) and
     ``[B, N, dim]`` (iBOT's patch tokens). The mean is over every leading dimension and all
     ranks, so each process keeps the same centre under DDP.
+
+    Gradient accumulation: :meth:`accumulate` adds a micro-batch's outputs to a pending sum
+    and :meth:`step` applies it once per optimiser step, so k micro-batches of B move the
+    centre exactly as one batch of kB does (one EMA step, one all-reduce). :meth:`update`
+    is both at once.
     """
 
     center: torch.Tensor
@@ -84,14 +89,29 @@ class Centering(nn.Module):
         super().__init__()
         self.momentum = momentum
         self.register_buffer("center", torch.zeros(1, dim))
+        self._pending: torch.Tensor | None = None  # [sum of logits..., count] since the last step
 
     @torch.no_grad()
-    def update(self, teacher_logits: torch.Tensor | Iterable[torch.Tensor]) -> None:
+    def accumulate(self, teacher_logits: torch.Tensor | Iterable[torch.Tensor]) -> None:
+        """Add teacher outputs to the pending update (no communication, centre unchanged)."""
         if not isinstance(teacher_logits, torch.Tensor):
             teacher_logits = torch.cat([t.reshape(-1, t.shape[-1]) for t in teacher_logits])
         x = teacher_logits.detach().reshape(-1, teacher_logits.shape[-1]).float()
         stats = torch.cat([x.sum(0), x.new_tensor([float(x.shape[0])])])
+        self._pending = stats if self._pending is None else self._pending + stats
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Move the centre towards the mean of everything accumulated since the last step."""
+        if self._pending is None:
+            return
+        stats, self._pending = self._pending, None
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(stats)
         batch_center = (stats[:-1] / stats[-1]).to(self.center.dtype)
         self.center.mul_(self.momentum).add_(batch_center[None], alpha=1.0 - self.momentum)
+
+    def update(self, teacher_logits: torch.Tensor | Iterable[torch.Tensor]) -> None:
+        """One step from these outputs alone (no accumulation)."""
+        self.accumulate(teacher_logits)
+        self.step()

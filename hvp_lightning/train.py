@@ -17,7 +17,9 @@ from .analysis.callback import analysis_callbacks
 from .checkpoint import AtomicCheckpointIO, RunCheckpoint, continue_csv_log, resume_checkpoint, wandb_run_id
 from .config import ConfigError, validate
 from .data.datamodule import SSLDataModule
+from .distributed import sync_batchnorm_plugins
 from .methods import METHODS, SSLMethod
+from .wandb_logging import WandbCharts, current_sweep_dir, run_names
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +33,9 @@ def build_logger(cfg: DictConfig, run_dir: Path):
         return logger
     lc = cfg.logger
     mode = os.environ.get("WANDB_MODE") or (lc.mode if lc.mode != "auto" else ("online" if _wandb_logged_in() else "offline"))
-    return WandbLogger(project=lc.project, entity=lc.entity, group=lc.group, tags=list(lc.tags),
-                       name=run_dir.name, save_dir=str(run_dir), mode=mode,
+    group, name = run_names(lc.group, lc.get("run_name"), run_dir, current_sweep_dir())  # a sweep shares a group
+    return WandbLogger(project=lc.project, entity=lc.entity, group=group, tags=list(lc.tags),
+                       name=name, save_dir=str(run_dir), mode=mode,
                        id=wandb_run_id(run_dir), resume="allow",  # a resumed run continues its W&B run
                        config=OmegaConf.to_container(cfg, resolve=True))
 
@@ -60,13 +63,15 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     with open_dict(cfg):
         cfg.data.num_classes = dm.num_classes
     model: SSLMethod = method_cls(cfg)
+    trainer_kwargs: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
+    sync_bn = sync_batchnorm_plugins(trainer_kwargs.pop("sync_batchnorm", "auto"), model)  # DDP only
     trainer = L.Trainer(
-        **OmegaConf.to_container(cfg.trainer, resolve=True),  # type: ignore[arg-type]
+        **trainer_kwargs,
         default_root_dir=str(run_dir),
         logger=build_logger(cfg, run_dir),
-        plugins=[AtomicCheckpointIO()],
+        plugins=[AtomicCheckpointIO(), *sync_bn],
         callbacks=[RunCheckpoint(run_dir / "checkpoints", OmegaConf.select(cfg, "checkpoint.every_n_epochs")),
-                   *analysis_callbacks(cfg, run_dir)],
+                   *analysis_callbacks(cfg, run_dir), WandbCharts()],
         check_val_every_n_epoch=cfg.eval.every_n_epochs,
         num_sanity_val_steps=0,
     )
@@ -76,10 +81,13 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         model.knn_init = model.knn_result.get("top1")
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
     train_loss = trainer.callback_metrics.get("train/loss_epoch")  # validate() below clears it
+    if train_loss is not None:  # each rank's own epoch mean: the summary reports all ranks'
+        train_loss = trainer.strategy.reduce(torch.tensor(float(train_loss), device=model.device), reduce_op="mean")
     if model.knn_result.get("step") != trainer.global_step:  # k-NN always runs on the final weights
         trainer.validate(model, datamodule=dm, verbose=False)
     summary = _summary(cfg, model, trainer, run_dir, time.time() - start, train_loss)
     summary["knn_top1_init"] = model.knn_init
+    summary["sync_batchnorm_layers"] = sync_bn[0].converted if sync_bn else 0
     if trainer.is_global_zero:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         OmegaConf.save(cfg, run_dir / "config.yaml")
@@ -115,6 +123,7 @@ def _summary(cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Pat
         "num_classes": model.num_classes,
         "knn_top1": model.knn_result.get("top1"),
         "knn_top5": model.knn_result.get("top5"),
+        "knn_queries": model.knn_result.get("queries"),  # distinct test images scored (all ranks')
         "knn_chance": 1 / model.num_classes,
         "knn_history": model.knn_history,
         "train_loss": float(train_loss) if train_loss is not None else None,

@@ -98,3 +98,67 @@ def score_and_assert_stateless(model: torch.nn.Module, batch: dict) -> torch.Ten
     for k, v in before.items():
         assert torch.equal(after[k], v), k
     return table
+
+
+def wandb_records(run_dir: Path, timeout_s: float = 30.0) -> list:
+    """Every record of the one offline W&B run under ``run_dir/wandb``: the run (project, group,
+    tags, name, config), metric definitions, history rows, ... (``wandb_internal_pb2.Record``).
+    ``run.finish()`` can return before the W&B service has flushed the file, so this waits for
+    the run's exit record."""
+    import time
+
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = _read_wandb_log(path.read_bytes())
+        if any(r.HasField("exit") for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
+def _read_wandb_log(data: bytes) -> list:
+    """The .wandb file is a LevelDB-style log: a 7-byte file header, then 32 KiB blocks of chunks,
+    each with a 7-byte header (crc32, length, type: 1 full, 2 first, 3 middle, 4 last)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    block = 32768
+    assert b":W&B".startswith(data[:4]), "not a .wandb file"
+    records, pos, buf = [], 7, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # no room for a chunk header: the block's zero trailer
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if length == 0 and kind == 0:  # zero padding
+            pos += left
+            continue
+        if pos + 7 + length > len(data):  # a chunk still being written
+            break
+        buf += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(buf)
+            records.append(record)
+            buf = b""
+    return records
+
+
+def compose_with_hydra(*overrides: str) -> DictConfig:
+    """The composed config with its hydra node (launcher, callbacks, sweep dirs, mode)."""
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=True)
+
+
+def write_tiny_experiment(conf_dir: Path) -> None:
+    """TINY as ``conf_dir/experiment/tiny.yaml``: ``train.py -m --config-dir conf_dir +experiment=tiny``
+    is a tiny run in one override, so the sweep's job dir names stay short."""
+    tiny = OmegaConf.create()
+    for item in TINY:
+        key, value = item.lstrip("+").split("=", 1)
+        OmegaConf.update(tiny, key, yaml.safe_load(value), force_add=True)
+    (conf_dir / "experiment").mkdir(parents=True, exist_ok=True)
+    (conf_dir / "experiment" / "tiny.yaml").write_text("# @package _global_\n" + OmegaConf.to_yaml(tiny))

@@ -221,11 +221,13 @@ def test_teacher_reuse_equals_second_teacher_forward() -> None:
         model.centering.center.copy_(center0)
         torch.manual_seed(1)  # same drop-path draws in the student
         loss = model.training_step(batch, 0)
+        assert torch.equal(model.centering.center, center0)  # pending until the optimiser step
+        model.centering.step()  # what on_train_batch_end does once per optimiser step
         results.append((loss.detach(), model.centering.center.clone()))
     (l1, c1), (l2, c2) = results
     torch.testing.assert_close(l1, l2, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(c1, c2, rtol=1e-5, atol=1e-7)
-    assert not torch.equal(c1, center0)  # the training step (only) updates the centre
+    assert not torch.equal(c1, center0)  # the training step (only) feeds the centre
 
 
 def test_hvp_off_equals_baseline_step() -> None:

@@ -3,8 +3,6 @@ the hard/easy choice against brute force, LARS, DDP key gathering, and a tiny Hy
 
 from __future__ import annotations
 
-import os
-import socket
 from itertools import combinations
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from hvp_lightning.methods.simclr import gather_with_grad, nt_xent_loss, simclr_
 from hvp_lightning.optim import LARS
 from hvp_lightning.selection import choose, pair_index
 
+from ._ddp import run_ranks
 from .conftest import REPO, make_cfg
 
 
@@ -104,20 +103,13 @@ def test_lars_trust_ratio_only_on_matrices() -> None:
         torch.testing.assert_close(p.detach(), expected)
 
 
-def _ddp_worker(rank: int, world: int, port: int, z1: torch.Tensor, z2: torch.Tensor, out: dict) -> None:
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        b = z1.shape[0] // world
-        a1 = z1[rank * b:(rank + 1) * b].clone().requires_grad_(True)
-        a2 = z2[rank * b:(rank + 1) * b].clone().requires_grad_(True)
-        loss = nt_xent_loss(a1, a2, 0.5, gather=True)
-        loss.mean().backward()
-        out[rank] = (loss.detach(), a1.grad.detach(), a2.grad.detach())
-    finally:
-        dist.destroy_process_group()
+def _ddp_worker(rank: int, world: int, z1: torch.Tensor, z2: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    b = z1.shape[0] // world
+    a1 = z1[rank * b:(rank + 1) * b].clone().requires_grad_(True)
+    a2 = z2[rank * b:(rank + 1) * b].clone().requires_grad_(True)
+    loss = nt_xent_loss(a1, a2, 0.5, gather=True)
+    loss.mean().backward()
+    return loss.detach(), a1.grad.detach(), a2.grad.detach()
 
 
 def test_gathered_loss_matches_global_rows(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -141,20 +133,12 @@ def test_gathered_loss_matches_global_rows(monkeypatch: pytest.MonkeyPatch) -> N
 def test_gathered_loss_and_gradients_match_global_batch() -> None:
     """2 gloo ranks: per-sample losses are the global batch's, and local gradients (summed
     over ranks by the gather) are world x the global-mean gradient, so DDP's average is exact."""
-    import torch.multiprocessing as mp
-
     g = torch.Generator().manual_seed(4)
     z1, z2 = torch.randn(6, 8, generator=g), torch.randn(6, 8, generator=g)
     g1, g2 = z1.clone().requires_grad_(True), z2.clone().requires_grad_(True)
     full = nt_xent_loss(g1, g2, 0.5)
     full.mean().backward()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = mp.Manager().dict()
-    mp.spawn(_ddp_worker, args=(2, port, z1, z2, out), nprocs=2, join=True)
-    for rank in range(2):
-        loss, d1, d2 = out[rank]
+    for rank, (loss, d1, d2) in enumerate(run_ranks(_ddp_worker, (z1, z2))):
         rows = slice(3 * rank, 3 * (rank + 1))
         torch.testing.assert_close(loss, full.detach()[rows])
         torch.testing.assert_close(d1, 2 * g1.grad[rows])

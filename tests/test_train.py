@@ -11,7 +11,7 @@ import pytest
 from hvp_lightning.config import ConfigError, validate
 from hvp_lightning.train import run
 
-from .conftest import REPO
+from .conftest import REPO, wandb_records
 
 SUMMARY_KEYS = {"method", "hvp_enabled", "num_classes", "knn_top1", "train_loss", "epochs", "images_seen"}
 
@@ -103,6 +103,7 @@ def test_wandb_offline_run_logs_metrics_and_summary(cfg_factory, tmp_path, monke
 
     assert wandb.run is None  # finished by train.run
     # Offline runs keep history and summary in the run's protobuf log; keys are plain strings there.
+    wandb_records(tmp_path)  # waits until the W&B service has written the run's exit record
     record = next(runs[0].glob("run-*.wandb")).read_bytes()
     for key in ("knn/top1", "hvp/selected_loss_step", "train/loss_step", "summary/knn_top1",
                 "summary/hvp_selected_loss_mean"):

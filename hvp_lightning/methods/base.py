@@ -79,12 +79,16 @@ class SSLMethod(L.LightningModule):
     # --- optimisation --------------------------------------------------------------------
     @property
     def global_batch_size(self) -> int:
+        """Images per optimiser step over all processes (devices x nodes) and accumulated
+        micro-batches: the batch the papers' learning-rate rules refer to."""
         t = self.trainer
         return self.cfg.method.batch_size * t.world_size * t.accumulate_grad_batches
 
     def configure_optimizers(self):
         opt_cfg = self.cfg.method.optimizer
-        lr = opt_cfg.base_lr * self.global_batch_size / 256  # linear scaling rule (SimSiam/SimCLR)
+        lr = opt_cfg.base_lr * self.global_batch_size / 256  # linear scaling rule (all four papers)
+        # DINO/iBOT end the cosine at an absolute min_lr (1e-6) whatever the batch; the others at a ratio (0).
+        final_ratio = opt_cfg.min_lr / lr if opt_cfg.get("min_lr") is not None else opt_cfg.final_lr_ratio
         groups = self.param_groups()
         if opt_cfg.name not in OPTIMIZERS:
             raise ValueError(f"method.optimizer.name={opt_cfg.name!r}; allowed: {', '.join(OPTIMIZERS)}")
@@ -95,7 +99,7 @@ class SSLMethod(L.LightningModule):
         warmup = int(opt_cfg.warmup_epochs * steps_per_epoch)
 
         def schedule(step: int) -> float:
-            return warmup_cosine(step, total, warmup, opt_cfg.final_lr_ratio)
+            return warmup_cosine(step, total, warmup, final_ratio)
 
         lambdas = [(lambda _: 1.0) if g.get("fixed_lr") else schedule for g in groups]
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambdas)
@@ -127,7 +131,7 @@ class SSLMethod(L.LightningModule):
             return
         self.images_seen = int(state["images_seen"])
         self.skipped_files = set(state["skipped_files"])
-        self.knn_result = {k: (int(v) if k in ("epoch", "step") else v) for k, v in state["knn_result"].items()}
+        self.knn_result = {k: (int(v) if k in ("epoch", "step", "queries") else v) for k, v in state["knn_result"].items()}
         self.knn_init = state.get("knn_init")
         self.knn_history = list(state.get("knn_history", []))
         if state.get("hvp_totals") is not None:
@@ -169,9 +173,10 @@ class SSLMethod(L.LightningModule):
         self._val_store.clear()
         knn = self.cfg.eval
         res = knn_accuracy(bank, bank_labels, queries, query_labels, self.num_classes, knn.knn_k, knn.knn_temperature)
-        self.knn_result = dict(res, epoch=self.current_epoch, step=self.global_step)
+        self.knn_result = dict(res, epoch=self.current_epoch, step=self.global_step, queries=int(queries.shape[0]))
         self.knn_history.append({"step": int(self.global_step), "epoch": round(self._epochs_done(), 4),
                                  "images_seen": int(self.images_seen), "top1": float(res["top1"]),
                                  "top5": float(res["top5"])})
         self.log("knn/top1", res["top1"], prog_bar=True, add_dataloader_idx=False)
         self.log("knn/top5", res["top5"], add_dataloader_idx=False)
+        self.log("knn/epoch", self.knn_history[-1]["epoch"], add_dataloader_idx=False)  # the curves' x (W&B)

@@ -241,9 +241,17 @@ class DINO(HardViewMixin, SSLMethod):
     with, so the training step runs its own teacher forward. ``method.teacher_reuse=false``
     always forwards again.
 
-    The selection pass changes no state: no centre update (only :meth:`ssl_step` updates
-    it, after its loss), no EMA (only after an optimiser step), BatchNorm buffers and RNG
-    frozen by the mixin's ``frozen_state``.
+    The selection pass changes no state: no centre update (only :meth:`ssl_step` feeds it,
+    after its loss), no EMA, BatchNorm buffers and RNG frozen by the mixin's ``frozen_state``.
+
+    Gradient accumulation (``trainer.accumulate_grad_batches=k``): EMA teacher, centres,
+    weight-decay and momentum schedules advance once per optimiser step
+    (:meth:`on_train_batch_end`, ``global_step``); every micro-batch of a step sees the same
+    teacher, centre and temperatures, and the centre moves by the mean over all k
+    micro-batches' teacher outputs, so without BatchNorm k x B equals one step of kB.
+    Clipping and the last-layer freeze act on the accumulated (and, under ``16-mixed``,
+    already unscaled) gradients: Lightning calls ``configure_gradient_clipping`` once per
+    step, after ``GradScaler.unscale_``.
     """
 
     def __init__(self, cfg: DictConfig | dict) -> None:
@@ -320,7 +328,8 @@ class DINO(HardViewMixin, SSLMethod):
         student_out += self._forward(self.backbone, self.head, locals_, len(locals_))
         tau_t = self.teacher_temp()
         loss = dino_loss(teacher_out, student_out, self.centering.center, tau_t, self.cfg.method.student_temp).mean()
-        self.centering.update(torch.stack([t.detach() for t in teacher_out]))  # after the loss, as DINO
+        # After the loss, as DINO; applied once per optimiser step (on_train_batch_end).
+        self.centering.accumulate(torch.stack([t.detach() for t in teacher_out]))
         b = globals_[0].shape[0]
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=b)
         self.log("train/teacher_temp", tau_t, on_step=True, on_epoch=False, batch_size=b)
@@ -378,7 +387,8 @@ class DINO(HardViewMixin, SSLMethod):
         consume nor mirror the global RNG stream (the selection pass restores that anyway)."""
         if self.hvp.mode != "random" and self.hvp.max_combinations is None:
             return None
-        return torch.Generator().manual_seed(_stable_seed(self.seed, self.global_step, self.global_rank, 1))
+        return torch.Generator().manual_seed(_stable_seed(self.seed, self.global_step, self.global_rank, 1,
+                                                          self.hvp_batch_idx))
 
     # --- optimisation -------------------------------------------------------------------------
     def param_groups(self) -> list[dict[str, Any]]:
@@ -424,12 +434,15 @@ class DINO(HardViewMixin, SSLMethod):
                     p.grad = None
 
     def on_train_batch_end(self, outputs: Any, batch: dict[str, Any], batch_idx: int) -> None:
-        """EMA teacher update once per optimiser step (not per micro-batch under accumulation)."""
+        """Centres and EMA teacher once per optimiser step (not per micro-batch under
+        accumulation): Lightning has just stepped iff ``global_step`` moved."""
         super().on_train_batch_end(outputs, batch, batch_idx)
         step = self.trainer.global_step
         if step == self._ema_step:
             return
         self._ema_step = step
+        for centering in (m for m in self.modules() if isinstance(m, Centering)):  # iBOT: patch centre too
+            centering.step()
         total = max(1, int(self.trainer.estimated_stepping_batches))
         momentum = cosine_momentum(step - 1, total, self.cfg.method.momentum_teacher)
         ema_update(self.teacher.backbone, self.backbone, momentum)

@@ -322,9 +322,10 @@ class IBOT(DINO):
                                      self.patch_centering.center, tau_t, tau_t2, m.student_temp)
         loss_cls, loss_patch = m.lambda1 * cls.mean(), m.lambda2 * patch.mean()
         loss = loss_cls + loss_patch
-        # After the loss, as iBOT: both centres from this step's teacher outputs.
-        self.centering.update(torch.stack([t.detach() for t in t_cls]))
-        self.patch_centering.update(torch.stack([t.detach() for t in t_patch]))
+        # After the loss, as iBOT: both centres from this step's teacher outputs, applied once
+        # per optimiser step (DINO.on_train_batch_end).
+        self.centering.accumulate(torch.stack([t.detach() for t in t_cls]))
+        self.patch_centering.accumulate(torch.stack([t.detach() for t in t_patch]))
         b = globals_[0].shape[0]
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=b)
         self.log("train/loss_cls", loss_cls, on_step=True, on_epoch=True, batch_size=b)

@@ -52,7 +52,8 @@ def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float, gather:
     else:
         k1, k2, offset = q1, q2, 0
     b, m = q1.shape[0], k1.shape[0]
-    logits = torch.cat([q1, q2]) @ torch.cat([k1, k2]).T / temperature  # [2B, 2M]
+    with torch.autocast(q1.device.type, enabled=False):  # fp32 logits under mixed precision
+        logits = torch.cat([q1, q2]) @ torch.cat([k1, k2]).T / temperature  # [2B, 2M]
     own = torch.arange(b, device=logits.device) + offset  # local samples' rows among the keys
     self_col = torch.cat([own, own + m])
     pos_col = torch.cat([own + m, own])
@@ -80,7 +81,8 @@ def simclr_pair_table(z: torch.Tensor, temperature: float, keys: torch.Tensor | 
     q = F.normalize(z.float(), dim=-1)
     k = q if keys is None else F.normalize(keys.float(), dim=-1)
     m = k.shape[1]
-    sim = (q.reshape(n * b, -1) @ k.reshape(n * m, -1).T / temperature).view(n, b, n, m)
+    with torch.autocast(q.device.type, enabled=False):  # fp32: rank the loss the method computes
+        sim = (q.reshape(n * b, -1) @ k.reshape(n * m, -1).T / temperature).view(n, b, n, m)
     sets = torch.arange(n, device=z.device)[:, None]
     own = (torch.arange(b, device=z.device) + offset)[None, :]
     samples = torch.arange(b, device=z.device)[None, :]

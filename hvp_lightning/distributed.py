@@ -1,0 +1,152 @@
+"""Synchronised BatchNorm for DDP, on GPUs and on CPUs (gloo).
+
+Why: SimSiam and SimCLR normalise with the statistics of the *global* batch when they train
+on several GPUs (SyncBatchNorm, in the backbone and in the heads), and DINO converts every
+BatchNorm of a ResNet student and teacher the same way. HVP's selection pass then normalises
+each candidate view set over the global batch too, exactly as the training step does.
+
+``trainer.sync_batchnorm`` (``auto`` by default) picks it: ``auto`` converts whenever the
+model has a BatchNorm layer (ResNet backbones, BN heads; DINO's ``has_batchnorms`` rule), so
+BN-free ViT DINO/iBOT are untouched. Lightning applies the conversion only in DDP strategies
+while fitting, so single-device runs and evaluation never see it.
+
+On GPUs the layers become torch's ``nn.SyncBatchNorm``. torch synchronises GPU inputs only
+(and DDP refuses ``nn.SyncBatchNorm`` in CPU modules), so on CPUs they become
+:class:`CpuSyncBatchNorm` (two differentiable all-reduces per layer): CPU DDP runs -- the
+multi-process runs the tests can afford -- normalise as GPU runs do.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.plugins.layer_sync import TorchSyncBatchNorm, _BatchNormXd
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from .teacher import has_batchnorm
+
+
+class CpuSyncBatchNorm(_BatchNorm):
+    """BatchNorm over the samples of all processes for CPU tensors (any input rank >= 2).
+
+    Training mode with a process group of more than one process: mean and (biased) variance
+    of the global batch, two passes, gradients through the all-reduces (each rank's samples
+    get the gradient of every rank's loss, as torch's GPU kernel does); running statistics
+    updated as BatchNorm would with the global batch. Otherwise plain BatchNorm.
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, process_group: dist.ProcessGroup | None = None) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats)
+        self.process_group = process_group
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self.training or _world_size(self.process_group) == 1:
+            return super().forward(input)
+        return self._synced_forward(input)
+
+    def _synced_forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.nn.functional import all_reduce
+
+        group = self.process_group or dist.group.WORLD
+        c = x.shape[1]
+        dims = [0, *range(2, x.dim())]
+        shape = (1, c) + (1,) * (x.dim() - 2)
+        xf = x.float()
+        sums = all_reduce(torch.cat([xf.sum(dims), xf.new_tensor([x.numel() / c])]), group=group)
+        n = sums[-1]
+        mean = sums[:c] / n
+        centred = xf - mean.view(shape)
+        var = all_reduce(centred.square().sum(dims), group=group) / n  # two passes: no cancellation
+        if self.track_running_stats:
+            self._update_running_stats(mean.detach(), var.detach(), float(n))
+        y = centred * torch.rsqrt(var + self.eps).view(shape)
+        if self.affine:
+            y = y * self.weight.view(shape) + self.bias.view(shape)
+        return y.to(x.dtype)
+
+    @torch.no_grad()
+    def _update_running_stats(self, mean: torch.Tensor, var: torch.Tensor, n: float) -> None:
+        """BatchNorm's update with the global batch: momentum (or cumulative) average of the
+        mean and of the unbiased variance."""
+        self.num_batches_tracked.add_(1)  # type: ignore[union-attr,operator]
+        factor = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)  # type: ignore[arg-type]
+        self.running_mean.lerp_(mean.to(self.running_mean.dtype), factor)  # type: ignore[union-attr]
+        self.running_var.lerp_((var * n / max(n - 1.0, 1.0)).to(self.running_var.dtype), factor)  # type: ignore[union-attr]
+
+
+def _world_size(group: dist.ProcessGroup | None) -> int:
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(group or dist.group.WORLD)
+
+
+def _replace_batchnorms(module: nn.Module, convert: Callable[[_BatchNorm], nn.Module | None]) -> nn.Module:
+    """``module`` with every BatchNorm ``m`` replaced by ``convert(m)`` (None: kept as is)."""
+    out = convert(module) if isinstance(module, _BatchNorm) else None
+    out = module if out is None else out
+    for name, child in module.named_children():
+        out.add_module(name, _replace_batchnorms(child, convert))
+    return out
+
+
+def _same_state(src: _BatchNorm, dst: _BatchNorm) -> _BatchNorm:
+    """``dst`` holding ``src``'s parameters and statistics (the same tensors) and mode."""
+    if src.affine:
+        dst.weight, dst.bias = src.weight, src.bias
+    dst.running_mean, dst.running_var = src.running_mean, src.running_var
+    dst.num_batches_tracked = src.num_batches_tracked
+    return dst.train(src.training)
+
+
+def _args(m: _BatchNorm) -> tuple:
+    return m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats
+
+
+class SyncBatchNormPlugin(TorchSyncBatchNorm):
+    """Lightning's ``sync_batchnorm`` on GPUs (``nn.SyncBatchNorm``) and CPUs
+    (:class:`CpuSyncBatchNorm`). ``converted`` counts the layers of the last conversion (the
+    run summary's ``sync_batchnorm_layers``)."""
+
+    converted: int = 0
+
+    def apply(self, model: nn.Module) -> nn.Module:
+        if _root_device(model).type != "cpu":
+            model = super().apply(model)
+        else:
+            def to_cpu_sync(m: _BatchNorm) -> nn.Module | None:
+                return None if isinstance(m, CpuSyncBatchNorm) else _same_state(m, CpuSyncBatchNorm(*_args(m)))
+
+            model = _replace_batchnorms(model, to_cpu_sync)
+        self.converted = sum(isinstance(m, (nn.SyncBatchNorm, CpuSyncBatchNorm)) for m in model.modules())
+        return model
+
+    def revert(self, model: nn.Module) -> nn.Module:
+        def to_plain(m: _BatchNorm) -> nn.Module | None:
+            return _same_state(m, _BatchNormXd(*_args(m))) if isinstance(m, CpuSyncBatchNorm) else None
+
+        return super().revert(_replace_batchnorms(model, to_plain))
+
+
+def _root_device(model: nn.Module) -> torch.device:
+    """Where Lightning will run ``model`` (it converts before moving it there)."""
+    try:
+        return model.trainer.strategy.root_device  # type: ignore[union-attr,return-value]
+    except (AttributeError, RuntimeError):  # no Trainer attached: where the model is now
+        return next(model.parameters()).device
+
+
+def sync_batchnorm_plugins(setting: str | bool, model: nn.Module) -> list[SyncBatchNormPlugin]:
+    """The Trainer plugin for ``trainer.sync_batchnorm`` (``auto``: iff ``model`` has BatchNorm)."""
+    if setting == "auto":
+        setting = has_batchnorm(model)
+    elif not isinstance(setting, bool):
+        raise ValueError(f"trainer.sync_batchnorm={setting!r}; allowed: auto, true, false")
+    return [SyncBatchNormPlugin()] if setting else []

@@ -1,0 +1,161 @@
+"""One table per Hydra multirun: ``<sweep_dir>/sweep_summary.csv``, a row per job.
+
+The table is built from disk alone -- each job dir's ``.hydra/overrides.yaml`` (written by
+Hydra before the job starts) and the ``summary.json`` that :func:`hvp_lightning.train.run`
+writes at its end -- so it comes out the same whether the jobs ran here (basic launcher) or
+on SLURM nodes (submitit). :class:`SweepSummary` (``hydra.callbacks`` in conf/config.yaml)
+writes it after every job, in the job's process, and once more when the multirun ends, in
+the submitting process: Hydra skips ``on_multirun_end`` when a job raised, so the per-job
+writes are what leave a table (with ``status=failed`` rows) after a failed sweep.
+``python -m hvp_lightning.sweep <sweep_dir>`` rebuilds it by hand, e.g. after SLURM killed
+a job (then no callback runs at all).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+FILENAME = "sweep_summary.csv"
+DIRNAME_MAX_BYTES = 120
+ERROR_FILE = "error.txt"  # a failed job's exception, one line (written by SweepSummary.on_job_end)
+# After the override columns; hvp_* are summary.json's "hvp" entries ("off" marks a baseline run).
+RESULT_COLUMNS = ("overrides", "knn_top1", "knn_top1_init", "knn_top5", "hvp_mode", "hvp_num_views",
+                  "hvp_every_n_steps", "hvp_selected_loss_mean", "hvp_candidate_loss_mean", "wall_time_s",
+                  "status", "error", "run_dir")
+HVP_KEYS = ("mode", "num_views", "every_n_steps", "selected_loss_mean", "candidate_loss_mean")
+
+
+class Job(NamedTuple):
+    """What one sweep job left on disk."""
+
+    run_dir: str
+    overrides: list[str]
+    summary: dict[str, Any] | None  # None: no summary.json (the job failed or never finished)
+    error: str | None = None
+
+
+def split_override(override: str) -> tuple[str, str]:
+    """``+hvp=on`` -> (``hvp``, ``on``): the column name is the config key without ``+``/``++``/``~``."""
+    key, _, value = override.partition("=")
+    return key.lstrip("+~"), value
+
+
+def job_row(job: Job) -> dict[str, Any]:
+    """The CSV row of one job: its overrides, one per column, then its results."""
+    row: dict[str, Any] = dict(split_override(o) for o in job.overrides)
+    s = job.summary or {}
+    hvp = s.get("hvp") or {}
+    row.update(overrides=" ".join(job.overrides), knn_top1=s.get("knn_top1"),
+               knn_top1_init=s.get("knn_top1_init"), knn_top5=s.get("knn_top5"),
+               wall_time_s=s.get("wall_time_s"), status="ok" if job.summary is not None else "failed",
+               error=job.error or "", run_dir=job.run_dir)
+    row.update({f"hvp_{k}": hvp.get(k) for k in HVP_KEYS})
+    if job.summary is not None and not s.get("hvp_enabled"):
+        row["hvp_mode"] = "off"
+    return row
+
+
+def sweep_csv(jobs: list[Job]) -> str:
+    """The whole table as CSV text: override keys as columns (first seen first), then RESULT_COLUMNS;
+    empty cells where a job has no such override or value."""
+    rows = [job_row(j) for j in jobs]
+    keys = [k for j in jobs for k, _ in map(split_override, j.overrides) if k not in RESULT_COLUMNS]
+    columns = [*dict.fromkeys(keys), *RESULT_COLUMNS]
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, restval="", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
+    return out.getvalue()
+
+
+def job_dir_name(override_dirname: str) -> str:
+    """Hydra's override_dirname as one safe dir name (``${hvp_dirname:...}`` in hydra.sweep.subdir):
+    a '/' (data.root=/x/y) would nest dirs and a long override list would pass the file-name limit
+    (255 bytes); the table keeps the full overrides."""
+    return override_dirname.replace("/", "_").encode()[:DIRNAME_MAX_BYTES].decode(errors="ignore")
+
+
+# Registered on import: train.py imports this module, and Hydra imports it for the callback
+# before it resolves a job's dir, on SLURM nodes too (when it unpickles the launcher).
+OmegaConf.register_new_resolver("hvp_dirname", job_dir_name, replace=True)
+
+
+def _natural_key(path: Path) -> list[Any]:
+    """Job dirs start with the job number: 2_... before 10_..."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path.as_posix())]
+
+
+def read_jobs(sweep_dir: Path) -> list[Job]:
+    """Every job dir under ``sweep_dir`` (found by its ``.hydra/overrides.yaml``), in job order."""
+    dirs = sorted((p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml")),
+                  key=lambda d: _natural_key(d.relative_to(sweep_dir)))
+    jobs = []
+    for d in dirs:
+        overrides = yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()) or []
+        summary_file, error_file = d / "summary.json", d / ERROR_FILE
+        summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
+        error = error_file.read_text().strip() if error_file.is_file() else None
+        jobs.append(Job(str(d), [str(o) for o in overrides], summary, error))
+    return jobs
+
+
+def write_sweep_summary(sweep_dir: Path | str) -> Path:
+    """(Re)write ``<sweep_dir>/sweep_summary.csv`` through a uniquely named temporary file and a
+    rename: jobs on several nodes may write it at once (the last rename wins; a job's table can
+    miss one that finished at the same moment, the one written at the end of the sweep cannot)."""
+    sweep_dir = Path(sweep_dir)
+    path = sweep_dir / FILENAME
+    fd, tmp = tempfile.mkstemp(dir=sweep_dir, prefix=f".{FILENAME}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(sweep_csv(read_jobs(sweep_dir)))
+    os.chmod(tmp, 0o644)  # mkstemp makes it private
+    os.replace(tmp, path)
+    return path
+
+
+def _is_rank_zero() -> bool:
+    """One writer per job: a multi-task SLURM job runs the Hydra job (and its callbacks) in every task."""
+    for key in ("RANK", "SLURM_PROCID"):
+        if key in os.environ:
+            return int(os.environ[key]) == 0
+    return True
+
+
+class SweepSummary(Callback):
+    """Writes ``sweep_summary.csv`` into the sweep dir of a multirun (see the module docstring)."""
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN or not _is_rank_zero():
+            return
+        if job_return.status == JobStatus.FAILED:
+            err = job_return._return_value  # .return_value would re-raise it
+            message = " ".join(f"{type(err).__name__}: {err}".split())
+            (Path(config.hydra.runtime.output_dir) / ERROR_FILE).write_text(message + "\n")
+        log.info("sweep summary so far: %s", write_sweep_summary(config.hydra.sweep.dir))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        path = write_sweep_summary(config.hydra.sweep.dir)
+        print(f"sweep summary: {path}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m hvp_lightning.sweep <sweep_dir>")
+    print(write_sweep_summary(sys.argv[1]))

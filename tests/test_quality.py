@@ -1,0 +1,108 @@
+"""benchmarks/quality.py: the run plan, the commands and the report, on fake finished runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from scipy import stats
+
+from .conftest import REPO
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("quality", REPO / "benchmarks" / "quality.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["quality"] = mod
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+q = _load()
+
+
+def _fake_run(job, knn: list[float], linear: float | None, cfg: dict) -> None:
+    job.run_dir.mkdir(parents=True)
+    hist = [{"epoch": float(e), "step": 10 * e, "top1": v, "top5": 0.9, "images_seen": 0} for e, v in enumerate(knn)]
+    (job.run_dir / "summary.json").write_text(json.dumps(
+        {"knn_top1": knn[-1], "knn_top1_init": knn[0], "wall_time_s": 60.0, "knn_history": hist,
+         "images_seen": 1000, "hvp": None}))
+    (job.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    if linear is not None:
+        (job.run_dir / "eval" / "linear").mkdir(parents=True)
+        (job.run_dir / "eval" / "linear" / "eval_summary.json").write_text(json.dumps({"metrics": {"top1": linear}}))
+
+
+def test_plan_and_commands_differ_only_in_hvp_keys_and_seed(tmp_path: Path) -> None:
+    scale = q.SCALES["cpu"]
+    jobs = q.plan(scale, ["simclr", "simsiam"], list(q.ARMS), [0, 1, 2], tmp_path)
+    assert len(jobs) == 30 and [j.seed for j in jobs[:10]] == [0] * 10  # seeds outermost
+    base = q.train_command(scale, jobs[0])
+    for j in jobs:
+        extra = set(q.train_command(scale, j)) - set(base)
+        assert all(e.startswith(("+hvp", "hvp.", "seed=", "hydra.run.dir=", "method")) for e in extra), extra
+    hard = next(j for j in jobs if j.arm == "hard" and j.method == "simclr")
+    rand = next(j for j in jobs if j.arm == "random" and j.method == "simclr")
+    assert set(q.train_command(scale, hard)) ^ set(q.train_command(scale, rand)) == {
+        "hvp.mode=hard", "hvp.mode=random", f"hydra.run.dir={hard.run_dir}", f"hydra.run.dir={rand.run_dir}"}
+
+
+def test_t_interval_matches_scipy() -> None:
+    d = [0.01, -0.02, 0.005]
+    mean, lo, hi = q.t_interval(d)
+    ref = stats.t.interval(0.95, len(d) - 1, loc=sum(d) / 3, scale=stats.sem(d))
+    assert mean == pytest.approx(sum(d) / 3) and (lo, hi) == pytest.approx(ref)
+    assert math.isnan(q.t_interval([0.1])[1])
+
+
+def test_report_table_curves_and_config_check(tmp_path: Path) -> None:
+    scale = q.SCALES["cpu"]
+    arms = ["baseline", "hard"]
+    jobs = q.plan(scale, ["simclr"], arms, [0, 1, 2], tmp_path)
+    cfg = {"method": {"name": "simclr"}, "hvp": None, "seed": 0}
+    for j in jobs:
+        b = 0.30 + 0.01 * j.seed
+        curve = [0.25, b - 0.02, b] if j.arm == "baseline" else [0.25, b - 0.03, b + 0.02]
+        _fake_run(j, curve, b + 0.1, dict(cfg, seed=j.seed, hvp={"mode": "hard"} if j.arm == "hard" else None))
+    text = q.report("cpu", scale, jobs, ["simclr"], arms, tmp_path, "cmd")
+    row = next(line for line in text.splitlines() if line.startswith("| simclr | hard |") and "knn" not in line)
+    assert "33.00 ± 1.00" in row and "+2.00 (2.00, 2.00)" in row  # identical paired diffs: zero-width CI
+    assert "checked: saved configs agree" in text
+    assert "simclr hard: at or above baseline at 1/2 epochs (2); at epoch 2: +2.00 pp" in text
+    assert (tmp_path / "knn_curves.png").stat().st_size > 10_000
+    numbers = json.loads((tmp_path / "quality.json").read_text())
+    assert numbers["linear"]["simclr/hard"]["mean"] == pytest.approx(0.41)
+    # a key other than hvp/seed that differs between arms is reported, not hidden
+    (jobs[1].run_dir / "config.yaml").write_text(yaml.safe_dump(dict(cfg, method={"name": "simclr", "lr": 9})))
+    assert any("method.lr differs" in p for p in q.config_differences(jobs))
+
+
+def test_unfinished_runs_are_left_out(tmp_path: Path) -> None:
+    scale = q.SCALES["cpu"]
+    jobs = q.plan(scale, ["simsiam"], ["baseline", "easy"], [0, 1], tmp_path)
+    _fake_run(jobs[0], [0.2, 0.3], None, {"seed": 0})
+    res = q.load_results(jobs)
+    assert list(res) == [("simsiam", "baseline")] and res[("simsiam", "baseline")][0]["linear"] is None
+    assert not q._done(jobs[0], linear=True) and q._done(jobs[0], linear=False)
+
+
+@pytest.mark.parametrize("scale_name", sorted(q.SCALES))
+def test_every_run_config_composes_and_validates(scale_name: str) -> None:
+    """A typo in a scale's overrides would only show after hours of other runs: compose them all."""
+    from hvp_lightning.config import validate
+
+    from .conftest import SHARED_CIFAR, make_cfg
+
+    scale = q.SCALES[scale_name]
+    for job in q.plan(scale, list(scale.per_method), list(q.ARMS), [0], Path("/tmp/unused")):
+        overrides = [o for o in q.train_command(scale, job)[2:] if not o.startswith("hydra.")]
+        cfg = make_cfg(*overrides, tiny=False)
+        assert cfg.method.name == job.method and (job.arm == "baseline") == (cfg.get("hvp") is None)
+        if SHARED_CIFAR.is_dir():  # validation also checks the data root
+            cfg.data.root = str(SHARED_CIFAR)
+            validate(cfg)

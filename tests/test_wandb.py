@@ -1,0 +1,95 @@
+"""W&B: run identity from the config (project, group, tags, name; a sweep's runs share a group), and
+what an offline run holds -- metadata, the k-NN chart definitions, the HVP/analysis/k-NN history keys."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.core.hydra_config import HydraConfig
+
+from hvp_lightning.train import build_logger, run
+from hvp_lightning.wandb_logging import current_sweep_dir, run_names, sweep_group
+
+from .conftest import REPO, compose_with_hydra, wandb_records, write_tiny_experiment
+
+
+def test_names_default_to_the_run_dir_and_the_sweep():
+    run_dir = Path("multirun/2026-11-21/10-00-00/1_method=simclr,seed=0")
+    assert sweep_group("multirun/2026-11-21/10-00-00") == "sweep_2026-11-21_10-00-00"
+    assert run_names(None, None, Path("runs/2026-11-21/10-38-59_simsiam"), None) == (None, "10-38-59_simsiam")
+    assert run_names(None, None, run_dir, "multirun/2026-11-21/10-00-00") == ("sweep_2026-11-21_10-00-00", run_dir.name)
+    assert run_names("mine", "x", run_dir, "multirun/2026-11-21/10-00-00") == ("mine", "x")  # set values win
+
+
+@pytest.fixture
+def multirun_job(tmp_path):
+    """This process as job 1 of a Hydra multirun in tmp_path/sweep (what Hydra sets before train.main)."""
+    cfg = compose_with_hydra("hydra.mode=MULTIRUN", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    HydraConfig.instance().set_config(cfg)
+    yield tmp_path / "sweep"
+    HydraConfig.instance().cfg = None
+
+
+def test_a_sweep_job_logs_to_the_sweep_group(cfg_factory, tmp_path, multirun_job):
+    assert current_sweep_dir() == str(multirun_job)
+    logger = build_logger(cfg_factory("logger=wandb"), multirun_job / "1_seed=1")  # wandb.init is lazy: not run here
+    assert logger._wandb_init["group"] == f"sweep_{tmp_path.name}_sweep" and logger._wandb_init["name"] == "1_seed=1"
+
+
+def test_no_group_outside_a_sweep(cfg_factory, tmp_path):
+    assert current_sweep_dir() is None
+    logger = build_logger(cfg_factory("logger=wandb"), tmp_path / "10-38-59_simsiam")
+    assert logger._wandb_init["group"] is None and logger._wandb_init["name"] == "10-38-59_simsiam"
+
+
+def history_rows(records) -> list[dict]:
+    """One dict per wandb.log() call."""
+    return [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+            for r in records if r.HasField("history")]
+
+
+def test_offline_run_holds_identity_charts_and_hvp_curves(cfg_factory, tmp_path):
+    cfg = cfg_factory("logger=wandb", "logger.project=hvp-test", "logger.group=ablation", "logger.tags=[hvp,n3]",
+                      "logger.run_name=n3-hard", "+hvp=on", "hvp.num_views=3", "eval.every_n_epochs=1",
+                      "eval.at_start=true", "trainer.log_every_n_steps=1")
+    run(cfg, tmp_path)
+    records = wandb_records(tmp_path)
+    (meta,) = [r.run for r in records if r.HasField("run")]
+    assert (meta.project, meta.run_group, list(meta.tags), meta.display_name) == ("hvp-test", "ablation", ["hvp", "n3"], "n3-hard")
+    config = {u.key: json.loads(u.value_json) for u in meta.config.update}
+    assert config["logger"]["group"] == "ablation" and config["hvp"]["num_views"] == 3  # the whole config
+    metrics = {m.metric.name or m.metric.glob_name: m.metric for m in records if m.HasField("metric")}
+    for key in ("knn/top1", "knn/top5"):  # k-NN curves over epochs, best and last in the summary
+        assert metrics[key].step_metric == "knn/epoch" and metrics[key].summary.max and metrics[key].summary.last
+    assert metrics["*"].step_metric == "trainer/global_step"  # Lightning's axis for everything else
+    rows = history_rows(records)
+    keys = set().union(*rows)
+    for key in ("knn/top1", "knn/top5", "train/loss_step", "hvp/selected_loss_step", "hvp/candidate_loss_step",
+                "hvp/selected_minus_candidate", "analysis/iou_selected_step", "analysis/lowest_iou_share_step",
+                "trainer/global_step"):
+        assert key in keys, key
+    assert [r["knn/epoch"] for r in rows if "knn/top1" in r] == [0.0, 1.0]  # at init, after the one epoch
+
+
+@pytest.mark.slow
+def test_multirun_jobs_share_a_wandb_group(tmp_path):
+    """``train.py -m`` with W&B offline: both jobs in the sweep's group, each named after its dir, and
+    the table printed at the end."""
+    write_tiny_experiment(tmp_path / "conf")
+    sweep = tmp_path / "2026-11-21" / "10-00-00"
+    proc = subprocess.run(
+        [sys.executable, "train.py", "-m", "--config-dir", str(tmp_path / "conf"), "+experiment=tiny",
+         "logger=wandb", "logger.mode=offline", "seed=0,1", f"hydra.sweep.dir={sweep}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"sweep summary: {sweep / 'sweep_summary.csv'}" in proc.stdout
+    runs = [r.run for d in sorted(sweep.glob("*_*/")) for r in wandb_records(d) if r.HasField("run")]
+    assert [r.run_group for r in runs] == ["sweep_2026-11-21_10-00-00"] * 2
+    assert [r.display_name for r in runs] == ["0_+experiment=tiny,logger.mode=offline,logger=wandb,seed=0",
+                                              "1_+experiment=tiny,logger.mode=offline,logger=wandb,seed=1"]
+    assert len((sweep / "sweep_summary.csv").read_text().splitlines()) == 3

@@ -150,19 +150,18 @@ def run_job(scale: Scale, job: Job, deadline: float | None, linear: bool) -> dic
     """Pretrain (or resume, or skip when done), then the linear probe. Returns timings."""
     log = job.run_dir / "benchmark.log"
     out: dict[str, Any] = {"job": job.name, "pretrain_s": 0.0, "linear_s": 0.0, "status": "ok"}
-    if not (job.run_dir / "summary.json").is_file():
+    steps = [("pretrain", train_command(scale, job), job.run_dir / "summary.json")]
+    if linear:
+        steps.append(("linear", linear_command(scale, job), job.run_dir / "eval" / "linear" / "eval_summary.json"))
+    for name, cmd, result in steps:
+        if result.is_file():
+            continue
         t = time.time()
-        rc = _run(train_command(scale, job), log, scale.threads_per_job, deadline)
-        out["pretrain_s"] = time.time() - t
+        rc = _run(cmd, log, scale.threads_per_job, deadline)
+        out[f"{name}_s"] = time.time() - t
         if rc != 0:
-            out["status"] = "stopped" if rc == -15 else f"failed (exit {rc}, see {log})"
-            return out
-    if linear and not (job.run_dir / "eval" / "linear" / "eval_summary.json").is_file():
-        t = time.time()
-        rc = _run(linear_command(scale, job), log, scale.threads_per_job, deadline)
-        out["linear_s"] = time.time() - t
-        if rc != 0:
-            out["status"] = "stopped" if rc == -15 else f"linear probe failed (exit {rc}, see {log})"
+            out["status"] = "stopped" if rc == -15 else f"{name} failed (exit {rc}, see {log})"
+            break
     return out
 
 
@@ -241,13 +240,15 @@ def config_differences(jobs: list[Job]) -> list[str]:
     """Keys, other than hvp and seed, whose values differ between the runs of one method."""
     import yaml
 
+    from hvp_lightning.evaluate import flatten
+
     problems: list[str] = []
     by_method: dict[str, list[tuple[Job, dict]]] = defaultdict(list)
     for j in jobs:
         f = j.run_dir / "config.yaml"
         if f.is_file():
             cfg = yaml.safe_load(f.read_text())
-            by_method[j.method].append((j, {k: v for k, v in _flat(cfg).items()
+            by_method[j.method].append((j, {k: v for k, v in flatten(cfg, sep=".").items()
                                             if k.split(".")[0] not in (*HVP_KEYS, "seed", "resume")}))
     for method, runs in by_method.items():
         ref_job, ref = runs[0]
@@ -256,16 +257,6 @@ def config_differences(jobs: list[Job]) -> list[str]:
                 if ref.get(k) != c.get(k):
                     problems.append(f"{method}: {k} differs ({ref_job.name}: {ref.get(k)!r}, {j.name}: {c.get(k)!r})")
     return problems
-
-
-def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _pct(x: float) -> str:

@@ -299,7 +299,7 @@ def _finish_logger(logger, summary: dict[str, Any]) -> None:
 
     if isinstance(logger, WandbLogger):
         run = logger.experiment
-        run.summary.update({f"eval/{k}": v for k, v in _flatten(summary["metrics"]).items()})
+        run.summary.update({f"eval/{k}": v for k, v in flatten(summary["metrics"]).items()})
         run.summary.update({"checkpoint": summary["checkpoint"], "protocol": summary["protocol"]})
         logger.finalize("success")
         run.finish()
@@ -308,11 +308,12 @@ def _finish_logger(logger, summary: dict[str, Any]) -> None:
         logger.finalize("success")
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict[str, Any], sep: str = "_", prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level, keys joined with ``sep`` (logger hyperparameters, config diffs)."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}_"))
+            out.update(flatten(v, sep, f"{prefix}{k}{sep}"))
         else:
             out[f"{prefix}{k}"] = v
     return out

@@ -44,8 +44,15 @@ ARMS: dict[str, list[str]] = {
     "random": ["+hvp=on", "hvp.num_views=4", "hvp.mode=random"],
     "hard_every2": ["+hvp=on", "hvp.num_views=4", "hvp.mode=hard", "hvp.every_n_steps=2"],
     "easy": ["+hvp=on", "hvp.num_views=4", "hvp.mode=easy"],
+    # Compute-matched control, opt-in (``--arms ... baseline_long``): the baseline trained for the
+    # scale's ``long_epochs``, about the compute of ``hard`` (an N=4 HVP step costs ~1.6x a baseline
+    # step: RESULTS.md, overhead). Answers "is HVP better than simply training longer?".
+    "baseline_long": [],
 }
+LONG_ARM = "baseline_long"
+DEFAULT_ARMS = [a for a in ARMS if a != LONG_ARM]  # the equal-images-seen comparison
 HVP_KEYS = ("hvp",)  # the only top-level config key allowed to differ between arms
+ARM_KEYS = {LONG_ARM: {"trainer.max_epochs"}}  # what else an arm may change, by design
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,7 @@ class Scale:
     threads_per_job: int
     jobs: int
     linear: list[str]
+    long_epochs: int  # baseline_long: ~1.6 x trainer.max_epochs (equal compute with hard, N=4)
 
 
 SCALES: dict[str, Scale] = {
@@ -82,6 +90,7 @@ SCALES: dict[str, Scale] = {
         threads_per_job=1,
         jobs=2,
         linear=["protocol.epochs=100", "protocol.batch_size=256"],
+        long_epochs=19,
     ),
     # The paper-like scale for one GPU: full CIFAR-10 train split, ResNet-18 CIFAR stem at full
     # width, 100 epochs, k-NN every 5 epochs on the full test split, bf16.
@@ -99,6 +108,7 @@ SCALES: dict[str, Scale] = {
         threads_per_job=8,
         jobs=1,
         linear=["protocol.epochs=100", "protocol.batch_size=512", "accelerator=gpu"],
+        long_epochs=160,
     ),
 }
 
@@ -121,8 +131,9 @@ def plan(scale: Scale, methods: list[str], arms: list[str], seeds: list[int], ou
 
 
 def train_command(scale: Scale, job: Job) -> list[str]:
+    longer = [f"trainer.max_epochs={scale.long_epochs}"] if job.arm == LONG_ARM else []
     return [sys.executable, "train.py", *scale.common, *scale.per_method[job.method], f"seed={job.seed}",
-            *ARMS[job.arm], f"hydra.run.dir={job.run_dir}"]
+            *ARMS[job.arm], *longer, f"hydra.run.dir={job.run_dir}"]
 
 
 def linear_command(scale: Scale, job: Job) -> list[str]:
@@ -237,7 +248,8 @@ def load_results(jobs: list[Job]) -> dict[tuple[str, str], dict[int, dict[str, A
 
 
 def config_differences(jobs: list[Job]) -> list[str]:
-    """Keys, other than hvp and seed, whose values differ between the runs of one method."""
+    """Keys, other than hvp, seed and an arm's own ARM_KEYS, whose values differ between the runs
+    of one method."""
     import yaml
 
     from hvp_lightning.evaluate import flatten
@@ -253,7 +265,8 @@ def config_differences(jobs: list[Job]) -> list[str]:
     for method, runs in by_method.items():
         ref_job, ref = runs[0]
         for j, c in runs[1:]:
-            for k in sorted(set(ref) | set(c)):
+            allowed = ARM_KEYS.get(j.arm, set()) | ARM_KEYS.get(ref_job.arm, set())
+            for k in sorted((set(ref) | set(c)) - allowed):
                 if ref.get(k) != c.get(k):
                     problems.append(f"{method}: {k} differs ({ref_job.name}: {ref.get(k)!r}, {j.name}: {c.get(k)!r})")
     return problems
@@ -263,13 +276,15 @@ def _pct(x: float) -> str:
     return "n/a" if x is None or math.isnan(x) else f"{100 * x:.2f}"
 
 
-def summary_table(res: dict, methods: list[str], arms: list[str], metric: str) -> tuple[list[str], dict]:
-    """Markdown rows for one metric (knn or linear) and the numbers behind them."""
-    rows = [f"| method | arm | seeds | {metric} top-1 % (mean ± sd) | diff to baseline, pp (95% CI) | "
+def summary_table(res: dict, methods: list[str], arms: list[str], metric: str,
+                  ref: str = "baseline") -> tuple[list[str], dict]:
+    """Markdown rows for one metric (knn or linear) and the numbers behind them; differences are
+    to the ``ref`` arm, paired by seed."""
+    rows = [f"| method | arm | seeds | {metric} top-1 % (mean ± sd) | diff to {ref}, pp (95% CI) | "
             f"per-seed % | wall min/run |", "|---|---|---|---|---|---|---|"]
     numbers: dict[str, Any] = {}
     for m in methods:
-        base = {s: r[metric] for s, r in res.get((m, "baseline"), {}).items() if r[metric] is not None}
+        base = {s: r[metric] for s, r in res.get((m, ref), {}).items() if r[metric] is not None}
         for a in arms:
             runs = {s: r for s, r in res.get((m, a), {}).items() if r[metric] is not None}
             if not runs:
@@ -277,7 +292,7 @@ def summary_table(res: dict, methods: list[str], arms: list[str], metric: str) -
             vals = [runs[s][metric] for s in sorted(runs)]
             mean, sd = mean_std(vals)
             paired = [runs[s][metric] - base[s] for s in sorted(runs) if s in base]
-            if a != "baseline" and paired:
+            if a != ref and paired:
                 d, lo, hi = t_interval(paired)
                 diff = f"{100 * d:+.2f} ({_pct(lo)}, {_pct(hi)})" if len(paired) > 1 else f"{100 * d:+.2f} (n=1)"
             else:
@@ -297,7 +312,7 @@ def crossings(res: dict, methods: list[str], arms: list[str]) -> list[str]:
     for m in methods:
         base = _mean_curve(res.get((m, "baseline"), {}))
         for a in arms:
-            if a == "baseline" or not base:
+            if a in ("baseline", LONG_ARM) or not base:  # the long arm's schedule is stretched: not comparable per epoch
                 continue
             cur = _mean_curve(res.get((m, a), {}))
             common = [e for e in sorted(cur) if e in base and e > 0]
@@ -328,7 +343,7 @@ def plot_curves(res: dict, methods: list[str], arms: list[str], path: Path, titl
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(methods), figsize=(6.5 * len(methods), 4.6), squeeze=False)
-    colours = dict(zip(ARMS, ["black", "tab:red", "tab:blue", "tab:orange", "tab:green"]))
+    colours = dict(zip(ARMS, ["black", "tab:red", "tab:blue", "tab:orange", "tab:green", "tab:gray"]))
     for ax, m in zip(axes[0], methods):
         for a in arms:
             runs = res.get((m, a), {})
@@ -340,7 +355,8 @@ def plot_curves(res: dict, methods: list[str], arms: list[str], path: Path, titl
                     by_epoch[round(e, 2)].append(100 * v)
             es = sorted(e for e in by_epoch if len(by_epoch[e]) == len(runs))
             mean = [sum(by_epoch[e]) / len(by_epoch[e]) for e in es]
-            ax.plot(es, mean, color=colours[a], label=f"{a} (n={len(runs)})", lw=2 if a in ("baseline", "hard") else 1.3)
+            ax.plot(es, mean, color=colours[a], label=f"{a} (n={len(runs)})", lw=2 if a in ("baseline", "hard") else 1.3,
+                    ls="--" if a == LONG_ARM else "-")
             if len(runs) > 1:
                 ax.fill_between(es, [min(by_epoch[e]) for e in es], [max(by_epoch[e]) for e in es],
                                 color=colours[a], alpha=0.15, lw=0)
@@ -355,14 +371,37 @@ def plot_curves(res: dict, methods: list[str], arms: list[str], path: Path, titl
     plt.close(fig)
 
 
+def machine() -> str:
+    """CPU model, cores, GPU (if any) and versions: what the wall times were measured on."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        cpu = next((ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines()
+                    if ln.startswith("model name")), cpu)
+    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
+    return (f"{cpu}, {os.cpu_count()} cores{gpu}, Python {platform.python_version()}, "
+            f"torch {torch.__version__}")
+
+
 def report(scale_name: str, scale: Scale, jobs: list[Job], methods: list[str], arms: list[str], out: Path,
-           command: str) -> str:
+           command: str, png: Path | None = None) -> str:
+    """Write report.md, quality.json and the k-NN curve figure (to ``png``, default
+    ``<out>/knn_curves.png``) and return the report's markdown."""
     res = load_results(jobs)
     done = sum(len(v) for v in res.values())
     knn_rows, knn_num = summary_table(res, methods, arms, "knn")
     lin_rows, lin_num = summary_table(res, methods, arms, "linear")
+    equal_compute: list[str] = []
+    if LONG_ARM in arms and any(a == LONG_ARM for _, a in res):
+        for metric in ("knn", "linear"):
+            rows, numbers = summary_table(res, methods, [LONG_ARM, "hard"], metric, ref=LONG_ARM)
+            equal_compute += [f"{'k-NN' if metric == 'knn' else 'Linear probe'}: hard (as above) vs {LONG_ARM} "
+                              f"(no HVP, {scale.long_epochs} epochs):", "", *rows, ""]
+            (knn_num if metric == "knn" else lin_num).update({f"{k} vs {LONG_ARM}": v for k, v in numbers.items()})
     diffs = config_differences(jobs)
-    png = out / "knn_curves.png"
+    png = png or out / "knn_curves.png"
     if res:
         plot_curves(res, methods, arms, png, f"{scale_name} scale: {scale.description}")
     walls = [r["wall_s"] for v in res.values() for r in v.values()]
@@ -370,9 +409,10 @@ def report(scale_name: str, scale: Scale, jobs: list[Job], methods: list[str], a
     lines = [
         f"### Quality benchmark, {scale_name} scale ({time.strftime('%Y-%m-%d')})",
         "",
-        f"Command: `{command}`  ",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}  ",
-        f"Setup: {scale.description}. Arms differ only in the HVP keys "
+        f"Command: {command}  ",
+        f"Machine: {machine()}  ",
+        f"Setup: {scale.description}. Arms differ only in the HVP keys"
+        f"{f' ({LONG_ARM}: and trainer.max_epochs={scale.long_epochs})' if LONG_ARM in arms else ''} "
         f"({'checked: saved configs agree on every other key' if not diffs else 'CONFIGS DIFFER: ' + '; '.join(diffs[:5])}).  ",
         f"Runs finished: {done}/{len(jobs)}; pretraining wall time {sum(walls) / 60:.0f} min in all "
         f"(per run, including the k-NN passes: {min(walls, default=0) / 60:.1f}-{max(walls, default=0) / 60:.1f} min).  ",
@@ -391,6 +431,7 @@ def report(scale_name: str, scale: Scale, jobs: list[Job], methods: list[str], a
         "",
         *crossings(res, methods, arms),
         "",
+        *(["Equal compute (differences paired by seed):", "", *equal_compute] if equal_compute else []),
         f"Figure: `{png.relative_to(REPO) if png.is_relative_to(REPO) else png}`",
         "",
     ]
@@ -405,7 +446,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", choices=sorted(SCALES), default="cpu")
     p.add_argument("--methods", nargs="+", default=["simclr", "simsiam"])
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS),
+                   help=f"default: {' '.join(DEFAULT_ARMS)}; add {LONG_ARM} for the equal-compute control")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--out", type=Path, default=None, help="default: runs/quality-<scale>")
     p.add_argument("--jobs", type=int, default=None, help="parallel runs (default: the scale's)")
@@ -413,7 +455,8 @@ def main() -> None:
     p.add_argument("--time-budget-min", type=float, default=None,
                    help="stop (resumably) after this many minutes: for a series of short jobs")
     p.add_argument("--report-only", action="store_true", help="only rebuild the report from finished runs")
-    p.add_argument("--results", type=Path, default=None, help="append the report to this markdown file")
+    p.add_argument("--results", type=Path, default=None,
+                   help="append the report to this markdown file; the figure goes beside it")
     p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     args = p.parse_args()
     scale = SCALES[args.scale]
@@ -430,12 +473,16 @@ def main() -> None:
         return
     if not args.report_only:
         run_all(scale, jobs, args.jobs or scale.jobs, args.time_budget_min, not args.no_linear)
-    command = "uv run python benchmarks/quality.py " + " ".join(sys.argv[1:])
-    text = report(args.scale, scale, jobs, args.methods, args.arms, out, command)
+    command = "`uv run python benchmarks/quality.py " + " ".join(sys.argv[1:]) + "`"
+    if args.report_only:  # say so: the runs themselves came from an earlier call without it
+        command += " (this report only; the runs came from the same command without --report-only/--results)"
+    # With --results the figure goes beside that file (committed with it), not only into runs/.
+    png = args.results.parent / f"quality_{args.scale}_knn_curves.png" if args.results else None
+    text = report(args.scale, scale, jobs, args.methods, args.arms, out, command, png)
     print(text)
     if args.results:
         with args.results.open("a") as fh:
-            fh.write("\n" + text)
+            fh.write(f"\n{text}\n![k-NN curves, {args.scale} scale]({png.name})\n")
 
 
 if __name__ == "__main__":

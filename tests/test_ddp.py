@@ -103,6 +103,9 @@ CASES = {
     "dino": lambda: _case(make_cfg("method=dino_cifar", *VIT, "+hvp=on", tiny=False), b=6, seed=0),
     # ResNet + BN heads with SyncBatchNorm: the selection and the step normalise over 2B.
     "simsiam": lambda: _case(make_cfg("+hvp=on", *RESNET), b=8, seed=1),
+    # NT-Xent negatives from both ranks (selection table and training loss), gradients back to
+    # the local keys only; SyncBatchNorm as for SimSiam.
+    "simclr": lambda: _case(make_cfg("method=simclr_cifar", "+hvp=on", *RESNET), b=8, seed=2),
 }
 
 
@@ -125,7 +128,8 @@ def ddp_vs_single() -> dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]:
 def test_ddp_step_equals_single_process_with_global_batch(ddp_vs_single, case: str) -> None:
     """Per-rank batch B on 2 gloo processes vs batch 2B in one: the same hard choice per
     sample, loss (mean of the ranks' means), DDP-averaged gradients, centre and BatchNorm
-    statistics (SimSiam: SyncBatchNorm in backbone and heads; DINO: BN-free ViT)."""
+    statistics (SimSiam/SimCLR: SyncBatchNorm in backbone and heads, SimCLR's negatives from both
+    ranks; DINO: BN-free ViT)."""
     single, ranks = ddp_vs_single[case]
     assert torch.equal(torch.cat([r["choice"] for r in ranks]), single["choice"])
     torch.testing.assert_close(torch.stack([r["loss"] for r in ranks]).mean(), single["loss"], rtol=1e-5, atol=1e-6)
@@ -140,7 +144,8 @@ def test_ddp_step_equals_single_process_with_global_batch(ddp_vs_single, case: s
         assert not torch.equal(single["buffers"]["centering.center"], torch.zeros_like(single["buffers"]["centering.center"]))
         assert ranks[0]["sync_bn"] == 0
     else:
-        assert ranks[0]["sync_bn"] == sum(isinstance(m, _BatchNorm) for m in METHODS["simsiam"](make_cfg(*RESNET)).modules())
+        cfg = make_cfg(f"method={case}_cifar", *RESNET)
+        assert ranks[0]["sync_bn"] == sum(isinstance(m, _BatchNorm) for m in METHODS[case](cfg).modules()) > 0
 
 
 # --- SyncBatchNorm conversion -----------------------------------------------------------------

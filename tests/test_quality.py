@@ -40,7 +40,7 @@ def _fake_run(job, knn: list[float], linear: float | None, cfg: dict) -> None:
 
 def test_plan_and_commands_differ_only_in_hvp_keys_and_seed(tmp_path: Path) -> None:
     scale = q.SCALES["cpu"]
-    jobs = q.plan(scale, ["simclr", "simsiam"], list(q.ARMS), [0, 1, 2], tmp_path)
+    jobs = q.plan(scale, ["simclr", "simsiam"], q.DEFAULT_ARMS, [0, 1, 2], tmp_path)
     assert len(jobs) == 30 and [j.seed for j in jobs[:10]] == [0] * 10  # seeds outermost
     base = q.train_command(scale, jobs[0])
     for j in jobs:
@@ -102,7 +102,39 @@ def test_every_run_config_composes_and_validates(scale_name: str) -> None:
     for job in q.plan(scale, list(scale.per_method), list(q.ARMS), [0], Path("/tmp/unused")):
         overrides = [o for o in q.train_command(scale, job)[2:] if not o.startswith("hydra.")]
         cfg = make_cfg(*overrides, tiny=False)
-        assert cfg.method.name == job.method and (job.arm == "baseline") == (cfg.get("hvp") is None)
+        assert cfg.method.name == job.method and job.arm.startswith("baseline") == (cfg.get("hvp") is None)
+        epochs = int(next(o for o in scale.common if o.startswith("trainer.max_epochs=")).split("=")[1])
+        assert cfg.trainer.max_epochs == (scale.long_epochs if job.arm == q.LONG_ARM else epochs)
+        assert 1.5 * epochs <= scale.long_epochs <= 1.7 * epochs  # ~ the measured N=4 step cost
         if SHARED_CIFAR.is_dir():  # validation also checks the data root
             cfg.data.root = str(SHARED_CIFAR)
             validate(cfg)
+
+
+def test_equal_compute_arm_changes_only_the_epochs(tmp_path: Path) -> None:
+    """baseline_long is the baseline with the scale's long_epochs: its command adds exactly that
+    override, the config check allows exactly that key for it, and the report compares hard to it."""
+    scale = q.SCALES["cpu"]
+    arms = ["baseline", "hard", q.LONG_ARM]
+    jobs = q.plan(scale, ["simclr"], arms, [0, 1], tmp_path)
+    base, _, long = jobs[:3]
+    extra = set(q.train_command(scale, long)) - set(q.train_command(scale, base))
+    assert extra == {f"trainer.max_epochs={scale.long_epochs}", f"hydra.run.dir={long.run_dir}"}
+    cfg = {"method": {"name": "simclr"}, "trainer": {"max_epochs": 12}, "hvp": None, "seed": 0}
+    for j in jobs:
+        knn = {"baseline": 0.30, "hard": 0.33, q.LONG_ARM: 0.32}[j.arm] + 0.01 * j.seed
+        run_cfg = dict(cfg, seed=j.seed, hvp={"mode": "hard"} if j.arm == "hard" else None)
+        if j.arm == q.LONG_ARM:
+            run_cfg["trainer"] = {"max_epochs": scale.long_epochs}
+        _fake_run(j, [0.25, knn], knn + 0.1, run_cfg)
+    assert q.config_differences(jobs) == []
+    text = q.report("cpu", scale, jobs, ["simclr"], arms, tmp_path, "cmd")
+    section = text.split("Equal compute")[1]
+    row = next(line for line in section.splitlines() if line.startswith("| simclr | hard |"))
+    assert "+1.00 (1.00, 1.00)" in row  # 33% vs 32%, paired over 2 seeds
+    assert "simclr baseline_long" not in text  # no per-epoch crossing for a stretched schedule
+    numbers = json.loads((tmp_path / "quality.json").read_text())
+    assert numbers["knn"][f"simclr/hard vs {q.LONG_ARM}"]["diff"] == pytest.approx(0.01)
+    # any other differing key is still reported
+    (long.run_dir / "config.yaml").write_text(yaml.safe_dump(dict(cfg, seed=0, trainer={"max_epochs": 19, "x": 1})))
+    assert [p for p in q.config_differences(jobs) if "trainer.x" in p]

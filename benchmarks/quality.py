@@ -131,9 +131,12 @@ def plan(scale: Scale, methods: list[str], arms: list[str], seeds: list[int], ou
 
 
 def train_command(scale: Scale, job: Job) -> list[str]:
-    longer = [f"trainer.max_epochs={scale.long_epochs}"] if job.arm == LONG_ARM else []
-    return [sys.executable, "train.py", *scale.common, *scale.per_method[job.method], f"seed={job.seed}",
-            *ARMS[job.arm], *longer, f"hydra.run.dir={job.run_dir}"]
+    common = scale.common
+    if job.arm == LONG_ARM:
+        common = [f"trainer.max_epochs={scale.long_epochs}" if o.startswith("trainer.max_epochs=") else o
+                  for o in common]
+    return [sys.executable, "train.py", *common, *scale.per_method[job.method], f"seed={job.seed}",
+            *ARMS[job.arm], f"hydra.run.dir={job.run_dir}"]
 
 
 def linear_command(scale: Scale, job: Job) -> list[str]:
@@ -463,8 +466,8 @@ def main() -> None:
     unknown = [m for m in args.methods if m not in scale.per_method]
     if unknown:
         p.error(f"--methods {unknown} not in this scale; allowed: {sorted(scale.per_method)}")
-    if "baseline" not in args.arms:
-        p.error("--arms must include baseline (differences are taken to it)")
+    if "baseline" not in args.arms and (args.report_only or args.results):
+        p.error("a report needs the baseline arm in --arms (differences are taken to it)")
     out = (args.out or REPO / "runs" / f"quality-{args.scale}").resolve()
     jobs = plan(scale, args.methods, args.arms, args.seeds, out)
     if args.dry_run:
@@ -473,6 +476,9 @@ def main() -> None:
         return
     if not args.report_only:
         run_all(scale, jobs, args.jobs or scale.jobs, args.time_budget_min, not args.no_linear)
+    if "baseline" not in args.arms:  # e.g. adding baseline_long beside a running benchmark
+        print("no baseline arm: runs only; build the report with all arms and --report-only")
+        return
     command = "`uv run python benchmarks/quality.py " + " ".join(sys.argv[1:]) + "`"
     if args.report_only:  # say so: the runs themselves came from an earlier call without it
         command += " (this report only; the runs came from the same command without --report-only/--results)"

@@ -22,7 +22,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import yaml
 from hydra.core.utils import JobReturn, JobStatus
@@ -85,11 +85,34 @@ def sweep_csv(jobs: list[Job]) -> str:
     return out.getvalue()
 
 
-def job_dir_name(override_dirname: str) -> str:
-    """Hydra's override_dirname as one safe dir name (``${hvp_dirname:...}`` in hydra.sweep.subdir):
-    a '/' (data.root=/x/y) would nest dirs and a long override list would pass the file-name limit
-    (255 bytes); the table keeps the full overrides."""
-    return override_dirname.replace("/", "_").encode()[:DIRNAME_MAX_BYTES].decode(errors="ignore")
+def swept_keys(argv: Sequence[str]) -> list[tuple[str, str | None]]:
+    """(key, package) of every override that ``argv`` sweeps (``seed=0,1``, ``lr=range(1,4)``), in order."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    args = [a for a in argv if "=" in a and not a.startswith("-")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+    except Exception:  # not Hydra overrides (e.g. submitit's own argv on a SLURM node): no order to keep
+        return []
+    return [(o.key_or_group, o.package) for o in parsed if o.is_sweep_override()]
+
+
+def job_dir_name(overrides: Sequence[str], argv: Sequence[str] | None = None) -> str:
+    """A sweep job's overrides as one safe dir name (``${hvp_dirname:${hydra.overrides.task}}`` in
+    hydra.sweep.subdir): ``k=v`` joined by ',', the keys the command line sweeps first, in its order,
+    so that a name cut to DIRNAME_MAX_BYTES still tells the jobs apart (Hydra's override_dirname
+    sorts them, and ``method=...,seed=...`` would fall behind ten fixed ``data.*=`` keys); the rest
+    sorted as Hydra does. A '/' (data.root=/x/y) would nest dirs: it becomes '_'. The sweep table
+    keeps the full overrides."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    swept = swept_keys(sys.argv[1:] if argv is None else argv)
+    lines = [str(o) for o in overrides]
+    parsed = OverridesParser.create().parse_overrides(lines)
+    rank = {line: swept.index(key) if (key := (o.key_or_group, o.package)) in swept else len(swept)
+            for line, o in zip(lines, parsed)}
+    name = ",".join(sorted(lines, key=lambda line: (rank[line], line)))
+    return name.replace("/", "_").encode()[:DIRNAME_MAX_BYTES].decode(errors="ignore")
 
 
 # Registered on import: train.py imports this module, and Hydra imports it for the callback

@@ -77,10 +77,22 @@ def test_table_is_built_from_the_job_dirs_in_job_order(tmp_path):
 
 
 def test_job_dir_name_is_one_short_path_component():
-    assert job_dir_name("data.root=/a/b,seed=0") == "data.root=_a_b,seed=0"
-    long = job_dir_name(",".join(f"method.optimizer.key{i}=value{i}" for i in range(20)))
+    assert job_dir_name(["seed=0", "data.root=/a/b"], argv=[]) == "data.root=_a_b,seed=0"
+    long = job_dir_name([f"method.optimizer.key{i}=value{i}" for i in range(20)], argv=[])
     assert len(long.encode()) == DIRNAME_MAX_BYTES and "/" not in long
-    assert OmegaConf.create({"d": "${hvp_dirname:x/y}"}).d == "x_y"  # the resolver of hydra.sweep.subdir
+    resolved = OmegaConf.create({"o": ["x=a/b"], "d": "${hvp_dirname:${o}}"}).d  # hydra.sweep.subdir's resolver
+    assert resolved.endswith("x=a_b")
+
+
+def test_job_dir_name_puts_the_swept_keys_first():
+    """``-m method=simsiam,simclr seed=0,1`` plus many fixed keys: the cut name still shows what
+    differs between the jobs, in the command line's order; flags and unparsable argv are ignored."""
+    argv = ["-m", "--config-dir", "c", "data.train_size=64", "seed=0,1", "method=simsiam,simclr", "+hvp=on",
+            *(f"data.key{i}=v{i}" for i in range(20))]
+    job = ["data.train_size=64", "seed=1", "method=simclr", "+hvp=on", *(f"data.key{i}=v{i}" for i in range(20))]
+    name = job_dir_name(job, argv=argv)
+    assert name.startswith("seed=1,method=simclr,+hvp=on,data.key0=v0,") and len(name.encode()) == DIRNAME_MAX_BYTES
+    assert job_dir_name(job, argv=["-m", "not an override", "x=(("]).startswith("+hvp=on,data.key0=v0")
 
 
 def job_config(sweep_dir: Path, run_dir: Path, mode: str = "MULTIRUN"):
@@ -164,8 +176,8 @@ def test_multirun_writes_one_row_per_job_and_a_failed_job_says_so(tmp_path):
     assert proc.returncode == 1, proc.stderr[-3000:]  # Hydra reports the failed job after the sweep
     assert "hvp.num_views=1 is not allowed" in proc.stderr
     dirs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
-    assert dirs == ["0_+experiment=tiny,+hvp=on,hvp.num_views=3,logger=csv",
-                    "1_+experiment=tiny,+hvp=on,hvp.num_views=1,logger=csv"]
+    assert dirs == ["0_hvp.num_views=3,+experiment=tiny,+hvp=on,logger=csv",  # the swept key first
+                    "1_hvp.num_views=1,+experiment=tiny,+hvp=on,logger=csv"]
     columns, rows = rows_of((sweep / FILENAME).read_text())
     assert columns == ["experiment", "logger", "hvp", "hvp.num_views", *RESULT_COLUMNS]
     ok, failed = rows

@@ -481,7 +481,7 @@ def main() -> None:
         return
     command = "`uv run python benchmarks/quality.py " + " ".join(sys.argv[1:]) + "`"
     if args.report_only:  # say so: the runs themselves came from an earlier call without it
-        command += " (this report only; the runs came from the same command without --report-only/--results)"
+        command += " (builds this report from finished runs, which the same command trains without --report-only)"
     # With --results the figure goes beside that file (committed with it), not only into runs/.
     png = args.results.parent / f"quality_{args.scale}_knn_curves.png" if args.results else None
     text = report(args.scale, scale, jobs, args.methods, args.arms, out, command, png)

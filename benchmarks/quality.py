@@ -315,7 +315,8 @@ def crossings(res: dict, methods: list[str], arms: list[str]) -> list[str]:
     for m in methods:
         base = _mean_curve(res.get((m, "baseline"), {}))
         for a in arms:
-            if a in ("baseline", LONG_ARM) or not base:  # the long arm's schedule is stretched: not comparable per epoch
+            # The long arm's schedule is stretched over more epochs: not comparable epoch by epoch.
+            if a in ("baseline", LONG_ARM) or not base:
                 continue
             cur = _mean_curve(res.get((m, a), {}))
             common = [e for e in sorted(cur) if e in base and e > 0]
@@ -358,8 +359,8 @@ def plot_curves(res: dict, methods: list[str], arms: list[str], path: Path, titl
                     by_epoch[round(e, 2)].append(100 * v)
             es = sorted(e for e in by_epoch if len(by_epoch[e]) == len(runs))
             mean = [sum(by_epoch[e]) / len(by_epoch[e]) for e in es]
-            ax.plot(es, mean, color=colours[a], label=f"{a} (n={len(runs)})", lw=2 if a in ("baseline", "hard") else 1.3,
-                    ls="--" if a == LONG_ARM else "-")
+            ax.plot(es, mean, color=colours[a], label=f"{a} (n={len(runs)})",
+                    lw=2 if a in ("baseline", "hard") else 1.3, ls="--" if a == LONG_ARM else "-")
             if len(runs) > 1:
                 ax.fill_between(es, [min(by_epoch[e]) for e in es], [max(by_epoch[e]) for e in es],
                                 color=colours[a], alpha=0.15, lw=0)
@@ -398,11 +399,11 @@ def report(scale_name: str, scale: Scale, jobs: list[Job], methods: list[str], a
     lin_rows, lin_num = summary_table(res, methods, arms, "linear")
     equal_compute: list[str] = []
     if LONG_ARM in arms and any(a == LONG_ARM for _, a in res):
-        for metric in ("knn", "linear"):
+        for metric, label, numbers_out in (("knn", "k-NN", knn_num), ("linear", "Linear probe", lin_num)):
             rows, numbers = summary_table(res, methods, [LONG_ARM, "hard"], metric, ref=LONG_ARM)
-            equal_compute += [f"{'k-NN' if metric == 'knn' else 'Linear probe'}: hard (as above) vs {LONG_ARM} "
-                              f"(no HVP, {scale.long_epochs} epochs):", "", *rows, ""]
-            (knn_num if metric == "knn" else lin_num).update({f"{k} vs {LONG_ARM}": v for k, v in numbers.items()})
+            equal_compute += [f"{label}: hard (as above) vs {LONG_ARM} (no HVP, {scale.long_epochs} epochs):",
+                              "", *rows, ""]
+            numbers_out.update({f"{k} vs {LONG_ARM}": v for k, v in numbers.items()})
     diffs = config_differences(jobs)
     png = png or out / "knn_curves.png"
     if res:

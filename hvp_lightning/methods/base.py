@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..backbones import build_backbone
 from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
+from ..data.datasets import note_skipped
 from ..knn import knn_accuracy
 from ..optim import OPTIMIZERS, make_optimizer
 from ..selection import HVPConfig
@@ -108,7 +109,7 @@ class SSLMethod(L.LightningModule):
     # --- counters --------------------------------------------------------------------------
     def on_train_batch_end(self, outputs: Any, batch: dict[str, Any], batch_idx: int) -> None:
         self.images_seen += int(batch["label"].shape[0]) * self.trainer.world_size
-        self.skipped_files.update(f for f in batch.get("bad_file", ()) if f)
+        note_skipped(self.skipped_files, batch.get("bad_file", ()))
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False, batch_size=1)  # type: ignore[union-attr]
 
     # --- run state in checkpoints (resume) ------------------------------------------------------
@@ -141,7 +142,7 @@ class SSLMethod(L.LightningModule):
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         feats = F.normalize(self.eval_backbone(batch["image"]).float(), dim=1)
         self._val_store.setdefault(dataloader_idx, []).append((feats, batch["label"], batch["index"]))
-        self.skipped_files.update(f for f in batch.get("bad_file", ()) if f)
+        note_skipped(self.skipped_files, batch.get("bad_file", ()))
 
     def _epochs_done(self) -> float:
         """Training epochs completed at this k-NN pass (0 at init; from optimiser steps so that a

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .analysis.callback import analysis_callbacks
-from .checkpoint import AtomicCheckpointIO, RunCheckpoint, continue_csv_log, resume_checkpoint, wandb_run_id
+from .checkpoint import (AtomicCheckpointIO, RunCheckpoint, checkpoint_step, continue_csv_log, resume_checkpoint,
+                         wandb_run_id)
 from .config import ConfigError, validate
 from .data.datamodule import SSLDataModule
 from .distributed import sync_batchnorm_plugins
@@ -24,12 +24,12 @@ from .wandb_logging import WandbCharts, current_sweep_dir, run_names
 log = logging.getLogger(__name__)
 
 
-def build_logger(cfg: DictConfig, run_dir: Path):
+def build_logger(cfg: DictConfig, run_dir: Path, resume_step: int = 0):
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
     if cfg.logger.name == "csv":
         logger = CSVLogger(save_dir=str(run_dir), name="csv", version="")
-        continue_csv_log(logger)  # a resumed run appends to metrics.csv
+        continue_csv_log(logger, resume_step)  # a resumed run appends to metrics.csv
         return logger
     lc = cfg.logger
     mode = os.environ.get("WANDB_MODE") or (lc.mode if lc.mode != "auto" else ("online" if _wandb_logged_in() else "offline"))
@@ -65,17 +65,16 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     model: SSLMethod = method_cls(cfg)
     trainer_kwargs: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
     sync_bn = sync_batchnorm_plugins(trainer_kwargs.pop("sync_batchnorm", "auto"), model)  # DDP only
+    checkpointer = RunCheckpoint(run_dir / "checkpoints", OmegaConf.select(cfg, "checkpoint.every_n_epochs"))
     trainer = L.Trainer(
         **trainer_kwargs,
         default_root_dir=str(run_dir),
-        logger=build_logger(cfg, run_dir),
+        logger=build_logger(cfg, run_dir, checkpoint_step(ckpt_path) if ckpt_path else 0),
         plugins=[AtomicCheckpointIO(), *sync_bn],
-        callbacks=[RunCheckpoint(run_dir / "checkpoints", OmegaConf.select(cfg, "checkpoint.every_n_epochs")),
-                   *analysis_callbacks(cfg, run_dir), WandbCharts()],
+        callbacks=[checkpointer, *analysis_callbacks(cfg, run_dir), WandbCharts()],
         check_val_every_n_epoch=cfg.eval.every_n_epochs,
         num_sanity_val_steps=0,
     )
-    start = time.time()
     if cfg.eval.at_start and ckpt_path is None:  # the random-init reference: how far did pretraining move the features?
         trainer.validate(model, datamodule=dm, verbose=False)
         model.knn_init = model.knn_result.get("top1")
@@ -85,7 +84,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         train_loss = trainer.strategy.reduce(torch.tensor(float(train_loss), device=model.device), reduce_op="mean")
     if model.knn_result.get("step") != trainer.global_step:  # k-NN always runs on the final weights
         trainer.validate(model, datamodule=dm, verbose=False)
-    summary = _summary(cfg, model, trainer, run_dir, time.time() - start, train_loss)
+    if train_loss is None:  # nothing trained this session (a finished run resumed): the last epoch's
+        train_loss = checkpointer.train_loss
+    summary = _summary(cfg, model, trainer, run_dir, checkpointer.wall_time_s(), train_loss)
     summary["knn_top1_init"] = model.knn_init
     summary["sync_batchnorm_layers"] = sync_bn[0].converted if sync_bn else 0
     if trainer.is_global_zero:
@@ -109,7 +110,7 @@ def _close_logger(trainer: L.Trainer, summary: dict[str, Any]) -> None:
 
 
 def _summary(cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Path, seconds: float,
-             train_loss: torch.Tensor | None) -> dict[str, Any]:
+             train_loss: torch.Tensor | float | None) -> dict[str, Any]:
     skipped = sorted(model.skipped_files)
     if trainer.world_size > 1:
         gathered: list[Any] = [None] * trainer.world_size

@@ -22,6 +22,7 @@ so its statistics are skipped with one warning saying so.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import warnings
 from pathlib import Path
@@ -31,6 +32,7 @@ import lightning as L
 import numpy as np
 import torch
 
+from ..checkpoint import atomic_write
 from ..data.augment import PARAM_NAMES
 from ..selection import pair_index
 from .metrics import JITTER_NAMES, jitter_differences, pair_metrics
@@ -252,6 +254,18 @@ class HardViewAnalysis(L.Callback):
                 index = torch.full((params["crop_x"].shape[0],), -1)
             self.view_log.add(self._step, torch.as_tensor(index), params, table, choice, self._micro)
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Drop what an earlier session logged after the step this one starts from (0 for a
+        fresh run): it was logged after the checkpoint, and this session logs it again."""
+        drop_rows_from(self.out_dir / f"steps-r{trainer.global_rank}.csv", trainer.global_step)
+        for part in self.out_dir.glob(f"*-r{trainer.global_rank}-s*.parquet"):
+            if int(part.stem.rsplit("-s", 1)[1]) >= trainer.global_step:
+                part.unlink()
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """What was logged up to a checkpoint reaches the disk with it: a kill after it loses nothing."""
+        self._flush_all(trainer.global_rank)
+
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._flush_all(trainer.global_rank)
 
@@ -287,6 +301,20 @@ class HardViewAnalysis(L.Callback):
         if key not in self._warned:
             self._warned.add(key)
             warnings.warn(message, stacklevel=2)
+
+
+def drop_rows_from(path: Path, step: int) -> None:
+    """Rewrite a ``step``-keyed CSV without its rows of ``step`` and later (atomically)."""
+    if not path.is_file():
+        return
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    kept = [r for r in rows[1:] if r and int(r[0]) < step]
+    if len(kept) == len(rows) - 1:
+        return
+    text = io.StringIO(newline="")
+    csv.writer(text).writerows(rows[:1] + kept)
+    atomic_write(path, lambda f: f.write(text.getvalue().encode()))
 
 
 def analysis_callbacks(cfg: Any, run_dir: Path) -> list[L.Callback]:

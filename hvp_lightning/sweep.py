@@ -169,6 +169,7 @@ class SweepSummary(Callback):
             return
         if job_return.status == JobStatus.FAILED:
             err = job_return._return_value  # .return_value would re-raise it
+            err = err.__cause__ or err  # train.py hands Hydra a config error wrapped for one-line printing
             message = " ".join(f"{type(err).__name__}: {err}".split())
             (Path(config.hydra.runtime.output_dir) / ERROR_FILE).write_text(message + "\n")
         log.info("sweep summary so far: %s", write_sweep_summary(config.hydra.sweep.dir))

@@ -168,10 +168,29 @@ def test_missing_truncated_and_foreign_checkpoints(tiny_ckpt, tmp_path):
     torch.save({"conv1.weight": torch.zeros(1)}, foreign)
     with pytest.raises(CheckpointError, match=r"not an hvp-lightning training checkpoint"):
         load_checkpoint(foreign)
-    pickled = tmp_path / "pickled.ckpt"
-    torch.save({"state_dict": {}, "obj": Path("x")}, pickled)  # an arbitrary Python object
-    with pytest.raises(CheckpointError, match=r"refuses to unpickle"):
-        load_checkpoint(pickled)
+
+
+
+class _RunsCode:
+    def __reduce__(self):  # what a crafted checkpoint does: call os.system when unpickled
+        return (os.system, ("true",))
+
+
+@pytest.mark.parametrize(("obj", "why"), [
+    (Path("x"), "Unsupported global: GLOBAL pathlib.PosixPath was not an allowed global"),  # not on the allowlist
+    (_RunsCode(), "unsupported GLOBAL posix.system whose module posix is blocked"),  # a blocked module
+])
+def test_a_refused_pickle_is_named_as_such_with_torchs_warning(tmp_path, obj, why):
+    """torch words the two refusals differently; both are refusals (not "truncated"), and the
+    message keeps torch's warning that weights_only=False can run arbitrary code."""
+    path = tmp_path / "pickled.ckpt"
+    torch.save({"state_dict": {}, "obj": obj}, path)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    message = str(err.value)
+    assert "refuses to unpickle" in message and why in message and "truncated" not in message
+    assert "weights_only=False can result in arbitrary code execution" in message and "trusted source" in message
+    assert "\n" not in message and "\x1b" not in message
 
 
 @pytest.mark.parametrize("script", ["eval.py", "train.py"])

@@ -174,7 +174,7 @@ def test_multirun_writes_one_row_per_job_and_a_failed_job_says_so(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 1, proc.stderr[-3000:]  # Hydra reports the failed job after the sweep
-    assert "hvp.num_views=1 is not allowed" in proc.stderr
+    assert proc.stderr.count("hvp.num_views=1 is not allowed") == 1 and "Traceback" not in proc.stderr
     dirs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
     assert dirs == ["0_hvp.num_views=3,+experiment=tiny,+hvp=on,logger=csv",  # the swept key first
                     "1_hvp.num_views=1,+experiment=tiny,+hvp=on,logger=csv"]

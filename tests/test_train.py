@@ -62,6 +62,11 @@ def test_easy_mode_selects_below_the_candidate_mean(cfg_factory, tmp_path):
         ("data.aug.gray_p=1.5", "data.aug.gray_p=1.5"),
         ("+trainer.max_epoch=3", "trainer.max_epoch=3"),
         ("method.batch_size=1", "method.batch_size=1"),
+        ("seed=abc", "seed='abc'"),
+        ("seed=-5", "seed=-5"),
+        ("seed=4294967296", "seed=4294967296"),
+        ("+hvp=on +hvp.max_combinations=8", "hvp.max_combinations=8"),
+        ("method=simclr_cifar +hvp=on +hvp.max_combinations=8", "hvp.max_combinations=8"),
     ],
 )
 def test_config_errors_name_key_value_and_allowed(cfg_factory, override, key):
@@ -76,19 +81,47 @@ def test_empty_imagefolder_root_is_rejected(cfg_factory, tmp_path):
         validate(cfg_factory("data=imagefolder", f"data.root={tmp_path}"))
 
 
+@pytest.mark.parametrize("name", ["cifar10", "cifar100", "stl10"])
+def test_torchvision_root_without_its_files_is_a_config_error(cfg_factory, tmp_path, name):
+    (tmp_path / "unrelated.txt").write_text("not a dataset")  # a folder, but not torchvision's layout
+    with pytest.raises(ConfigError, match=rf"^data.root='{tmp_path}' is not allowed: a folder holding torchvision's {name}"):
+        validate(cfg_factory(f"data={name}", f"data.root={tmp_path}"))
+
+
+def test_imagefolder_without_image_files_is_a_config_error(cfg_factory, tmp_path):
+    for split in ("train", "val"):
+        (tmp_path / split / "cls").mkdir(parents=True)
+        (tmp_path / split / "cls" / "notes.txt").write_text("no images here")
+    with pytest.raises(ConfigError, match=r"^data.root=.*\(no image files"):
+        validate(cfg_factory("data=imagefolder", f"data.root={tmp_path}"))
+
+
+def test_crop_larger_than_the_images_is_said_once(cfg_factory, caplog):
+    with caplog.at_level("WARNING"):
+        validate(cfg_factory("data.crop_size=48"))  # generated images are 32 px
+    assert [r.getMessage() for r in caplog.records if "upsampled" in r.getMessage()] == [
+        "data.crop_size=48 is larger than the images (shorter side 32 px): every crop is upsampled"]
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        validate(cfg_factory("data.crop_size=32"))
+    assert "upsampled" not in caplog.text
+
+
 def test_batch_larger_than_dataset_is_a_config_error(cfg_factory, tmp_path):
     with pytest.raises(ConfigError, match="method.batch_size=128"):
         run(cfg_factory("method.batch_size=128"), tmp_path)
 
 
-def test_cli_reports_config_error_in_one_line_without_traceback(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "train.py", "+hvp=on", "hvp.num_views=1", "logger=csv", f"hydra.run.dir={tmp_path}"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
+@pytest.mark.parametrize("bad", [["+hvp=on", "hvp.num_views=1"], ["seed=abc"]])
+def test_cli_reports_config_error_once_in_one_line_and_leaves_no_run_dir(tmp_path, bad):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "train.py", *bad, "logger=csv", f"hydra.run.dir={run_dir}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
-    assert "config error: hvp.num_views=1 is not allowed: expected an integer >= 2" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    out = proc.stdout + proc.stderr
+    assert out.count("config error:") == 1 and "Traceback" not in out, out[-2000:]
+    assert f"config error: {bad[-1].split('=')[0]}=" in proc.stderr
+    assert not run_dir.exists()  # no run dir with an empty train.log left behind
 
 
 def test_wandb_offline_run_logs_metrics_and_summary(cfg_factory, tmp_path, monkeypatch):

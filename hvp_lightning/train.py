@@ -19,6 +19,7 @@ from .config import ConfigError, validate
 from .data.datamodule import SSLDataModule
 from .distributed import sync_batchnorm_plugins
 from .methods import METHODS, SSLMethod
+from .warning_filters import silence_known_warnings
 from .wandb_logging import WandbCharts, current_sweep_dir, run_names
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ def _wandb_logged_in() -> bool:
 
 def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Pretrain as configured and return the summary (also written to run_dir/summary.json)."""
+    silence_known_warnings()
     validate(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = resume_checkpoint(cfg, run_dir)  # None: a fresh run; else continue from last.ckpt

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .datasets import SafeImageFolder, SyntheticShapes
+
+log = logging.getLogger(__name__)
 
 DATASETS = ("synthetic", "imagefolder", "cifar10", "cifar100", "stl10")
 
@@ -127,13 +132,26 @@ def view_aug(cfg) -> ViewAug:
     )
 
 
+def usable_workers(requested: int) -> int:
+    """``data.num_workers`` capped at the CPU cores this process may use: more workers only
+    compete for them (and torch would warn about it for every loader). Said once."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if requested <= cores:
+        return requested
+    if rank_zero_only.rank == 0:
+        log.warning("data.num_workers=%d is more than the %d CPU cores this process may use: using %d loader "
+                    "workers", requested, cores, cores)
+    return cores
+
+
 class SSLDataModule(L.LightningDataModule):
     """Training loader yields ``{"views": [N x [B,3,H,W]], "params": {name: [B,N,...]}, ...}``;
     the two validation loaders (k-NN bank, test queries) yield ``{"image", "label", "index"}``."""
 
     def __init__(self, cfg, views: tuple[ViewAug, ...], batch_size: int, num_workers: int, seed: int = 0) -> None:
         super().__init__()
-        self.cfg, self.views, self.batch_size, self.num_workers, self.seed = cfg, views, batch_size, num_workers, seed
+        self.cfg, self.views, self.batch_size, self.seed = cfg, views, batch_size, seed
+        self.num_workers = usable_workers(num_workers)
         self.class_names: list[str] = []
 
     def setup(self, stage: str | None = None) -> None:

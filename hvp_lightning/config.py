@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .backbones import BACKBONES
 from .data.datamodule import DATASETS, resolve_auto_crop, split_dir
-from .selection import MODES, PRECISIONS
+from .selection import GLOBAL_PAIRS, MODES, PRECISIONS
 
 LOGGERS = ("wandb", "csv")
 # Mixed precision keeps fp32 master weights, EMA teacher and centres; "*-true" half
@@ -159,6 +159,8 @@ def _validate_hvp(cfg: DictConfig) -> None:
         _fail("hvp.selection_precision", h.selection_precision, f"one of {', '.join(PRECISIONS)}")
     if h.get("max_combinations") is not None:
         _int_at_least(cfg, "hvp.max_combinations", 1)
+    if h.get("global_pairs", "cross") not in GLOBAL_PAIRS:
+        _fail("hvp.global_pairs", h.global_pairs, f"one of {', '.join(GLOBAL_PAIRS)}")
 
 
 def _validate_analysis(cfg: DictConfig) -> None:

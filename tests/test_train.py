@@ -31,8 +31,8 @@ def test_tiny_train_run(cfg_factory, tmp_path, hvp):
     if hvp:
         h = summary["hvp"]
         assert h["selected_samples"] == 2 * 4 * 16
-        assert h["selected_loss_mean"] >= h["candidate_loss_mean"]  # hard = per-sample max over pairs
-        assert {"hvp/selected_loss_step", "hvp/candidate_loss_step"} <= set(metrics)
+        assert h["selection_selected_loss_mean"] >= h["selection_candidate_loss_mean"]  # hard = per-sample max over pairs
+        assert {"hvp/selection_selected_loss_step", "hvp/selection_candidate_loss_step"} <= set(metrics)
     else:
         assert "hvp" not in summary
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
@@ -40,7 +40,7 @@ def test_tiny_train_run(cfg_factory, tmp_path, hvp):
 
 def test_easy_mode_selects_below_the_candidate_mean(cfg_factory, tmp_path):
     summary = run(cfg_factory("+hvp=on", "hvp.mode=easy", "eval.every_n_epochs=1"), tmp_path)
-    assert summary["hvp"]["selected_loss_mean"] <= summary["hvp"]["candidate_loss_mean"]
+    assert summary["hvp"]["selection_selected_loss_mean"] <= summary["hvp"]["selection_candidate_loss_mean"]
 
 
 @pytest.mark.parametrize(
@@ -105,6 +105,6 @@ def test_wandb_offline_run_logs_metrics_and_summary(cfg_factory, tmp_path, monke
     # Offline runs keep history and summary in the run's protobuf log; keys are plain strings there.
     wandb_records(tmp_path)  # waits until the W&B service has written the run's exit record
     record = next(runs[0].glob("run-*.wandb")).read_bytes()
-    for key in ("knn/top1", "hvp/selected_loss_step", "train/loss_step", "summary/knn_top1",
-                "summary/hvp_selected_loss_mean"):
+    for key in ("knn/top1", "hvp/selection_selected_loss_step", "train/loss_step", "summary/knn_top1",
+                "summary/hvp_selection_selected_loss_mean"):
         assert key.encode() in record, key

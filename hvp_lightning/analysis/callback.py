@@ -14,10 +14,10 @@ HVP steps, the mixin's ``last_selection`` (``{"table": [B, C], "choice": [B]}``)
 
 Baseline runs (HVP off) log the ``*_selected`` statistics of the pair they train on, so the
 two runs compare directly. Multi-crop methods (DINO/iBOT) are analysed on their global views
-only: with HVP their score table has one column per global pair (``global_pair_index(G,
-hvp.global_pairs)``); DINO
-with ``hvp.max_combinations`` scores random combinations instead, which is not a pair table,
-so its statistics are skipped with one warning saying so.
+only: with HVP their score table has one column per scored global pair
+(``global_pair_index(G, hvp.global_pairs)``); DINO with ``hvp.max_combinations`` scores
+random combinations instead, which is not a pair table, so its statistics are skipped with
+one warning saying so.
 """
 
 from __future__ import annotations
@@ -58,12 +58,12 @@ def step_statistics(params: Mapping[str, torch.Tensor], table: torch.Tensor | No
                     choice: torch.Tensor | None = None, pairs: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Selection statistics of one batch, as 0-d tensors (no host sync).
 
-    ``params`` holds the N candidate views whose pairs are the columns of ``table``
-    (``pairs``: the rows of ``table``'s columns, default ``pair_index(N)``; multi-crop methods
-    score a subset of the global pairs). Without a ``choice`` (baseline, or an HVP off-step) the trained
-    pair is views 0 and 1 and only the ``*_selected`` keys are returned. ``lowest_iou_share``
-    counts a hit when the selected pair's IoU equals the minimum (ties included);
-    ``lowest_iou_chance`` is the nominal ``1 / C(N, 2)`` and ``lowest_iou_chance_ties`` the
+    ``params`` holds the N candidate views; ``pairs`` ``[P, 2]`` are the view pairs of
+    ``table``'s columns (default ``pair_index(N)``; multi-crop methods may score a subset of
+    the global pairs). Without a ``choice`` (baseline, or an HVP off-step) the trained pair is
+    views 0 and 1 and only the ``*_selected`` keys are returned. ``lowest_iou_share`` counts a
+    hit when the selected pair's IoU equals the minimum over the P pairs (ties included);
+    ``lowest_iou_chance`` is the nominal ``1 / P`` and ``lowest_iou_chance_ties`` the
     tie-aware chance of a uniform choice (mean share of pairs that attain the minimum).
     """
     n = params["crop_x"].shape[1]

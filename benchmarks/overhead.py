@@ -70,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--max-combinations", type=int, default=None, help="DINO: +hvp.max_combinations=K (iBOT rejects it)")
+    p.add_argument("--max-combinations", type=int, default=None, help="DINO: hvp.max_combinations=K (iBOT rejects it)")
     p.add_argument("--no-teacher-reuse", action="store_true",
                    help="DINO/iBOT: method.teacher_reuse=false for the HVP model")
     p.add_argument("--compare-reuse", action="store_true",
@@ -111,7 +111,7 @@ def compose_cfg(args: argparse.Namespace, hvp: bool, teacher_reuse: bool = True)
     if hvp:
         ov += ["+hvp=on", f"hvp.num_views={args.num_views}"]
         if args.max_combinations is not None:
-            ov.append(f"+hvp.max_combinations={args.max_combinations}")
+            ov.append(f"hvp.max_combinations={args.max_combinations}")
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return compose("config", overrides=ov)
 
@@ -314,7 +314,8 @@ def main(argv: list[str] | None = None) -> None:
         g, lc = hvps[0].model.num_globals, hvps[0].model.num_locals_cand  # type: ignore[attr-defined]
         n_loc = base.model.num_local  # type: ignore[attr-defined]
         notes.append(f"{args.method} views: baseline 2 globals + {n_loc} locals ({base.view_sizes}); HVP {g} globals + "
-                     f"{lc} locals ({hvps[0].view_sizes}); max_combinations={args.max_combinations}")
+                     f"{lc} locals ({hvps[0].view_sizes}); max_combinations={args.max_combinations} "
+                     f"global_pairs={hvps[0].model.hvp.global_pairs}")
         for r in hvps:
             notes.append(f"{r.name}: teacher_reuse={r.model.teacher_reuse}")  # type: ignore[attr-defined]
     print("\n".join(notes), flush=True)

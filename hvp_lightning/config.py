@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from .backbones import BACKBONES
 from .data.datamodule import DATASETS, resolve_auto_crop, split_dir, typical_image_side
 from .data.datasets import IMAGE_EXTENSIONS, is_image_file
-from .selection import MODES, PRECISIONS
+from .selection import GLOBAL_PAIRS, MODES, PRECISIONS
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +196,8 @@ def _validate_hvp(cfg: DictConfig) -> None:
         if cfg.method.name != "dino":
             _fail("hvp.max_combinations", h.max_combinations, f"only with method dino (it samples (global pair, "
                   f"locals) combinations); {cfg.method.name} scores every candidate combination")
+    if h.get("global_pairs", "cross") not in GLOBAL_PAIRS:
+        _fail("hvp.global_pairs", h.global_pairs, f"one of {', '.join(GLOBAL_PAIRS)}")
 
 
 def _validate_analysis(cfg: DictConfig) -> None:

@@ -37,6 +37,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 MODES = ("hard", "easy", "random")
 PRECISIONS = ("fp32", "bf16", "fp16")
+# Multi-crop methods: which pairs of global candidates are scored. ``cross`` pairs a crop of
+# DINO's global pipeline 1 with one of pipeline 2 (the official HVP code); ``all`` = C(G,2).
+GLOBAL_PAIRS = ("cross", "all")
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,8 @@ class HVPConfig:
     # Multi-crop methods only: score K random combinations instead of the exact maximum
     # (the paper's fidelity setting); None = exact.
     max_combinations: int | None = None
+    # Multi-crop methods only: the global pairs scored (GLOBAL_PAIRS).
+    global_pairs: str = "cross"
 
     @property
     def views_per_image(self) -> int:
@@ -67,21 +72,52 @@ def pair_index(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     return torch.triu_indices(n, n, offset=1, device=device).T.contiguous()
 
 
+def global_pair_index(g: int, rule: str, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The global-candidate pairs a multi-crop method scores: LongTensor ``[P, 2]``.
+
+    Global candidates alternate DINO's two asymmetric pipelines (even positions: pipeline 1,
+    odd: pipeline 2). ``cross`` keeps that asymmetry in every pair, as the official HVP code
+    does (``itertools.product(range(0, G, 2), range(1, G, 2))``, in that order: pipeline-1
+    crop first); ``all`` is :func:`pair_index`. Either way column 0 is ``(0, 1)``, the
+    baseline's pair.
+    """
+    if rule == "all":
+        return pair_index(g, device)
+    if rule != "cross":
+        raise ValueError(f"hvp.global_pairs={rule!r}; allowed: {', '.join(GLOBAL_PAIRS)}")
+    first = torch.arange(0, g, 2, device=device)
+    second = torch.arange(1, g, 2, device=device)
+    return torch.cartesian_prod(first, second).reshape(-1, 2)
+
+
 def choose(table: torch.Tensor, mode: str, generator: torch.Generator | None = None) -> torch.Tensor:
     """Per-sample choice over candidate combinations: ``table`` is ``[B, C]`` -> LongTensor ``[B]``.
 
     ``hard`` = argmax of the loss (the paper's HVP), ``easy`` = argmin (the "cooperative"
     ablation), ``random`` = uniform over the same candidates (isolates the effect of the
     choice from the effect of drawing more views).
+
+    Non-finite entries (NaN, +-inf: a diverged model, an fp16 overflow in the selection
+    forward) are never chosen, in any mode -- unmasked, a NaN would win both argmax and
+    argmin. A sample with no finite entry at all raises :class:`FloatingPointError`: there
+    is nothing sound to train on (this check costs one host sync).
     """
+    if mode not in MODES:
+        raise ValueError(f"hvp.mode={mode!r}; allowed: {', '.join(MODES)}")
+    finite = torch.isfinite(table)
+    if not bool(finite.any(dim=1).all()):
+        bad = (~finite.any(dim=1)).nonzero().flatten().tolist()
+        raise FloatingPointError(
+            f"HVP selection: every candidate loss is non-finite (NaN/inf) for {len(bad)} of {table.shape[0]} "
+            f"samples (batch positions {bad[:8]}); refusing to train on them. The model may have diverged "
+            "(learning rate?), or hvp.selection_precision=fp16 overflowed (try bf16 or fp32).")
     if mode == "hard":
-        return table.argmax(dim=1)
+        return table.masked_fill(~finite, float("-inf")).argmax(dim=1)
     if mode == "easy":
-        return table.argmin(dim=1)
-    if mode == "random":
-        idx = torch.randint(table.shape[1], (table.shape[0],), generator=generator)
-        return idx.to(table.device)
-    raise ValueError(f"hvp.mode={mode!r}; allowed: {', '.join(MODES)}")
+        return table.masked_fill(~finite, float("inf")).argmin(dim=1)
+    # Uniform over each sample's finite entries: the argmax of i.i.d. uniform keys.
+    keys = torch.rand(table.shape, generator=generator).to(table.device)
+    return keys.masked_fill(~finite, -1.0).argmax(dim=1)
 
 
 def resolve_selection_dtype(precision: str, device_type: str) -> torch.dtype | None:
@@ -184,8 +220,9 @@ class HardViewMixin:
             return self.ssl_step(self.select_views(batch, self._first_combination(batch)), batch_idx)
         table = self.score_candidates(batch)
         choice = choose(table, self.hvp.mode, self._choice_generator(batch_idx))
-        self._record_selection(batch, table, choice)
-        return self.ssl_step(self.select_views(batch, choice), batch_idx)
+        loss = self.ssl_step(self.select_views(batch, choice), batch_idx)
+        self._record_selection(table, choice, loss)
+        return loss
 
     def score_candidates(self, batch: dict[str, Any]) -> torch.Tensor:
         """The selection pass: ``candidate_scores`` under :func:`frozen_state`, at the selection
@@ -218,18 +255,56 @@ class HardViewMixin:
         seed = getattr(self, "seed", 0)
         return torch.Generator().manual_seed(_stable_seed(seed, self.global_step, batch_idx, self.global_rank))  # type: ignore[attr-defined]
 
-    def _record_selection(self, batch: dict[str, Any], table: torch.Tensor, choice: torch.Tensor) -> None:
+    def _record_selection(self, table: torch.Tensor, choice: torch.Tensor, trained_loss: torch.Tensor) -> None:
+        """Log what this HVP step did, under names that say which pass each value comes from.
+
+        ``hvp/selection_*`` are the selection pass's own values (frozen BatchNorm buffers,
+        candidates normalised per view set; SimCLR's negatives from the candidate sets);
+        ``hvp/trained_loss`` is the loss the training step then computed on the chosen views
+        -- with BatchNorm or batch-level negatives the two differ. Non-finite table entries
+        (never chosen, see :func:`choose`) are counted and left out of the candidate mean.
+        """
+        finite = torch.isfinite(table)
         selected = table.gather(1, choice[:, None]).squeeze(1)
-        sel, cand = selected.mean(), table.mean()
+        candidates = torch.where(finite, table, 0.0).sum(1) / finite.sum(1)  # per sample; >= 1 finite (choose)
+        nonfinite = (~finite).sum().to(table.dtype)
+        trained = trained_loss.detach().to(table.dtype)
+        sel, cand = selected.mean(), candidates.mean()
         b = table.shape[0]
-        self.log("hvp/selected_loss", sel, on_step=True, on_epoch=True, batch_size=b)  # type: ignore[attr-defined]
-        self.log("hvp/candidate_loss", cand, on_step=True, on_epoch=True, batch_size=b)  # type: ignore[attr-defined]
-        self.log("hvp/selected_minus_candidate", sel - cand, on_step=True, on_epoch=False, batch_size=b)  # type: ignore[attr-defined]
-        # Run totals (selected sum, candidate sum, samples) stay on device: no sync per step.
-        inc = torch.stack([selected.sum(), table.mean(1).sum(), table.new_tensor(float(table.shape[0]))]).double()
+        log = self.log  # type: ignore[attr-defined]
+        log("hvp/selection_selected_loss", sel, on_step=True, on_epoch=True, batch_size=b)
+        log("hvp/selection_candidate_loss", cand, on_step=True, on_epoch=True, batch_size=b)
+        log("hvp/selection_selected_minus_candidate", sel - cand, on_step=True, on_epoch=False, batch_size=b)
+        log("hvp/trained_loss", trained, on_step=True, on_epoch=True, batch_size=b)
+        log("hvp/nonfinite_candidates", nonfinite, on_step=True, on_epoch=False, batch_size=b)
+        # Run totals (TOTALS order) stay on device: no sync per step.
+        n = table.new_tensor(float(b))
+        inc = torch.stack([selected.sum(), candidates.sum(), n, trained * n, n, nonfinite]).double()
         totals = getattr(self, "hvp_totals", None)
+        if totals is not None and totals.numel() < inc.numel():  # a checkpoint from before trained/nonfinite totals
+            totals = torch.cat([totals.to(inc.device), inc.new_zeros(inc.numel() - totals.numel())])
         self.hvp_totals = inc if totals is None else totals.to(inc.device) + inc
         self.last_selection = {"table": table.detach(), "choice": choice.detach()}
+
+
+# Layout of ``HardViewMixin.hvp_totals`` (sums over all HVP steps, all micro-batches).
+TOTALS = ("selection_selected_loss_sum", "selection_candidate_loss_sum", "selection_samples", "trained_loss_sum",
+          "trained_samples", "nonfinite_candidates")
+
+
+def summarise_totals(totals: torch.Tensor | None) -> dict[str, float | int | None]:
+    """``summary.json``'s HVP statistics from the run totals (already summed over ranks):
+    the selection pass's means (chosen and all candidates), the trained loss's mean over the
+    HVP steps, the samples behind them and how many non-finite candidate entries were masked."""
+    t = dict(zip(TOTALS, totals.double().tolist())) if totals is not None else {}
+    sel_n, trained_n = t.get("selection_samples", 0.0), t.get("trained_samples", 0.0)
+    return {
+        "selection_selected_loss_mean": t["selection_selected_loss_sum"] / sel_n if sel_n else None,
+        "selection_candidate_loss_mean": t["selection_candidate_loss_sum"] / sel_n if sel_n else None,
+        "trained_loss_mean": t["trained_loss_sum"] / trained_n if trained_n else None,
+        "selected_samples": int(sel_n),
+        "nonfinite_candidates": int(t.get("nonfinite_candidates", 0)),
+    }
 
 
 def _gather_params(params: dict[str, torch.Tensor], pairs: torch.Tensor, choice: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -19,6 +19,7 @@ from .config import ConfigError, validate
 from .data.datamodule import SSLDataModule
 from .distributed import sync_batchnorm_plugins
 from .methods import METHODS, SSLMethod
+from .selection import summarise_totals
 from .warning_filters import silence_known_warnings
 from .wandb_logging import WandbCharts, current_sweep_dir, run_names
 
@@ -143,12 +144,8 @@ def _summary(cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Pat
     if model.hvp.enabled:
         if totals is not None:
             totals = trainer.strategy.reduce(totals.to(model.device).clone(), reduce_op="sum")
-        n = float(totals[2]) if totals is not None else 0.0
         out["hvp"] = {
             "num_views": model.hvp.num_views, "mode": model.hvp.mode, "every_n_steps": model.hvp.every_n_steps,
-            "selection_precision": model.hvp.selection_precision,
-            "selected_loss_mean": float(totals[0]) / n if n else None,
-            "candidate_loss_mean": float(totals[1]) / n if n else None,
-            "selected_samples": int(n),
+            "selection_precision": model.hvp.selection_precision, **summarise_totals(totals),
         }
     return out

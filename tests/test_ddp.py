@@ -279,7 +279,7 @@ def _check_world_size_two(method: str, summary: dict[str, Any], stdout: str) -> 
     assert summary["steps"] == 64 // (16 * WORLD) == 2
     assert summary["images_seen"] == 64 == WORLD * 2 * 16  # 2 x the per-rank images
     assert summary["hvp"]["selected_samples"] == 64
-    assert summary["hvp"]["selected_loss_mean"] >= summary["hvp"]["candidate_loss_mean"]
+    assert summary["hvp"]["selection_selected_loss_mean"] >= summary["hvp"]["selection_candidate_loss_mean"]
     assert summary["knn_queries"] == 33 and 0 <= summary["knn_top1"] <= 1
     assert math.isclose(summary["knn_top1"] * 33, round(summary["knn_top1"] * 33), abs_tol=1e-6)
     assert summary["train_loss"] is not None and math.isfinite(summary["train_loss"])

@@ -71,7 +71,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     for key in ("epochs", "steps", "images_seen", "knn_top1", "knn_top5"):
         assert resumed[key] == straight[key], key
     assert resumed["hvp"]["selected_samples"] == straight["hvp"]["selected_samples"] == 3 * 6 * 16
-    assert resumed["hvp"]["selected_loss_mean"] == pytest.approx(straight["hvp"]["selected_loss_mean"], rel=1e-5)
+    assert resumed["hvp"]["selection_selected_loss_mean"] == pytest.approx(straight["hvp"]["selection_selected_loss_mean"], rel=1e-5)
     # The CSV log continues: one file, every epoch's k-NN row.
     rows = (resumed_dir / "csv" / "metrics.csv").read_text().splitlines()
     header = rows[0].split(",")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -31,8 +32,16 @@ def test_tiny_train_run(cfg_factory, tmp_path, hvp):
     if hvp:
         h = summary["hvp"]
         assert h["selected_samples"] == 2 * 4 * 16
-        assert h["selected_loss_mean"] >= h["candidate_loss_mean"]  # hard = per-sample max over pairs
-        assert {"hvp/selected_loss_step", "hvp/candidate_loss_step"} <= set(metrics)
+        assert h["selection_selected_loss_mean"] >= h["selection_candidate_loss_mean"]  # hard = per-sample max over pairs
+        assert {"hvp/selection_selected_loss_step", "hvp/selection_candidate_loss_step"} <= set(metrics)
+        assert h["nonfinite_candidates"] == 0
+        # Every step selects here, so the trained loss is the steps' own train/loss, epoch by epoch
+        # (equal batches), and its run mean is the mean of those epoch means.
+        rows = list(csv.DictReader((tmp_path / "csv" / "metrics.csv").open()))
+        epochs = [(float(r["train/loss_epoch"]), float(r["hvp/trained_loss_epoch"])) for r in rows
+                  if r.get("train/loss_epoch")]
+        assert len(epochs) == 2 and all(t == pytest.approx(tr, rel=1e-5) for t, tr in epochs)
+        assert h["trained_loss_mean"] == pytest.approx(sum(t for t, _ in epochs) / 2, rel=1e-5)
     else:
         assert "hvp" not in summary
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
@@ -40,7 +49,7 @@ def test_tiny_train_run(cfg_factory, tmp_path, hvp):
 
 def test_easy_mode_selects_below_the_candidate_mean(cfg_factory, tmp_path):
     summary = run(cfg_factory("+hvp=on", "hvp.mode=easy", "eval.every_n_epochs=1"), tmp_path)
-    assert summary["hvp"]["selected_loss_mean"] <= summary["hvp"]["candidate_loss_mean"]
+    assert summary["hvp"]["selection_selected_loss_mean"] <= summary["hvp"]["selection_candidate_loss_mean"]
 
 
 @pytest.mark.parametrize(
@@ -50,6 +59,7 @@ def test_easy_mode_selects_below_the_candidate_mean(cfg_factory, tmp_path):
         ("+hvp=on hvp.mode=hardest", "hvp.mode='hardest'"),
         ("+hvp=on hvp.every_n_steps=0", "hvp.every_n_steps=0"),
         ("+hvp=on hvp.selection_precision=int8", "hvp.selection_precision='int8'"),
+        ("method=dino_cifar +hvp=on hvp.global_pairs=same", "hvp.global_pairs='same'"),
         ("method.name=byol", "method.name='byol'"),
         ("backbone.name=resnet7", "backbone.name='resnet7'"),
         ("data.name=mnist", "data.name='mnist'"),
@@ -73,6 +83,19 @@ def test_config_errors_name_key_value_and_allowed(cfg_factory, override, key):
     with pytest.raises(ConfigError) as err:
         validate(cfg_factory(*override.split()))
     assert str(err.value).startswith(key) and "allowed" in str(err.value)
+
+
+@pytest.mark.parametrize("method", ["simsiam", "simclr", "dino", "ibot"])
+def test_declared_hvp_defaults_are_accepted_by_every_method(cfg_factory, method):
+    """conf/hvp/on.yaml declares every HVP key (no ``+`` needed); its defaults, including the
+    multi-crop-only ones, must not stop any method from starting."""
+    from hvp_lightning.methods import METHODS
+
+    backbone = ["backbone=vit_tiny", "backbone.patch_size=8", "+backbone.depth=1"] if method == "ibot" else []
+    cfg = cfg_factory(f"method={method}_cifar", *backbone, "+hvp=on", "data.crop_size=16")
+    assert {"global_pairs", "num_global_candidates", "num_local_candidates", "max_combinations"} <= cfg.hvp.keys()
+    validate(cfg)
+    assert METHODS[method](cfg).hvp.global_pairs == "cross"
 
 
 def test_empty_imagefolder_root_is_rejected(cfg_factory, tmp_path):
@@ -138,6 +161,6 @@ def test_wandb_offline_run_logs_metrics_and_summary(cfg_factory, tmp_path, monke
     # Offline runs keep history and summary in the run's protobuf log; keys are plain strings there.
     wandb_records(tmp_path)  # waits until the W&B service has written the run's exit record
     record = next(runs[0].glob("run-*.wandb")).read_bytes()
-    for key in ("knn/top1", "hvp/selected_loss_step", "train/loss_step", "summary/knn_top1",
-                "summary/hvp_selected_loss_mean"):
+    for key in ("knn/top1", "hvp/selection_selected_loss_step", "train/loss_step", "summary/knn_top1",
+                "summary/hvp_selection_selected_loss_mean"):
         assert key.encode() in record, key

@@ -126,7 +126,7 @@ def summary_stats(steps: dict[str, np.ndarray], prefix: str = "") -> dict[str, A
              "lowest_iou_chance": "lowest_iou_chance", "lowest_iou_chance_ties": "lowest_iou_chance_ties",
              "rel_dist_selected": "selected_rel_dist_mean", "rel_dist_candidates": "candidate_rel_dist_mean",
              "color_dist_selected": "selected_color_dist_mean", "color_dist_candidates": "candidate_color_dist_mean",
-             "loss_selected": "selected_loss_mean", "loss_candidates": "candidate_loss_mean"}
+             "loss_selected": "selection_selected_loss_mean", "loss_candidates": "selection_candidate_loss_mean"}
     for k, name in names.items():
         out[prefix + name] = _wmean(steps[k][sel], w)
     half = np.zeros_like(sel)

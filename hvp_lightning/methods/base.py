@@ -25,7 +25,8 @@ def hvp_config(cfg: DictConfig) -> HVPConfig:
     if node is None or not node.get("enabled", False):
         return HVPConfig(enabled=False)
     return HVPConfig(enabled=True, num_views=node.num_views, mode=node.mode, every_n_steps=node.every_n_steps,
-                     selection_precision=node.selection_precision, max_combinations=node.get("max_combinations"))
+                     selection_precision=node.selection_precision, max_combinations=node.get("max_combinations"),
+                     global_pairs=node.get("global_pairs", "cross"))
 
 
 def warmup_cosine(step: int, total: int, warmup: int, final_ratio: float = 0.0) -> float:

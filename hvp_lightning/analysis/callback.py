@@ -65,7 +65,7 @@ def step_statistics(params: Mapping[str, torch.Tensor], table: torch.Tensor | No
     tie-aware chance of a uniform choice (mean share of pairs that attain the minimum).
     """
     n = params["crop_x"].shape[1]
-    pairs = pair_index(n)
+    pairs = pair_index(n, device=params["crop_x"].device)
     m = pair_metrics(params, pairs)
     if choice is None:
         return {f"{k}_selected": v[:, 0].mean() for k, v in m.items()}

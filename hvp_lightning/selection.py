@@ -224,11 +224,20 @@ class HardViewMixin:
         precision: the step's autocast (``auto``), its own, or none at all for fp32 (even
         inside the training step's ``bf16-mixed``/``16-mixed`` autocast)."""
         device = batch["views"][0].device
+        self.hvp_step_dtype = ambient_autocast_dtype(device.type)
         dtype = self._selection_dtype(device.type)
         amp = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
         with frozen_state(self, device), amp:  # type: ignore[arg-type]
             table = self.candidate_scores(batch)
         return table.float()
+
+    def selection_outputs_reusable(self) -> bool:
+        """May outputs of the current selection pass stand in for the training step's own (DINO
+        and iBOT reuse the BatchNorm-free teacher's)? Yes if the selection runs in fp32 or at
+        the step's own precision (``auto``), not if it runs lower than the step. Valid inside
+        ``candidate_scores``."""
+        dtype = self._selection_dtype(self.device.type)  # type: ignore[attr-defined]
+        return dtype is None or dtype == getattr(self, "hvp_step_dtype", None)
 
     # --- helpers ---------------------------------------------------------------------------
     def _first_combination(self, batch: dict[str, Any]) -> torch.Tensor:

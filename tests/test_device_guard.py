@@ -40,7 +40,10 @@ VIT = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=16", "+b
 METHOD_OVERRIDES = {"simsiam": ["method=simsiam_cifar", "backbone.width=4"],
                     "simclr": ["method=simclr_cifar", "backbone.width=4"],
                     "dino": ["method=dino_cifar", *VIT], "ibot": ["method=ibot_cifar", *VIT]}
-HVP = {"off": [], "hard": ["+hvp=on", "hvp.num_views=3"], "random": ["+hvp=on", "hvp.num_views=3", "hvp.mode=random"]}
+HVP = {"off": [], "hard": ["+hvp=on", "hvp.num_views=3"], "random": ["+hvp=on", "hvp.num_views=3", "hvp.mode=random"],
+       "off_step": ["+hvp=on", "hvp.num_views=3", "hvp.every_n_steps=2"]}  # a plain step between HVP steps
+CASES = [(m, h) for m in METHOD_OVERRIDES for h in HVP] + [("dino", "sampled")]  # DINO's max_combinations
+HVP["sampled"] = ["+hvp=on", "hvp.num_views=3", "+hvp.max_combinations=2"]
 
 
 class DeviceMixGuard(TorchDispatchMode):
@@ -102,15 +105,18 @@ def one_batch(cfg) -> dict[str, Any]:
     return next(iter(dm.train_dataloader()))
 
 
-@pytest.mark.parametrize("hvp", list(HVP))
-@pytest.mark.parametrize("method", list(METHOD_OVERRIDES))
-def test_training_step_keeps_tensors_on_the_data_device(method: str, hvp: str, fake_gpu: DeviceMixGuard) -> None:
+@pytest.mark.parametrize(("method", "hvp"), CASES)
+def test_training_step_keeps_tensors_on_the_data_device(method: str, hvp: str, fake_gpu: DeviceMixGuard,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """One training step (selection, gather, loss, backward) and the analysis statistics of
-    each method, HVP off / hard / random, with model and batch on the stand-in device."""
+    each method, HVP off / hard / random / an off-step of ``every_n_steps``, with model and
+    batch on the stand-in device."""
     cfg = make_cfg(*METHOD_OVERRIDES[method], *HVP[hvp], "method.batch_size=4", "data.train_size=8",
                    "data.crop_size=16")
     model = METHODS[method](cfg).to(FAKE).train()
     batch = move_data_to_device(one_batch(cfg), FAKE)
+    if hvp == "off_step":  # global_step is 0 without a Trainer: force the step between HVP steps
+        monkeypatch.setattr(model, "hvp_active", lambda: False)
     model.last_selection = None
     with fake_gpu:
         loss = model.training_step(batch, 0)
@@ -119,7 +125,7 @@ def test_training_step_keeps_tensors_on_the_data_device(method: str, hvp: str, f
         sel = model.last_selection or {}
         stats = step_statistics(head_views(batch["params"], n), sel.get("table"), sel.get("choice"))
     assert loss.device == FAKE and all(v.device == FAKE for v in stats.values())
-    assert (sel != {}) == (hvp != "off")
+    assert (sel != {}) == (hvp not in ("off", "off_step"))
     assert all(p.grad is None or p.grad.device == FAKE for p in model.parameters())
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from omegaconf import OmegaConf
 
 from hvp_lightning import export
 from hvp_lightning.checkpoint import resume_config
@@ -33,7 +34,7 @@ from hvp_lightning.methods import METHODS
 from hvp_lightning.selection import step_autocast_dtype
 from hvp_lightning.train import run
 
-from .conftest import REPO, eval_cfg, make_cfg
+from .conftest import REPO, TINY, eval_cfg, make_cfg
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -42,10 +43,6 @@ VIT = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=16", "+b
        "method.local_crop_size=8", "method.out_dim=64", "method.head_hidden_dim=32", "method.bottleneck_dim=16"]
 METHOD = {"simsiam": ["method=simsiam_cifar"], "simclr": ["method=simclr_cifar"],
           "dino": ["method=dino_cifar", *VIT], "ibot": ["method=ibot_cifar", *VIT]}
-# The same tiny run as command-line overrides (conftest's TINY, minus keys a ViT lacks).
-CLI = ["logger=csv", "data.train_size=64", "data.test_size=32", "data.crop_size=16", "data.num_workers=0",
-       "method.batch_size=16", "trainer.max_epochs=1", "eval.at_start=false", "+trainer.enable_progress_bar=false"]
-RESNET_CLI = ["backbone.width=8"]
 STEPS = 64 // 16  # data.train_size / method.batch_size: steps per epoch
 # (hvp, selection_precision): HVP off, and HVP at both selection precisions
 HVP = [(False, None), (True, "auto"), (True, "fp32")]
@@ -149,7 +146,11 @@ def test_teacher_reuse_at_the_step_precision(method: str, precision: str) -> Non
 
 
 def cli_overrides(method: str) -> list[str]:
-    return [*METHOD[method], *(RESNET_CLI if method in ("simsiam", "simclr") else []), *CLI]
+    """The tiny run of :func:`make_cfg` as ``train.py`` arguments: the method's overrides and
+    conftest's TINY entries whose keys its config has."""
+    cfg = make_cfg(*METHOD[method], tiny=False)
+    tiny = [o for o in TINY if o.startswith("+") or OmegaConf.select(cfg, o.split("=", 1)[0]) is not None]
+    return [*METHOD[method], "logger=csv", *tiny]
 
 
 def run_script(args: list[str], run_dir: Path, timeout: int = 600) -> dict:

@@ -93,7 +93,8 @@ class Classifier(L.LightningModule):
         nn.init.zeros_(self.head.bias)
         if features is not None:
             features.requires_grad_(finetune)  # the teacher copy comes frozen
-        self.test_counts = torch.zeros(3, dtype=torch.long)  # top-1 hits, top-5 hits, samples
+        # top-1 hits, top-5 hits, samples: a buffer, so it sits on the device of the batches it counts
+        self.register_buffer("test_counts", torch.zeros(3, dtype=torch.long), persistent=False)
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -130,7 +131,7 @@ class Classifier(L.LightningModule):
         x, y = self._xy(batch)
         top = self(x).topk(min(5, self.num_classes), dim=1).indices
         hit = top == y[:, None]
-        self.test_counts += torch.stack([hit[:, 0].sum(), hit.any(1).sum(), y.new_tensor(y.shape[0])]).cpu()
+        self.test_counts += torch.stack([hit[:, 0].sum(), hit.any(1).sum(), y.new_tensor(y.shape[0])])
 
     def on_validation_epoch_end(self) -> None:
         n = max(1, int(self.test_counts[2]))

@@ -18,9 +18,16 @@ or all train on plain ones -- the accumulated step is the same kind of step as o
 Random draws (``random`` mode, DINO's sampled locals, iBOT's masks) are seeded by
 (seed, global_step, micro-batch index, rank), so the micro-batches of one step draw differently.
 
-Precision: the selection forward runs at ``hvp.selection_precision`` whatever
-``trainer.precision`` is (``fp32`` switches Lightning's autocast off for it); the methods
-compute the candidate tables in fp32, so the argmax ranks the loss the method computes.
+Precision: the selection forward runs at ``hvp.selection_precision``. ``auto`` (the default)
+is the precision of the training step itself -- the autocast Lightning runs the step under
+(bf16 for ``bf16-mixed``, fp16 for ``16-mixed``, none for ``32-true``) -- except on CPU,
+where it is fp32; ``fp32`` switches Lightning's autocast off for the selection, ``bf16`` /
+``fp16`` force one. The methods compute the candidate tables in fp32 either way, so the
+argmax ranks the loss the method computes.
+
+Devices: every index this module builds takes the device of the tensors it indexes
+(``pair_index(n, device=...)``), so the gather never sends a CPU index into a GPU batch or a
+GPU index into a CPU table (tests/test_device_guard.py checks each method's step for that).
 """
 
 from __future__ import annotations
@@ -36,10 +43,14 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 MODES = ("hard", "easy", "random")
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # Multi-crop methods: which pairs of global candidates are scored. ``cross`` pairs a crop of
 # DINO's global pipeline 1 with one of pipeline 2 (the official HVP code); ``all`` = C(G,2).
 GLOBAL_PAIRS = ("cross", "all")
+# Autocast dtype Lightning runs a training step under, per trainer.precision (the ones
+# config.py allows); None = no autocast.
+STEP_DTYPES: dict[str, torch.dtype | None] = {"32-true": None, "bf16-mixed": torch.bfloat16,
+                                              "16-mixed": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -50,7 +61,7 @@ class HVPConfig:
     num_views: int = 4
     mode: str = "hard"
     every_n_steps: int = 1
-    selection_precision: str = "fp32"
+    selection_precision: str = "auto"
     # Multi-crop methods only: score K random combinations instead of the exact maximum
     # (the paper's fidelity setting); None = exact.
     max_combinations: int | None = None
@@ -67,7 +78,8 @@ def pair_index(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """All unordered pairs ``(k, l)``, ``k < l``, of ``n`` views: LongTensor ``[n(n-1)/2, 2]``.
 
     The order is row-major (``(0,1), (0,2), ..., (n-2,n-1)``), so with ``n == 2`` the only
-    pair is ``(0, 1)`` -- the baseline's pair.
+    pair is ``(0, 1)`` -- the baseline's pair. Inside a step pass ``device``: that of the
+    choice or table it meets (a CPU pair table indexed by a GPU choice fails on GPU).
     """
     return torch.triu_indices(n, n, offset=1, device=device).T.contiguous()
 
@@ -120,15 +132,33 @@ def choose(table: torch.Tensor, mode: str, generator: torch.Generator | None = N
     return keys.masked_fill(~finite, -1.0).argmax(dim=1)
 
 
-def resolve_selection_dtype(precision: str, device_type: str) -> torch.dtype | None:
+def step_autocast_dtype(trainer_precision: str) -> torch.dtype | None:
+    """The autocast dtype of a training step under ``trainer.precision`` (None: fp32)."""
+    if trainer_precision not in STEP_DTYPES:
+        raise ValueError(f"trainer.precision={trainer_precision!r}; allowed: {', '.join(STEP_DTYPES)}")
+    return STEP_DTYPES[trainer_precision]
+
+
+def ambient_autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The autocast dtype in force for ``device_type`` here (None: no autocast): inside a
+    Lightning training step, the step's own precision."""
+    if not torch.amp.is_autocast_available(device_type) or not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+def resolve_selection_dtype(precision: str, device_type: str,
+                            step_dtype: torch.dtype | None = None) -> torch.dtype | None:
     """Autocast dtype for the selection forward, or None for full fp32.
 
-    On CPU, bf16/fp16 autocast was measured 30-37x *slower* than fp32 for ResNet convs
-    (DESIGN.md), so it falls back to fp32 there -- loudly, never silently.
+    ``auto`` follows the training step (``step_dtype``, see :func:`step_autocast_dtype`) so
+    that the selection costs what a forward of the step costs. On CPU it is always fp32:
+    bf16/fp16 autocast convolutions were measured 30-37x *slower* than fp32 there (DESIGN.md);
+    an explicit ``bf16``/``fp16`` falls back loudly, never silently.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"hvp.selection_precision={precision!r}; allowed: {', '.join(PRECISIONS)}")
-    if precision == "fp32":
+    if precision == "fp32" or device_type == "cpu" and precision == "auto":
         return None
     if device_type == "cpu":
         warnings.warn(
@@ -137,6 +167,8 @@ def resolve_selection_dtype(precision: str, device_type: str) -> torch.dtype | N
             stacklevel=2,
         )
         return None
+    if precision == "auto":
+        return step_dtype
     return torch.bfloat16 if precision == "bf16" else torch.float16
 
 
@@ -199,7 +231,7 @@ class HardViewMixin:
     def select_views(self, batch: dict[str, Any], choice: torch.Tensor) -> dict[str, Any]:
         """Default for pair methods: ``batch['views']`` is a list of N candidate batches."""
         stacked = torch.stack(batch["views"])
-        pairs = pair_index(stacked.shape[0])
+        pairs = pair_index(stacked.shape[0], device=choice.device)
         v1, v2 = gather_pairs(stacked, pairs, choice)
         out = dict(batch, views=[v1, v2])
         if "params" in batch:  # augmentation parameters travel with their views
@@ -226,25 +258,37 @@ class HardViewMixin:
 
     def score_candidates(self, batch: dict[str, Any]) -> torch.Tensor:
         """The selection pass: ``candidate_scores`` under :func:`frozen_state`, at the selection
-        precision: its own autocast, or none at all for fp32 (even inside the training step's
-        ``bf16-mixed``/``16-mixed`` autocast)."""
-        device: torch.device = self.device  # type: ignore[attr-defined]
+        precision: the step's autocast (``auto``), its own, or none at all for fp32 (even
+        inside the training step's ``bf16-mixed``/``16-mixed`` autocast)."""
+        device = batch["views"][0].device
+        self.hvp_step_dtype = ambient_autocast_dtype(device.type)
         dtype = self._selection_dtype(device.type)
         amp = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
         with frozen_state(self, device), amp:  # type: ignore[arg-type]
             table = self.candidate_scores(batch)
         return table.float()
 
+    def selection_outputs_reusable(self) -> bool:
+        """May outputs of the current selection pass stand in for the training step's own (DINO
+        and iBOT reuse the BatchNorm-free teacher's)? Yes if the selection runs in fp32 or at
+        the step's own precision (``auto``), not if it runs lower than the step. Valid inside
+        ``candidate_scores``."""
+        dtype = self._selection_dtype(self.device.type)  # type: ignore[attr-defined]
+        return dtype is None or dtype == getattr(self, "hvp_step_dtype", None)
+
     # --- helpers ---------------------------------------------------------------------------
     def _first_combination(self, batch: dict[str, Any]) -> torch.Tensor:
-        return torch.zeros(batch["label"].shape[0], dtype=torch.long, device=self.device)  # type: ignore[attr-defined]
+        label = batch["label"]
+        return torch.zeros(label.shape[0], dtype=torch.long, device=label.device)
 
     def _selection_dtype(self, device_type: str) -> torch.dtype | None:
-        key = (self.hvp.selection_precision, device_type)
-        if getattr(self, "_hvp_dtype_key", None) != key:  # resolve (and warn) once per device
-            self._hvp_dtype = resolve_selection_dtype(*key)
-            self._hvp_dtype_key = key
-        return self._hvp_dtype
+        """The selection's autocast dtype here; the same answer inside the selection pass
+        (whose autocast is then the ambient one), so methods may ask it there too."""
+        key = (self.hvp.selection_precision, device_type, ambient_autocast_dtype(device_type))
+        resolved = self.__dict__.setdefault("_hvp_dtypes", {})
+        if key not in resolved:  # resolve (and warn) once per setting
+            resolved[key] = resolve_selection_dtype(*key)
+        return resolved[key]
 
     def _choice_generator(self, batch_idx: int) -> torch.Generator | None:
         """Private generator for ``random`` mode: reproducible, distinct per micro-batch under
@@ -310,7 +354,7 @@ def summarise_totals(totals: torch.Tensor | None) -> dict[str, float | int | Non
 def _gather_params(params: dict[str, torch.Tensor], pairs: torch.Tensor, choice: torch.Tensor) -> dict[str, torch.Tensor]:
     """Keep the augmentation parameters of the chosen views: ``[B, N, ...]`` -> ``[B, 2, ...]``."""
     k, l = pairs[choice].unbind(1)
-    b = torch.arange(choice.shape[0])
+    b = torch.arange(choice.shape[0], device=choice.device)
     out = {}
     for name, p in params.items():
         kk, ll, bb = k.to(p.device), l.to(p.device), b.to(p.device)

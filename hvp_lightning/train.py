@@ -83,8 +83,11 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         model.knn_init = model.knn_result.get("top1")
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
     train_loss = trainer.callback_metrics.get("train/loss_epoch")  # validate() below clears it
+    # Collectives take tensors on the strategy's device (the rank's GPU under NCCL), never
+    # model.device: Lightning moves the module back to the CPU when fit and validate end.
+    comm = trainer.strategy.root_device
     if train_loss is not None:  # each rank's own epoch mean: the summary reports all ranks'
-        train_loss = trainer.strategy.reduce(torch.tensor(float(train_loss), device=model.device), reduce_op="mean")
+        train_loss = trainer.strategy.reduce(torch.tensor(float(train_loss), device=comm), reduce_op="mean")
     if model.knn_result.get("step") != trainer.global_step:  # k-NN always runs on the final weights
         trainer.validate(model, datamodule=dm, verbose=False)
     if train_loss is None:  # nothing trained this session (a finished run resumed): the last epoch's
@@ -143,7 +146,7 @@ def _summary(cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Pat
     totals = getattr(model, "hvp_totals", None)
     if model.hvp.enabled:
         if totals is not None:
-            totals = trainer.strategy.reduce(totals.to(model.device).clone(), reduce_op="sum")
+            totals = trainer.strategy.reduce(totals.to(trainer.strategy.root_device).clone(), reduce_op="sum")
         out["hvp"] = {
             "num_views": model.hvp.num_views, "mode": model.hvp.mode, "every_n_steps": model.hvp.every_n_steps,
             "selection_precision": model.hvp.selection_precision, **summarise_totals(totals),

@@ -148,6 +148,12 @@ def _read_wandb_log(data: bytes) -> list:
     return records
 
 
+def eval_cfg(*overrides: str) -> DictConfig:
+    """conf/eval.yaml composed with ``overrides`` (no progress bar)."""
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose("eval", overrides=["progress_bar=false", *overrides])
+
+
 def compose_with_hydra(*overrides: str) -> DictConfig:
     """The composed config with its hydra node (launcher, callbacks, sweep dirs, mode)."""
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -22,16 +21,11 @@ from hvp_lightning.evaluate import Classifier, FeatureNet, evaluate, fit_classif
 from hvp_lightning.knn import knn_accuracies, knn_accuracy
 from hvp_lightning.train import run
 
-from .conftest import REPO, make_cfg
+from .conftest import REPO, eval_cfg, make_cfg
 
 DINO = ["method=dino_cifar", "backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32", "+backbone.depth=2",
         "data.crop_size=32", "data.train_size=32", "method.local_crop_size=16", "method.out_dim=256",
         "method.head_hidden_dim=64", "method.bottleneck_dim=32"]
-
-
-def eval_cfg(*overrides: str) -> DictConfig:
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("eval", overrides=["progress_bar=false", *overrides])
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hvp_lightning.methods.simsiam import SimSiam, simsiam_loss, simsiam_pair_table
-from hvp_lightning.selection import (choose, frozen_state, gather_pairs, global_pair_index, pair_index,
-                                     resolve_selection_dtype, summarise_totals)
+from hvp_lightning.selection import (ambient_autocast_dtype, choose, frozen_state, gather_pairs, global_pair_index,
+                                     pair_index, resolve_selection_dtype, step_autocast_dtype, summarise_totals)
 
 from .conftest import official_pairs
 
@@ -146,6 +146,29 @@ def test_cpu_low_precision_selection_falls_back_loudly():
     assert resolve_selection_dtype("fp16", "cuda") is torch.float16
     with pytest.raises(ValueError, match="allowed"):
         resolve_selection_dtype("int8", "cuda")
+
+
+@pytest.mark.parametrize(("trainer_precision", "device", "expected"), [
+    ("32-true", "cuda", None), ("bf16-mixed", "cuda", torch.bfloat16), ("16-mixed", "cuda", torch.float16),
+    ("32-true", "cpu", None), ("bf16-mixed", "cpu", None)])
+def test_auto_selection_precision_follows_the_training_step(trainer_precision, device, expected, recwarn):
+    """``auto``: the step's autocast dtype on GPU, fp32 on CPU (slow low-precision convs there),
+    silently -- it is the default, not a request; ``fp32`` stays fp32 under any step."""
+    step = step_autocast_dtype(trainer_precision)
+    assert resolve_selection_dtype("auto", device, step) is expected
+    assert resolve_selection_dtype("fp32", device, step) is None
+    assert not [w for w in recwarn if "selection_precision" in str(w.message)]
+    with pytest.raises(ValueError, match="trainer.precision='bf16-true'"):
+        step_autocast_dtype("bf16-true")
+
+
+def test_ambient_autocast_dtype_is_the_step_precision():
+    assert ambient_autocast_dtype("cpu") is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert ambient_autocast_dtype("cpu") is torch.bfloat16
+        with torch.autocast("cpu", enabled=False):
+            assert ambient_autocast_dtype("cpu") is None
+    assert ambient_autocast_dtype("meta") is None  # no autocast there at all
 
 
 def _snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -69,7 +69,8 @@ def step_statistics(params: Mapping[str, torch.Tensor], table: torch.Tensor | No
     tie-aware chance of a uniform choice (mean share of pairs that attain the minimum).
     """
     n = params["crop_x"].shape[1]
-    pairs = pair_index(n) if pairs is None else pairs.cpu()
+    device = params["crop_x"].device
+    pairs = pair_index(n, device=device) if pairs is None else pairs.to(device)
     m = pair_metrics(params, pairs)
     if choice is None:
         return {f"{k}_selected": v[:, 0].mean() for k, v in m.items()}

@@ -246,10 +246,10 @@ class DINO(HardViewMixin, SSLMethod):
     Teacher reuse: the teacher is gradient-free and unchanged between the selection pass
     and the training step, so the selection's teacher outputs of the two chosen globals are
     passed to :meth:`ssl_step` via ``batch["teacher_out"]``. That is exact when the teacher
-    has no BatchNorm (ViTs; drop-path is off in the teacher) and the selection runs in fp32;
-    with a BatchNorm teacher (ResNet) the output depends on the batch it was normalised
-    with, so the training step runs its own teacher forward. ``method.teacher_reuse=false``
-    always forwards again.
+    has no BatchNorm (ViTs; drop-path is off in the teacher) and the selection runs in fp32
+    or at the step's own precision (``auto``); with a BatchNorm teacher (ResNet) the output
+    depends on the batch it was normalised with, so the training step runs its own teacher
+    forward. ``method.teacher_reuse=false`` always forwards again.
 
     The selection pass changes no state: no centre update (only :meth:`ssl_step` feeds it,
     after its loss), no EMA, BatchNorm buffers and RNG frozen by the mixin's ``frozen_state``.
@@ -357,7 +357,7 @@ class DINO(HardViewMixin, SSLMethod):
                            self.cfg.method.student_temp)
         table = dino_combination_table(ce, g, self.num_local, self.hvp.mode, self.hvp.max_combinations,
                                        self._locals_generator(), self.hvp.global_pairs)
-        reuse = self.teacher_reuse and self._selection_dtype(self.device.type) is None
+        reuse = self.teacher_reuse and self.selection_outputs_reusable()
         self._selection = {"key": views[0], "pairs": table.pairs, "locals": table.locals,
                            "teacher": teacher if reuse else None}
         return table.loss

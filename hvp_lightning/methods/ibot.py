@@ -342,7 +342,7 @@ class IBOT(DINO):
         globals_, locals_ = list(views[:g]), list(views[g:])
         masks = self._masks(batch)
         tau_t, tau_t2, tau_s = self.teacher_temp(), self.teacher_patch_temp(), m.student_temp
-        reuse = self.teacher_reuse and self._selection_dtype(self.device.type) is None
+        reuse = self.teacher_reuse and self.selection_outputs_reusable()
         t_cls, t_patch, s_cls, patch_terms = [], [], [], []
         for i in range(0, g, 2):  # globals two at a time, as the training step forwards them
             crops, crop_masks = globals_[i:i + 2], masks[i:i + 2]

@@ -121,20 +121,25 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = Fa
 def load_failure(err: BaseException) -> str:
     """Why ``torch.load(weights_only=True)`` failed, in one line. A refusal to unpickle keeps
     torch's reason and its warning: the workaround it offers (``weights_only=False``) can run
-    arbitrary code. torch words the refusal "Weights only load failed ... Unsupported global"
-    (an object not on the allowlist) or "... unsupported GLOBAL ... is blocked" (a module such
-    as ``os``), so both are matched without regard to case."""
+    arbitrary code. torch words the refusal "Unsupported global: GLOBAL ..." (an object not on
+    the allowlist) or "... unsupported GLOBAL ... is blocked" (a module such as ``os``), so it
+    is matched without regard to case; its other "Weights only load failed" errors (pickle
+    garbage) mean the file is not a checkpoint."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))  # torch bolds part of its message
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if "weights only load failed" in text.lower() or "unsupported global" in text.lower():
-        reason = next((line for line in lines if "unsupported global" in line.lower()), lines[0] if lines else "")
+    reason = next((line for line in lines if "unsupported global" in line.lower()), None)
+    if reason is not None:
         reason = reason.removeprefix("WeightsUnpickler error:").strip().split(". ")[0].rstrip(".")
         return (f"it holds Python objects that torch.load(weights_only=True) refuses to unpickle ({reason[:200]}); "
                 "hvp-lightning checkpoints never need them. Loading it with weights_only=False can result in "
                 "arbitrary code execution: do that only if you got the file from a trusted source")
-    # EOFError, zip reader errors, OSError(EINVAL) on a cut-off archive, pickle garbage
-    first = lines[0] if lines else type(err).__name__
-    return f"the file is truncated or not a PyTorch checkpoint ({type(err).__name__}: {first[:200]})"
+    # EOFError, zip reader errors, OSError(EINVAL) on a cut-off archive, pickle garbage (for
+    # which torch's own reason follows "WeightsUnpickler error:", after its boilerplate)
+    at = next((i for i, line in enumerate(lines) if "WeightsUnpickler error:" in line), None)
+    detail = lines[0] if lines else type(err).__name__
+    if at is not None:
+        detail = lines[at].split("WeightsUnpickler error:", 1)[1].strip() or " ".join(lines[at + 1:at + 2])
+    return f"the file is truncated or not a PyTorch checkpoint ({type(err).__name__}: {detail[:200]})"
 
 
 def checkpoint_config(ckpt: dict[str, Any]) -> DictConfig:

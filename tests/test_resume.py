@@ -164,6 +164,13 @@ def test_missing_truncated_and_foreign_checkpoints(tiny_ckpt, tmp_path):
     truncated.write_bytes(tiny_ckpt.read_bytes()[:5000])
     with pytest.raises(CheckpointError, match=r"is not allowed: the file is truncated or not a PyTorch checkpoint"):
         load_checkpoint(truncated)
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(garbage)
+    # torch's own reason, not its advice half-quoted ("Re-running torch.load with weights_only set to False")
+    assert "truncated or not a PyTorch checkpoint (UnpicklingError: Unsupported operand" in str(err.value)
+    assert "weights_only" not in str(err.value)
     foreign = tmp_path / "foreign.pth"
     torch.save({"conv1.weight": torch.zeros(1)}, foreign)
     with pytest.raises(CheckpointError, match=r"not an hvp-lightning training checkpoint"):

@@ -95,7 +95,7 @@ def generate_shapes(num_images: int, image_size: int = 32, seed: int = 0) -> tup
     colour = hsv_to_rgb(torch.stack([uniform(0, 1), uniform(0.3, 1), uniform(0.2, 1)], -1))
     copies = torch.randint(4, 9, (n,), generator=g)
     for c in range(8):
-        radius = uniform(0.16, 0.3)  # half-width, in units of half the image side
+        radius = uniform(0.16, 0.3)  # half-width in units of half the side: 16-30 % of the side across
         centre = uniform(-1, 1, 2) * (1 - radius[:, None])
         rot = uniform(-0.25, 0.25)
         cos, sin = rot.cos() / radius, rot.sin() / radius
@@ -126,7 +126,7 @@ class SyntheticShapes(Dataset):
         return self.images[i], int(self.labels[i])
 
 
-def save_grid(path: str, per_class: int = 10, image_size: int = 32, seed: int = 0, zoom: int = 3) -> None:
+def save_grid(path: str, per_class: int = 10, image_size: int = 32, seed: int = 0, zoom: int = 2) -> None:
     """A PNG with one row per class (in ``SHAPES`` order) of ``per_class`` generated images."""
     from torchvision.utils import save_image
 

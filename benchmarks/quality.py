@@ -1,6 +1,6 @@
 """Does HVP help here? Baseline vs HVP arms x seeds, pretrained with identical settings.
 
-    uv run python benchmarks/quality.py --scale cpu                 # 15 runs, SimCLR only: about half the 108 min of the 30-run version (RESULTS.md)
+    uv run python benchmarks/quality.py --scale cpu                 # 15 SimCLR runs (30 with SimSiam: 108 min)
     uv run python benchmarks/quality.py --scale gpu --jobs 1        # full CIFAR-10, 100 epochs
     uv run python benchmarks/quality.py --scale cpu --report-only --results benchmarks/RESULTS.md
 
@@ -70,8 +70,8 @@ class Scale:
 
 
 SCALES: dict[str, Scale] = {
-    # 15 runs on 2 cores (the 30-run version with SimSiam took 108 min): fixed 5k-image subset, ResNet-18 (CIFAR stem) at width 8,
-    # batch 256, 12 epochs (228 optimiser steps, 58k images seen per run), k-NN every epoch on a
+    # 15 runs on 2 cores (the 30-run version with SimSiam took 108 min): fixed 5k-image subset,
+    # ResNet-18 (CIFAR stem) at width 8, batch 256, 12 epochs (228 optimiser steps, 58k images seen per run), k-NN every epoch on a
     # fixed 2k-image test subset with the 5k training images as bank. Two 1-thread jobs at a time
     # (measured faster than one 2-thread job for this small net).
     "cpu": Scale(

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hvp_lightning.checkpoint import resume_config
 from hvp_lightning.config import ConfigError
-from hvp_lightning.train import run
+from hvp_lightning.train import final_line, run
 import hvp_lightning.sweep  # noqa: F401  registers ${hvp_dirname:...} (hydra.sweep.subdir)
 
 # hydra.run.dir: the run dir being resumed, else a new timestamped one (conf/config.yaml).
@@ -66,11 +66,9 @@ def main(cfg: DictConfig) -> float | None:
         if fresh:  # a rejected command leaves nothing behind
             _remove_run_dir(run_dir)
         sys.exit(2)
-    top1, init = summary["knn_top1"], summary.get("knn_top1_init")
-    ref = f"at init {100 * init:.2f}%, " if init is not None else ""
     if rank_zero_only.rank == 0:  # DDP: one final line per run, not one per process
-        print(f"k-NN top-1: {100 * top1:.2f}% ({ref}chance {100 * summary['knn_chance']:.1f}%) | run dir: {run_dir}")
-    return top1  # lets Hydra sweepers optimise it
+        print(final_line(summary))
+    return summary["knn_top1"]  # lets Hydra sweepers optimise it
 
 
 if __name__ == "__main__":

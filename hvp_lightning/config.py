@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from .backbones import BACKBONES
 from .data.datamodule import DATASETS, resolve_auto_crop, split_dir, typical_image_side
 from .data.datasets import IMAGE_EXTENSIONS, is_image_file
+from .device import auto_precision, runs_on_cpu
 from .selection import GLOBAL_PAIRS, MODES, PRECISIONS
 
 log = logging.getLogger(__name__)
@@ -229,17 +230,12 @@ def _validate_trainer(cfg: DictConfig) -> None:
 
 
 def _validate_precision(cfg: DictConfig) -> None:
-    """Lightning has no fp16 AMP on CPU: it would silently train in bf16-mixed instead."""
+    """Lightning has no fp16 AMP on CPU: it would silently train in bf16-mixed instead.
+    Resolves ``auto`` (bf16-mixed on a bf16-capable GPU, else 32-true: hvp_lightning/device.py)."""
     precision = cfg.trainer.get("precision", "32-true")
+    if precision == "auto":
+        precision = cfg.trainer.precision = auto_precision(str(cfg.trainer.get("accelerator", "auto")))
     if precision not in TRAINER_PRECISIONS:
-        _fail("trainer.precision", precision, f"one of {', '.join(TRAINER_PRECISIONS)}")
-    if precision == "16-mixed" and _runs_on_cpu(str(cfg.trainer.get("accelerator", "auto"))):
+        _fail("trainer.precision", precision, f"auto or one of {', '.join(TRAINER_PRECISIONS)}")
+    if precision == "16-mixed" and runs_on_cpu(str(cfg.trainer.get("accelerator", "auto"))):
         _fail("trainer.precision", precision, "on CPU one of 32-true, bf16-mixed (no fp16 mixed precision on CPU)")
-
-
-def _runs_on_cpu(accelerator: str) -> bool:
-    if accelerator != "auto":
-        return accelerator == "cpu"
-    import torch
-
-    return not (torch.cuda.is_available() or torch.backends.mps.is_available())

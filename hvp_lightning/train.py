@@ -17,6 +17,7 @@ from .checkpoint import (AtomicCheckpointIO, RunCheckpoint, checkpoint_step, con
                          wandb_run_id)
 from .config import ConfigError, validate
 from .data.datamodule import SSLDataModule
+from .device import device_line
 from .distributed import sync_batchnorm_plugins
 from .methods import METHODS, SSLMethod
 from .selection import summarise_totals
@@ -78,6 +79,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         check_val_every_n_epoch=cfg.eval.every_n_epochs,
         num_sanity_val_steps=0,
     )
+    if trainer.is_global_zero:
+        print(device_line(trainer.strategy.root_device, str(trainer.precision), trainer.world_size), flush=True)
     if cfg.eval.at_start and ckpt_path is None:  # the random-init reference: how far did pretraining move the features?
         trainer.validate(model, datamodule=dm, verbose=False)
         model.knn_init = model.knn_result.get("top1")
@@ -100,6 +103,19 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         OmegaConf.save(cfg, run_dir / "config.yaml")
     _close_logger(trainer, summary)
     return summary
+
+
+def final_line(summary: dict[str, Any]) -> str:
+    """The run's last line: k-NN top-1 against its random-init value and chance, the run dir
+    and, with HVP, how much harder the selected views were than the candidates' average."""
+    init = summary.get("knn_top1_init")
+    ref = f"at init {100 * init:.2f}%, " if init is not None else ""
+    line = f"k-NN top-1: {100 * summary['knn_top1']:.2f}% ({ref}chance {100 * summary['knn_chance']:.1f}%)"
+    hvp = summary.get("hvp") or {}
+    if hvp.get("selected_loss_mean") is not None:
+        gap = hvp["selected_loss_mean"] - hvp["candidate_loss_mean"]
+        line += f" | HVP selected - candidate loss: {gap:+.4f}"
+    return f"{line} | run dir: {summary['run_dir']}"
 
 
 def _close_logger(trainer: L.Trainer, summary: dict[str, Any]) -> None:

@@ -18,9 +18,11 @@ SUMMARY_KEYS = {"method", "hvp_enabled", "num_classes", "knn_top1", "train_loss"
 
 
 @pytest.mark.parametrize("hvp", [False, True])
-def test_tiny_train_run(cfg_factory, tmp_path, hvp):
+def test_tiny_train_run(cfg_factory, tmp_path, hvp, capsys):
     overrides = ["+hvp=on", "hvp.num_views=3"] if hvp else ["eval.at_start=true"]
     summary = run(cfg_factory(*overrides, "trainer.max_epochs=2", "eval.every_n_epochs=1"), tmp_path)
+    out = capsys.readouterr().out
+    assert out.count("device: cpu (") == 1 and "| precision: 32-true" in out  # the start-up line
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert SUMMARY_KEYS <= on_disk.keys() and on_disk["hvp_enabled"] is hvp
     assert summary["epochs"] == 2 and summary["images_seen"] == 2 * 4 * 16  # 64 images / batch 16, drop_last

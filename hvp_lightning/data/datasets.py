@@ -1,8 +1,7 @@
 """Raw image datasets: ``ds[i] -> (image, label)`` with image a PIL image or uint8 tensor.
 
-* :class:`SyntheticShapes` -- the built-in offline default: 10 classes of procedurally
-  drawn shapes on noisy backgrounds. Class identity is geometric, so it survives colour
-  jitter and grayscale (what SSL augmentations leave invariant), and needs no files.
+* :class:`SyntheticShapes` -- the built-in offline default, generated in memory
+  (hvp_lightning/data/shapes.py: the class is a shape; colour, position, size and clutter vary).
 * :class:`SafeImageFolder` -- ImageNet-layout folders that skip unreadable files with a
   warning instead of killing a multi-day run.
 * torchvision CIFAR-10/100 and STL-10 (downloaded only when asked to).
@@ -10,90 +9,21 @@
 
 from __future__ import annotations
 
-import colorsys
 import logging
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
-import torch
 from lightning.pytorch.utilities import rank_zero_only
 from PIL import Image, ImageOps
-from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from .shapes import SyntheticShapes  # noqa: F401  the built-in default (datamodule.py builds it from here)
 
 log = logging.getLogger(__name__)
 
 ORIENTATION = 0x0112  # the EXIF tag
-SHAPES = ("disc", "ring", "square", "diamond", "plus", "cross", "triangle", "hbars", "vbars", "checker")
-
-
-def _shape_mask(kind: int, dx: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    """Mask of a unit shape in normalised coordinates (|dx|, |dy| <= 1 is the bounding box)."""
-    ax, ay = np.abs(dx), np.abs(dy)
-    rho = np.sqrt(dx**2 + dy**2)
-    box = (ax < 1) & (ay < 1)
-    name = SHAPES[kind]
-    if name == "disc":
-        return rho < 1
-    if name == "ring":
-        return (rho < 1) & (rho > 0.55)
-    if name == "square":
-        return (ax < 0.8) & (ay < 0.8)
-    if name == "diamond":
-        return ax + ay < 1
-    if name == "plus":
-        return ((ax < 0.3) & (ay < 1)) | ((ay < 0.3) & (ax < 1))
-    if name == "cross":
-        return ((np.abs(dx - dy) < 0.4) | (np.abs(dx + dy) < 0.4)) & (rho < 1)
-    if name == "triangle":
-        return (dy > -0.8) & (dy < 0.8) & (ax < (dy + 0.8) * 0.6)
-    if name == "hbars":
-        return box & (np.floor((dy + 1) * 2.5) % 2 == 0)
-    if name == "vbars":
-        return box & (np.floor((dx + 1) * 2.5) % 2 == 0)
-    return box & ((np.floor((dx + 1) * 2) + np.floor((dy + 1) * 2)) % 2 == 0)  # checker
-
-
-class SyntheticShapes(Dataset):
-    """Deterministic, learnable, offline image classification data (generated in memory).
-
-    Each image holds 2-4 copies of its class's shape at random positions and sizes, coloured
-    around its class's hue, over a noisy gray gradient, so random crops still see the class.
-    """
-
-    num_classes = len(SHAPES)
-
-    def __init__(self, num_images: int, image_size: int = 32, seed: int = 0) -> None:
-        rng = np.random.default_rng(seed)
-        s = image_size
-        yy, xx = np.mgrid[0:s, 0:s].astype(np.float32)
-        self.labels = torch.from_numpy(rng.integers(0, self.num_classes, num_images))
-        images = np.empty((num_images, s, s, 3), dtype=np.float32)
-        for i, label in enumerate(self.labels.tolist()):
-            # Gray gradient background; the shapes' hue is drawn around a class hue, so that, as
-            # in natural classes, colour statistics and shape both carry the class.
-            g0, g1 = rng.uniform(0.1, 0.9, 2)
-            angle = rng.uniform(0, 2 * np.pi)
-            t = ((xx * np.cos(angle) + yy * np.sin(angle)) / s + 1) / 2
-            img = np.repeat((g0 + (g1 - g0) * t)[..., None], 3, axis=2)
-            img += rng.normal(0, 0.05, (s, s, 1))
-            for _ in range(rng.integers(2, 5)):
-                cx, cy = rng.uniform(0.15, 0.85, 2) * s
-                r = rng.uniform(0.16, 0.3) * s
-                mask = _shape_mask(label, (xx - cx) / r, (yy - cy) / r)
-                hue = (label / self.num_classes + rng.uniform(-0.04, 0.04)) % 1.0
-                img[mask] = colorsys.hsv_to_rgb(hue, rng.uniform(0.5, 1.0), rng.uniform(0.55, 1.0))
-            images[i] = img
-        self.images = torch.from_numpy((np.clip(images, 0, 1) * 255).astype(np.uint8)).permute(0, 3, 1, 2).contiguous()
-        self.classes = list(SHAPES)
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        return self.images[i], int(self.labels[i])
 
 
 # torchvision's ImageFolder extensions plus GIF (its first frame is the image).

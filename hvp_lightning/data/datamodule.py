@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from .augment import EvalTransform, MultiViewTransform, ViewAug
+from .batched import finish_views
 from .datasets import SafeImageFolder, SyntheticShapes
 
 DATASETS = ("synthetic", "imagefolder", "cifar10", "cifar100", "stl10")
@@ -43,6 +44,14 @@ class EvalDataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         img, label, bad = _unpack(self.raw[i])
         return {"image": self.transform(img), "label": label, "index": i, "bad_file": bad}
+
+
+def finish_batch(batch: Any, augs: tuple[ViewAug, ...]) -> Any:
+    """A training batch with its uint8 views coloured and normalised where they lie; any
+    other batch unchanged."""
+    if isinstance(batch, dict) and "views" in batch and batch["views"][0].dtype == torch.uint8:
+        return dict(batch, views=finish_views(batch["views"], batch["params"], augs))
+    return batch
 
 
 def _subset(ds: Dataset, n: int | None, seed: int) -> Dataset:
@@ -129,7 +138,10 @@ def view_aug(cfg) -> ViewAug:
 
 class SSLDataModule(L.LightningDataModule):
     """Training loader yields ``{"views": [N x [B,3,H,W]], "params": {name: [B,N,...]}, ...}``;
-    the two validation loaders (k-NN bank, test queries) yield ``{"image", "label", "index"}``."""
+    the two validation loaders (k-NN bank, test queries) yield ``{"image", "label", "index"}``.
+
+    Loader workers only crop and flip (uint8 views); the colour ops and normalisation run
+    batched on the device the batch was moved to (:meth:`on_after_batch_transfer`)."""
 
     def __init__(self, cfg, views: tuple[ViewAug, ...], batch_size: int, num_workers: int, seed: int = 0) -> None:
         super().__init__()
@@ -157,6 +169,10 @@ class SSLDataModule(L.LightningDataModule):
             ds, batch_size=self.batch_size, shuffle=train, drop_last=train, num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available(),
         )
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Finish the uint8 training views on their device (evaluation batches pass through)."""
+        return finish_batch(batch, self.views)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, train=True)

@@ -4,9 +4,11 @@ Builds the training views of a method preset exactly as ``train.py`` does (Hydra
 ``method_cls.view_augs``, :class:`SSLDataModule`) over an ImageNet-layout JPEG folder and
 times, in interleaved rounds so that machine noise hits all alike:
 
-* ``pipeline``: loader workers (decode, crop, flip: uint8) + the batched colour/normalise
-  part on ``--device`` (the data module's ``on_after_batch_transfer``), end to end;
-* ``workers``: the loader alone (what stays on the CPU when the batched part runs on a GPU);
+* ``pipeline``: the views as training gets them, end to end: loader workers (decode, crop,
+  flip: uint8) + the batched colour/normalise part on ``--device`` after the transfer, or for
+  ``--device cpu`` in the workers' collate (where ``train.py`` puts it on CPU);
+* ``workers``: uint8 crops alone (what stays on the CPU when the batched part runs on a GPU);
+* ``colour_in_main`` (CPU only): the batched part in the main process after the transfer;
 * ``reference`` (``--reference``): every view finished per image in the workers with
   torchvision's kernels (``augment``: the pipeline before the batched part existed).
 
@@ -156,14 +158,22 @@ def _sync(device: torch.device) -> None:
 
 
 def loader_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.device) -> dict[str, list[float]]:
-    dm = SSLDataModule(cfg.data, METHODS[cfg.method.name].view_augs(cfg), args.batch_size, args.workers, cfg.seed)
-    dm.setup("fit")
+    def module(colour_in_workers: bool) -> SSLDataModule:
+        dm = SSLDataModule(cfg.data, METHODS[cfg.method.name].view_augs(cfg), args.batch_size, args.workers,
+                           cfg.seed, colour_in_workers=colour_in_workers)
+        dm.setup("fit")
+        return dm
+
+    on_cpu = device.type == "cpu"
+    dm, uint8 = module(on_cpu), module(False)  # as train.py places the colour part; crops only
     arms: dict[str, tuple[DataLoader, Callable[[Any], Any]]] = {
         "pipeline": (dm.train_dataloader(), lambda b: dm.on_after_batch_transfer(b, 0)),
-        "workers": (dm.train_dataloader(), lambda b: b),
+        "workers": (uint8.train_dataloader(), lambda b: b),
     }
+    if on_cpu:  # the alternative on CPU: colour in the training process after the transfer
+        arms["colour_in_main"] = (uint8.train_dataloader(), lambda b: uint8.on_after_batch_transfer(b, 0))
     if args.reference:
-        ref = MultiViewDataset(dm.train_set.raw, ReferenceViews(dm.views))  # type: ignore[arg-type]
+        ref = MultiViewDataset(uint8.train_set.raw, ReferenceViews(uint8.views))  # type: ignore[arg-type]
         arms["reference"] = (DataLoader(ref, batch_size=args.batch_size, shuffle=True, drop_last=True,
                                         num_workers=args.workers, persistent_workers=args.workers > 0,
                                         pin_memory=device.type == "cuda"), lambda b: b)
@@ -199,7 +209,7 @@ def step_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.device)
     for r in range(args.rounds):
         L.seed_everything(cfg.seed + r, workers=True, verbose=False)
         dm = SSLDataModule(cfg.data, METHODS[cfg.method.name].view_augs(cfg), args.batch_size, args.workers, cfg.seed)
-        dm.setup("fit")
+        dm.setup("fit")  # colour placement is decided from the trainer's device when fit builds the loader
         with open_dict(cfg):
             cfg.data.num_classes = dm.num_classes
         model = METHODS[cfg.method.name](cfg)

@@ -110,13 +110,15 @@ def test_parameter_distributions_match_torchvision_samplers() -> None:
     assert len(counts) == 24 and stats.chisquare(counts.numpy()).pvalue > 1e-3
 
 
-def test_datamodule_colours_training_batches_after_transfer(cfg_factory) -> None:
-    """The loader yields uint8 crops; the data module's transfer hook turns them into the
-    normalised views the methods train on; evaluation batches pass through untouched."""
+def test_datamodule_colours_views_after_transfer_or_in_the_workers(cfg_factory) -> None:
+    """For an accelerator the loader yields uint8 crops and the transfer hook turns them into
+    the normalised views the methods train on; for CPU training the workers' collate does the
+    same batched step (same views for the same RNG stream). Evaluation batches pass through."""
     cfg = cfg_factory("+hvp=on", "hvp.num_views=3")
     augs = (ViewAug(size=16, blur_p=0.5),) * 3
-    dm = SSLDataModule(cfg.data, augs, batch_size=8, num_workers=0)
+    dm = SSLDataModule(cfg.data, augs, batch_size=8, num_workers=0, colour_in_workers=False)
     dm.setup("fit")
+    torch.manual_seed(3)
     batch = next(iter(dm.train_dataloader()))
     assert len(batch["views"]) == 3 and batch["views"][0].dtype == torch.uint8
     assert batch["params"]["crop_x"].shape == (8, 3)
@@ -127,6 +129,13 @@ def test_datamodule_colours_training_batches_after_transfer(cfg_factory) -> None
     assert all(torch.equal(a, b) for a, b in zip(done["views"], want))
     evaluation = next(iter(dm.val_dataloader()[0]))
     assert finish_batch(evaluation, augs) is evaluation
+
+    cpu = SSLDataModule(cfg.data, augs, batch_size=8, num_workers=0)  # no trainer: CPU
+    cpu.setup("fit")
+    torch.manual_seed(3)
+    in_workers = next(iter(cpu.train_dataloader()))
+    assert all(torch.equal(a, b) for a, b in zip(in_workers["views"], want))
+    assert cpu.on_after_batch_transfer(in_workers, 0)["views"] is in_workers["views"]
 
 
 @pytest.mark.gpu

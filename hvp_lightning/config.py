@@ -70,6 +70,8 @@ def validate(cfg: DictConfig) -> None:
         _fail("method.name", cfg.method.name, f"one of {', '.join(METHODS)}")
     _int_in(cfg, "seed", 0, 2**32 - 1)  # what NumPy's and Lightning's seeding accept
     _int_at_least(cfg, "method.batch_size", 2)  # BatchNorm heads need >= 2 samples
+    if not isinstance(cfg.method.get("compile", False), bool):
+        _fail("method.compile", cfg.method.compile, "true or false")
     if cfg.method.optimizer.base_lr <= 0:
         _fail("method.optimizer.base_lr", cfg.method.optimizer.base_lr, "expected > 0")
     _validate_lr_end(cfg)

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple, Sequence
 
 import yaml
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -170,7 +171,8 @@ class SweepSummary(Callback):
             return
         if job_return.status == JobStatus.FAILED:
             err = job_return._return_value  # .return_value would re-raise it
-            err = err.__cause__ or err  # train.py hands Hydra a config error wrapped for one-line printing
+            if isinstance(err, CompactHydraException) and err.__cause__ is not None:
+                err = err.__cause__  # train.py wraps a config error so that Hydra prints it in one line
             message = " ".join(f"{type(err).__name__}: {err}".split())
             (Path(config.hydra.runtime.output_dir) / ERROR_FILE).write_text(message + "\n")
         log.info("sweep summary so far: %s", write_sweep_summary(config.hydra.sweep.dir))

@@ -15,10 +15,18 @@ no-grad forwards that make up the selection pass, from which the compute bound f
   training step skips its own teacher forward of the 2 chosen globals. iBOT: the same with
   token forwards (masked student globals) and its L ordinary locals (Lc = L).
 
+``--precision`` imitates ``trainer.precision``: the forward (``training_step``, selection
+included) under the autocast Lightning uses, backward outside it, and for ``16-mixed`` a
+GradScaler (scaled backward, ``unscale_`` before DINO's clipping, ``scaler.step``/``update``),
+as Lightning's MixedPrecision plugin does. On CUDA each variant's peak memory is reported
+(``torch.cuda.max_memory_allocated``, reset before each of its steps).
+
 Run from the repository root, e.g.::
 
     uv run python benchmarks/overhead.py --method simsiam --backbone resnet18_cifar \
         --width 64 --batch-size 256 --num-views 4 --iters 10 --warmup 2 --threads 2
+    python benchmarks/overhead.py --method simsiam --preset simsiam --backbone resnet50 --crop 224 \
+        --batch-size 64 --device cuda --precision bf16-mixed
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import shlex
 import statistics
 import sys
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -46,7 +55,7 @@ sys.path.insert(0, str(REPO))
 from hvp_lightning.data.augment import PARAM_NAMES  # noqa: E402
 from hvp_lightning.methods import METHODS, SSLMethod  # noqa: E402
 from hvp_lightning.methods.dino import DINO  # noqa: E402
-from hvp_lightning.selection import frozen_state  # noqa: E402
+from hvp_lightning.selection import PRECISIONS, STEP_DTYPES, frozen_state, step_autocast_dtype  # noqa: E402
 from hvp_lightning.teacher import ema_update  # noqa: E402
 
 Batch = dict[str, Any]
@@ -70,7 +79,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--max-combinations", type=int, default=None, help="DINO: +hvp.max_combinations=K (iBOT rejects it)")
+    p.add_argument("--precision", choices=list(STEP_DTYPES), default="32-true",
+                   help="trainer.precision to imitate: autocast around the forward (16-mixed: + GradScaler)")
+    p.add_argument("--selection-precision", choices=PRECISIONS, default="auto", help="hvp.selection_precision")
+    p.add_argument("--max-combinations", type=int, default=None, help="DINO: hvp.max_combinations=K (iBOT rejects it)")
     p.add_argument("--no-teacher-reuse", action="store_true",
                    help="DINO/iBOT: method.teacher_reuse=false for the HVP model")
     p.add_argument("--compare-reuse", action="store_true",
@@ -86,6 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-combinations / --no-teacher-reuse / --compare-reuse are DINO/iBOT options")
     if args.iters < 1 or args.warmup < 0 or args.num_views < 2:
         p.error("need --iters >= 1, --warmup >= 0, --num-views >= 2")
+    if args.precision == "16-mixed" and torch.device(args.device).type == "cpu":
+        p.error("--precision 16-mixed needs a GPU (--device cuda): train.py refuses it on CPU too")
     return args
 
 
@@ -109,9 +123,9 @@ def compose_cfg(args: argparse.Namespace, hvp: bool, teacher_reuse: bool = True)
     if issubclass(METHODS[args.method], DINO) and not teacher_reuse:
         ov.append("method.teacher_reuse=false")
     if hvp:
-        ov += ["+hvp=on", f"hvp.num_views={args.num_views}"]
+        ov += ["+hvp=on", f"hvp.num_views={args.num_views}", f"hvp.selection_precision={args.selection_precision}"]
         if args.max_combinations is not None:
-            ov.append(f"+hvp.max_combinations={args.max_combinations}")
+            ov.append(f"hvp.max_combinations={args.max_combinations}")
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return compose("config", overrides=ov)
 
@@ -124,11 +138,16 @@ class Runner:
     model: SSLMethod
     cfg: DictConfig
     device: torch.device
+    precision: str = "32-true"
     opt: torch.optim.Optimizer = field(init=False)
     times: dict[str, list[float]] = field(default_factory=dict)
+    peak_mem: list[tuple[int, int]] = field(default_factory=list)  # (peak, resident at start) per step, bytes
 
     def __post_init__(self) -> None:
         self.model.to(self.device).train()
+        self.amp_dtype = step_autocast_dtype(self.precision)
+        # 16-mixed: loss scaling, as Lightning's MixedPrecision plugin (bf16 needs none)
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "16-mixed" else None
         self.model.log = lambda *a, **k: None  # type: ignore[method-assign]  # no Trainer attached
         # Plain SGD for every method: the optimiser costs the same with and without HVP.
         self.opt = torch.optim.SGD(self.model.param_groups(), lr=1e-3, momentum=0.9, weight_decay=1e-4)
@@ -145,6 +164,10 @@ class Runner:
 
             self.model.score_candidates = timed_scores  # type: ignore[method-assign]
 
+    def autocast(self) -> AbstractContextManager:
+        """The forward's autocast under ``--precision`` (as Lightning wraps ``training_step``)."""
+        return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
+
     def batch(self, gen: torch.Generator) -> Batch:
         """Random batch in the loader's format: ``views`` (one ``[B,3,S,S]`` per view),
         ``params`` (``[B, V]`` per scalar, ``[B, V, 4]`` jitter order), ``label``, ``index``."""
@@ -159,21 +182,36 @@ class Runner:
     def step(self, batch: Batch) -> None:
         """One full training step, timed by phase: ``training_step`` (HVP: selection pass
         split out), backward, optimiser (DINO: + per-parameter clipping and EMA teacher)."""
-        m, dev = self.model, self.device
+        m, dev, scaler = self.model, self.device, self.scaler
         self._phase.clear()
-        self.opt.zero_grad(set_to_none=True)
+        cuda = dev.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(dev)
+            resident = torch.cuda.memory_allocated(dev)
         t0 = now(dev)
-        loss = m.training_step(batch, 0)
+        with self.autocast():
+            loss = m.training_step(batch, 0)
         t1 = now(dev)
-        loss.backward()
+        (scaler.scale(loss) if scaler else loss).backward()
         t2 = now(dev)
+        if scaler:
+            scaler.unscale_(self.opt)  # clipping sees true gradients, as under Lightning
         if hasattr(m, "clip_and_freeze_gradients"):
             m.clip_and_freeze_gradients()  # type: ignore[operator]
-        self.opt.step()
+        if scaler:
+            scaler.step(self.opt)
+            scaler.update()
+        else:
+            self.opt.step()
         if hasattr(m, "teacher"):
             ema_update(m.teacher.backbone, m.backbone, 0.996)  # type: ignore[union-attr,arg-type]
             ema_update(m.teacher.head, m.head, 0.996)  # type: ignore[union-attr,arg-type]
         t3 = now(dev)
+        # Gradients freed here, not at the next step: the other variants' steps then see
+        # only this model's weights and optimiser state resident.
+        self.opt.zero_grad(set_to_none=True)
+        if cuda:
+            self.peak_mem.append((torch.cuda.max_memory_allocated(dev), resident))
         sel = self._phase.get("select", 0.0)
         rec = {"step": t3 - t0, "train_fwd": t1 - t0 - sel, "backward": t2 - t1, "optimizer": t3 - t2}
         if m.hvp.enabled:
@@ -203,7 +241,7 @@ def pair_extras(r: Runner, hvp_batch: Batch, n: int) -> dict[str, float]:
     """SimSiam/SimCLR: F (one view batch of B), N per-view forwards, one stacked N*B forward."""
     m, dev, views = r.model, r.device, hvp_batch["views"]
     fwd = m.forward_view  # type: ignore[attr-defined]
-    with frozen_state(m, dev):
+    with frozen_state(m, dev), r.autocast():
         f = timed(dev, lambda: fwd(views[0]))
         per_view = timed(dev, lambda: [fwd(v) for v in views])
         stacked = timed(dev, lambda: fwd(torch.cat(views)))
@@ -227,7 +265,7 @@ def multicrop_extras(r: Runner, hvp_batch: Batch, g: int) -> dict[str, float]:
         teacher_fwd = lambda: m._forward(*t_mod, glob, 2)  # type: ignore[operator]  # noqa: E731
         student_fwd = lambda: m._forward(*s_mod, glob, 2)  # type: ignore[operator]  # noqa: E731
     out: dict[str, float] = {}
-    with frozen_state(m, dev):
+    with frozen_state(m, dev), r.autocast():
         out["T2g: teacher fwd, 2 globals"] = timed(dev, teacher_fwd)
         out["S2g: student fwd, 2 globals"] = timed(dev, student_fwd)
         if n_loc:
@@ -304,17 +342,19 @@ def main(argv: list[str] | None = None) -> None:
         model = cls(cfg)
         if runners:  # same initial weights for every variant
             model.load_state_dict(runners[0].model.state_dict())
-        runners.append(Runner(name, model, cfg, device))
+        runners.append(Runner(name, model, cfg, device, args.precision))
     base, hvps = runners[0], runners[1:]
     is_dino = isinstance(base.model, DINO)  # DINO or iBOT (multi-crop, EMA teacher)
 
     notes = [f"method={args.method} preset={method_preset(args)} backbone={args.backbone} "
-             f"B={b} crop={args.crop} N={n} device={device}"]
+             f"B={b} crop={args.crop} N={n} device={device} precision={args.precision} "
+             f"selection_precision={args.selection_precision}"]
     if is_dino:
         g, lc = hvps[0].model.num_globals, hvps[0].model.num_locals_cand  # type: ignore[attr-defined]
         n_loc = base.model.num_local  # type: ignore[attr-defined]
         notes.append(f"{args.method} views: baseline 2 globals + {n_loc} locals ({base.view_sizes}); HVP {g} globals + "
-                     f"{lc} locals ({hvps[0].view_sizes}); max_combinations={args.max_combinations}")
+                     f"{lc} locals ({hvps[0].view_sizes}); max_combinations={args.max_combinations} "
+                     f"global_pairs={hvps[0].model.hvp.global_pairs}")
         for r in hvps:
             notes.append(f"{r.name}: teacher_reuse={r.model.teacher_reuse}")  # type: ignore[attr-defined]
     print("\n".join(notes), flush=True)
@@ -350,6 +390,14 @@ def main(argv: list[str] | None = None) -> None:
         ratios = [h / a for h, a in zip(r.times["step"], a_step)]
         add(f"{r.name}/baseline step (paired)", ratios, "median of per-round ratios", "{:.3f}x")
         rows.append((f"{r.name}/baseline (ratio of medians)", f"{med(r.times['step']) / med(a_step):.3f}x", "", ""))
+    for r in runners:
+        if r.peak_mem:
+            peak, resident = max(r.peak_mem)
+            rows.append((f"{r.name}: peak GPU memory", f"{peak / 2**20:.0f} MiB", "",
+                         f"max over steps; {resident / 2**20:.0f} MiB resident at step start (all variants' "
+                         f"weights and optimiser states)"))
+        else:
+            rows.append((f"{r.name}: peak GPU memory", "n/a", "", f"device={device}"))
     fb = [f + bw for f, bw in zip(base.times["train_fwd"], base.times["backward"])]
     add("baseline fwd+bwd (2 views / crops)", fb, "step without optimiser")
     explain: list[str] = []

@@ -22,8 +22,9 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import shutil
-import zipfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .config import ConfigError
 
@@ -39,9 +40,6 @@ log = logging.getLogger(__name__)
 
 LAST = "last.ckpt"
 WANDB_ID_FILE = "wandb_run_id"
-# Config parts that define the model and its training data: a run dir whose last.ckpt
-# disagrees on these holds a different run, which is never continued silently.
-RUN_IDENTITY = ("method", "backbone", "hvp", "data.name")
 
 
 class CheckpointError(ConfigError):
@@ -111,19 +109,37 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = Fa
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as err:  # noqa: BLE001 -- every failure mode gets the same one-line answer
-        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        if zipfile.is_zipfile(path) and "Unsupported global" in str(err):
-            why = ("it holds Python objects that torch.load(weights_only=True) refuses to unpickle "
-                   "(not written by hvp-lightning, or written by an unsafe tool)")
-        else:  # EOFError, zip reader errors, OSError(EINVAL) on a cut-off archive, pickle garbage
-            why = "the file is truncated or not a PyTorch checkpoint"
-        raise CheckpointError(f"{key}={str(path)!r} is not allowed: {why} ({type(err).__name__}: {msg[:200]})") from None
+        raise CheckpointError(f"{key}={str(path)!r} is not allowed: {load_failure(err)}") from None
     cfg = ckpt.get("hyper_parameters", {}).get("cfg") if isinstance(ckpt, dict) else None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or not isinstance(cfg, dict) or "method" not in cfg:
         found = sorted(ckpt)[:8] if isinstance(ckpt, dict) else type(ckpt).__name__
         raise CheckpointError(f"{key}={str(path)!r} is not allowed: not an hvp-lightning training checkpoint "
                               f"(expected 'state_dict' and 'hyper_parameters.cfg'; found {found})")
     return ckpt
+
+
+def load_failure(err: BaseException) -> str:
+    """Why ``torch.load(weights_only=True)`` failed, in one line. A refusal to unpickle keeps
+    torch's reason and its warning: the workaround it offers (``weights_only=False``) can run
+    arbitrary code. torch words the refusal "Unsupported global: GLOBAL ..." (an object not on
+    the allowlist) or "... unsupported GLOBAL ... is blocked" (a module such as ``os``), so it
+    is matched without regard to case; its other "Weights only load failed" errors (pickle
+    garbage) mean the file is not a checkpoint."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))  # torch bolds part of its message
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    reason = next((line for line in lines if "unsupported global" in line.lower()), None)
+    if reason is not None:
+        reason = reason.removeprefix("WeightsUnpickler error:").strip().split(". ")[0].rstrip(".")
+        return (f"it holds Python objects that torch.load(weights_only=True) refuses to unpickle ({reason[:200]}); "
+                "hvp-lightning checkpoints never need them. Loading it with weights_only=False can result in "
+                "arbitrary code execution: do that only if you got the file from a trusted source")
+    # EOFError, zip reader errors, OSError(EINVAL) on a cut-off archive, pickle garbage (for
+    # which torch's own reason follows "WeightsUnpickler error:", after its boilerplate)
+    at = next((i for i, line in enumerate(lines) if "WeightsUnpickler error:" in line), None)
+    detail = lines[0] if lines else type(err).__name__
+    if at is not None:
+        detail = lines[at].split("WeightsUnpickler error:", 1)[1].strip() or " ".join(lines[at + 1:at + 2])
+    return f"the file is truncated or not a PyTorch checkpoint ({type(err).__name__}: {detail[:200]})"
 
 
 def checkpoint_config(ckpt: dict[str, Any]) -> DictConfig:
@@ -198,7 +214,9 @@ class RunCheckpoint(Checkpoint):
     ``epoch=NNN.ckpt`` every ``every_n_epochs`` epochs (0/None: last only). Writes go through
     the trainer, so with :class:`AtomicCheckpointIO` as plugin each file appears atomically.
 
-    Its checkpoint state is the RNG streams of every rank, restored on resume."""
+    Its checkpoint state is the RNG streams of every rank, restored on resume, and what a
+    resumed run's summary reports for the whole run: the wall time of all sessions (each up to
+    its last checkpoint, plus this one from its start) and the last epoch's training loss."""
 
     def __init__(self, dirpath: str | Path, every_n_epochs: int | None = None) -> None:
         super().__init__()
@@ -206,6 +224,13 @@ class RunCheckpoint(Checkpoint):
         self.every_n_epochs = int(every_n_epochs or 0)
         self.last_path = self.dirpath / LAST
         self._trainer = None
+        self.earlier_sessions_s = 0.0
+        self.session_start = time.monotonic()
+        self.train_loss: float | None = None  # mean over ranks of the last epoch's train/loss_epoch
+
+    def wall_time_s(self) -> float:
+        """Seconds this run has taken, over all its sessions."""
+        return self.earlier_sessions_s + time.monotonic() - self.session_start
 
     @property
     def state_key(self) -> str:
@@ -220,6 +245,10 @@ class RunCheckpoint(Checkpoint):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking or trainer.fast_dev_run:
             return
+        loss = trainer.callback_metrics.get("train/loss_epoch")
+        if loss is not None:  # each rank's own epoch mean; every rank takes part in the reduce
+            loss = trainer.strategy.reduce(loss.detach().float().to(pl_module.device), reduce_op="mean")
+            self.train_loss = float(loss)
         for logger in trainer.loggers:  # metrics up to this checkpoint reach the disk with it
             logger.save()
         epoch = trainer.current_epoch + 1
@@ -235,10 +264,13 @@ class RunCheckpoint(Checkpoint):
         if trainer is not None and trainer.world_size > 1 and torch.distributed.is_initialized():
             states: list[Any] = [None] * trainer.world_size
             torch.distributed.all_gather_object(states, own)  # every rank dumps the checkpoint
-            return {"rng": states}
-        return {"rng": [own]}
+        else:
+            states = [own]
+        return {"rng": states, "wall_time_s": self.wall_time_s(), "train_loss": self.train_loss}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.earlier_sessions_s = float(state_dict.get("wall_time_s") or 0.0)
+        self.train_loss = state_dict.get("train_loss")
         states = state_dict.get("rng") or []
         trainer = self._trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
@@ -250,21 +282,72 @@ class RunCheckpoint(Checkpoint):
 
 
 # --- resuming -----------------------------------------------------------------------------------
-def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for k in sorted(set(a) | set(b), key=str):
-            out += _differences(a.get(k), b.get(k), f"{prefix}{k}.")
-        return out
-    return [] if a == b else [f"{prefix.rstrip('.')}: {a!r} there, {b!r} here"]
+# Keys a continued run may change: how long it trains, how often it evaluates, checkpoints and
+# logs, where it logs and reads its data from. Any other difference would make the resumed
+# weights a different run's than the config (and summary.json) says.
+RESUMABLE_KEYS = (
+    "resume", "trainer.max_epochs", "eval.every_n_epochs", "eval.at_start", "checkpoint", "logger", "analysis",
+    "data.num_workers", "data.root", "data.download", "trainer.enable_progress_bar",
+    "trainer.enable_model_summary", "trainer.log_every_n_steps",
+)
+DERIVED_KEYS = ("data.num_classes",)  # set by the run itself (train.run)
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a.b": leaf}`` of a plain container (lists are leaves)."""
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out if out or not prefix else {prefix.rstrip("."): {}}
+    return {prefix.rstrip("."): node}
+
+
+def _plain(cfg: DictConfig) -> dict[str, Any]:
+    out = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(out, dict)
+    if not (out.get("hvp") or {}).get("enabled"):  # absent and disabled are the same run
+        out.pop("hvp", None)
+    return out
+
+
+def config_differences(there: DictConfig, here: DictConfig) -> list[str]:
+    """Dotted keys whose values differ between two training configs, except
+    :data:`RESUMABLE_KEYS` and :data:`DERIVED_KEYS` (sub-keys included)."""
+    a, b = _flat(_plain(there)), _flat(_plain(here))
+    skip = RESUMABLE_KEYS + DERIVED_KEYS
+    keys = [k for k in set(a) | set(b) if not any(k == s or k.startswith(s + ".") for s in skip)]
+    missing = object()
+    return sorted(k for k in keys if a.get(k, missing) != b.get(k, missing))
+
+
+def _describe(key: str, there: DictConfig, here: DictConfig) -> str:
+    def show(cfg: DictConfig) -> str:
+        value = OmegaConf.select(cfg, key, default="<absent>")
+        return repr(OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value)
+
+    return f"{key} ({show(there)} there, {show(here)} here)"
+
+
+def check_same_run(there: DictConfig, here: DictConfig, run_dir: Path) -> None:
+    """Raise :class:`CheckpointError` (one line naming the differing keys) unless ``here``
+    continues the run whose config is ``there``."""
+    diffs = config_differences(there, here)
+    if diffs:
+        shown = "; ".join(_describe(k, there, here) for k in diffs[:4]) + (f"; +{len(diffs) - 4} more" if len(diffs) > 4 else "")
+        raise CheckpointError(
+            f"run dir {str(run_dir)!r} holds {LAST} of a run whose config differs in {', '.join(diffs)}: {shown}. "
+            f"A resumed run may change only {', '.join(k for k in RESUMABLE_KEYS if k != 'resume')}; "
+            f"use a new run dir (hydra.run.dir=...) for another run")
 
 
 def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
     """The checkpoint this run continues from, or None for a fresh run.
 
     ``run_dir/checkpoints/last.ckpt`` is resumed automatically when it exists; ``resume=`` set
-    without one is an error, and so is a last.ckpt of a different run (method, backbone, HVP
-    or dataset differ) -- a new run never overwrites an old one's checkpoints."""
+    without one is an error, and so is a last.ckpt whose config differs from ``cfg`` in more
+    than :data:`RESUMABLE_KEYS` -- a new run never overwrites an old one's checkpoints, and
+    an old run is never continued under another run's config."""
     last = Path(run_dir) / "checkpoints" / LAST
     asked = cfg.get("resume")
     if not last.is_file():
@@ -273,41 +356,32 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
                                   f"(none in {run_dir})")
         return None
     ckpt = load_checkpoint(last, mmap=True, key="resume" if asked else "checkpoint")
-    there = checkpoint_config(ckpt)
-    diffs: list[str] = []
-    for key in RUN_IDENTITY:
-        a, b = OmegaConf.select(there, key), OmegaConf.select(cfg, key)
-        a = OmegaConf.to_container(a, resolve=True) if isinstance(a, DictConfig) else a
-        b = OmegaConf.to_container(b, resolve=True) if isinstance(b, DictConfig) else b
-        if key == "hvp":  # absent and disabled are the same run
-            a = a if a and a.get("enabled") else None
-            b = b if b and b.get("enabled") else None
-        diffs += _differences(a, b, f"{key}.")
-    diffs.sort(key=lambda d: not d.split(":")[0].endswith(".name"))  # the method/backbone name first
-    if diffs:
-        raise CheckpointError(f"run dir {str(run_dir)!r} already holds {last.name} of a different run "
-                              f"({'; '.join(diffs[:3])}): use a new run dir, or resume={run_dir} to continue that run")
+    check_same_run(checkpoint_config(ckpt), cfg, Path(run_dir))
     return last
 
 
-def resume_config(run_dir: str | Path, overrides: list[str] = ()) -> DictConfig:
-    """The config of the run in ``run_dir`` (from its last checkpoint) with command-line
-    ``key=value`` overrides of existing keys applied (e.g. ``trainer.max_epochs=200`` to
-    extend a run). Group overrides (``method=dino``, ``+hvp=on``) would make it another run:
-    they are refused."""
+def resume_config(run_dir: str | Path, requested: DictConfig, overrides: list[str] = ()) -> DictConfig:
+    """The config of the run in ``run_dir`` (from its last checkpoint), with the keys and
+    groups that ``overrides`` (the command line) name taken from ``requested`` (the config
+    that command composes), e.g. ``trainer.max_epochs=200`` to extend a run. Whether the
+    result may continue that run is :func:`check_same_run`'s call (``train.run``): repeating
+    the run's own command with ``resume=`` appended changes nothing and is fine."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     last, run_dir = resolve_checkpoint(run_dir, key="resume")
     cfg = checkpoint_config(load_checkpoint(last, mmap=True, key="resume"))
-    groups = ("method", "backbone", "data", "trainer", "logger", "hvp", "data/aug")
     for ov in OverridesParser.create().parse_overrides(list(overrides)):
-        key = ov.key_or_group
+        key = ov.key_or_group.replace("/", ".")
         if key == "resume" or key.startswith("hydra."):
             continue
-        if ov.is_add() or ov.is_delete() or key in groups or OmegaConf.select(cfg, key, default="<absent>") == "<absent>":
-            raise CheckpointError(f"{ov.input_line} is not allowed with resume: the run continues with its own config; "
-                                  f"only key=value overrides of existing keys (e.g. trainer.max_epochs=...) apply")
-        OmegaConf.update(cfg, key, ov.value(), merge=False)
+        if ov.is_delete():
+            parent, _, leaf = key.rpartition(".")
+            node = OmegaConf.select(cfg, parent) if parent else cfg
+            if isinstance(node, DictConfig) and leaf in node:
+                with open_dict(node):
+                    node.pop(leaf)
+            continue
+        OmegaConf.update(cfg, key, OmegaConf.select(requested, key), merge=False, force_add=True)
     with_resume = OmegaConf.merge(cfg, {"resume": str(run_dir)})
     assert isinstance(with_resume, DictConfig)
     return with_resume
@@ -327,11 +401,18 @@ def wandb_run_id(run_dir: Path) -> str:
     return run_id
 
 
-def continue_csv_log(logger) -> None:
+def checkpoint_step(path: str | Path) -> int:
+    """The optimiser steps a checkpoint has trained (``global_step``)."""
+    return int(load_checkpoint(path, mmap=True).get("global_step", 0))
+
+
+def continue_csv_log(logger, resume_step: int) -> None:
     """Make Lightning's CSV log survive interruptions. Its writer deletes an existing
     metrics.csv when it starts, knows only the columns it has seen itself, and adds a column
     by truncating and rewriting the file (a kill then loses the rows). Put a resumed run's old
-    rows back, seed the writer with their header, and make the rewrite atomic."""
+    rows back -- those of the steps before ``resume_step``, where its checkpoint left off
+    (later ones were logged after the checkpoint and are logged again) -- seed the writer with
+    their header, and make the rewrite atomic."""
     import csv
     import io
     import warnings
@@ -345,10 +426,15 @@ def continue_csv_log(logger) -> None:
     with warnings.catch_warnings():  # "Previous log files ... will be deleted": not any more
         warnings.filterwarnings("ignore", message="Experiment logs directory")
         exp = logger.experiment
-    if old:
-        atomic_write(path, lambda f: f.write(old))
-        with open(path, newline="") as f:
-            header = next(csv.reader(f), [])
+    if old and resume_step > 0:
+        reader = csv.DictReader(io.StringIO(old.decode(), newline=""))
+        header = list(reader.fieldnames or [])
+        rows = [r for r in reader if not r.get("step") or int(float(r["step"])) < resume_step]
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=header)
+        writer.writeheader()
+        writer.writerows(rows)
+        atomic_write(path, lambda f: f.write(text.getvalue().encode()))
         exp.metrics_keys = sorted(set(header) | set(exp.metrics_keys))
 
     def rewrite_with_new_header(fieldnames: list[str]) -> None:

@@ -4,16 +4,25 @@ what is allowed -- before any data is read or a Lightning Trainer exists."""
 from __future__ import annotations
 
 import inspect
+import logging
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from .backbones import BACKBONES
-from .data.datamodule import DATASETS, resolve_auto_crop, split_dir
-from .selection import MODES, PRECISIONS
+from .data.datamodule import DATASETS, resolve_auto_crop, split_dir, typical_image_side
+from .data.datasets import IMAGE_EXTENSIONS, is_image_file
+from .device import auto_precision, runs_on_cpu
+from .selection import GLOBAL_PAIRS, MODES, PRECISIONS
+
+log = logging.getLogger(__name__)
 
 LOGGERS = ("wandb", "csv")
+# Where torchvision keeps each dataset under data.root, and its images' side in pixels.
+TORCHVISION_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "stl10": "stl10_binary"}
+IMAGE_SIDES = {"cifar10": 32, "cifar100": 32, "stl10": 96}
 # Mixed precision keeps fp32 master weights, EMA teacher and centres; "*-true" half
 # precision would run them in half precision too.
 TRAINER_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
@@ -31,6 +40,12 @@ def _int_at_least(cfg: DictConfig, key: str, low: int) -> None:
     value = _get(cfg, key)
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         _fail(key, value, f"expected an integer >= {low}")
+
+
+def _int_in(cfg: DictConfig, key: str, low: int, high: int) -> None:
+    value = _get(cfg, key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        _fail(key, value, f"expected an integer in [{low}, {high}]")
 
 
 def _prob(cfg: DictConfig, key: str) -> None:
@@ -53,13 +68,17 @@ def validate(cfg: DictConfig) -> None:
 
     if cfg.method.name not in METHODS:
         _fail("method.name", cfg.method.name, f"one of {', '.join(METHODS)}")
+    _int_in(cfg, "seed", 0, 2**32 - 1)  # what NumPy's and Lightning's seeding accept
     _int_at_least(cfg, "method.batch_size", 2)  # BatchNorm heads need >= 2 samples
+    if not isinstance(cfg.method.get("compile", False), bool):
+        _fail("method.compile", cfg.method.compile, "true or false")
     if cfg.method.optimizer.base_lr <= 0:
         _fail("method.optimizer.base_lr", cfg.method.optimizer.base_lr, "expected > 0")
     _validate_lr_end(cfg)
     _validate_data(cfg)
     resolve_auto_crop(cfg.data)
     _validate_backbone(cfg)
+    _warn_upsampled_crops(cfg.data)
     _validate_hvp(cfg)
     _validate_trainer(cfg)
     _validate_distributed(cfg)
@@ -140,11 +159,29 @@ def _validate_data(cfg: DictConfig) -> None:
     if d.name == "imagefolder":
         for split in ("train", "test"):
             folder = split_dir(root, split)
+            want = "<root>/train/<class>/*" if split == "train" else "<root>/test/<class>/* or <root>/val/<class>/*"
             if not folder.is_dir() or not any(p.is_dir() for p in folder.iterdir()):
-                want = "<root>/train/<class>/*" if split == "train" else "<root>/test/<class>/* or <root>/val/<class>/*"
                 _fail("data.root", str(d.root), f"an ImageNet-layout folder with {want} (no class folders in {folder})")
-    elif not d.download and (not root.is_dir() or not any(root.iterdir())):
-        _fail("data.root", str(d.root), f"a folder holding {d.name} (it is missing or empty; set data.download=true to fetch it)")
+            if not any(p.is_file() and is_image_file(p.name) for p in folder.glob("*/**/*")):
+                _fail("data.root", str(d.root), f"an ImageNet-layout folder with {want} (no image files "
+                      f"({', '.join(IMAGE_EXTENSIONS)}) in the class folders of {folder})")
+    elif d.name in TORCHVISION_FOLDERS and not d.download and not (root / TORCHVISION_FOLDERS[d.name]).is_dir():
+        _fail("data.root", str(d.root), f"a folder holding torchvision's {d.name} files ({TORCHVISION_FOLDERS[d.name]}/ "
+              f"is not in it; set data.download=true to fetch them)")
+
+
+def _warn_upsampled_crops(d: DictConfig) -> None:
+    """Crops larger than the images are upsampled (blurry training views): allowed (e.g.
+    CIFAR at 224 px for a ViT), but said once at start-up."""
+    if d.name == "synthetic":
+        side = d.image_size
+    elif d.name == "imagefolder":
+        side = typical_image_side(split_dir(Path(str(d.root)).expanduser(), "train"))
+    else:
+        side = IMAGE_SIDES.get(d.name)
+    if side is not None and d.crop_size > side and rank_zero_only.rank == 0:
+        log.warning("data.crop_size=%s is larger than the images (shorter side %s px): every crop is upsampled",
+                    d.crop_size, side)
 
 
 def _validate_hvp(cfg: DictConfig) -> None:
@@ -159,6 +196,11 @@ def _validate_hvp(cfg: DictConfig) -> None:
         _fail("hvp.selection_precision", h.selection_precision, f"one of {', '.join(PRECISIONS)}")
     if h.get("max_combinations") is not None:
         _int_at_least(cfg, "hvp.max_combinations", 1)
+        if cfg.method.name != "dino":
+            _fail("hvp.max_combinations", h.max_combinations, f"only with method dino (it samples (global pair, "
+                  f"locals) combinations); {cfg.method.name} scores every candidate combination")
+    if h.get("global_pairs", "cross") not in GLOBAL_PAIRS:
+        _fail("hvp.global_pairs", h.global_pairs, f"one of {', '.join(GLOBAL_PAIRS)}")
 
 
 def _validate_analysis(cfg: DictConfig) -> None:
@@ -190,17 +232,12 @@ def _validate_trainer(cfg: DictConfig) -> None:
 
 
 def _validate_precision(cfg: DictConfig) -> None:
-    """Lightning has no fp16 AMP on CPU: it would silently train in bf16-mixed instead."""
+    """Lightning has no fp16 AMP on CPU: it would silently train in bf16-mixed instead.
+    Resolves ``auto`` (bf16-mixed on a bf16-capable GPU, else 32-true: hvp_lightning/device.py)."""
     precision = cfg.trainer.get("precision", "32-true")
+    if precision == "auto":
+        precision = cfg.trainer.precision = auto_precision(str(cfg.trainer.get("accelerator", "auto")))
     if precision not in TRAINER_PRECISIONS:
-        _fail("trainer.precision", precision, f"one of {', '.join(TRAINER_PRECISIONS)}")
-    if precision == "16-mixed" and _runs_on_cpu(str(cfg.trainer.get("accelerator", "auto"))):
+        _fail("trainer.precision", precision, f"auto or one of {', '.join(TRAINER_PRECISIONS)}")
+    if precision == "16-mixed" and runs_on_cpu(str(cfg.trainer.get("accelerator", "auto"))):
         _fail("trainer.precision", precision, "on CPU one of 32-true, bf16-mixed (no fp16 mixed precision on CPU)")
-
-
-def _runs_on_cpu(accelerator: str) -> bool:
-    if accelerator != "auto":
-        return accelerator == "cpu"
-    import torch
-
-    return not (torch.cuda.is_available() or torch.backends.mps.is_available())

@@ -53,20 +53,18 @@ class CpuSyncBatchNorm(_BatchNorm):
         return self._synced_forward(input)
 
     def _synced_forward(self, x: torch.Tensor) -> torch.Tensor:
-        from torch.distributed.nn.functional import all_reduce
-
         group = self.process_group or dist.group.WORLD
         c = x.shape[1]
         dims = [0, *range(2, x.dim())]
         shape = (1, c) + (1,) * (x.dim() - 2)
         xf = x.float()
-        sums = all_reduce(torch.cat([xf.sum(dims), xf.new_tensor([x.numel() / c])]), group=group)
+        sums = AllReduceSum.apply(torch.cat([xf.sum(dims), xf.new_tensor([x.numel() / c])]), group)
         n = sums[-1]
         mean = sums[:c] / n
         centred = xf - mean.view(shape)
-        var = all_reduce(centred.square().sum(dims), group=group) / n  # two passes: no cancellation
+        var = AllReduceSum.apply(centred.square().sum(dims), group) / n  # two passes: no cancellation
         if self.track_running_stats:
-            self._update_running_stats(mean.detach(), var.detach(), float(n))
+            self._update_running_stats(mean.detach(), var.detach(), float(n.detach()))
         y = centred * torch.rsqrt(var + self.eps).view(shape)
         if self.affine:
             y = y * self.weight.view(shape) + self.bias.view(shape)
@@ -80,6 +78,25 @@ class CpuSyncBatchNorm(_BatchNorm):
         factor = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)  # type: ignore[arg-type]
         self.running_mean.lerp_(mean.to(self.running_mean.dtype), factor)  # type: ignore[union-attr]
         self.running_var.lerp_((var * n / max(n - 1.0, 1.0)).to(self.running_var.dtype), factor)  # type: ignore[union-attr]
+
+
+class AllReduceSum(torch.autograd.Function):
+    """Differentiable sum over the processes of ``group``: the gradient of each input is the
+    sum of every process's output gradient. (``torch.distributed.nn.functional.all_reduce``
+    does the same and warns that it is deprecated; its successor is private.)"""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:  # type: ignore[override]
+        ctx.group = group
+        out = x.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
 
 
 def _world_size(group: dist.ProcessGroup | None) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import os
 import time
 import warnings
@@ -33,6 +34,7 @@ from .checkpoint import build_method, checkpoint_config, load_checkpoint, resolv
 from .config import ConfigError, _fail, _int_at_least, _validate_backbone, _validate_data
 from .data.augment import EvalTransform, normalize, to_uint8_tensor
 from .data.datamodule import EvalDataset, _subset, build_raw_datasets, resolve_auto_crop
+from .device import runs_on_cpu
 from .knn import knn_accuracies
 from .methods.base import warmup_cosine
 from .optim import make_optimizer
@@ -93,7 +95,8 @@ class Classifier(L.LightningModule):
         nn.init.zeros_(self.head.bias)
         if features is not None:
             features.requires_grad_(finetune)  # the teacher copy comes frozen
-        self.test_counts = torch.zeros(3, dtype=torch.long)  # top-1 hits, top-5 hits, samples
+        # top-1 hits, top-5 hits, samples: a buffer, so it sits on the device of the batches it counts
+        self.register_buffer("test_counts", torch.zeros(3, dtype=torch.long), persistent=False)
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -130,7 +133,7 @@ class Classifier(L.LightningModule):
         x, y = self._xy(batch)
         top = self(x).topk(min(5, self.num_classes), dim=1).indices
         hit = top == y[:, None]
-        self.test_counts += torch.stack([hit[:, 0].sum(), hit.any(1).sum(), y.new_tensor(y.shape[0])]).cpu()
+        self.test_counts += torch.stack([hit[:, 0].sum(), hit.any(1).sum(), y.new_tensor(y.shape[0])])
 
     def on_validation_epoch_end(self) -> None:
         n = max(1, int(self.test_counts[2]))
@@ -259,8 +262,8 @@ def _validate_settings(s: dict[str, Any], protocol: str) -> None:
             _fail(f"protocol.{key}", s[key], "a number >= 0")
     if protocol == "linear":
         _int_at_least(node, "protocol.n_last_blocks", 1)
-        if not isinstance(s["augment"], bool):
-            _fail("protocol.augment", s["augment"], "true or false")
+        if not (isinstance(s["augment"], bool) or s["augment"] == "auto"):
+            _fail("protocol.augment", s["augment"], "true, false or auto (false on CPU: cached features)")
 
 
 def _eval_data_cfg(cfg: DictConfig, train_cfg: DictConfig) -> DictConfig:
@@ -358,9 +361,13 @@ def run_knn(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[str, An
 def run_classifier(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[str, Any], logger,
                    finetune: bool) -> dict[str, Any]:
     d, n_cls = data.cfg, len(data.classes)
+    if cfg.protocol.get("batch_size") is None:  # the recipe's batch, sized to this dataset
+        s["batch_size"] = probe_batch_size(s["batch_size"], len(data.train))
     if s["batch_size"] > len(data.train):  # tiny data: one full batch per step
         log.warning("protocol.batch_size=%d > %d training images: using %d", s["batch_size"], len(data.train), len(data.train))
         s["batch_size"] = len(data.train)
+    if s.get("augment") == "auto":
+        s["augment"] = not runs_on_cpu(str(cfg.accelerator))
     s["lr"] = s["base_lr"] * s["batch_size"] / s["lr_ref_batch"]
     net = FeatureNet(copy.deepcopy(backbone) if finetune else backbone,
                      s.get("n_last_blocks") or 1, bool(s.get("avgpool_patchtokens")))
@@ -370,7 +377,15 @@ def run_classifier(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[
         s["n_last_blocks"], s["avgpool_patchtokens"] = None, None  # ResNets: the pooled features
     test_tf = _eval_transform(d)
     test_ds = EvalDataset(data.test, test_tf)
-    if not finetune and not s["augment"]:  # fast path: centre-crop features once, then a linear model on them
+    cached = not finetune and not s["augment"]
+    per_image = forward_seconds(cfg, net, EvalDataset(data.train, test_tf), min(s["batch_size"], 64))
+    forwards = len(data.test) + len(data.train) * (1 if cached else s["epochs"])
+    log.info("%s: %d epochs x %d steps of batch %d on %s; %d images through the backbone at %.1f ms each: "
+             "about %.0f s%s", "linear probe" if not finetune else "fine-tuning", s["epochs"],
+             math.ceil(len(data.train) / s["batch_size"]), s["batch_size"],
+             "cached features (augment=false)" if cached else "augmented views", forwards, 1e3 * per_image,
+             forwards * per_image * (3 if finetune else 1), " + the head's steps (timed after epoch 1)" if cached else "")
+    if cached:  # fast path: centre-crop features once, then a linear model on them
         train_x, train_y = extract(cfg, net, _loader(EvalDataset(data.train, test_tf), s["batch_size"], d.num_workers, False))
         test_x, test_y = extract(cfg, net, _loader(test_ds, s["batch_size"], d.num_workers, False))
         model = Classifier(None, net.feature_dim, n_cls, s)
@@ -386,11 +401,53 @@ def run_classifier(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[
     return fit_classifier(cfg, model, train_loader, test_loader, s["epochs"], logger)
 
 
+class FirstEpochETA(L.Callback):
+    """Logs, after the first epoch, how long the remaining epochs will take at that pace."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch == 0:
+            self.start = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch == 0 and trainer.max_epochs:
+            took = time.perf_counter() - self.start
+            log.info("epoch 1 of %d took %.1f s: about %.0f s to go", trainer.max_epochs, took,
+                     took * (trainer.max_epochs - 1))
+
+
+def probe_batch_size(recipe_batch: int, num_train: int, min_steps: int = 16) -> int:
+    """The recipe's batch, halved (not below 16) until an epoch has ``min_steps`` optimiser steps:
+    the ImageNet recipes' 4,096 over a few thousand images would be one step per epoch."""
+    batch = recipe_batch
+    while batch > 16 and num_train < min_steps * batch:
+        batch //= 2
+    return batch
+
+
+def forward_seconds(cfg: DictConfig, net: FeatureNet, ds: Dataset, batch_size: int) -> float:
+    """Seconds per image of one timed, no-grad forward batch on the evaluation device (the
+    start-up time estimate; the first call also pays the device's warm-up)."""
+    device = torch.device("cuda" if not runs_on_cpu(str(cfg.accelerator)) and torch.cuda.is_available() else "cpu")
+    x = torch.stack([ds[i]["image"] for i in range(min(batch_size, len(ds)))]).to(device)  # type: ignore[arg-type]
+    was_training, first = net.training, next(net.parameters()).device
+    net.eval().to(device)
+    with torch.no_grad():
+        net(x[:2])  # warm-up (kernel selection, allocations)
+        start = time.perf_counter()
+        net(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = (time.perf_counter() - start) / x.shape[0]
+    net.train(was_training).to(first)
+    return seconds
+
+
 def fit_classifier(cfg: DictConfig, model: Classifier, train_loader: DataLoader, test_loader: DataLoader,
                    epochs: int, logger=False) -> dict[str, Any]:
     """Train ``model`` for ``epochs``, then top-1/top-5 on ``test_loader`` (and the last
     epoch's training loss)."""
     trainer = _trainer(cfg, logger=logger, max_epochs=epochs)
+    trainer.callbacks.append(FirstEpochETA())
     model.train()  # Lightning keeps the modes it is given; a probe's frozen features stay in eval mode
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")  # the test split: once, after training

@@ -18,9 +18,16 @@ or all train on plain ones -- the accumulated step is the same kind of step as o
 Random draws (``random`` mode, DINO's sampled locals, iBOT's masks) are seeded by
 (seed, global_step, micro-batch index, rank), so the micro-batches of one step draw differently.
 
-Precision: the selection forward runs at ``hvp.selection_precision`` whatever
-``trainer.precision`` is (``fp32`` switches Lightning's autocast off for it); the methods
-compute the candidate tables in fp32, so the argmax ranks the loss the method computes.
+Precision: the selection forward runs at ``hvp.selection_precision``. ``auto`` (the default)
+is the precision of the training step itself -- the autocast Lightning runs the step under
+(bf16 for ``bf16-mixed``, fp16 for ``16-mixed``, none for ``32-true``) -- except on CPU,
+where it is fp32; ``fp32`` switches Lightning's autocast off for the selection, ``bf16`` /
+``fp16`` force one. The methods compute the candidate tables in fp32 either way, so the
+argmax ranks the loss the method computes.
+
+Devices: every index this module builds takes the device of the tensors it indexes
+(``pair_index(n, device=...)``), so the gather never sends a CPU index into a GPU batch or a
+GPU index into a CPU table (tests/test_device_guard.py checks each method's step for that).
 """
 
 from __future__ import annotations
@@ -36,7 +43,14 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 MODES = ("hard", "easy", "random")
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+# Multi-crop methods: which pairs of global candidates are scored. ``cross`` pairs a crop of
+# DINO's global pipeline 1 with one of pipeline 2 (the official HVP code); ``all`` = C(G,2).
+GLOBAL_PAIRS = ("cross", "all")
+# Autocast dtype Lightning runs a training step under, per trainer.precision (the ones
+# config.py allows); None = no autocast.
+STEP_DTYPES: dict[str, torch.dtype | None] = {"32-true": None, "bf16-mixed": torch.bfloat16,
+                                              "16-mixed": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -47,10 +61,12 @@ class HVPConfig:
     num_views: int = 4
     mode: str = "hard"
     every_n_steps: int = 1
-    selection_precision: str = "fp32"
+    selection_precision: str = "auto"
     # Multi-crop methods only: score K random combinations instead of the exact maximum
     # (the paper's fidelity setting); None = exact.
     max_combinations: int | None = None
+    # Multi-crop methods only: the global pairs scored (GLOBAL_PAIRS).
+    global_pairs: str = "cross"
 
     @property
     def views_per_image(self) -> int:
@@ -62,9 +78,28 @@ def pair_index(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """All unordered pairs ``(k, l)``, ``k < l``, of ``n`` views: LongTensor ``[n(n-1)/2, 2]``.
 
     The order is row-major (``(0,1), (0,2), ..., (n-2,n-1)``), so with ``n == 2`` the only
-    pair is ``(0, 1)`` -- the baseline's pair.
+    pair is ``(0, 1)`` -- the baseline's pair. Inside a step pass ``device``: that of the
+    choice or table it meets (a CPU pair table indexed by a GPU choice fails on GPU).
     """
     return torch.triu_indices(n, n, offset=1, device=device).T.contiguous()
+
+
+def global_pair_index(g: int, rule: str, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The global-candidate pairs a multi-crop method scores: LongTensor ``[P, 2]``.
+
+    Global candidates alternate DINO's two asymmetric pipelines (even positions: pipeline 1,
+    odd: pipeline 2). ``cross`` keeps that asymmetry in every pair, as the official HVP code
+    does (``itertools.product(range(0, G, 2), range(1, G, 2))``, in that order: pipeline-1
+    crop first); ``all`` is :func:`pair_index`. Either way column 0 is ``(0, 1)``, the
+    baseline's pair.
+    """
+    if rule == "all":
+        return pair_index(g, device)
+    if rule != "cross":
+        raise ValueError(f"hvp.global_pairs={rule!r}; allowed: {', '.join(GLOBAL_PAIRS)}")
+    first = torch.arange(0, g, 2, device=device)
+    second = torch.arange(1, g, 2, device=device)
+    return torch.cartesian_prod(first, second).reshape(-1, 2)
 
 
 def choose(table: torch.Tensor, mode: str, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -73,26 +108,57 @@ def choose(table: torch.Tensor, mode: str, generator: torch.Generator | None = N
     ``hard`` = argmax of the loss (the paper's HVP), ``easy`` = argmin (the "cooperative"
     ablation), ``random`` = uniform over the same candidates (isolates the effect of the
     choice from the effect of drawing more views).
+
+    Non-finite entries (NaN, +-inf: a diverged model, an fp16 overflow in the selection
+    forward) are never chosen, in any mode -- unmasked, a NaN would win both argmax and
+    argmin. A sample with no finite entry at all raises :class:`FloatingPointError`: there
+    is nothing sound to train on (this check costs one host sync).
     """
+    if mode not in MODES:
+        raise ValueError(f"hvp.mode={mode!r}; allowed: {', '.join(MODES)}")
+    finite = torch.isfinite(table)
+    if not bool(finite.any(dim=1).all()):
+        bad = (~finite.any(dim=1)).nonzero().flatten().tolist()
+        raise FloatingPointError(
+            f"HVP selection: every candidate loss is non-finite (NaN/inf) for {len(bad)} of {table.shape[0]} "
+            f"samples (batch positions {bad[:8]}); refusing to train on them. The model may have diverged "
+            "(learning rate?), or hvp.selection_precision=fp16 overflowed (try bf16 or fp32).")
     if mode == "hard":
-        return table.argmax(dim=1)
+        return table.masked_fill(~finite, float("-inf")).argmax(dim=1)
     if mode == "easy":
-        return table.argmin(dim=1)
-    if mode == "random":
-        idx = torch.randint(table.shape[1], (table.shape[0],), generator=generator)
-        return idx.to(table.device)
-    raise ValueError(f"hvp.mode={mode!r}; allowed: {', '.join(MODES)}")
+        return table.masked_fill(~finite, float("inf")).argmin(dim=1)
+    # Uniform over each sample's finite entries: the argmax of i.i.d. uniform keys.
+    keys = torch.rand(table.shape, generator=generator).to(table.device)
+    return keys.masked_fill(~finite, -1.0).argmax(dim=1)
 
 
-def resolve_selection_dtype(precision: str, device_type: str) -> torch.dtype | None:
+def step_autocast_dtype(trainer_precision: str) -> torch.dtype | None:
+    """The autocast dtype of a training step under ``trainer.precision`` (None: fp32)."""
+    if trainer_precision not in STEP_DTYPES:
+        raise ValueError(f"trainer.precision={trainer_precision!r}; allowed: {', '.join(STEP_DTYPES)}")
+    return STEP_DTYPES[trainer_precision]
+
+
+def ambient_autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The autocast dtype in force for ``device_type`` here (None: no autocast): inside a
+    Lightning training step, the step's own precision."""
+    if not torch.amp.is_autocast_available(device_type) or not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+def resolve_selection_dtype(precision: str, device_type: str,
+                            step_dtype: torch.dtype | None = None) -> torch.dtype | None:
     """Autocast dtype for the selection forward, or None for full fp32.
 
-    On CPU, bf16/fp16 autocast was measured 30-37x *slower* than fp32 for ResNet convs
-    (DESIGN.md), so it falls back to fp32 there -- loudly, never silently.
+    ``auto`` follows the training step (``step_dtype``, see :func:`step_autocast_dtype`) so
+    that the selection costs what a forward of the step costs. On CPU it is always fp32:
+    bf16/fp16 autocast convolutions were measured 30-37x *slower* than fp32 there (DESIGN.md);
+    an explicit ``bf16``/``fp16`` falls back loudly, never silently.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"hvp.selection_precision={precision!r}; allowed: {', '.join(PRECISIONS)}")
-    if precision == "fp32":
+    if precision == "fp32" or device_type == "cpu" and precision == "auto":
         return None
     if device_type == "cpu":
         warnings.warn(
@@ -101,6 +167,8 @@ def resolve_selection_dtype(precision: str, device_type: str) -> torch.dtype | N
             stacklevel=2,
         )
         return None
+    if precision == "auto":
+        return step_dtype
     return torch.bfloat16 if precision == "bf16" else torch.float16
 
 
@@ -163,7 +231,7 @@ class HardViewMixin:
     def select_views(self, batch: dict[str, Any], choice: torch.Tensor) -> dict[str, Any]:
         """Default for pair methods: ``batch['views']`` is a list of N candidate batches."""
         stacked = torch.stack(batch["views"])
-        pairs = pair_index(stacked.shape[0])
+        pairs = pair_index(stacked.shape[0], device=choice.device)
         v1, v2 = gather_pairs(stacked, pairs, choice)
         out = dict(batch, views=[v1, v2])
         if "params" in batch:  # augmentation parameters travel with their views
@@ -184,30 +252,43 @@ class HardViewMixin:
             return self.ssl_step(self.select_views(batch, self._first_combination(batch)), batch_idx)
         table = self.score_candidates(batch)
         choice = choose(table, self.hvp.mode, self._choice_generator(batch_idx))
-        self._record_selection(batch, table, choice)
-        return self.ssl_step(self.select_views(batch, choice), batch_idx)
+        loss = self.ssl_step(self.select_views(batch, choice), batch_idx)
+        self._record_selection(table, choice, loss)
+        return loss
 
     def score_candidates(self, batch: dict[str, Any]) -> torch.Tensor:
         """The selection pass: ``candidate_scores`` under :func:`frozen_state`, at the selection
-        precision: its own autocast, or none at all for fp32 (even inside the training step's
-        ``bf16-mixed``/``16-mixed`` autocast)."""
-        device: torch.device = self.device  # type: ignore[attr-defined]
+        precision: the step's autocast (``auto``), its own, or none at all for fp32 (even
+        inside the training step's ``bf16-mixed``/``16-mixed`` autocast)."""
+        device = batch["views"][0].device
+        self.hvp_step_dtype = ambient_autocast_dtype(device.type)
         dtype = self._selection_dtype(device.type)
         amp = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
         with frozen_state(self, device), amp:  # type: ignore[arg-type]
             table = self.candidate_scores(batch)
         return table.float()
 
+    def selection_outputs_reusable(self) -> bool:
+        """May outputs of the current selection pass stand in for the training step's own (DINO
+        and iBOT reuse the BatchNorm-free teacher's)? Yes if the selection runs in fp32 or at
+        the step's own precision (``auto``), not if it runs lower than the step. Valid inside
+        ``candidate_scores``."""
+        dtype = self._selection_dtype(self.device.type)  # type: ignore[attr-defined]
+        return dtype is None or dtype == getattr(self, "hvp_step_dtype", None)
+
     # --- helpers ---------------------------------------------------------------------------
     def _first_combination(self, batch: dict[str, Any]) -> torch.Tensor:
-        return torch.zeros(batch["label"].shape[0], dtype=torch.long, device=self.device)  # type: ignore[attr-defined]
+        label = batch["label"]
+        return torch.zeros(label.shape[0], dtype=torch.long, device=label.device)
 
     def _selection_dtype(self, device_type: str) -> torch.dtype | None:
-        key = (self.hvp.selection_precision, device_type)
-        if getattr(self, "_hvp_dtype_key", None) != key:  # resolve (and warn) once per device
-            self._hvp_dtype = resolve_selection_dtype(*key)
-            self._hvp_dtype_key = key
-        return self._hvp_dtype
+        """The selection's autocast dtype here; the same answer inside the selection pass
+        (whose autocast is then the ambient one), so methods may ask it there too."""
+        key = (self.hvp.selection_precision, device_type, ambient_autocast_dtype(device_type))
+        resolved = self.__dict__.setdefault("_hvp_dtypes", {})
+        if key not in resolved:  # resolve (and warn) once per setting
+            resolved[key] = resolve_selection_dtype(*key)
+        return resolved[key]
 
     def _choice_generator(self, batch_idx: int) -> torch.Generator | None:
         """Private generator for ``random`` mode: reproducible, distinct per micro-batch under
@@ -218,24 +299,62 @@ class HardViewMixin:
         seed = getattr(self, "seed", 0)
         return torch.Generator().manual_seed(_stable_seed(seed, self.global_step, batch_idx, self.global_rank))  # type: ignore[attr-defined]
 
-    def _record_selection(self, batch: dict[str, Any], table: torch.Tensor, choice: torch.Tensor) -> None:
+    def _record_selection(self, table: torch.Tensor, choice: torch.Tensor, trained_loss: torch.Tensor) -> None:
+        """Log what this HVP step did, under names that say which pass each value comes from.
+
+        ``hvp/selection_*`` are the selection pass's own values (frozen BatchNorm buffers,
+        candidates normalised per view set; SimCLR's negatives from the candidate sets);
+        ``hvp/trained_loss`` is the loss the training step then computed on the chosen views
+        -- with BatchNorm or batch-level negatives the two differ. Non-finite table entries
+        (never chosen, see :func:`choose`) are counted and left out of the candidate mean.
+        """
+        finite = torch.isfinite(table)
         selected = table.gather(1, choice[:, None]).squeeze(1)
-        sel, cand = selected.mean(), table.mean()
+        candidates = torch.where(finite, table, 0.0).sum(1) / finite.sum(1)  # per sample; >= 1 finite (choose)
+        nonfinite = (~finite).sum().to(table.dtype)
+        trained = trained_loss.detach().to(table.dtype)
+        sel, cand = selected.mean(), candidates.mean()
         b = table.shape[0]
-        self.log("hvp/selected_loss", sel, on_step=True, on_epoch=True, batch_size=b)  # type: ignore[attr-defined]
-        self.log("hvp/candidate_loss", cand, on_step=True, on_epoch=True, batch_size=b)  # type: ignore[attr-defined]
-        self.log("hvp/selected_minus_candidate", sel - cand, on_step=True, on_epoch=False, batch_size=b)  # type: ignore[attr-defined]
-        # Run totals (selected sum, candidate sum, samples) stay on device: no sync per step.
-        inc = torch.stack([selected.sum(), table.mean(1).sum(), table.new_tensor(float(table.shape[0]))]).double()
+        log = self.log  # type: ignore[attr-defined]
+        log("hvp/selection_selected_loss", sel, on_step=True, on_epoch=True, batch_size=b)
+        log("hvp/selection_candidate_loss", cand, on_step=True, on_epoch=True, batch_size=b)
+        log("hvp/selection_selected_minus_candidate", sel - cand, on_step=True, on_epoch=False, batch_size=b)
+        log("hvp/trained_loss", trained, on_step=True, on_epoch=True, batch_size=b)
+        log("hvp/nonfinite_candidates", nonfinite, on_step=True, on_epoch=False, batch_size=b)
+        # Run totals (TOTALS order) stay on device: no sync per step.
+        n = table.new_tensor(float(b))
+        inc = torch.stack([selected.sum(), candidates.sum(), n, trained * n, n, nonfinite]).double()
         totals = getattr(self, "hvp_totals", None)
+        if totals is not None and totals.numel() < inc.numel():  # a checkpoint from before trained/nonfinite totals
+            totals = torch.cat([totals.to(inc.device), inc.new_zeros(inc.numel() - totals.numel())])
         self.hvp_totals = inc if totals is None else totals.to(inc.device) + inc
         self.last_selection = {"table": table.detach(), "choice": choice.detach()}
+
+
+# Layout of ``HardViewMixin.hvp_totals`` (sums over all HVP steps, all micro-batches).
+TOTALS = ("selection_selected_loss_sum", "selection_candidate_loss_sum", "selection_samples", "trained_loss_sum",
+          "trained_samples", "nonfinite_candidates")
+
+
+def summarise_totals(totals: torch.Tensor | None) -> dict[str, float | int | None]:
+    """``summary.json``'s HVP statistics from the run totals (already summed over ranks):
+    the selection pass's means (chosen and all candidates), the trained loss's mean over the
+    HVP steps, the samples behind them and how many non-finite candidate entries were masked."""
+    t = dict(zip(TOTALS, totals.double().tolist())) if totals is not None else {}
+    sel_n, trained_n = t.get("selection_samples", 0.0), t.get("trained_samples", 0.0)
+    return {
+        "selection_selected_loss_mean": t["selection_selected_loss_sum"] / sel_n if sel_n else None,
+        "selection_candidate_loss_mean": t["selection_candidate_loss_sum"] / sel_n if sel_n else None,
+        "trained_loss_mean": t["trained_loss_sum"] / trained_n if trained_n else None,
+        "selected_samples": int(sel_n),
+        "nonfinite_candidates": int(t.get("nonfinite_candidates", 0)),
+    }
 
 
 def _gather_params(params: dict[str, torch.Tensor], pairs: torch.Tensor, choice: torch.Tensor) -> dict[str, torch.Tensor]:
     """Keep the augmentation parameters of the chosen views: ``[B, N, ...]`` -> ``[B, 2, ...]``."""
     k, l = pairs[choice].unbind(1)
-    b = torch.arange(choice.shape[0])
+    b = torch.arange(choice.shape[0], device=choice.device)
     out = {}
     for name, p in params.items():
         kk, ll, bb = k.to(p.device), l.to(p.device), b.to(p.device)

@@ -37,9 +37,10 @@ DIRNAME_MAX_BYTES = 120
 ERROR_FILE = "error.txt"  # a failed job's exception, one line (written by SweepSummary.on_job_end)
 # After the override columns; hvp_* are summary.json's "hvp" entries ("off" marks a baseline run).
 RESULT_COLUMNS = ("overrides", "knn_top1", "knn_top1_init", "knn_top5", "hvp_mode", "hvp_num_views",
-                  "hvp_every_n_steps", "hvp_selected_loss_mean", "hvp_candidate_loss_mean", "wall_time_s",
-                  "status", "error", "run_dir")
-HVP_KEYS = ("mode", "num_views", "every_n_steps", "selected_loss_mean", "candidate_loss_mean")
+                  "hvp_every_n_steps", "hvp_selection_selected_loss_mean", "hvp_selection_candidate_loss_mean",
+                  "hvp_trained_loss_mean", "hvp_nonfinite_candidates", "wall_time_s", "status", "error", "run_dir")
+HVP_KEYS = ("mode", "num_views", "every_n_steps", "selection_selected_loss_mean", "selection_candidate_loss_mean",
+            "trained_loss_mean", "nonfinite_candidates")
 
 
 class Job(NamedTuple):
@@ -169,6 +170,7 @@ class SweepSummary(Callback):
             return
         if job_return.status == JobStatus.FAILED:
             err = job_return._return_value  # .return_value would re-raise it
+            err = err.__cause__ or err  # train.py hands Hydra a config error wrapped for one-line printing
             message = " ".join(f"{type(err).__name__}: {err}".split())
             (Path(config.hydra.runtime.output_dir) / ERROR_FILE).write_text(message + "\n")
         log.info("sweep summary so far: %s", write_sweep_summary(config.hydra.sweep.dir))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,22 +13,26 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .analysis.callback import analysis_callbacks
-from .checkpoint import AtomicCheckpointIO, RunCheckpoint, continue_csv_log, resume_checkpoint, wandb_run_id
+from .checkpoint import (AtomicCheckpointIO, RunCheckpoint, checkpoint_step, continue_csv_log, resume_checkpoint,
+                         wandb_run_id)
 from .config import ConfigError, validate
 from .data.datamodule import SSLDataModule
+from .device import device_line
 from .distributed import sync_batchnorm_plugins
 from .methods import METHODS, SSLMethod
+from .selection import summarise_totals
+from .warning_filters import silence_known_warnings
 from .wandb_logging import WandbCharts, current_sweep_dir, run_names
 
 log = logging.getLogger(__name__)
 
 
-def build_logger(cfg: DictConfig, run_dir: Path):
+def build_logger(cfg: DictConfig, run_dir: Path, resume_step: int = 0):
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
     if cfg.logger.name == "csv":
         logger = CSVLogger(save_dir=str(run_dir), name="csv", version="")
-        continue_csv_log(logger)  # a resumed run appends to metrics.csv
+        continue_csv_log(logger, resume_step)  # a resumed run appends to metrics.csv
         return logger
     lc = cfg.logger
     mode = os.environ.get("WANDB_MODE") or (lc.mode if lc.mode != "auto" else ("online" if _wandb_logged_in() else "offline"))
@@ -49,6 +52,7 @@ def _wandb_logged_in() -> bool:
 
 def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Pretrain as configured and return the summary (also written to run_dir/summary.json)."""
+    silence_known_warnings()
     validate(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = resume_checkpoint(cfg, run_dir)  # None: a fresh run; else continue from last.ckpt
@@ -65,27 +69,33 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     model: SSLMethod = method_cls(cfg)
     trainer_kwargs: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
     sync_bn = sync_batchnorm_plugins(trainer_kwargs.pop("sync_batchnorm", "auto"), model)  # DDP only
+    checkpointer = RunCheckpoint(run_dir / "checkpoints", OmegaConf.select(cfg, "checkpoint.every_n_epochs"))
     trainer = L.Trainer(
         **trainer_kwargs,
         default_root_dir=str(run_dir),
-        logger=build_logger(cfg, run_dir),
+        logger=build_logger(cfg, run_dir, checkpoint_step(ckpt_path) if ckpt_path else 0),
         plugins=[AtomicCheckpointIO(), *sync_bn],
-        callbacks=[RunCheckpoint(run_dir / "checkpoints", OmegaConf.select(cfg, "checkpoint.every_n_epochs")),
-                   *analysis_callbacks(cfg, run_dir), WandbCharts()],
+        callbacks=[checkpointer, *analysis_callbacks(cfg, run_dir), WandbCharts()],
         check_val_every_n_epoch=cfg.eval.every_n_epochs,
         num_sanity_val_steps=0,
     )
-    start = time.time()
+    if trainer.is_global_zero:
+        print(device_line(trainer.strategy.root_device, str(trainer.precision), trainer.world_size), flush=True)
     if cfg.eval.at_start and ckpt_path is None:  # the random-init reference: how far did pretraining move the features?
         trainer.validate(model, datamodule=dm, verbose=False)
         model.knn_init = model.knn_result.get("top1")
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
     train_loss = trainer.callback_metrics.get("train/loss_epoch")  # validate() below clears it
+    # Collectives take tensors on the strategy's device (the rank's GPU under NCCL), never
+    # model.device: Lightning moves the module back to the CPU when fit and validate end.
+    comm = trainer.strategy.root_device
     if train_loss is not None:  # each rank's own epoch mean: the summary reports all ranks'
-        train_loss = trainer.strategy.reduce(torch.tensor(float(train_loss), device=model.device), reduce_op="mean")
+        train_loss = trainer.strategy.reduce(torch.tensor(float(train_loss), device=comm), reduce_op="mean")
     if model.knn_result.get("step") != trainer.global_step:  # k-NN always runs on the final weights
         trainer.validate(model, datamodule=dm, verbose=False)
-    summary = _summary(cfg, model, trainer, run_dir, time.time() - start, train_loss)
+    if train_loss is None:  # nothing trained this session (a finished run resumed): the last epoch's
+        train_loss = checkpointer.train_loss
+    summary = _summary(cfg, model, trainer, run_dir, checkpointer.wall_time_s(), train_loss)
     summary["knn_top1_init"] = model.knn_init
     summary["sync_batchnorm_layers"] = sync_bn[0].converted if sync_bn else 0
     if trainer.is_global_zero:
@@ -93,6 +103,19 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         OmegaConf.save(cfg, run_dir / "config.yaml")
     _close_logger(trainer, summary)
     return summary
+
+
+def final_line(summary: dict[str, Any]) -> str:
+    """The run's last line: k-NN top-1 against its random-init value and chance, the run dir
+    and, with HVP, how much harder the selected views were than the candidates' average."""
+    init = summary.get("knn_top1_init")
+    ref = f"at init {100 * init:.2f}%, " if init is not None else ""
+    line = f"k-NN top-1: {100 * summary['knn_top1']:.2f}% ({ref}chance {100 * summary['knn_chance']:.1f}%)"
+    hvp = summary.get("hvp") or {}
+    if hvp.get("selected_loss_mean") is not None:
+        gap = hvp["selected_loss_mean"] - hvp["candidate_loss_mean"]
+        line += f" | HVP selected - candidate loss: {gap:+.4f}"
+    return f"{line} | run dir: {summary['run_dir']}"
 
 
 def _close_logger(trainer: L.Trainer, summary: dict[str, Any]) -> None:
@@ -109,7 +132,7 @@ def _close_logger(trainer: L.Trainer, summary: dict[str, Any]) -> None:
 
 
 def _summary(cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Path, seconds: float,
-             train_loss: torch.Tensor | None) -> dict[str, Any]:
+             train_loss: torch.Tensor | float | None) -> dict[str, Any]:
     skipped = sorted(model.skipped_files)
     if trainer.world_size > 1:
         gathered: list[Any] = [None] * trainer.world_size
@@ -139,13 +162,9 @@ def _summary(cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Pat
     totals = getattr(model, "hvp_totals", None)
     if model.hvp.enabled:
         if totals is not None:
-            totals = trainer.strategy.reduce(totals.to(model.device).clone(), reduce_op="sum")
-        n = float(totals[2]) if totals is not None else 0.0
+            totals = trainer.strategy.reduce(totals.to(trainer.strategy.root_device).clone(), reduce_op="sum")
         out["hvp"] = {
             "num_views": model.hvp.num_views, "mode": model.hvp.mode, "every_n_steps": model.hvp.every_n_steps,
-            "selection_precision": model.hvp.selection_precision,
-            "selected_loss_mean": float(totals[0]) / n if n else None,
-            "candidate_loss_mean": float(totals[1]) / n if n else None,
-            "selected_samples": int(n),
+            "selection_precision": model.hvp.selection_precision, **summarise_totals(totals),
         }
     return out

@@ -88,8 +88,8 @@ def test_step_statistics_known_choice() -> None:
 class FakeModule:
     """What the callback reads of a LightningModule: ``hvp``, ``last_selection``, ``log``."""
 
-    def __init__(self, enabled: bool, num_globals: int | None = None) -> None:
-        self.hvp = HVPConfig(enabled=enabled)
+    def __init__(self, enabled: bool, num_globals: int | None = None, global_pairs: str = "cross") -> None:
+        self.hvp = HVPConfig(enabled=enabled, global_pairs=global_pairs)
         self.last_selection = None
         self.logged: dict[str, float] = {}
         if num_globals is not None:
@@ -141,14 +141,22 @@ def test_callback_baseline_and_multicrop_globals(tmp_path: Path) -> None:
     assert "analysis/iou_candidates" not in base.logged
     # Multi-crop (DINO-like, 3 global candidates + 2 locals): only the globals are paired.
     boxes = [BOXES[0] + [(0, 0, 2, 2), (1, 1, 2, 2)]]
-    dino = FakeModule(enabled=True, num_globals=3)
+    dino = FakeModule(enabled=True, num_globals=3, global_pairs="all")
     sel = {"table": torch.tensor([[0.0, 0.0, 1.0]]), "choice": torch.tensor([2])}
     _drive(HardViewAnalysis(tmp_path / "b"), dino, {"params": make_params(boxes)}, sel)
     assert dino.logged["analysis/iou_selected"] == pytest.approx(0.0)
     assert dino.logged["analysis/iou_candidates"] == pytest.approx(1 / 21)
+    # hvp.global_pairs=cross: the columns are (0,1), (2,1) -- column 1 is views 2 and 1, not (0,2).
+    cross = FakeModule(enabled=True, num_globals=3)
+    boxes_cross = [[BOXES[0][0], BOXES[0][1], (6, 6, 8, 8), (0, 0, 2, 2)]]  # view 2 inside view 1: IoU 0.64
+    sel = {"table": torch.tensor([[0.0, 1.0]]), "choice": torch.tensor([1])}
+    _drive(HardViewAnalysis(tmp_path / "x"), cross, {"params": make_params(boxes_cross)}, sel)
+    assert cross.logged["analysis/iou_selected"] == pytest.approx(0.64)
+    assert cross.logged["analysis/iou_candidates"] == pytest.approx((1 / 7 + 0.64) / 2)
+    assert cross.logged["analysis/lowest_iou_chance"] == pytest.approx(1 / 2)
     # A table that is not over the global pairs is skipped with a warning, not misread.
     odd = FakeModule(enabled=True, num_globals=3)
-    with pytest.warns(UserWarning, match="not C\\(3,2\\)"):
+    with pytest.warns(UserWarning, match="not the 2 global pairs"):
         _drive(HardViewAnalysis(tmp_path / "c"), odd, {"params": make_params(boxes)},
                {"table": torch.zeros(1, 8), "choice": torch.tensor([5])})
     assert not odd.logged

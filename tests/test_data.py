@@ -12,7 +12,7 @@ from PIL import Image
 from hvp_lightning.config import validate
 from hvp_lightning.data.augment import PARAM_NAMES, MultiViewTransform, ViewAug, augment
 from hvp_lightning.data.datamodule import SSLDataModule
-from hvp_lightning.data.datasets import SafeImageFolder, SyntheticShapes
+from hvp_lightning.data.datasets import SafeImageFolder, SyntheticShapes, note_skipped
 
 from .conftest import SHARED_CIFAR
 
@@ -80,10 +80,12 @@ def messy_tree(tmp_path):
 def test_imagefolder_skips_bad_files_and_reads_every_mode(messy_tree, caplog, cfg_factory):
     ds = SafeImageFolder(messy_tree / "train")
     bad = {str(messy_tree / "train" / "cats" / "corrupt.jpg"), str(messy_tree / "train" / "dogs" / "truncated.jpg")}
-    with caplog.at_level(logging.WARNING):
-        items = [ds[i] for i in range(len(ds))]
+    items = [ds[i] for i in range(len(ds))]
     assert {path for _, _, path in items if path} == bad
-    assert all(n in caplog.text for n in ("corrupt.jpg", "truncated.jpg"))
+    seen: set[str] = set()
+    with caplog.at_level(logging.WARNING):
+        note_skipped(seen, [path for _, _, path in items])
+    assert seen == bad and all(n in caplog.text for n in ("corrupt.jpg", "truncated.jpg"))
     cfg = cfg_factory("data=imagefolder", f"data.root={messy_tree}", "data.crop_size=16", "data.num_workers=0")
     views = (ViewAug(size=16),) * 3
     dm = SSLDataModule(cfg.data, views, batch_size=4, num_workers=0)

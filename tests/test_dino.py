@@ -22,7 +22,7 @@ from hvp_lightning.methods.dino import (DINO, candidate_counts, dino_cross_entro
 from hvp_lightning.selection import choose
 from hvp_lightning.teacher import (Centering, cosine_momentum, ema_update, make_teacher, teacher_temperature)
 
-from .conftest import make_cfg as compose_cfg, score_and_assert_stateless, tiny_vit_run
+from .conftest import make_cfg as compose_cfg, official_pairs, score_and_assert_stateless, tiny_vit_run
 
 VIT = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32", "+backbone.depth=1",
        "backbone.drop_path_rate=0.0"]
@@ -86,8 +86,8 @@ def test_dino_loss_matches_official_loop(num_local: int) -> None:
 # --- exact selection vs brute force ----------------------------------------------------------
 
 
-def _brute_force(T, S_glob, S_loc, L, center, tau_t, tau_s):
-    combos = [(p, loc) for p in combinations(range(T.shape[0]), 2) for loc in combinations(range(S_loc.shape[0]), L)]
+def _brute_force(T, S_glob, S_loc, L, center, tau_t, tau_s, rule="all"):
+    combos = [(p, loc) for p in official_pairs(T.shape[0], rule) for loc in combinations(range(S_loc.shape[0]), L)]
     losses = [dino_loss([T[g1], T[g2]], [S_glob[g1], S_glob[g2], *(S_loc[j] for j in loc)], center, tau_t, tau_s)
               for (g1, g2), loc in combos]
     return torch.stack(losses, 1), combos  # [B, C(G,2) * C(Lc,L)]
@@ -100,19 +100,20 @@ def _loss_of_choice(T, S_glob, S_loc, sel, center, tau_t, tau_s):
     return dino_loss([T[g1, b], T[g2, b]], student, center, tau_t, tau_s)
 
 
-@pytest.mark.parametrize("mode,Lc,L", [("hard", 6, 3), ("easy", 6, 3), ("hard", 5, 0)])
-def test_exact_selection_equals_brute_force(mode: str, Lc: int, L: int) -> None:
-    G, B, K = 4, 7, 16
+@pytest.mark.parametrize("rule", ["cross", "all"])
+@pytest.mark.parametrize("mode,G,Lc,L", [("hard", 4, 6, 3), ("easy", 4, 6, 3), ("hard", 4, 5, 0), ("hard", 5, 3, 1)])
+def test_exact_selection_equals_brute_force(mode: str, G: int, Lc: int, L: int, rule: str) -> None:
+    B, K = 7, 16
     T, S_glob, S_loc = _logits(G, B, K, seed=3), _logits(G, B, K, seed=4), _logits(Lc, B, K, seed=5)
     center, tau_t, tau_s = _logits(1, K, seed=6) * 0.1, 0.07, 0.1
-    sel = dino_exact_selection(T, S_glob, S_loc, L, center, tau_t, tau_s, mode)
-    brute, combos = _brute_force(T, S_glob, S_loc, L, center, tau_t, tau_s)
-    assert brute.shape == (B, math.comb(G, 2) * math.comb(Lc, L))
+    sel = dino_exact_selection(T, S_glob, S_loc, L, center, tau_t, tau_s, mode, global_pairs=rule)
+    brute, combos = _brute_force(T, S_glob, S_loc, L, center, tau_t, tau_s, rule)
+    assert brute.shape == (B, len(official_pairs(G, rule)) * math.comb(Lc, L))
     best = brute.max(1).values if mode == "hard" else brute.min(1).values
     torch.testing.assert_close(sel.loss, best)
     # The reported loss is the official loss of the chosen crops, and the crops are valid.
     torch.testing.assert_close(_loss_of_choice(T, S_glob, S_loc, sel, center, tau_t, tau_s), sel.loss)
-    assert (sel.pair[:, 0] < sel.pair[:, 1]).all()
+    assert {tuple(p) for p in sel.pair.tolist()} <= set(official_pairs(G, rule))
     assert all(len(set(row)) == L for row in sel.locals.tolist())
     # ... and they are the brute-force optimum itself (ties are measure-zero with random logits).
     arg = brute.argmax(1) if mode == "hard" else brute.argmin(1)
@@ -126,7 +127,7 @@ def test_random_and_sampled_selection() -> None:
     G, Lc, L, B, K = 4, 6, 3, 6, 16
     T, S_glob, S_loc = _logits(G, B, K, seed=7), _logits(G, B, K, seed=8), _logits(Lc, B, K, seed=9)
     center, tau_t, tau_s = torch.zeros(1, K), 0.04, 0.1
-    brute, _ = _brute_force(T, S_glob, S_loc, L, center, tau_t, tau_s)
+    brute, _ = _brute_force(T, S_glob, S_loc, L, center, tau_t, tau_s, "cross")
     gen = lambda: torch.Generator().manual_seed(11)  # noqa: E731
     rand = dino_exact_selection(T, S_glob, S_loc, L, center, tau_t, tau_s, "random", generator=gen())
     torch.testing.assert_close(_loss_of_choice(T, S_glob, S_loc, rand, center, tau_t, tau_s), rand.loss)
@@ -140,6 +141,45 @@ def test_random_and_sampled_selection() -> None:
     # K >= all combinations is the exact search.
     full = dino_exact_selection(T, S_glob, S_loc, L, center, tau_t, tau_s, "hard", max_combinations=10_000)
     torch.testing.assert_close(full.loss, brute.max(1).values)
+
+
+@pytest.mark.parametrize("rule", ["cross", "all"])
+@pytest.mark.parametrize("max_combinations", [None, 8])
+def test_random_and_sampled_draws_stay_in_the_pair_set(rule: str, max_combinations: int | None) -> None:
+    """Random mode is uniform over the chosen pair set, and the sampled mode draws from it:
+    with ``cross`` no same-pipeline pair such as (0, 2) is ever trained on."""
+    G, Lc, L, B, K = 6, 4, 2, 3000, 8
+    T, S_glob, S_loc = _logits(G, B, K, seed=20), _logits(G, B, K, seed=21), _logits(Lc, B, K, seed=22)
+    center, gen = torch.zeros(1, K), torch.Generator().manual_seed(5)
+    mode = "random" if max_combinations is None else "hard"
+    sel = dino_exact_selection(T, S_glob, S_loc, L, center, 0.04, 0.1, mode, max_combinations, gen, rule)
+    allowed = official_pairs(G, rule)
+    counts = {p: 0 for p in allowed}
+    for p in map(tuple, sel.pair.tolist()):
+        counts[p] += 1  # KeyError: a pair outside the set
+    assert len(counts) == len(allowed)
+    if mode == "random":  # uniform: each pair's count within 5 sigma of B / P
+        expected = B / len(allowed)
+        sigma = math.sqrt(expected * (1 - 1 / len(allowed)))
+        assert all(abs(c - expected) < 5 * sigma for c in counts.values()), counts
+    torch.testing.assert_close(_loss_of_choice(T, S_glob, S_loc, sel, center, 0.04, 0.1), sel.loss)
+
+
+@pytest.mark.parametrize("mode", ["hard", "easy"])
+def test_nonfinite_local_terms_are_never_chosen(mode: str) -> None:
+    """A NaN local candidate (say an fp16 overflow) must not make every pair's column NaN:
+    the exact search picks the best combination of finite locals."""
+    G, Lc, L, B, K = 4, 5, 2, 6, 16
+    T, S_glob, S_loc = _logits(G, B, K, seed=23), _logits(G, B, K, seed=24), _logits(Lc, B, K, seed=25)
+    S_loc[1, :2] = float("nan")
+    S_loc[3, 0] = float("inf")
+    center, tau_t, tau_s = torch.zeros(1, K), 0.04, 0.1
+    sel = dino_exact_selection(T, S_glob, S_loc, L, center, tau_t, tau_s, mode)
+    assert torch.isfinite(sel.loss).all()
+    brute, combos = _brute_force(T, S_glob, S_loc, L, center, tau_t, tau_s, "cross")
+    finite = brute.masked_fill(~torch.isfinite(brute), float("-inf") if mode == "hard" else float("inf"))
+    torch.testing.assert_close(sel.loss, finite.max(1).values if mode == "hard" else finite.min(1).values)
+    assert not (sel.locals[:2] == 1).any() and not (sel.locals[0] == 3).any()
 
 
 # --- the LightningModule ---------------------------------------------------------------------
@@ -157,7 +197,7 @@ def test_registered_and_view_layout() -> None:
     assert candidate_counts(hvp) == (4, 4)
     augs = DINO.view_augs(hvp)
     assert [a.blur_p for a in augs] == [1.0, 0.1, 1.0, 0.1, 0.5, 0.5, 0.5, 0.5]
-    assert candidate_counts(make_cfg("+hvp=on", "+hvp.num_global_candidates=3", "+hvp.num_local_candidates=5")) == (3, 5)
+    assert candidate_counts(make_cfg("+hvp=on", "hvp.num_global_candidates=3", "hvp.num_local_candidates=5")) == (3, 5)
 
 
 def test_model_selection_equals_brute_force_and_gathers_views() -> None:
@@ -167,7 +207,7 @@ def test_model_selection_equals_brute_force_and_gathers_views() -> None:
     batch = make_batch(cfg, b=3)
     G, L = model.num_globals, model.num_local
     table = model.score_candidates(batch)
-    assert table.shape == (3, math.comb(G, 2))
+    assert table.shape == (3, len(official_pairs(G)))  # hvp.global_pairs=cross by default
     choice = choose(table, "hard")
     sel = model.select_views(batch, choice)
     assert len(sel["views"]) == 2 + L and "teacher_out" in sel  # ViT teacher: reused
@@ -175,7 +215,7 @@ def test_model_selection_equals_brute_force_and_gathers_views() -> None:
         tau_t, tau_s, c = model.teacher_temp(), cfg.method.student_temp, model.centering.center
         T = torch.stack([model.teacher.head(model.teacher.backbone(v)) for v in batch["views"][:G]])
         S = torch.stack([model.head(model.backbone(v)) for v in batch["views"]])
-        brute, _ = _brute_force(T, S[:G], S[G:], L, c, tau_t, tau_s)
+        brute, _ = _brute_force(T, S[:G], S[G:], L, c, tau_t, tau_s, "cross")
         torch.testing.assert_close(table.max(1).values, brute.max(1).values, rtol=1e-4, atol=1e-5)
         # The gathered batch gives, through the training step's own loss, the selected value.
         student = [model.head(model.backbone(v)) for v in sel["views"]]
@@ -189,6 +229,7 @@ def test_model_selection_equals_brute_force_and_gathers_views() -> None:
         for slot, p in enumerate(pos[b].long().tolist()):
             assert torch.equal(sel["views"][slot][b], batch["views"][p][b])
     assert (pos[:, :2] < G).all() and (pos[:, 2:] >= G).all()
+    assert (pos[:, 0] % 2 == 0).all() and (pos[:, 1] % 2 == 1).all()  # one crop of each global pipeline
 
 
 def test_selection_pass_leaves_state_unchanged() -> None:
@@ -309,4 +350,5 @@ def test_tiny_hydra_run(tmp_path: Path) -> None:
     summary, state, metrics = tiny_vit_run("dino", tmp_path)
     assert "centering.center" in state and "teacher.head.last_layer.weight_v" in state
     assert not torch.equal(state["centering.center"], torch.zeros_like(state["centering.center"]))
-    assert "train/teacher_momentum" in metrics and "hvp/selected_loss_step" in metrics
+    assert "train/teacher_momentum" in metrics and "hvp/selection_selected_loss_step" in metrics
+    assert "hvp/trained_loss_step" in metrics

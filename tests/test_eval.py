@@ -11,27 +11,21 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, TensorDataset
 
 from hvp_lightning import export
 from hvp_lightning.backbones import build_resnet, build_vit
 from hvp_lightning.config import ConfigError
-from hvp_lightning.evaluate import Classifier, FeatureNet, evaluate, fit_classifier
+from hvp_lightning.evaluate import Classifier, FeatureNet, evaluate, fit_classifier, probe_batch_size
 from hvp_lightning.knn import knn_accuracies, knn_accuracy
 from hvp_lightning.train import run
 
-from .conftest import REPO, make_cfg
+from .conftest import REPO, eval_cfg, make_cfg
 
 DINO = ["method=dino_cifar", "backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32", "+backbone.depth=2",
         "data.crop_size=32", "data.train_size=32", "method.local_crop_size=16", "method.out_dim=256",
         "method.head_hidden_dim=64", "method.bottleneck_dim=32"]
-
-
-def eval_cfg(*overrides: str) -> DictConfig:
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("eval", overrides=["progress_bar=false", *overrides])
 
 
 @pytest.fixture(scope="module")
@@ -109,10 +103,11 @@ def test_vit_features_concatenate_cls_of_last_blocks():
 # --- eval.py end to end ----------------------------------------------------------------------
 @pytest.mark.parametrize("protocol", [
     ["protocol=knn"],
-    ["protocol=linear", "protocol.epochs=2", "protocol.batch_size=32"],
+    ["protocol=linear", "protocol.epochs=2", "protocol.batch_size=32", "protocol.augment=true"],
     ["protocol=linear", "protocol.epochs=2", "protocol.batch_size=32", "protocol.augment=false"],
+    ["protocol=linear", "protocol.epochs=2"],  # defaults: batch sized to the data, augment auto
     ["protocol=finetune", "protocol.epochs=1", "protocol.batch_size=16", "protocol.base_lr=0.01"],
-], ids=["knn", "linear", "linear-precomputed", "finetune"])
+], ids=["knn", "linear", "linear-precomputed", "linear-defaults", "finetune"])
 def test_eval_protocols_end_to_end(simsiam_run, protocol):
     run_dir, train_summary = simsiam_run
     summary = evaluate(eval_cfg(f"ckpt={run_dir}", *protocol))
@@ -137,6 +132,18 @@ def test_eval_protocols_end_to_end(simsiam_run, protocol):
         want = ("lars", 0.1, 256) if name == "linear" else ("adamw", 0.01, 512)  # SimSiam recipes, scaled down
         assert (s["optimizer"], s["base_lr"], s["lr_ref_batch"]) == want
         assert s["lr"] == pytest.approx(s["base_lr"] * s["batch_size"] / s["lr_ref_batch"])
+        if protocol == ["protocol=linear", "protocol.epochs=2"]:
+            # 64 images: the recipe's 4,096 halved to 16 (4 steps an epoch); CPU: cached features
+            assert s["batch_size"] == 16 and s["augment"] is False
+
+
+def test_probe_batch_gives_every_epoch_at_least_16_steps():
+    for recipe, n in [(4096, 3072), (4096, 50_000), (4096, 1_281_167), (1024, 3072), (4096, 100)]:
+        b = probe_batch_size(recipe, n)
+        assert 16 <= b <= recipe
+        assert b == 16 or n >= 16 * b  # at least 16 optimiser steps an epoch
+        assert b == recipe or n < 16 * 2 * b  # and not smaller than that needs
+    assert probe_batch_size(4096, 3072) == 128 and probe_batch_size(4096, 1_281_167) == 4096
 
 
 def test_eval_dino_uses_the_teacher_and_last_blocks(dino_run):

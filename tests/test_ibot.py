@@ -6,9 +6,7 @@ Hydra run."""
 from __future__ import annotations
 
 import json
-import math
 import random
-from itertools import combinations
 from pathlib import Path
 
 import pytest
@@ -22,10 +20,10 @@ from hvp_lightning.methods import METHODS
 from hvp_lightning.methods.dino import DINO, dino_ce_table
 from hvp_lightning.methods.ibot import (IBOT, block_mask, ibot_loss, ibot_masks, ibot_pair_table, ibot_patch_loss,
                                         vit_tokens)
-from hvp_lightning.selection import choose, pair_index
+from hvp_lightning.selection import choose, global_pair_index
 from hvp_lightning.teacher import ema_update
 
-from .conftest import make_cfg as compose_cfg, score_and_assert_stateless, tiny_vit_run
+from .conftest import make_cfg as compose_cfg, official_pairs, score_and_assert_stateless, tiny_vit_run
 
 VIT = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32", "+backbone.depth=1",
        "backbone.drop_path_rate=0.0"]
@@ -170,9 +168,10 @@ def test_vit_tokens_mask_token() -> None:
 # --- exact selection vs brute force -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode,L", [("hard", 3), ("easy", 0)])
-def test_pair_table_equals_brute_force(mode: str, L: int) -> None:
-    G, B, N, K, K2 = 4, 6, 5, 12, 9
+@pytest.mark.parametrize("rule", ["cross", "all"])
+@pytest.mark.parametrize("mode,G,L", [("hard", 4, 3), ("easy", 4, 0), ("hard", 5, 1)])
+def test_pair_table_equals_brute_force(mode: str, G: int, L: int, rule: str) -> None:
+    B, N, K, K2 = 6, 5, 12, 9
     T, S = _logits(G, B, K, seed=10), _logits(G, B, K, seed=11)
     S_loc = _logits(L, B, K, seed=12)
     TP, SP = _logits(G, B, N, K2, seed=13), _logits(G, B, N, K2, seed=14)
@@ -180,10 +179,11 @@ def test_pair_table_equals_brute_force(mode: str, L: int) -> None:
     c, c2 = _logits(1, K, seed=16) * 0.1, _logits(1, K2, seed=17) * 0.1
     tau_t, tau_t2, tau_s, l1, l2 = 0.04, 0.07, 0.1, 0.8, 1.3
     patch = torch.stack([ibot_patch_loss(TP[g], SP[g], M[g], c2, tau_t2, tau_s) for g in range(G)], 1)
-    table = ibot_pair_table(dino_ce_table(T, torch.cat([S, S_loc]), c, tau_t, tau_s), patch, l1, l2)
+    pairs = global_pair_index(G, rule)
+    table = ibot_pair_table(dino_ce_table(T, torch.cat([S, S_loc]), c, tau_t, tau_s), patch, pairs, l1, l2)
     brute = torch.stack([ibot_loss([T[a], T[b]], [S[a], S[b], *S_loc], [TP[a], TP[b]], [SP[a], SP[b]], [M[a], M[b]],
-                                   c, c2, tau_t, tau_t2, tau_s, l1, l2) for a, b in combinations(range(G), 2)], 1)
-    assert table.shape == (B, math.comb(G, 2))
+                                   c, c2, tau_t, tau_t2, tau_s, l1, l2) for a, b in official_pairs(G, rule)], 1)
+    assert table.shape == (B, len(official_pairs(G, rule)))
     torch.testing.assert_close(table, brute)
     assert torch.equal(choose(table, mode), choose(brute, mode))
 
@@ -201,9 +201,10 @@ def _model_loss(model: IBOT, views: list, masks: list, teacher_out=None) -> torc
                          m.student_temp, m.lambda1, m.lambda2)
 
 
-def test_model_selection_equals_brute_force_and_masks_travel() -> None:
+@pytest.mark.parametrize("rule", ["cross", "all"])
+def test_model_selection_equals_brute_force_and_masks_travel(rule: str) -> None:
     torch.manual_seed(0)
-    cfg = make_cfg("+hvp=on", "method.lambda2=1.5")
+    cfg = make_cfg("+hvp=on", "method.lambda2=1.5", f"hvp.global_pairs={rule}")
     model = IBOT(cfg).train()
     model.centering.center.normal_()
     model.patch_centering.center.normal_()
@@ -211,10 +212,10 @@ def test_model_selection_equals_brute_force_and_masks_travel() -> None:
     G, L = model.num_globals, model.num_local
     assert (G, L) == (4, 2)
     table = model.score_candidates(batch)
-    assert table.shape == (3, math.comb(G, 2))
+    assert table.shape == (3, len(official_pairs(G, rule)))
     views, masks = batch["views"], batch["masks"]
     brute = torch.stack([_model_loss(model, [views[a], views[b], *views[G:]], [masks[a], masks[b]])
-                         for a, b in combinations(range(G), 2)], 1)
+                         for a, b in official_pairs(G, rule)], 1)
     torch.testing.assert_close(table, brute, **TOL)
     choice = choose(table, "hard")
     assert torch.equal(choice, brute.argmax(1))
@@ -225,7 +226,7 @@ def test_model_selection_equals_brute_force_and_masks_travel() -> None:
     torch.testing.assert_close(_model_loss(model, sel["views"], sel["masks"], sel["teacher_out"]), selected, **TOL)
     torch.testing.assert_close(_model_loss(model, sel["views"], sel["masks"]), selected, **TOL)
     # ... and each sample's views, masks and parameters are its own chosen candidates.
-    pairs = pair_index(G)[choice]
+    pairs = torch.tensor(official_pairs(G, rule))[choice]
     pos = sel["params"]["crop_x"] - torch.arange(3)[:, None] * 100
     for b in range(3):
         assert pos[b].long().tolist() == [*pairs[b].tolist(), *range(G, G + L)]
@@ -324,15 +325,15 @@ def test_registered_view_layout_and_config_errors() -> None:
     hvp = make_cfg("+hvp=on")
     augs = IBOT.view_augs(hvp)
     assert [a.blur_p for a in augs] == [1.0, 0.1, 1.0, 0.1, 0.5, 0.5]  # G=4 global candidates, L=2 locals
-    assert IBOT.view_counts(make_cfg("+hvp=on", "+hvp.num_global_candidates=6")) == (6, 2)
+    assert IBOT.view_counts(make_cfg("+hvp=on", "hvp.num_global_candidates=6")) == (6, 2)
     with pytest.raises(ConfigError, match="global views only"):
-        IBOT.view_counts(make_cfg("+hvp=on", "+hvp.num_local_candidates=4"))
+        IBOT.view_counts(make_cfg("+hvp=on", "hvp.num_local_candidates=4"))
     with pytest.raises(ConfigError, match="ViT"):
         IBOT.view_augs(make_cfg(backbone=("backbone=resnet18_narrow",)))
     with pytest.raises(ConfigError, match="mask_ratio"):
         IBOT.view_counts(make_cfg("method.mask_ratio=[0.5,0.1]"))
     with pytest.raises(ConfigError, match="max_combinations"):
-        IBOT(make_cfg("+hvp=on", "+hvp.max_combinations=4"))
+        IBOT(make_cfg("+hvp=on", "hvp.max_combinations=4"))
     full = compose_cfg(*["method=ibot", "backbone=vit_small", "data/aug=imagenet"], tiny=False)
     assert full.method.out_dim == 8192 and full.method.shared_head and full.method.num_local_crops == 10
     assert IBOT.view_counts(full) == (2, 10)
@@ -366,4 +367,5 @@ def test_tiny_hydra_run(tmp_path: Path) -> None:
         assert not torch.equal(state[key], torch.zeros_like(state[key])), key
     assert "mask_token" in state and not torch.equal(state["mask_token"], torch.zeros_like(state["mask_token"]))
     assert not any(k.startswith("teacher.") and "mask_token" in k for k in state)
-    assert "train/loss_patch_step" in metrics and "hvp/selected_loss_step" in metrics
+    assert "train/loss_patch_step" in metrics and "hvp/selection_selected_loss_step" in metrics
+    assert "hvp/trained_loss_step" in metrics

@@ -40,8 +40,9 @@ def _fake_run(job, knn: list[float], linear: float | None, cfg: dict) -> None:
 
 def test_plan_and_commands_differ_only_in_hvp_keys_and_seed(tmp_path: Path) -> None:
     scale = q.SCALES["cpu"]
-    jobs = q.plan(scale, ["simclr", "simsiam"], q.DEFAULT_ARMS, [0, 1, 2], tmp_path)
-    assert len(jobs) == 30 and [j.seed for j in jobs[:10]] == [0] * 10  # seeds outermost
+    jobs = q.plan(scale, list(scale.per_method), q.DEFAULT_ARMS, [0, 1, 2], tmp_path)
+    per_seed = len(scale.per_method) * len(q.DEFAULT_ARMS)
+    assert len(jobs) == 3 * per_seed and [j.seed for j in jobs[:per_seed]] == [0] * per_seed  # seeds outermost
     base = q.train_command(scale, jobs[0])
     for j in jobs:
         extra = set(q.train_command(scale, j)) - set(base)
@@ -80,6 +81,21 @@ def test_report_table_curves_and_config_check(tmp_path: Path) -> None:
     # a key other than hvp/seed that differs between arms is reported, not hidden
     (jobs[1].run_dir / "config.yaml").write_text(yaml.safe_dump(dict(cfg, method={"name": "simclr", "lr": 9})))
     assert any("method.lr differs" in p for p in q.config_differences(jobs))
+
+
+def test_methods_whose_baseline_does_not_learn_are_left_out(tmp_path: Path) -> None:
+    """A method whose baseline ends at or below its random-init k-NN has nothing to compare: the
+    report names it and why, and has no table row for it (the CPU scale's SimSiam, issue 14)."""
+    scale = q.SCALES["cpu"]
+    arms = ["baseline", "hard"]
+    jobs = q.plan(scale, ["simclr", "simsiam"], arms, [0, 1], tmp_path)
+    for j in jobs:
+        curve = [0.25, 0.40] if j.method == "simclr" else [0.63, 0.60 + 0.01 * (j.arm == "hard")]
+        _fake_run(j, curve, None, {"method": {"name": j.method}, "seed": j.seed})
+    text = q.report("cpu", scale, jobs, ["simclr", "simsiam"], arms, tmp_path, "cmd")
+    assert "| simclr | hard |" in text and "| simsiam |" not in text
+    assert "- simsiam: not reported, its baseline does not learn at this budget (final k-NN 60.00% vs 63.00%" in text
+    assert "simsiam" not in q.SCALES["cpu"].per_method  # so the CPU benchmark does not spend hours on it
 
 
 def test_unfinished_runs_are_left_out(tmp_path: Path) -> None:

@@ -71,7 +71,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     for key in ("epochs", "steps", "images_seen", "knn_top1", "knn_top5"):
         assert resumed[key] == straight[key], key
     assert resumed["hvp"]["selected_samples"] == straight["hvp"]["selected_samples"] == 3 * 6 * 16
-    assert resumed["hvp"]["selected_loss_mean"] == pytest.approx(straight["hvp"]["selected_loss_mean"], rel=1e-5)
+    assert resumed["hvp"]["selection_selected_loss_mean"] == pytest.approx(straight["hvp"]["selection_selected_loss_mean"], rel=1e-5)
     # The CSV log continues: one file, every epoch's k-NN row.
     rows = (resumed_dir / "csv" / "metrics.csv").read_text().splitlines()
     header = rows[0].split(",")
@@ -85,19 +85,21 @@ def test_resume_cli_uses_the_runs_own_config(tmp_path):
     """train.py resume=<run_dir>: the stored config, plus key=value overrides of existing keys."""
     run_dir = tmp_path / "run"
     run(make_cfg("trainer.max_epochs=1", "checkpoint.every_n_epochs=1"), run_dir)
-    cfg = resume_config(run_dir, ["resume=" + str(run_dir), "trainer.max_epochs=2"])
+    over = ["resume=" + str(run_dir), "trainer.max_epochs=2"]
+    cfg = resume_config(run_dir, make_cfg(*over), over)
     assert cfg.trainer.max_epochs == 2 and cfg.resume == str(run_dir) and cfg.backbone.width == 8
     summary = run(cfg, run_dir)
     assert summary["epochs"] == 2 and summary["steps"] == 8 and summary["images_seen"] == 2 * 4 * 16
-    with pytest.raises(CheckpointError, match=r"method=simclr_cifar is not allowed with resume"):
-        resume_config(run_dir, ["method=simclr_cifar"])
+    other = resume_config(run_dir, make_cfg("method=simclr_cifar"), ["method=simclr_cifar"])
+    with pytest.raises(CheckpointError, match=r"config differs in .*method.name.*'simsiam' there, 'simclr' here"):
+        run(other, run_dir)
     with pytest.raises(CheckpointError, match=r"resume='.*nowhere' is not allowed"):
-        resume_config(tmp_path / "nowhere")
+        resume_config(tmp_path / "nowhere", make_cfg())
 
 
 def test_run_dir_of_another_run_is_not_continued(tmp_path):
     run(make_cfg(), tmp_path)
-    with pytest.raises(CheckpointError, match=r"already holds last.ckpt of a different run \(method.name: 'simsiam' there"):
+    with pytest.raises(CheckpointError, match=r"holds last.ckpt of a run whose config differs in .*method.name \('simsiam' there"):
         resume_checkpoint(make_cfg("method=simclr_cifar"), tmp_path)
     with pytest.raises(CheckpointError, match=r"resume='.*' is not allowed: a run dir holding checkpoints/last.ckpt"):
         resume_checkpoint(make_cfg(f"resume={tmp_path / 'empty'}"), tmp_path / "empty")
@@ -162,14 +164,40 @@ def test_missing_truncated_and_foreign_checkpoints(tiny_ckpt, tmp_path):
     truncated.write_bytes(tiny_ckpt.read_bytes()[:5000])
     with pytest.raises(CheckpointError, match=r"is not allowed: the file is truncated or not a PyTorch checkpoint"):
         load_checkpoint(truncated)
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(garbage)
+    # torch's own reason, not its advice half-quoted ("Re-running torch.load with weights_only set to False")
+    assert "truncated or not a PyTorch checkpoint (UnpicklingError: Unsupported operand" in str(err.value)
+    assert "weights_only" not in str(err.value)
     foreign = tmp_path / "foreign.pth"
     torch.save({"conv1.weight": torch.zeros(1)}, foreign)
     with pytest.raises(CheckpointError, match=r"not an hvp-lightning training checkpoint"):
         load_checkpoint(foreign)
-    pickled = tmp_path / "pickled.ckpt"
-    torch.save({"state_dict": {}, "obj": Path("x")}, pickled)  # an arbitrary Python object
-    with pytest.raises(CheckpointError, match=r"refuses to unpickle"):
-        load_checkpoint(pickled)
+
+
+
+class _RunsCode:
+    def __reduce__(self):  # what a crafted checkpoint does: call os.system when unpickled
+        return (os.system, ("true",))
+
+
+@pytest.mark.parametrize(("obj", "why"), [
+    (Path("x"), "Unsupported global: GLOBAL pathlib.PosixPath was not an allowed global"),  # not on the allowlist
+    (_RunsCode(), "unsupported GLOBAL posix.system whose module posix is blocked"),  # a blocked module
+])
+def test_a_refused_pickle_is_named_as_such_with_torchs_warning(tmp_path, obj, why):
+    """torch words the two refusals differently; both are refusals (not "truncated"), and the
+    message keeps torch's warning that weights_only=False can run arbitrary code."""
+    path = tmp_path / "pickled.ckpt"
+    torch.save({"state_dict": {}, "obj": obj}, path)
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(path)
+    message = str(err.value)
+    assert "refuses to unpickle" in message and why in message and "truncated" not in message
+    assert "weights_only=False can result in arbitrary code execution" in message and "trusted source" in message
+    assert "\n" not in message and "\x1b" not in message
 
 
 @pytest.mark.parametrize("script", ["eval.py", "train.py"])
@@ -211,7 +239,7 @@ def test_wandb_resume_continues_the_same_run(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     run(make_cfg("logger=wandb"), tmp_path)
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
-    run(resume_config(tmp_path, ["trainer.max_epochs=2"]), tmp_path)
+    run(resume_config(tmp_path, make_cfg("logger=wandb", "trainer.max_epochs=2"), ["trainer.max_epochs=2"]), tmp_path)
     runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(r.name.endswith(run_id) for r in runs)
 

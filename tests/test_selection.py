@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from hvp_lightning.methods.simsiam import SimSiam, simsiam_loss, simsiam_pair_table
-from hvp_lightning.selection import choose, frozen_state, gather_pairs, pair_index, resolve_selection_dtype
+from hvp_lightning.selection import (ambient_autocast_dtype, choose, frozen_state, gather_pairs, global_pair_index,
+                                     pair_index, resolve_selection_dtype, step_autocast_dtype, summarise_totals)
+
+from .conftest import official_pairs
 
 
 def test_pair_index_order_and_baseline_pair():
@@ -47,6 +50,89 @@ def test_random_choice_uses_private_generator_and_covers_candidates():
     assert torch.equal(c1, c2) and set(c1.tolist()) == set(range(6))
 
 
+@pytest.mark.parametrize("g", [2, 3, 4, 5, 6, 8])
+def test_global_pairs_follow_the_official_rule(g):
+    """``cross`` is the official HVP code's pair set, in its order (column 0 = the baseline's
+    (0, 1), pipeline-1 crop first); ``all`` is every pair."""
+    assert [tuple(p) for p in global_pair_index(g, "cross").tolist()] == official_pairs(g, "cross")
+    assert [tuple(p) for p in global_pair_index(g, "all").tolist()] == official_pairs(g, "all")
+    with pytest.raises(ValueError, match="global_pairs"):
+        global_pair_index(g, "same")
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+def test_nonfinite_entries_are_never_chosen():
+    """Unmasked, NaN wins both argmax and argmin, and +inf (an fp16 overflow) wins argmax."""
+    table = torch.tensor([[0.1, NAN, 0.3, 0.2], [INF, 0.5, -INF, 0.4], [NAN, 2.0, NAN, NAN]])
+    assert choose(table, "hard").tolist() == [2, 1, 1]
+    assert choose(table, "easy").tolist() == [0, 3, 1]
+    rows = table.repeat(200, 1)
+    picks = choose(rows, "random", torch.Generator().manual_seed(0)).view(200, 3)
+    assert torch.isfinite(rows.view(200, 3, 4).gather(2, picks[..., None])).all()
+    assert set(picks[:, 0].tolist()) == {0, 2, 3} and set(picks[:, 1].tolist()) == {1, 3}  # uniform over the finite
+
+
+@pytest.mark.parametrize("mode", ["hard", "easy", "random"])
+def test_a_sample_without_finite_candidates_raises(mode):
+    table = torch.tensor([[0.1, 0.2], [NAN, INF]])
+    with pytest.raises(FloatingPointError, match="non-finite.*1 of 2 samples"):
+        choose(table, mode, torch.Generator().manual_seed(0))
+
+
+def _logged(model) -> dict:
+    """Patch ``model.log`` to collect what a step logs: {name: value}."""
+    logged: dict = {}
+    model.log = lambda name, value, **kw: logged.__setitem__(name, torch.as_tensor(value).detach().clone())
+    return logged
+
+
+def test_logged_losses_say_which_pass_they_come_from(cfg_factory):
+    """``hvp/selection_*`` are the selection pass's values; ``hvp/trained_loss`` is the loss
+    the training step returns. With BatchNorm in train mode they differ (issue 16), so a
+    chart of the selection value must not be read as the trained loss."""
+    torch.manual_seed(0)
+    model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=4")).train()
+    batch = {"views": [torch.randn(8, 3, 16, 16) for _ in range(4)], "label": torch.zeros(8, dtype=torch.long)}
+    table = model.score_candidates(batch)
+    logged = _logged(model)
+    loss = model.training_step(batch, 0)
+    selected = table.max(1).values
+    torch.testing.assert_close(logged["hvp/selection_selected_loss"], selected.mean())
+    torch.testing.assert_close(logged["hvp/selection_candidate_loss"], table.mean())
+    torch.testing.assert_close(logged["hvp/trained_loss"], loss.detach())
+    torch.testing.assert_close(logged["train/loss"], loss.detach())
+    assert not torch.isclose(logged["hvp/trained_loss"], logged["hvp/selection_selected_loss"])  # BatchNorm
+    assert logged["hvp/nonfinite_candidates"].item() == 0
+    summary = summarise_totals(model.hvp_totals)
+    assert summary["selected_samples"] == 8 and summary["nonfinite_candidates"] == 0
+    assert summary["trained_loss_mean"] == pytest.approx(loss.item(), rel=1e-6)
+    assert summary["selection_selected_loss_mean"] == pytest.approx(selected.mean().item(), rel=1e-6)
+
+
+def test_nonfinite_candidates_are_masked_counted_and_fatal_when_all(cfg_factory):
+    torch.manual_seed(0)
+    model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=3")).train()
+    batch = {"views": [torch.randn(4, 3, 16, 16) for _ in range(3)], "label": torch.zeros(4, dtype=torch.long)}
+    clean = model.score_candidates(batch)
+    poisoned = clean.clone()
+    poisoned[0, clean[0].argmax()] = NAN  # the hardest pair of sample 0 overflows
+    poisoned[2, 1] = INF
+    model.score_candidates = lambda b: poisoned.clone()  # type: ignore[method-assign]
+    logged = _logged(model)
+    model.training_step(batch, 0)
+    assert model.last_selection["choice"][0] != clean[0].argmax()
+    assert torch.isfinite(poisoned.gather(1, model.last_selection["choice"][:, None])).all()
+    assert logged["hvp/nonfinite_candidates"].item() == 2
+    assert torch.isfinite(logged["hvp/selection_candidate_loss"])  # masked entries left out of the mean
+    assert summarise_totals(model.hvp_totals)["nonfinite_candidates"] == 2
+    poisoned[1] = NAN  # no finite candidate for sample 1: no step on NaN
+    model.ssl_step = lambda *a: pytest.fail("trained on a batch without finite candidates")  # type: ignore[method-assign]
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        model.training_step(batch, 1)
+
+
 def test_gather_pairs_picks_each_samples_views():
     views = torch.arange(4 * 3).view(4, 3, 1).float()  # value = 3 * view + sample
     a, b = gather_pairs(views, pair_index(4), torch.tensor([0, 5, 2]))  # (0,1), (2,3), (0,3)
@@ -60,6 +146,29 @@ def test_cpu_low_precision_selection_falls_back_loudly():
     assert resolve_selection_dtype("fp16", "cuda") is torch.float16
     with pytest.raises(ValueError, match="allowed"):
         resolve_selection_dtype("int8", "cuda")
+
+
+@pytest.mark.parametrize(("trainer_precision", "device", "expected"), [
+    ("32-true", "cuda", None), ("bf16-mixed", "cuda", torch.bfloat16), ("16-mixed", "cuda", torch.float16),
+    ("32-true", "cpu", None), ("bf16-mixed", "cpu", None)])
+def test_auto_selection_precision_follows_the_training_step(trainer_precision, device, expected, recwarn):
+    """``auto``: the step's autocast dtype on GPU, fp32 on CPU (slow low-precision convs there),
+    silently -- it is the default, not a request; ``fp32`` stays fp32 under any step."""
+    step = step_autocast_dtype(trainer_precision)
+    assert resolve_selection_dtype("auto", device, step) is expected
+    assert resolve_selection_dtype("fp32", device, step) is None
+    assert not [w for w in recwarn if "selection_precision" in str(w.message)]
+    with pytest.raises(ValueError, match="trainer.precision='bf16-true'"):
+        step_autocast_dtype("bf16-true")
+
+
+def test_ambient_autocast_dtype_is_the_step_precision():
+    assert ambient_autocast_dtype("cpu") is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert ambient_autocast_dtype("cpu") is torch.bfloat16
+        with torch.autocast("cpu", enabled=False):
+            assert ambient_autocast_dtype("cpu") is None
+    assert ambient_autocast_dtype("meta") is None  # no autocast there at all
 
 
 def _snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -161,7 +161,7 @@ def test_tiny_train_with_hvp(tmp_path: Path) -> None:
     assert summary["train_loss"] is not None and torch.isfinite(torch.tensor(summary["train_loss"]))
     assert summary["hvp"]["selected_samples"] == 64
     # Hard choice: the selected pair's loss is at least the candidates' mean.
-    assert summary["hvp"]["selected_loss_mean"] >= summary["hvp"]["candidate_loss_mean"]
+    assert summary["hvp"]["selection_selected_loss_mean"] >= summary["hvp"]["selection_candidate_loss_mean"]
     assert summary["knn_top1"] is not None
     assert (tmp_path / "summary.json").is_file()
 

@@ -24,7 +24,9 @@ from .conftest import REPO, compose_with_hydra, write_tiny_experiment
 
 HVP_SUMMARY = {"method": "simsiam", "hvp_enabled": True, "knn_top1": 0.5, "knn_top1_init": 0.3, "knn_top5": 0.9,
                "wall_time_s": 12.5, "hvp": {"mode": "hard", "num_views": 4, "every_n_steps": 1,
-                                            "selected_loss_mean": -0.5, "candidate_loss_mean": -0.7}}
+                                            "selection_selected_loss_mean": -0.5,
+                                            "selection_candidate_loss_mean": -0.7, "trained_loss_mean": -0.45,
+                                            "nonfinite_candidates": 0}}
 BASE_SUMMARY = {"method": "simclr", "hvp_enabled": False, "knn_top1": 0.4, "knn_top1_init": None, "knn_top5": 0.8,
                 "wall_time_s": 9.0}
 
@@ -46,7 +48,8 @@ def test_sweep_csv_has_a_column_per_override_key_then_the_results():
     assert hvp["hvp"] == "on" and hvp["overrides"] == "method=simsiam +hvp=on seed=0"
     assert (hvp["knn_top1"], hvp["knn_top1_init"], hvp["knn_top5"], hvp["wall_time_s"]) == ("0.5", "0.3", "0.9", "12.5")
     assert (hvp["hvp_mode"], hvp["hvp_num_views"], hvp["hvp_every_n_steps"]) == ("hard", "4", "1")
-    assert (hvp["hvp_selected_loss_mean"], hvp["hvp_candidate_loss_mean"]) == ("-0.5", "-0.7")
+    assert (hvp["hvp_selection_selected_loss_mean"], hvp["hvp_selection_candidate_loss_mean"]) == ("-0.5", "-0.7")
+    assert (hvp["hvp_trained_loss_mean"], hvp["hvp_nonfinite_candidates"]) == ("-0.45", "0")
     assert hvp["status"] == "ok" and hvp["error"] == "" and hvp["run_dir"] == "m/0_a"
     assert base["hvp"] == "" and base["data.root"] == "/x=y"  # the value is everything after the first '='
     assert base["hvp_mode"] == "off" and base["hvp_num_views"] == "" and base["knn_top1_init"] == ""
@@ -174,7 +177,7 @@ def test_multirun_writes_one_row_per_job_and_a_failed_job_says_so(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 1, proc.stderr[-3000:]  # Hydra reports the failed job after the sweep
-    assert "hvp.num_views=1 is not allowed" in proc.stderr
+    assert proc.stderr.count("hvp.num_views=1 is not allowed") == 1 and "Traceback" not in proc.stderr
     dirs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
     assert dirs == ["0_hvp.num_views=3,+experiment=tiny,+hvp=on,logger=csv",  # the swept key first
                     "1_hvp.num_views=1,+experiment=tiny,+hvp=on,logger=csv"]
@@ -183,7 +186,7 @@ def test_multirun_writes_one_row_per_job_and_a_failed_job_says_so(tmp_path):
     ok, failed = rows
     summary = json.loads((sweep / dirs[0] / "summary.json").read_text())
     assert ok["status"] == "ok" and ok["hvp.num_views"] == "3" and float(ok["knn_top1"]) == summary["knn_top1"]
-    assert (ok["hvp_mode"], ok["hvp_num_views"]) == ("hard", "3") and float(ok["hvp_selected_loss_mean"]) > -2
+    assert (ok["hvp_mode"], ok["hvp_num_views"]) == ("hard", "3") and float(ok["hvp_selection_selected_loss_mean"]) > -2
     assert float(ok["wall_time_s"]) > 0 and ok["run_dir"] == str(sweep / dirs[0])
     assert failed["status"] == "failed" and failed["hvp.num_views"] == "1" and failed["knn_top1"] == ""
     assert failed["error"].startswith("ConfigError: hvp.num_views=1 is not allowed")

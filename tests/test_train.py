@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -17,9 +18,11 @@ SUMMARY_KEYS = {"method", "hvp_enabled", "num_classes", "knn_top1", "train_loss"
 
 
 @pytest.mark.parametrize("hvp", [False, True])
-def test_tiny_train_run(cfg_factory, tmp_path, hvp):
+def test_tiny_train_run(cfg_factory, tmp_path, hvp, capsys):
     overrides = ["+hvp=on", "hvp.num_views=3"] if hvp else ["eval.at_start=true"]
     summary = run(cfg_factory(*overrides, "trainer.max_epochs=2", "eval.every_n_epochs=1"), tmp_path)
+    out = capsys.readouterr().out
+    assert out.count("device: cpu (") == 1 and "| precision: 32-true" in out  # the start-up line
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert SUMMARY_KEYS <= on_disk.keys() and on_disk["hvp_enabled"] is hvp
     assert summary["epochs"] == 2 and summary["images_seen"] == 2 * 4 * 16  # 64 images / batch 16, drop_last
@@ -31,8 +34,16 @@ def test_tiny_train_run(cfg_factory, tmp_path, hvp):
     if hvp:
         h = summary["hvp"]
         assert h["selected_samples"] == 2 * 4 * 16
-        assert h["selected_loss_mean"] >= h["candidate_loss_mean"]  # hard = per-sample max over pairs
-        assert {"hvp/selected_loss_step", "hvp/candidate_loss_step"} <= set(metrics)
+        assert h["selection_selected_loss_mean"] >= h["selection_candidate_loss_mean"]  # hard = per-sample max over pairs
+        assert {"hvp/selection_selected_loss_step", "hvp/selection_candidate_loss_step"} <= set(metrics)
+        assert h["nonfinite_candidates"] == 0
+        # Every step selects here, so the trained loss is the steps' own train/loss, epoch by epoch
+        # (equal batches), and its run mean is the mean of those epoch means.
+        rows = list(csv.DictReader((tmp_path / "csv" / "metrics.csv").open()))
+        epochs = [(float(r["train/loss_epoch"]), float(r["hvp/trained_loss_epoch"])) for r in rows
+                  if r.get("train/loss_epoch")]
+        assert len(epochs) == 2 and all(t == pytest.approx(tr, rel=1e-5) for t, tr in epochs)
+        assert h["trained_loss_mean"] == pytest.approx(sum(t for t, _ in epochs) / 2, rel=1e-5)
     else:
         assert "hvp" not in summary
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
@@ -40,7 +51,7 @@ def test_tiny_train_run(cfg_factory, tmp_path, hvp):
 
 def test_easy_mode_selects_below_the_candidate_mean(cfg_factory, tmp_path):
     summary = run(cfg_factory("+hvp=on", "hvp.mode=easy", "eval.every_n_epochs=1"), tmp_path)
-    assert summary["hvp"]["selected_loss_mean"] <= summary["hvp"]["candidate_loss_mean"]
+    assert summary["hvp"]["selection_selected_loss_mean"] <= summary["hvp"]["selection_candidate_loss_mean"]
 
 
 @pytest.mark.parametrize(
@@ -50,6 +61,7 @@ def test_easy_mode_selects_below_the_candidate_mean(cfg_factory, tmp_path):
         ("+hvp=on hvp.mode=hardest", "hvp.mode='hardest'"),
         ("+hvp=on hvp.every_n_steps=0", "hvp.every_n_steps=0"),
         ("+hvp=on hvp.selection_precision=int8", "hvp.selection_precision='int8'"),
+        ("method=dino_cifar +hvp=on hvp.global_pairs=same", "hvp.global_pairs='same'"),
         ("method.name=byol", "method.name='byol'"),
         ("backbone.name=resnet7", "backbone.name='resnet7'"),
         ("data.name=mnist", "data.name='mnist'"),
@@ -62,6 +74,11 @@ def test_easy_mode_selects_below_the_candidate_mean(cfg_factory, tmp_path):
         ("data.aug.gray_p=1.5", "data.aug.gray_p=1.5"),
         ("+trainer.max_epoch=3", "trainer.max_epoch=3"),
         ("method.batch_size=1", "method.batch_size=1"),
+        ("seed=abc", "seed='abc'"),
+        ("seed=-5", "seed=-5"),
+        ("seed=4294967296", "seed=4294967296"),
+        ("+hvp=on +hvp.max_combinations=8", "hvp.max_combinations=8"),
+        ("method=simclr_cifar +hvp=on +hvp.max_combinations=8", "hvp.max_combinations=8"),
     ],
 )
 def test_config_errors_name_key_value_and_allowed(cfg_factory, override, key):
@@ -70,10 +87,49 @@ def test_config_errors_name_key_value_and_allowed(cfg_factory, override, key):
     assert str(err.value).startswith(key) and "allowed" in str(err.value)
 
 
+@pytest.mark.parametrize("method", ["simsiam", "simclr", "dino", "ibot"])
+def test_declared_hvp_defaults_are_accepted_by_every_method(cfg_factory, method):
+    """conf/hvp/on.yaml declares every HVP key (no ``+`` needed); its defaults, including the
+    multi-crop-only ones, must not stop any method from starting."""
+    from hvp_lightning.methods import METHODS
+
+    backbone = ["backbone=vit_tiny", "backbone.patch_size=8", "+backbone.depth=1"] if method == "ibot" else []
+    cfg = cfg_factory(f"method={method}_cifar", *backbone, "+hvp=on", "data.crop_size=16")
+    assert {"global_pairs", "num_global_candidates", "num_local_candidates", "max_combinations"} <= cfg.hvp.keys()
+    validate(cfg)
+    assert METHODS[method](cfg).hvp.global_pairs == "cross"
+
+
 def test_empty_imagefolder_root_is_rejected(cfg_factory, tmp_path):
     (tmp_path / "train").mkdir()
     with pytest.raises(ConfigError, match="data.root"):
         validate(cfg_factory("data=imagefolder", f"data.root={tmp_path}"))
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100", "stl10"])
+def test_torchvision_root_without_its_files_is_a_config_error(cfg_factory, tmp_path, name):
+    (tmp_path / "unrelated.txt").write_text("not a dataset")  # a folder, but not torchvision's layout
+    with pytest.raises(ConfigError, match=rf"^data.root='{tmp_path}' is not allowed: a folder holding torchvision's {name}"):
+        validate(cfg_factory(f"data={name}", f"data.root={tmp_path}"))
+
+
+def test_imagefolder_without_image_files_is_a_config_error(cfg_factory, tmp_path):
+    for split in ("train", "val"):
+        (tmp_path / split / "cls").mkdir(parents=True)
+        (tmp_path / split / "cls" / "notes.txt").write_text("no images here")
+    with pytest.raises(ConfigError, match=r"^data.root=.*\(no image files"):
+        validate(cfg_factory("data=imagefolder", f"data.root={tmp_path}"))
+
+
+def test_crop_larger_than_the_images_is_said_once(cfg_factory, caplog):
+    with caplog.at_level("WARNING"):
+        validate(cfg_factory("data.crop_size=48"))  # generated images are 32 px
+    assert [r.getMessage() for r in caplog.records if "upsampled" in r.getMessage()] == [
+        "data.crop_size=48 is larger than the images (shorter side 32 px): every crop is upsampled"]
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        validate(cfg_factory("data.crop_size=32"))
+    assert "upsampled" not in caplog.text
 
 
 def test_batch_larger_than_dataset_is_a_config_error(cfg_factory, tmp_path):
@@ -81,14 +137,16 @@ def test_batch_larger_than_dataset_is_a_config_error(cfg_factory, tmp_path):
         run(cfg_factory("method.batch_size=128"), tmp_path)
 
 
-def test_cli_reports_config_error_in_one_line_without_traceback(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "train.py", "+hvp=on", "hvp.num_views=1", "logger=csv", f"hydra.run.dir={tmp_path}"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
+@pytest.mark.parametrize("bad", [["+hvp=on", "hvp.num_views=1"], ["seed=abc"]])
+def test_cli_reports_config_error_once_in_one_line_and_leaves_no_run_dir(tmp_path, bad):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "train.py", *bad, "logger=csv", f"hydra.run.dir={run_dir}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
-    assert "config error: hvp.num_views=1 is not allowed: expected an integer >= 2" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    out = proc.stdout + proc.stderr
+    assert out.count("config error:") == 1 and "Traceback" not in out, out[-2000:]
+    assert f"config error: {bad[-1].split('=')[0]}=" in proc.stderr
+    assert not run_dir.exists()  # no run dir with an empty train.log left behind
 
 
 def test_wandb_offline_run_logs_metrics_and_summary(cfg_factory, tmp_path, monkeypatch):
@@ -105,6 +163,6 @@ def test_wandb_offline_run_logs_metrics_and_summary(cfg_factory, tmp_path, monke
     # Offline runs keep history and summary in the run's protobuf log; keys are plain strings there.
     wandb_records(tmp_path)  # waits until the W&B service has written the run's exit record
     record = next(runs[0].glob("run-*.wandb")).read_bytes()
-    for key in ("knn/top1", "hvp/selected_loss_step", "train/loss_step", "summary/knn_top1",
-                "summary/hvp_selected_loss_mean"):
+    for key in ("knn/top1", "hvp/selection_selected_loss_step", "train/loss_step", "summary/knn_top1",
+                "summary/hvp_selection_selected_loss_mean"):
         assert key.encode() in record, key

@@ -68,8 +68,8 @@ def test_offline_run_holds_identity_charts_and_hvp_curves(cfg_factory, tmp_path)
     assert metrics["*"].step_metric == "trainer/global_step"  # Lightning's axis for everything else
     rows = history_rows(records)
     keys = set().union(*rows)
-    for key in ("knn/top1", "knn/top5", "train/loss_step", "hvp/selected_loss_step", "hvp/candidate_loss_step",
-                "hvp/selected_minus_candidate", "analysis/iou_selected_step", "analysis/lowest_iou_share_step",
+    for key in ("knn/top1", "knn/top5", "train/loss_step", "hvp/selection_selected_loss_step", "hvp/selection_candidate_loss_step",
+                "hvp/selection_selected_minus_candidate", "hvp/trained_loss_step", "analysis/iou_selected_step", "analysis/lowest_iou_share_step",
                 "trainer/global_step"):
         assert key in keys, key
     assert [r["knn/epoch"] for r in rows if "knn/top1" in r] == [0.0, 1.0]  # at init, after the one epoch

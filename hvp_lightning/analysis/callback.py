@@ -14,14 +14,16 @@ HVP steps, the mixin's ``last_selection`` (``{"table": [B, C], "choice": [B]}``)
 
 Baseline runs (HVP off) log the ``*_selected`` statistics of the pair they train on, so the
 two runs compare directly. Multi-crop methods (DINO/iBOT) are analysed on their global views
-only: with HVP their score table has one column per global pair (``pair_index(G)``); DINO
-with ``hvp.max_combinations`` scores random combinations instead, which is not a pair table,
-so its statistics are skipped with one warning saying so.
+only: with HVP their score table has one column per scored global pair
+(``global_pair_index(G, hvp.global_pairs)``); DINO with ``hvp.max_combinations`` scores
+random combinations instead, which is not a pair table, so its statistics are skipped with
+one warning saying so.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import math
 import warnings
 from pathlib import Path
@@ -31,8 +33,9 @@ import lightning as L
 import numpy as np
 import torch
 
+from ..checkpoint import atomic_write
 from ..data.augment import PARAM_NAMES
-from ..selection import pair_index
+from ..selection import global_pair_index, pair_index
 from .metrics import JITTER_NAMES, jitter_differences, pair_metrics
 
 # Columns of steps-r<rank>.csv after step, micro, epoch, hvp, samples (NaN where not applicable).
@@ -54,18 +57,20 @@ def head_views(params: Mapping[str, torch.Tensor], n: int) -> dict[str, torch.Te
 
 
 def step_statistics(params: Mapping[str, torch.Tensor], table: torch.Tensor | None = None,
-                    choice: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                    choice: torch.Tensor | None = None, pairs: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Selection statistics of one batch, as 0-d tensors (no host sync).
 
-    ``params`` holds the N candidate views whose pairs are the columns of ``table``
-    (``pair_index(N)`` order). Without a ``choice`` (baseline, or an HVP off-step) the trained
-    pair is views 0 and 1 and only the ``*_selected`` keys are returned. ``lowest_iou_share``
-    counts a hit when the selected pair's IoU equals the minimum (ties included);
-    ``lowest_iou_chance`` is the nominal ``1 / C(N, 2)`` and ``lowest_iou_chance_ties`` the
+    ``params`` holds the N candidate views; ``pairs`` ``[P, 2]`` are the view pairs of
+    ``table``'s columns (default ``pair_index(N)``; multi-crop methods may score a subset of
+    the global pairs). Without a ``choice`` (baseline, or an HVP off-step) the trained pair is
+    views 0 and 1 and only the ``*_selected`` keys are returned. ``lowest_iou_share`` counts a
+    hit when the selected pair's IoU equals the minimum over the P pairs (ties included);
+    ``lowest_iou_chance`` is the nominal ``1 / P`` and ``lowest_iou_chance_ties`` the
     tie-aware chance of a uniform choice (mean share of pairs that attain the minimum).
     """
     n = params["crop_x"].shape[1]
-    pairs = pair_index(n)
+    device = params["crop_x"].device
+    pairs = pair_index(n, device=device) if pairs is None else pairs.to(device)
     m = pair_metrics(params, pairs)
     if choice is None:
         return {f"{k}_selected": v[:, 0].mean() for k, v in m.items()}
@@ -84,23 +89,26 @@ def step_statistics(params: Mapping[str, torch.Tensor], table: torch.Tensor | No
     if table is not None:
         t = table.float().to(iou.device)
         out["loss_selected"] = t.gather(1, choice).mean()
-        out["loss_candidates"] = t.mean()
+        out["loss_candidates"] = t.masked_fill(~torch.isfinite(t), float("nan")).nanmean()  # masked entries out
     return out
 
 
-def pair_table_views(pl_module: Any, params: Mapping[str, torch.Tensor]) -> tuple[int, str | None]:
-    """(candidate views whose pairs the score table indexes, reason it is not a pair table or None)."""
+def pair_table(pl_module: Any, params: Mapping[str, torch.Tensor]) -> tuple[int, torch.Tensor, str | None]:
+    """(candidate views whose pairs the score table indexes, those pairs ``[P, 2]`` in column
+    order, reason it is not a pair table or None)."""
     g = getattr(pl_module, "num_globals", None)
-    if g is None:  # pair methods: every view is a candidate
-        return int(params["crop_x"].shape[1]), None
+    if g is None:  # pair methods: every view is a candidate, every pair a column
+        n = int(params["crop_x"].shape[1])
+        return n, pair_index(n), None
     hvp = getattr(pl_module, "hvp", None)
+    pairs = global_pair_index(int(g), getattr(hvp, "global_pairs", "cross"))
     k = getattr(hvp, "max_combinations", None)
     if k is not None and hvp is not None and hvp.enabled and hasattr(pl_module, "num_locals_cand"):
-        total = math.comb(int(g), 2) * math.comb(int(pl_module.num_locals_cand), int(pl_module.num_local))
+        total = pairs.shape[0] * math.comb(int(pl_module.num_locals_cand), int(pl_module.num_local))
         if int(k) < total:  # DINO's sampled setting (iBOT rejects max_combinations)
-            return int(g), (f"hvp.max_combinations={k} scores {k} random (global pair, locals) combinations per "
-                            "sample, not a table over global pairs; selection statistics are skipped")
-    return int(g), None
+            return int(g), pairs, (f"hvp.max_combinations={k} scores {k} random (global pair, locals) combinations "
+                                   "per sample, not a table over global pairs; selection statistics are skipped")
+    return int(g), pairs, None
 
 
 class ViewLog:
@@ -120,13 +128,15 @@ class ViewLog:
         self.files: list[Path] = []
 
     def add(self, step: int, index: torch.Tensor, params: Mapping[str, torch.Tensor],
-            table: torch.Tensor | None, choice: torch.Tensor | None, micro: int = 0) -> None:
+            table: torch.Tensor | None, choice: torch.Tensor | None, micro: int = 0,
+            pairs: torch.Tensor | None = None) -> None:
         """One batch: ``params`` of its N candidate views, the ``[B, P]`` loss ``table`` and the
         ``[B]`` ``choice`` (None without a selection: the pair trained on is then views 0, 1).
-        ``micro`` is the batch's position within a gradient-accumulation step."""
+        ``micro`` is the batch's position within a gradient-accumulation step; ``pairs`` the
+        view pairs of ``table``'s columns (default ``pair_index(N)``)."""
         p = {k: v.detach().cpu() for k, v in params.items()}
         b, n = p["crop_x"].shape
-        pairs = pair_index(n)
+        pairs = pair_index(n) if pairs is None else pairs.cpu()
         nump = pairs.shape[0]
         ch = choice.detach().cpu().long() if choice is not None else torch.zeros(b, dtype=torch.long)
         idx = index.detach().cpu().long()
@@ -222,22 +232,22 @@ class HardViewAnalysis(L.Callback):
         if not params or "crop_x" not in params:
             self._warn_once("noparams", "analysis: the batch carries no augmentation params; nothing to analyse")
             return
-        n, reason = pair_table_views(pl_module, params)
+        n, pairs, reason = pair_table(pl_module, params)
         params = head_views(params, n)
         sel = getattr(pl_module, "last_selection", None)
         hvp_on = bool(getattr(getattr(pl_module, "hvp", None), "enabled", False))
         table = choice = None
         if sel is not None:
             table, choice = sel["table"], sel["choice"]
-            if reason is None and table.shape[1] != math.comb(n, 2):
-                reason = f"the score table has {table.shape[1]} columns, not C({n},2) global pairs"
+            if reason is None and table.shape[1] != pairs.shape[0]:
+                reason = f"the score table has {table.shape[1]} columns, not the {pairs.shape[0]} global pairs"
             if reason is not None:
                 self._warn_once(reason, f"analysis: {reason}")
                 return
         elif hvp_on and reason is not None:
             return
         if self.online:
-            stats = step_statistics(params, table, choice)
+            stats = step_statistics(params, table, choice, pairs)
             if sel is not None or not hvp_on:  # an HVP run's off-steps are not logged (recorded in CSV)
                 b = int(params["crop_x"].shape[0])
                 for k, v in stats.items():
@@ -250,7 +260,19 @@ class HardViewAnalysis(L.Callback):
             index = batch.get("index")
             if index is None:
                 index = torch.full((params["crop_x"].shape[0],), -1)
-            self.view_log.add(self._step, torch.as_tensor(index), params, table, choice, self._micro)
+            self.view_log.add(self._step, torch.as_tensor(index), params, table, choice, self._micro, pairs)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Drop what an earlier session logged after the step this one starts from (0 for a
+        fresh run): it was logged after the checkpoint, and this session logs it again."""
+        drop_rows_from(self.out_dir / f"steps-r{trainer.global_rank}.csv", trainer.global_step)
+        for part in self.out_dir.glob(f"*-r{trainer.global_rank}-s*.parquet"):
+            if int(part.stem.rsplit("-s", 1)[1]) >= trainer.global_step:
+                part.unlink()
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """What was logged up to a checkpoint reaches the disk with it: a kill after it loses nothing."""
+        self._flush_all(trainer.global_rank)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._flush_all(trainer.global_rank)
@@ -287,6 +309,20 @@ class HardViewAnalysis(L.Callback):
         if key not in self._warned:
             self._warned.add(key)
             warnings.warn(message, stacklevel=2)
+
+
+def drop_rows_from(path: Path, step: int) -> None:
+    """Rewrite a ``step``-keyed CSV without its rows of ``step`` and later (atomically)."""
+    if not path.is_file():
+        return
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    kept = [r for r in rows[1:] if r and int(r[0]) < step]
+    if len(kept) == len(rows) - 1:
+        return
+    text = io.StringIO(newline="")
+    csv.writer(text).writerows(rows[:1] + kept)
+    atomic_write(path, lambda f: f.write(text.getvalue().encode()))
 
 
 def analysis_callbacks(cfg: Any, run_dir: Path) -> list[L.Callback]:

@@ -126,7 +126,7 @@ def summary_stats(steps: dict[str, np.ndarray], prefix: str = "") -> dict[str, A
              "lowest_iou_chance": "lowest_iou_chance", "lowest_iou_chance_ties": "lowest_iou_chance_ties",
              "rel_dist_selected": "selected_rel_dist_mean", "rel_dist_candidates": "candidate_rel_dist_mean",
              "color_dist_selected": "selected_color_dist_mean", "color_dist_candidates": "candidate_color_dist_mean",
-             "loss_selected": "selected_loss_mean", "loss_candidates": "candidate_loss_mean"}
+             "loss_selected": "selection_selected_loss_mean", "loss_candidates": "selection_candidate_loss_mean"}
     for k, name in names.items():
         out[prefix + name] = _wmean(steps[k][sel], w)
     half = np.zeros_like(sel)
@@ -317,29 +317,11 @@ def plot_importance(imp: dict[str, Any], path: Path) -> None:
 
 def replay_view(img, row: dict[str, Any], size: int, blur_kernel: int | None = None):
     """Re-apply one logged view's augmentation to the uint8 source image ``[3, H, W]``: crop,
-    flip, jitter in its logged order, grayscale, blur, solarize (before normalisation).
-    Bit-exact with :func:`hvp_lightning.data.augment.augment` given the same parameters."""
-    from torchvision.transforms.v2 import functional as F
+    flip, jitter in its logged order, grayscale, blur, solarize (before normalisation), with
+    the reference kernels of :func:`hvp_lightning.data.augment.augment`."""
+    from ..data.augment import ViewAug, crop_flip, reference_colour
 
-    from ..data.augment import ViewAug
-
-    x = F.resized_crop(img, int(row["crop_y"]), int(row["crop_x"]), int(row["crop_h"]), int(row["crop_w"]),
-                       [size, size], antialias=True)
-    if row["flip"]:
-        x = F.horizontal_flip(x)
-    if row["jitter"]:
-        ops = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
-        factors = (row["brightness"], row["contrast"], row["saturation"], row["hue"])
-        for i in [int(o) for o in row["jitter_order"]]:
-            x = ops[i](x, float(factors[i]))
-    if row["grayscale"]:
-        x = F.rgb_to_grayscale(x, num_output_channels=3)
-    if row["blur_sigma"] > 0:
-        k = blur_kernel or ViewAug(size=size).blur_kernel
-        x = F.gaussian_blur(x, [k, k], [float(row["blur_sigma"])] * 2)
-    if row["solarize"]:
-        x = F.solarize(x, 128)
-    return x
+    return reference_colour(crop_flip(img, row, size), row, blur_kernel or ViewAug(size=size).blur_kernel)
 
 
 def load_train_images(run_dir: Path):

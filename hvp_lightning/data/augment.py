@@ -3,14 +3,18 @@
 HVP's analysis (paper section 6) needs, for every candidate view, the crop box in
 source-image pixels, the flip, the colour-jitter factors and their order, grayscale, blur
 sigma and solarize. torchvision's composed transforms hide those, so this module samples
-them explicitly (with torchvision's own samplers, so the distributions are identical) and
-applies them with ``torchvision.transforms.v2.functional``.
+them explicitly (with torchvision's own samplers, so the distributions are identical).
+
+Training splits a view in two: loader workers crop and flip uint8 images
+(:class:`MultiViewTransform`), and the colour ops run batched on the batch's device
+(:mod:`.batched`). :func:`augment` is the whole view with torchvision's per-image kernels:
+the reference the batched ops are tested against.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torchvision import transforms as T
@@ -69,40 +73,63 @@ def _rand() -> float:
     return torch.rand(()).item()
 
 
-def augment(img: torch.Tensor, aug: ViewAug) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Sample and apply one view. Uses the global torch RNG (seeded per DataLoader worker)."""
+def sample_params(img: torch.Tensor, aug: ViewAug) -> dict[str, torch.Tensor]:
+    """Draw every parameter of one view, in the order (and with the samplers) of the composed
+    torchvision pipeline: crop box, flip, jitter (order and factors), grayscale, blur sigma,
+    solarize. Uses the global torch RNG (seeded per DataLoader worker)."""
     _, h_src, w_src = img.shape
     top, left, h, w = T.RandomResizedCrop.get_params(img, list(aug.scale), list(aug.ratio))
-    x = F.resized_crop(img, top, left, h, w, [aug.size, aug.size], antialias=True)
     flip = _rand() < aug.flip_p
-    if flip:
-        x = F.horizontal_flip(x)
     jitter = _rand() < aug.jitter_p
     factors = (1.0, 1.0, 1.0, 0.0)
-    order = torch.arange(4)
+    order = torch.full((4,), -1)
     if jitter:
         order, b, c, s, hue = T.ColorJitter.get_params(
             [max(0.0, 1 - aug.brightness), 1 + aug.brightness], [max(0.0, 1 - aug.contrast), 1 + aug.contrast],
             [max(0.0, 1 - aug.saturation), 1 + aug.saturation], [-aug.hue, aug.hue])
         factors = (float(b), float(c), float(s), float(hue))  # type: ignore[arg-type]
-        ops = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
-        for op_idx in order.tolist():
-            x = ops[op_idx](x, factors[op_idx])
     gray = _rand() < aug.gray_p
-    if gray:
-        x = F.rgb_to_grayscale(x, num_output_channels=3)
     sigma = 0.0
     if aug.blur_p > 0 and _rand() < aug.blur_p:
         sigma = aug.blur_sigma[0] + _rand() * (aug.blur_sigma[1] - aug.blur_sigma[0])
-        x = F.gaussian_blur(x, [aug.blur_kernel, aug.blur_kernel], [sigma, sigma])
     solarize = aug.solarize_p > 0 and _rand() < aug.solarize_p
-    if solarize:
-        x = F.solarize(x, 128)
-    out = normalize(x, aug.mean, aug.std)
     values = (left, top, w, h, w_src, h_src, flip, jitter, *factors, gray, sigma, solarize)
     params = {k: torch.tensor(float(v)) for k, v in zip(PARAM_NAMES, values)}
-    params["jitter_order"] = order.clone() if jitter else torch.full((4,), -1)
-    return out, params
+    params["jitter_order"] = order.clone()
+    return params
+
+
+def crop_flip(img: torch.Tensor, params: Mapping[str, Any], size: int) -> torch.Tensor:
+    """The geometric part of a view (what loader workers do): uint8 ``[3, size, size]``."""
+    x = F.resized_crop(img, int(params["crop_y"]), int(params["crop_x"]), int(params["crop_h"]),
+                       int(params["crop_w"]), [size, size], antialias=True)
+    return F.horizontal_flip(x) if params["flip"] else x
+
+
+def reference_colour(x: torch.Tensor, params: Mapping[str, Any], blur_kernel: int) -> torch.Tensor:
+    """The photometric part of one view with torchvision's own uint8 kernels, from recorded
+    parameters: the reference that :mod:`.batched` reproduces for whole batches on device."""
+    if params["jitter"]:
+        ops = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
+        factors = [float(params[k]) for k in ("brightness", "contrast", "saturation", "hue")]
+        for op_idx in [int(o) for o in params["jitter_order"]]:
+            x = ops[op_idx](x, factors[op_idx])
+    if params["grayscale"]:
+        x = F.rgb_to_grayscale(x, num_output_channels=3)
+    sigma = float(params["blur_sigma"])
+    if sigma > 0:
+        x = F.gaussian_blur(x, [blur_kernel, blur_kernel], [sigma, sigma])
+    if params["solarize"]:
+        x = F.solarize(x, 128)
+    return x
+
+
+def augment(img: torch.Tensor, aug: ViewAug) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Sample and apply one whole view per image with torchvision (the reference pipeline;
+    training runs :class:`MultiViewTransform` + :func:`.batched.finish_views` instead)."""
+    params = sample_params(img, aug)
+    x = reference_colour(crop_flip(img, params, aug.size), params, aug.blur_kernel)
+    return normalize(x, aug.mean, aug.std), params
 
 
 def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
@@ -111,17 +138,20 @@ def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> t
 
 @dataclass(frozen=True)
 class MultiViewTransform:
-    """Candidate views of one image, each with its own distribution, and their parameters.
+    """The loader-worker part of the candidate views of one image: decode to uint8, draw every
+    view's parameters, crop and flip. Colour ops and normalisation run later on the whole batch,
+    on its device (:func:`.batched.finish_views`, called by the data module after transfer).
 
-    Returns ``(views, params)``: a list of view tensors and a dict of parameters stacked
-    over views (``[V]`` per scalar, ``[V, 4]`` for ``jitter_order``).
+    Returns ``(views, params)``: a list of uint8 ``[3, S, S]`` crops and a dict of parameters
+    stacked over views (``[V]`` per scalar, ``[V, 4]`` for ``jitter_order``).
     """
 
     augs: tuple[ViewAug, ...] = field(default_factory=tuple)
 
     def __call__(self, img) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
         img = to_uint8_tensor(img)
-        views, plist = zip(*(augment(img, a) for a in self.augs))
+        plist = [sample_params(img, a) for a in self.augs]
+        views = [crop_flip(img, p, a.size) for p, a in zip(plist, self.augs)]
         params = {k: torch.stack([p[k] for p in plist]) for k in plist[0]}
         return list(views), params
 

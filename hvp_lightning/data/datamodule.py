@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import logging
+import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset, Subset
+from lightning.pytorch.utilities import rank_zero_only
+from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
 from .augment import EvalTransform, MultiViewTransform, ViewAug
+from .batched import finish_views
 from .datasets import SafeImageFolder, SyntheticShapes
+
+log = logging.getLogger(__name__)
 
 DATASETS = ("synthetic", "imagefolder", "cifar10", "cifar100", "stl10")
 
@@ -43,6 +50,24 @@ class EvalDataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         img, label, bad = _unpack(self.raw[i])
         return {"image": self.transform(img), "label": label, "index": i, "bad_file": bad}
+
+
+def finish_batch(batch: Any, augs: tuple[ViewAug, ...]) -> Any:
+    """A training batch with its uint8 views coloured and normalised where they lie; any
+    other batch unchanged."""
+    if isinstance(batch, dict) and "views" in batch and batch["views"][0].dtype == torch.uint8:
+        return dict(batch, views=finish_views(batch["views"], batch["params"], augs))
+    return batch
+
+
+@dataclass(frozen=True)
+class FinishingCollate:
+    """Collate, then colour and normalise the batch in the loader worker (CPU training)."""
+
+    augs: tuple[ViewAug, ...]
+
+    def __call__(self, items: list) -> Any:
+        return finish_batch(default_collate(items), self.augs)
 
 
 def _subset(ds: Dataset, n: int | None, seed: int) -> Dataset:
@@ -127,13 +152,36 @@ def view_aug(cfg) -> ViewAug:
     )
 
 
+def usable_workers(requested: int) -> int:
+    """``data.num_workers`` capped at the CPU cores this process may use: more workers only
+    compete for them (and torch would warn about it for every loader). Said once."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if requested <= cores:
+        return requested
+    if rank_zero_only.rank == 0:
+        log.warning("data.num_workers=%d is more than the %d CPU cores this process may use: using %d loader "
+                    "workers", requested, cores, cores)
+    return cores
+
+
 class SSLDataModule(L.LightningDataModule):
     """Training loader yields ``{"views": [N x [B,3,H,W]], "params": {name: [B,N,...]}, ...}``;
-    the two validation loaders (k-NN bank, test queries) yield ``{"image", "label", "index"}``."""
+    the two validation loaders (k-NN bank, test queries) yield ``{"image", "label", "index"}``.
 
-    def __init__(self, cfg, views: tuple[ViewAug, ...], batch_size: int, num_workers: int, seed: int = 0) -> None:
+    Loader workers crop and flip (uint8 views); the colour ops and normalisation run batched
+    (:func:`.batched.finish_views`) on the accelerator the batch is moved to
+    (:meth:`on_after_batch_transfer`). When training runs on the CPU, the same batched code
+    runs in the loader workers instead (their collate step), where it overlaps the model's
+    step rather than adding to it. ``colour_in_workers`` forces one or the other; ``None``
+    decides from the trainer's device when the training loader is built.
+    """
+
+    def __init__(self, cfg, views: tuple[ViewAug, ...], batch_size: int, num_workers: int, seed: int = 0,
+                 colour_in_workers: bool | None = None) -> None:
         super().__init__()
-        self.cfg, self.views, self.batch_size, self.num_workers, self.seed = cfg, views, batch_size, num_workers, seed
+        self.cfg, self.views, self.batch_size, self.seed = cfg, views, batch_size, seed
+        self.num_workers = usable_workers(num_workers)
+        self.colour_in_workers = colour_in_workers
         self.class_names: list[str] = []
 
     def setup(self, stage: str | None = None) -> None:
@@ -152,14 +200,23 @@ class SSLDataModule(L.LightningDataModule):
     def num_classes(self) -> int:
         return len(self.class_names)
 
-    def _loader(self, ds: Dataset, train: bool) -> DataLoader:
+    def _loader(self, ds: Dataset, train: bool, collate: Callable[[list], Any] | None = None) -> DataLoader:
         return DataLoader(
             ds, batch_size=self.batch_size, shuffle=train, drop_last=train, num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available(),
+            persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available(), collate_fn=collate,
         )
 
+    def _workers_colour(self) -> bool:
+        if self.colour_in_workers is not None:
+            return self.colour_in_workers
+        return self.trainer is None or self.trainer.strategy.root_device.type == "cpu"
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Finish the uint8 training views on their device (evaluation batches pass through)."""
+        return finish_batch(batch, self.views)
+
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, train=True)
+        return self._loader(self.train_set, train=True, collate=FinishingCollate(self.views) if self._workers_colour() else None)
 
     def val_dataloader(self) -> list[DataLoader]:
         return [self._loader(self.bank_set, train=False), self._loader(self.test_set, train=False)]

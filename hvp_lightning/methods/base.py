@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..backbones import build_backbone
 from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
+from ..data.datasets import note_skipped
 from ..knn import knn_accuracy
 from ..optim import OPTIMIZERS, make_optimizer
 from ..selection import HVPConfig
@@ -24,7 +25,8 @@ def hvp_config(cfg: DictConfig) -> HVPConfig:
     if node is None or not node.get("enabled", False):
         return HVPConfig(enabled=False)
     return HVPConfig(enabled=True, num_views=node.num_views, mode=node.mode, every_n_steps=node.every_n_steps,
-                     selection_precision=node.selection_precision, max_combinations=node.get("max_combinations"))
+                     selection_precision=node.selection_precision, max_combinations=node.get("max_combinations"),
+                     global_pairs=node.get("global_pairs", "cross"))
 
 
 def warmup_cosine(step: int, total: int, warmup: int, final_ratio: float = 0.0) -> float:
@@ -54,6 +56,7 @@ class SSLMethod(L.LightningModule):
         self.knn_init: float | None = None  # k-NN top-1 at random init (eval.at_start)
         self.knn_history: list[dict[str, float]] = []  # every k-NN pass: the learning curve in summary.json
         self._val_store: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+        self.compiled_backbones: list[str] = []  # filled by configure_model (method.compile)
 
     # --- hooks for methods ---------------------------------------------------------------
     @classmethod
@@ -70,6 +73,18 @@ class SSLMethod(L.LightningModule):
 
     def param_groups(self) -> list[dict[str, Any]]:
         return [{"params": [p for p in self.parameters() if p.requires_grad]}]
+
+    def configure_model(self) -> None:
+        """``method.compile``: ``torch.compile`` every backbone (student, and teacher where
+        there is one) in place, so state-dict keys and checkpoints stay as without it. Done
+        here, once the model is complete, not in ``__init__``: DINO/iBOT deep-copy the student
+        into the teacher there, and a copied compiled module would call the original."""
+        if not self.cfg.method.get("compile", False) or self.compiled_backbones:
+            return
+        for name, module in self.named_modules():
+            if name.split(".")[-1] == "backbone":
+                module.compile()
+                self.compiled_backbones.append(name)
 
     @property
     def eval_backbone(self) -> torch.nn.Module:
@@ -108,7 +123,7 @@ class SSLMethod(L.LightningModule):
     # --- counters --------------------------------------------------------------------------
     def on_train_batch_end(self, outputs: Any, batch: dict[str, Any], batch_idx: int) -> None:
         self.images_seen += int(batch["label"].shape[0]) * self.trainer.world_size
-        self.skipped_files.update(f for f in batch.get("bad_file", ()) if f)
+        note_skipped(self.skipped_files, batch.get("bad_file", ()))
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False, batch_size=1)  # type: ignore[union-attr]
 
     # --- run state in checkpoints (resume) ------------------------------------------------------
@@ -141,7 +156,7 @@ class SSLMethod(L.LightningModule):
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         feats = F.normalize(self.eval_backbone(batch["image"]).float(), dim=1)
         self._val_store.setdefault(dataloader_idx, []).append((feats, batch["label"], batch["index"]))
-        self.skipped_files.update(f for f in batch.get("bad_file", ()) if f)
+        note_skipped(self.skipped_files, batch.get("bad_file", ()))
 
     def _epochs_done(self) -> float:
         """Training epochs completed at this k-NN pass (0 at init; from optimiser steps so that a

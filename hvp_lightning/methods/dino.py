@@ -8,7 +8,10 @@ Hard views (DESIGN.md): the combination space is (global pair) x (L of Lc local
 candidates). A combination's loss splits into a pair term ``CE(g1->g2) + CE(g2->g1)`` and a
 sum of unary local terms ``CE(g1->j) + CE(g2->j)``, so for each global pair the best
 locals are the top-L (hard) or bottom-L (easy) unary terms: an exact argmax/argmin over all
-``C(G,2) * C(Lc,L)`` combinations costs one cross-entropy table and a top-k per pair.
+``P * C(Lc,L)`` combinations costs one cross-entropy table and a top-k per pair. The P global
+pairs are ``hvp.global_pairs``: ``cross`` (default, the official HVP code) pairs a crop of
+pipeline 1 with one of pipeline 2 (``G/2 * G/2`` pairs), so the trained views keep DINO's
+asymmetry; ``all`` scores every ``C(G,2)`` pair.
 
 View layout in ``batch["views"]``: HVP off, ``[global1, global2, local_1..local_L]`` (the
 baseline); HVP on, ``[G global candidates (pipelines 1,2,1,2,...), Lc local candidates]``.
@@ -30,7 +33,7 @@ from ..config import ConfigError
 from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
 from ..heads import DINOHead
-from ..selection import HardViewMixin, _stable_seed, choose, pair_index
+from ..selection import HardViewMixin, _stable_seed, choose, global_pair_index
 from ..teacher import Centering, cosine_momentum, ema_update, has_batchnorm, make_teacher, teacher_temperature
 from .base import SSLMethod, hvp_config, warmup_cosine
 
@@ -112,22 +115,24 @@ def _uniform_subsets(shape: tuple[int, ...], n: int, k: int, generator: torch.Ge
 
 
 def dino_combination_table(ce: torch.Tensor, num_globals: int, num_local: int, mode: str = "hard",
-                           max_combinations: int | None = None,
-                           generator: torch.Generator | None = None) -> CombinationTable:
+                           max_combinations: int | None = None, generator: torch.Generator | None = None,
+                           global_pairs: str = "cross") -> CombinationTable:
     """Candidate combinations of every sample, sized so that ``choose(table.loss, mode)``
-    returns the exact optimum over all ``C(G,2) * C(Lc,L)`` combinations.
+    returns the exact optimum over all ``P * C(Lc,L)`` combinations, P the global pairs of
+    ``global_pairs`` (:func:`~hvp_lightning.selection.global_pair_index`).
 
     Exact (``max_combinations`` None or >= the number of combinations): one column per
     global pair, holding the pair's best locals under ``mode`` -- top-L (hard), bottom-L
     (easy) or a uniform L-subset (random; with the uniform column choice this is a uniform
-    combination). Sampled (the paper's fidelity setting): ``max_combinations`` columns,
-    each an independently drawn uniform combination (with replacement) per sample.
+    combination). Non-finite local terms rank last, so a pair's column is finite whenever L
+    of its local terms are. Sampled (the paper's fidelity setting): ``max_combinations``
+    columns, each an independently drawn uniform combination (with replacement) per sample.
     """
     bsz, g, v = ce.shape
     lc = v - num_globals
     if num_globals != g or g < 2 or not 0 <= num_local <= lc:
         raise ValueError(f"need G >= 2 globals and 0 <= L <= Lc: G={g}, L={num_local}, Lc={lc}")
-    pairs = pair_index(g, device=ce.device)  # [P, 2]
+    pairs = global_pair_index(g, global_pairs, device=ce.device)  # [P, 2]
     total = pairs.shape[0] * math.comb(lc, num_local)
     if max_combinations is not None and max_combinations < total:
         pick = torch.randint(pairs.shape[0], (bsz, max_combinations), generator=generator).to(ce.device)
@@ -138,7 +143,10 @@ def dino_combination_table(ce: torch.Tensor, num_globals: int, num_local: int, m
     pair_terms = ce[:, g1, g2] + ce[:, g2, g1]  # [B, P]
     local_terms = ce[:, g1, g:] + ce[:, g2, g:]  # [B, P, Lc]
     if mode in ("hard", "easy"):
-        vals, idx = local_terms.topk(num_local, dim=-1, largest=mode == "hard")
+        worst = float("-inf") if mode == "hard" else float("inf")
+        ranked = local_terms.masked_fill(~torch.isfinite(local_terms), worst)
+        idx = ranked.topk(num_local, dim=-1, largest=mode == "hard").indices
+        vals = local_terms.gather(-1, idx)
     elif mode == "random":
         idx = _uniform_subsets(tuple(local_terms.shape[:2]), lc, num_local, generator, ce.device)
         vals = local_terms.gather(-1, idx)
@@ -156,13 +164,14 @@ class DinoSelection(NamedTuple):
 
 def dino_exact_selection(T: torch.Tensor, S_glob: torch.Tensor, S_loc: torch.Tensor, L: int, center: torch.Tensor,
                          tau_t: float, tau_s: float, mode: str = "hard", max_combinations: int | None = None,
-                         generator: torch.Generator | None = None) -> DinoSelection:
+                         generator: torch.Generator | None = None, global_pairs: str = "cross") -> DinoSelection:
     """Per-sample choice of 2 globals + L locals from ``T``/``S_glob`` ``[G, B, K]`` (teacher /
     student logits of the global candidates) and ``S_loc`` ``[Lc, B, K]``: the argmax (hard),
-    argmin (easy) or a uniform draw (random) of the DINO loss over all combinations, or over
-    ``max_combinations`` random ones. Vectorised over samples."""
+    argmin (easy) or a uniform draw (random) of the DINO loss over all combinations whose
+    global pair is in ``global_pairs``, or over ``max_combinations`` random ones of them.
+    Vectorised over samples."""
     ce = dino_ce_table(T, torch.cat([S_glob, S_loc]), center, tau_t, tau_s)
-    table = dino_combination_table(ce, T.shape[0], L, mode, max_combinations, generator)
+    table = dino_combination_table(ce, T.shape[0], L, mode, max_combinations, generator, global_pairs)
     choice = choose(table.loss, mode, generator)
     b = torch.arange(choice.shape[0], device=choice.device)
     return DinoSelection(table.pairs[b, choice], table.locals[b, choice], table.loss[b, choice])
@@ -224,22 +233,23 @@ def clip_gradients_per_parameter(params: Sequence[nn.Parameter], clip: float) ->
 class DINO(HardViewMixin, SSLMethod):
     """DINO with an optional exact hard-view selection (see module docstring).
 
-    HVP flow: :meth:`candidate_scores` returns a ``[B, C(G,2)]`` table, one column per
-    global pair, whose entry is the loss of that pair with its best locals *under the
-    current mode* (top-L for hard, bottom-L for easy, random for random), and stashes those
-    locals; the mixin's ``choose`` picks the column; :meth:`select_views` gathers the pair
-    and its stashed locals. So the choice is the exact argmax/argmin over all
-    ``C(G,2) * C(Lc,L)`` combinations (or a uniform one). With ``hvp.max_combinations=K``
-    the columns are instead K random combinations per sample (paper's setting). (So the
-    mixin's ``hvp/candidate_loss`` is the mean of those columns, not of all combinations.)
+    HVP flow: :meth:`candidate_scores` returns a ``[B, P]`` table, one column per global
+    pair of ``hvp.global_pairs`` (``cross``: 4 of the 6 pairs of G=4), whose entry is the
+    loss of that pair with its best locals *under the current mode* (top-L for hard,
+    bottom-L for easy, random for random), and stashes those locals; the mixin's ``choose``
+    picks the column; :meth:`select_views` gathers the pair and its stashed locals. So the
+    choice is the exact argmax/argmin over all ``P * C(Lc,L)`` combinations (or a uniform
+    one). With ``hvp.max_combinations=K`` the columns are instead K random combinations per
+    sample (paper's setting). (So the mixin's ``hvp/selection_candidate_loss`` is the mean
+    of those columns, not of all combinations.)
 
     Teacher reuse: the teacher is gradient-free and unchanged between the selection pass
     and the training step, so the selection's teacher outputs of the two chosen globals are
     passed to :meth:`ssl_step` via ``batch["teacher_out"]``. That is exact when the teacher
-    has no BatchNorm (ViTs; drop-path is off in the teacher) and the selection runs in fp32;
-    with a BatchNorm teacher (ResNet) the output depends on the batch it was normalised
-    with, so the training step runs its own teacher forward. ``method.teacher_reuse=false``
-    always forwards again.
+    has no BatchNorm (ViTs; drop-path is off in the teacher) and the selection runs in fp32
+    or at the step's own precision (``auto``); with a BatchNorm teacher (ResNet) the output
+    depends on the batch it was normalised with, so the training step runs its own teacher
+    forward. ``method.teacher_reuse=false`` always forwards again.
 
     The selection pass changes no state: no centre update (only :meth:`ssl_step` feeds it,
     after its loss), no EMA, BatchNorm buffers and RNG frozen by the mixin's ``frozen_state``.
@@ -346,8 +356,8 @@ class DINO(HardViewMixin, SSLMethod):
         ce = dino_ce_table(teacher, torch.stack(student), self.centering.center, self.teacher_temp(),
                            self.cfg.method.student_temp)
         table = dino_combination_table(ce, g, self.num_local, self.hvp.mode, self.hvp.max_combinations,
-                                       self._locals_generator())
-        reuse = self.teacher_reuse and self._selection_dtype(self.device.type) is None
+                                       self._locals_generator(), self.hvp.global_pairs)
+        reuse = self.teacher_reuse and self.selection_outputs_reusable()
         self._selection = {"key": views[0], "pairs": table.pairs, "locals": table.locals,
                            "teacher": teacher if reuse else None}
         return table.loss

@@ -17,8 +17,9 @@ mean of ``l_b`` is exactly the official loss.
 Hard views (paper: "the original objective ... with global views only"): the candidates
 are G global crops, each with its own mask (a candidate *is* crop + mask: the mask changes
 the student's CLS output too); the L locals are the ordinary ones, fixed. ``M_b`` is unary
-in the global, so the exact per-sample table over the ``C(G,2)`` global pairs is one DINO
-cross-entropy table plus G patch terms.
+in the global, so the exact per-sample table over the global pairs (``hvp.global_pairs``:
+``cross``, one crop of each global pipeline as the official HVP code, or ``all`` C(G,2)) is
+one DINO cross-entropy table plus G patch terms.
 
 View layout in ``batch["views"]``: ``[global_1..global_G, local_1..local_L]`` with G = 2
 without HVP; ``batch["masks"]`` holds one bool ``[B, h, w]`` patch mask per global view.
@@ -38,7 +39,7 @@ from torch import nn
 from ..backbones import BACKBONES
 from ..config import ConfigError
 from ..heads import IBOTHead
-from ..selection import _stable_seed, pair_index
+from ..selection import _stable_seed, global_pair_index
 from ..teacher import Centering, teacher_temperature
 from .base import hvp_config
 from .dino import DINO, _combination_loss, _student_log_probs, _teacher_probs, dino_ce_table, dino_loss
@@ -165,17 +166,17 @@ def ibot_loss(teacher_cls: Sequence[torch.Tensor], student_cls: Sequence[torch.T
     return lambda1 * cls + lambda2 * patch
 
 
-def ibot_pair_table(ce: torch.Tensor, patch_terms: torch.Tensor, lambda1: float = 1.0,
+def ibot_pair_table(ce: torch.Tensor, patch_terms: torch.Tensor, pairs: torch.Tensor, lambda1: float = 1.0,
                     lambda2: float = 1.0) -> torch.Tensor:
-    """Per-sample loss of every global pair with the fixed locals: ``[B, C(G,2)]``, columns
-    in :func:`pair_index` order.
+    """Per-sample loss of each global pair ``pairs`` ``[P, 2]`` (:func:`global_pair_index`)
+    with the fixed locals: ``[B, P]``, one column per row of ``pairs``.
 
     ``ce`` ``[B, G, G + L]`` is DINO's CLS cross-entropy table (teacher global -> student
     global/local, :func:`dino_ce_table`), ``patch_terms`` ``[B, G]`` the ``M_b(g)``. Entry
     (b, (g1, g2)) = ``lambda1 * CLS bracket / (2L + 2) + lambda2 * (M_b(g1) + M_b(g2)) / 2``
     = :func:`ibot_loss` of that pair."""
     bsz, g, v = ce.shape
-    pairs = pair_index(g, device=ce.device)
+    pairs = pairs.to(ce.device)
     locals_ = torch.arange(v - g, device=ce.device).expand(bsz, pairs.shape[0], v - g)
     cls = _combination_loss(ce, pairs.expand(bsz, -1, -1), locals_, g)
     g1, g2 = pairs.unbind(1)
@@ -221,7 +222,8 @@ class IBOT(DINO):
     part of the batch from then on, so the selection pass, the gather and the training
     step see the same ones, and the global RNG (hence the loader's views) is untouched.
 
-    HVP flow: :meth:`candidate_scores` returns ``[B, C(G,2)]`` (:func:`ibot_pair_table`);
+    HVP flow: :meth:`candidate_scores` returns ``[B, P]`` over the ``hvp.global_pairs``
+    pairs (:func:`ibot_pair_table`);
     the mixin chooses a column; :meth:`select_views` gathers that pair's crops *and masks*
     (and, with teacher reuse, the selection's teacher CLS/patch logits); the L locals pass
     through unchanged. The off-step combination (column 0) is globals 0 and 1, the baseline.
@@ -232,7 +234,7 @@ class IBOT(DINO):
         m = self.cfg.method
         if self.hvp.enabled and self.hvp.max_combinations is not None:
             raise ConfigError(f"hvp.max_combinations={self.hvp.max_combinations!r} is not allowed for method=ibot: "
-                              "it selects exactly over the C(G,2) global pairs (leave it unset)")
+                              "it selects exactly over the global pairs (leave it null)")
         self.patch_centering = Centering(self.patch_dim, m.center_momentum2)
         self.mask_token = nn.Parameter(torch.zeros(1, self.backbone.feature_dim))  # zero-init, as iBOT
 
@@ -340,7 +342,7 @@ class IBOT(DINO):
         globals_, locals_ = list(views[:g]), list(views[g:])
         masks = self._masks(batch)
         tau_t, tau_t2, tau_s = self.teacher_temp(), self.teacher_patch_temp(), m.student_temp
-        reuse = self.teacher_reuse and self._selection_dtype(self.device.type) is None
+        reuse = self.teacher_reuse and self.selection_outputs_reusable()
         t_cls, t_patch, s_cls, patch_terms = [], [], [], []
         for i in range(0, g, 2):  # globals two at a time, as the training step forwards them
             crops, crop_masks = globals_[i:i + 2], masks[i:i + 2]
@@ -355,7 +357,8 @@ class IBOT(DINO):
         s_cls += self._forward(self.backbone, self.head, locals_, len(locals_))
         teacher = torch.stack(t_cls)  # [G, B, K]
         ce = dino_ce_table(teacher, torch.stack(s_cls), self.centering.center, tau_t, tau_s)
-        table = ibot_pair_table(ce, torch.stack(patch_terms, 1), m.lambda1, m.lambda2)
+        pairs = global_pair_index(g, self.hvp.global_pairs, ce.device)
+        table = ibot_pair_table(ce, torch.stack(patch_terms, 1), pairs, m.lambda1, m.lambda2)
         self._selection = {"key": views[0], "teacher": (teacher, torch.stack(t_patch)) if reuse else None}
         return table
 
@@ -366,7 +369,7 @@ class IBOT(DINO):
         views, g, n_loc = batch["views"], self.num_globals, self.num_local
         bsz = choice.shape[0]
         b = torch.arange(bsz, device=choice.device)
-        pair = pair_index(g, device=choice.device)[choice]  # [B, 2]
+        pair = global_pair_index(g, self.hvp.global_pairs, choice.device)[choice]  # [B, 2]
         g1, g2 = pair.unbind(1)
         glob, masks = torch.stack(list(views[:g])), torch.stack(self._masks(batch))
         out = dict(batch, views=[glob[g1, b], glob[g2, b], *views[g:]], masks=[masks[g1, b], masks[g2, b]])

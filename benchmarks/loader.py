@@ -1,0 +1,267 @@
+"""View-pipeline throughput, measured by hand (a benchmark, not a test).
+
+Builds the training views of a method preset exactly as ``train.py`` does (Hydra config,
+``method_cls.view_augs``, :class:`SSLDataModule`) over an ImageNet-layout JPEG folder and
+times, in interleaved rounds so that machine noise hits all alike:
+
+* ``pipeline``: the views as training gets them, end to end: loader workers (decode, crop,
+  flip: uint8) + the batched colour/normalise part on ``--device`` after the transfer, or for
+  ``--device cpu`` in the workers' collate (where ``train.py`` puts it on CPU);
+* ``workers``: uint8 crops alone (what stays on the CPU when the batched part runs on a GPU);
+* ``colour_in_main`` (CPU only): the batched part in the main process after the transfer;
+* ``reference`` (``--reference``): every view finished per image in the workers with
+  torchvision's kernels (``augment``: the pipeline before the batched part existed).
+
+``--step`` instead times whole Lightning training steps fed by that loader (``trainer.fit``
+on ``--batches`` batches after ``--warmup``), images/s end to end.
+
+Without ``--root`` an ImageNet-like folder is generated once (``--images`` JPEGs of about
+450x400, smooth colour fields with shapes, quality 90) under ``benchmarks/.cache/``.
+The last line is ``images/s: <number>`` (median over rounds of the main measurement).
+
+    uv run python benchmarks/loader.py --method simsiam --crop 224 --views 4 --workers 2 \\
+        --batches 10 --device cpu --reference
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, open_dict
+from torch.utils.data import DataLoader
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from hvp_lightning.data.augment import ViewAug, augment, to_uint8_tensor  # noqa: E402
+from hvp_lightning.data.datamodule import MultiViewDataset, SSLDataModule  # noqa: E402
+from hvp_lightning.methods import METHODS  # noqa: E402
+
+METHOD_PRESETS = {"simsiam": "simsiam", "simclr": "simclr", "dino": "dino", "ibot": "ibot"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--method", choices=sorted(METHOD_PRESETS), default="simsiam")
+    p.add_argument("--root", type=Path, default=None, help="ImageNet-layout folder (train/<class>/*); default: generated")
+    p.add_argument("--images", type=int, default=512, help="images in the generated folder")
+    p.add_argument("--crop", type=int, default=224, help="data.crop_size (DINO/iBOT: the global crop)")
+    p.add_argument("--views", type=int, default=4, help="candidate views per image: > 2 turns HVP on (hvp.num_views)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batches", type=int, default=10, help="timed batches per round")
+    p.add_argument("--warmup", type=int, default=2, help="untimed batches first (worker start-up, allocator)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--device", default="cpu", help="where the batched part (and with --step the model) runs")
+    p.add_argument("--threads", type=int, default=None, help="torch threads of the main process")
+    p.add_argument("--reference", action="store_true", help="also time the per-image torchvision pipeline")
+    p.add_argument("--step", action="store_true", help="time whole Lightning steps instead of the loader")
+    p.add_argument("--backbone", default="resnet18_narrow", help="backbone preset for --step")
+    p.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides (key=value)")
+    p.add_argument("--out", type=Path, default=None, help="append a markdown section to this file")
+    return p.parse_args(argv)
+
+
+# --- data ---------------------------------------------------------------------------------------
+
+
+def make_jpeg_folder(root: Path, n: int, classes: int = 8, seed: int = 0) -> Path:
+    """ImageNet-like JPEGs (~450x400, varied sizes) in ``root/{train,val}/<class>/``, once."""
+    from PIL import Image, ImageDraw
+
+    done = root / f".complete-{n}"
+    if done.exists():
+        return root
+    rng = np.random.default_rng(seed)
+    for split, count in (("train", n), ("val", max(classes, n // 8))):
+        for i in range(count):
+            w, h = int(rng.integers(400, 500)), int(rng.integers(350, 450))
+            low = rng.random((6, 6, 3)) * 255
+            img = Image.fromarray(low.astype(np.uint8)).resize((w, h), Image.BICUBIC)
+            draw = ImageDraw.Draw(img)
+            for _ in range(6):
+                x0, y0 = int(rng.integers(0, w - 40)), int(rng.integers(0, h - 40))
+                box = (x0, y0, x0 + int(rng.integers(20, 200)), y0 + int(rng.integers(20, 200)))
+                draw.ellipse(box, fill=tuple(int(c) for c in rng.integers(0, 255, 3)))
+            noise = rng.normal(0, 6, (h, w, 3))
+            arr = np.clip(np.asarray(img, dtype=np.float32) + noise, 0, 255).astype(np.uint8)
+            d = root / split / f"c{i % classes}"
+            d.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(arr).save(d / f"{i:05d}.jpg", quality=90)
+    done.touch()
+    return root
+
+
+def build_cfg(args: argparse.Namespace, root: Path) -> DictConfig:
+    overrides = [f"method={METHOD_PRESETS[args.method]}", "data=imagefolder", f"data.root={root}",
+                 f"data.crop_size={args.crop}", f"data.num_workers={args.workers}",
+                 f"method.batch_size={args.batch_size}", f"backbone={args.backbone}", "logger=csv",
+                 "trainer=cpu" if args.device == "cpu" else "trainer=gpu"]
+    if args.views > 2:
+        overrides += ["+hvp=on", f"hvp.num_views={args.views}"]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[*overrides, *args.override])
+    with open_dict(cfg):
+        cfg.data.eval_crop_ratio = 0.875
+    return cfg
+
+
+@dataclass(frozen=True)
+class ReferenceViews:
+    """The pipeline before this benchmark's batched part: whole views per image in the workers."""
+
+    augs: tuple[ViewAug, ...]
+
+    def __call__(self, img) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+        img = to_uint8_tensor(img)
+        views, plist = zip(*(augment(img, a) for a in self.augs))
+        return list(views), {k: torch.stack([p[k] for p in plist]) for k in plist[0]}
+
+
+# --- timing -------------------------------------------------------------------------------------
+
+
+def timed_batches(loader: DataLoader, finish: Callable[[Any], Any], device: torch.device, warmup: int,
+                  count: int) -> float:
+    """Images/s over ``count`` batches after ``warmup``: fetch, move to ``device``, ``finish``."""
+    it: Iterator = iter(loader)
+    start = images = 0.0
+    for i in range(warmup + count):
+        if i == warmup:
+            _sync(device)
+            start, images = time.perf_counter(), 0
+        batch = next(it)
+        views = [v.to(device, non_blocking=True) for v in batch["views"]]
+        params = {k: v.to(device, non_blocking=True) for k, v in batch["params"].items()}
+        out = finish(dict(batch, views=views, params=params))
+        images += out["views"][0].shape[0]
+    _sync(device)
+    return images / (time.perf_counter() - start)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def loader_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.device) -> dict[str, list[float]]:
+    def module(colour_in_workers: bool) -> SSLDataModule:
+        dm = SSLDataModule(cfg.data, METHODS[cfg.method.name].view_augs(cfg), args.batch_size, args.workers,
+                           cfg.seed, colour_in_workers=colour_in_workers)
+        dm.setup("fit")
+        return dm
+
+    on_cpu = device.type == "cpu"
+    dm, uint8 = module(on_cpu), module(False)  # as train.py places the colour part; crops only
+    arms: dict[str, tuple[DataLoader, Callable[[Any], Any]]] = {
+        "pipeline": (dm.train_dataloader(), lambda b: dm.on_after_batch_transfer(b, 0)),
+        "workers": (uint8.train_dataloader(), lambda b: b),
+    }
+    if on_cpu:  # the alternative on CPU: colour in the training process after the transfer
+        arms["colour_in_main"] = (uint8.train_dataloader(), lambda b: uint8.on_after_batch_transfer(b, 0))
+    if args.reference:
+        ref = MultiViewDataset(uint8.train_set.raw, ReferenceViews(uint8.views))  # type: ignore[arg-type]
+        arms["reference"] = (DataLoader(ref, batch_size=args.batch_size, shuffle=True, drop_last=True,
+                                        num_workers=args.workers, persistent_workers=args.workers > 0,
+                                        pin_memory=device.type == "cuda"), lambda b: b)
+    need = (args.warmup + args.batches) * args.batch_size
+    if len(dm.train_set) < need:
+        raise SystemExit(f"--images: {len(dm.train_set)} training images, a round needs {need}")
+    res: dict[str, list[float]] = {k: [] for k in arms}
+    for r in range(args.rounds):
+        for name, (loader, finish) in arms.items():
+            res[name].append(timed_batches(loader, finish, device, args.warmup, args.batches))
+            print(f"round {r + 1} {name}: {res[name][-1]:.1f} images/s", flush=True)
+    return res
+
+
+def step_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.device) -> dict[str, list[float]]:
+    """Whole Lightning steps fed by the real loader: images/s between batch ``warmup`` and the end."""
+    import lightning as L
+
+    class Clock(L.Callback):
+        def __init__(self) -> None:
+            self.start = self.images = 0.0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            if batch_idx == args.warmup:
+                _sync(device)
+                self.start, self.images = time.perf_counter(), 0
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if batch_idx >= args.warmup:
+                self.images += batch["label"].shape[0]
+
+    res: dict[str, list[float]] = {"step": []}
+    for r in range(args.rounds):
+        L.seed_everything(cfg.seed + r, workers=True, verbose=False)
+        dm = SSLDataModule(cfg.data, METHODS[cfg.method.name].view_augs(cfg), args.batch_size, args.workers, cfg.seed)
+        dm.setup("fit")  # colour placement is decided from the trainer's device when fit builds the loader
+        with open_dict(cfg):
+            cfg.data.num_classes = dm.num_classes
+        model = METHODS[cfg.method.name](cfg)
+        clock = Clock()
+        trainer = L.Trainer(accelerator="cpu" if device.type == "cpu" else "gpu", devices=1, max_epochs=1,
+                            precision=cfg.trainer.get("precision", "32-true"),
+                            limit_train_batches=args.warmup + args.batches, limit_val_batches=0, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                            callbacks=[clock], num_sanity_val_steps=0)
+        trainer.fit(model, datamodule=dm)
+        _sync(device)
+        res["step"].append(clock.images / (time.perf_counter() - clock.start))
+        print(f"round {r + 1} step: {res['step'][-1]:.2f} images/s", flush=True)
+    return res
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def report(args: argparse.Namespace, res: dict[str, list[float]], device: torch.device, argv: list[str]) -> str:
+    lines = ["| arm | median images/s | min | max | rounds |", "|---|---|---|---|---|"]
+    for name, v in res.items():
+        lines.append(f"| {name} | {statistics.median(v):.1f} | {min(v):.1f} | {max(v):.1f} | {len(v)} |")
+    if "reference" in res:
+        for name in ("pipeline", "workers"):
+            ratios = [a / b for a, b in zip(res[name], res["reference"])]
+            lines.append(f"| {name} / reference (per round) | {statistics.median(ratios):.2f}x | {min(ratios):.2f}x | "
+                         f"{max(ratios):.2f}x | {len(ratios)} |")
+    head = (f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} CPUs, "
+            f"device {device}, torch {torch.__version__}, main-process threads {torch.get_num_threads()}, "
+            f"load average {os.getloadavg()[0]:.1f}")
+    cmd = "uv run python benchmarks/loader.py " + " ".join(shlex.quote(a) for a in argv)
+    return f"{head}\n\n```bash\n{cmd}\n```\n\n" + "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    root = args.root or make_jpeg_folder(REPO / "benchmarks" / ".cache" / "jpeg", args.images)
+    cfg = build_cfg(args, root)
+    res = step_rounds(args, cfg, device) if args.step else loader_rounds(args, cfg, device)
+    text = report(args, res, device, argv)
+    print(text)
+    if args.out:
+        with args.out.open("a") as f:
+            f.write(f"\n### loader.py ({'Lightning step' if args.step else 'view pipeline'})\n\n{text}")
+    main_arm = "step" if args.step else "pipeline"
+    print(f"images/s: {statistics.median(res[main_arm]):.1f}")
+
+
+if __name__ == "__main__":
+    main()

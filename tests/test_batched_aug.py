@@ -1,0 +1,149 @@
+"""Batched on-device view colouring vs torchvision (the reference): pixels and parameters."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as tF
+from scipy import stats
+from torchvision import transforms as T
+
+from hvp_lightning.data.augment import (
+    PARAM_NAMES, MultiViewTransform, ViewAug, augment, crop_flip, reference_colour, sample_params,
+)
+from hvp_lightning.data.batched import colour, finish_views
+from hvp_lightning.data.datamodule import SSLDataModule, finish_batch
+
+# Every photometric op is drawn often, and jitter always (its 24 orders all occur).
+ALL_OPS = ViewAug(size=24, jitter_p=1.0, gray_p=0.3, blur_p=0.5, solarize_p=0.3)
+
+
+def _photo(h: int = 60, w: int = 52, seed: int = 0) -> torch.Tensor:
+    """A smooth colourful uint8 image (noise upsampled): saturated and grey areas, gradients."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(1, 3, h // 6, w // 6, generator=g) * 1.2 - 0.1
+    return (tF.interpolate(x, size=(h, w), mode="bilinear").clamp(0, 1)[0] * 255).round().to(torch.uint8)
+
+
+def _draw(img: torch.Tensor, aug: ViewAug, n: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[dict]]:
+    plist = [sample_params(img, aug) for _ in range(n)]
+    crops = torch.stack([crop_flip(img, p, aug.size) for p in plist])
+    return crops, {k: torch.stack([p[k] for p in plist]) for k in plist[0]}, plist
+
+
+def test_batched_colour_matches_torchvision_pixels() -> None:
+    """Jitter (any order), grayscale and solarize are bit-exact; the separable blur may move a
+    pixel by one level at a rounding boundary (float sums in another order), never more."""
+    torch.manual_seed(0)
+    img = _photo()
+    crops, params, plist = _draw(img, ALL_OPS, 160)
+    ref = torch.stack([reference_colour(c, p, ALL_OPS.blur_kernel) for c, p in zip(crops, plist)])
+    out = colour(crops, params, ALL_OPS.blur_kernel)
+    assert out.dtype == torch.float32 and torch.equal(out, out.round())
+    diff = (out - ref.float()).abs()
+    blurred = params["blur_sigma"] > 0
+    assert torch.equal(out[~blurred], ref[~blurred].float())
+    assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3
+
+
+def test_finish_views_equals_the_reference_pipeline_under_one_seed() -> None:
+    """Worker part + batched part = torchvision's whole view: same parameters from the same RNG
+    stream (so HVP-off training sees the views it always saw), pixels within 1/255 after
+    normalisation, views of two sizes (multi-crop) grouped and returned in order."""
+    augs = (ALL_OPS, ALL_OPS, ViewAug(size=12, scale=(0.05, 0.4), jitter_p=1.0, blur_p=1.0, mean=(0.5,) * 3,
+                                      std=(0.25,) * 3))
+    imgs = [_photo(seed=s) for s in range(6)]
+    torch.manual_seed(7)
+    ref = [[augment(img, a) for a in augs] for img in imgs]
+    torch.manual_seed(7)
+    items = [MultiViewTransform(augs)(img) for img in imgs]
+    views = [torch.stack([it[0][v] for it in items]) for v in range(len(augs))]
+    params = {k: torch.stack([it[1][k] for it in items]) for k in items[0][1]}
+    assert all(v.dtype == torch.uint8 for v in views)
+    out = finish_views(views, params, augs)
+    for v, a in enumerate(augs):
+        for b in range(len(imgs)):
+            want, p = ref[b][v]
+            assert all(torch.equal(p[k], params[k][b, v]) for k in p)
+            torch.testing.assert_close(out[v][b], want, rtol=0, atol=1 / 255 / min(a.std) + 1e-5)
+
+
+def test_parameter_distributions_match_torchvision_samplers() -> None:
+    """Each recorded parameter has the distribution of the torchvision transform it stands
+    for: crop boxes against ``RandomResizedCrop.get_params`` drawn independently (two-sample
+    KS on area, aspect ratio and position), factors uniform on their ranges, sigma uniform,
+    jitter orders uniform over the 24 permutations, each coin at its probability."""
+    n, aug = 3000, ViewAug(size=24, solarize_p=0.2)
+    img = torch.zeros(3, 40, 60, dtype=torch.uint8)
+    torch.manual_seed(1)
+    draws = [sample_params(img, aug) for _ in range(n)]
+    p = {k: torch.stack([d[k] for d in draws]) for k in (*PARAM_NAMES, "jitter_order")}
+    torch.manual_seed(2)
+    boxes = torch.tensor([T.RandomResizedCrop.get_params(img, list(aug.scale), list(aug.ratio)) for _ in range(n)],
+                         dtype=torch.float32)  # top, left, h, w
+    ours = {"area": p["crop_w"] * p["crop_h"], "ratio": p["crop_w"] / p["crop_h"], "x": p["crop_x"], "y": p["crop_y"]}
+    theirs = {"area": boxes[:, 3] * boxes[:, 2], "ratio": boxes[:, 3] / boxes[:, 2], "x": boxes[:, 1], "y": boxes[:, 0]}
+    for k in ours:
+        assert stats.ks_2samp(ours[k].numpy(), theirs[k].numpy()).pvalue > 1e-3, k
+
+    def coin(name: str, prob: float, mask: torch.Tensor | None = None) -> None:
+        v = p[name] if mask is None else p[name][mask]
+        sd = math.sqrt(prob * (1 - prob) / len(v))
+        assert abs(v.float().mean().item() - prob) < 5 * sd + 1e-9, name
+
+    coin("flip", aug.flip_p)
+    coin("jitter", aug.jitter_p)
+    coin("grayscale", aug.gray_p)
+    coin("solarize", aug.solarize_p)
+    blurred = p["blur_sigma"] > 0
+    assert abs(blurred.float().mean().item() - aug.blur_p) < 5 * math.sqrt(0.25 / n)
+    lo, hi = aug.blur_sigma
+    assert stats.kstest(p["blur_sigma"][blurred].numpy(), "uniform", args=(lo, hi - lo)).pvalue > 1e-3
+    jit = p["jitter"].bool()
+    for name, half in (("brightness", aug.brightness), ("contrast", aug.contrast), ("saturation", aug.saturation)):
+        assert stats.kstest(p[name][jit].numpy(), "uniform", args=(1 - half, 2 * half)).pvalue > 1e-3, name
+    assert stats.kstest(p["hue"][jit].numpy(), "uniform", args=(-aug.hue, 2 * aug.hue)).pvalue > 1e-3
+    codes = (p["jitter_order"][jit] * torch.tensor([64, 16, 4, 1])).sum(1)
+    counts = torch.unique(codes, return_counts=True)[1]
+    assert len(counts) == 24 and stats.chisquare(counts.numpy()).pvalue > 1e-3
+
+
+def test_datamodule_colours_views_after_transfer_or_in_the_workers(cfg_factory) -> None:
+    """For an accelerator the loader yields uint8 crops and the transfer hook turns them into
+    the normalised views the methods train on; for CPU training the workers' collate does the
+    same batched step (same views for the same RNG stream). Evaluation batches pass through."""
+    cfg = cfg_factory("+hvp=on", "hvp.num_views=3")
+    augs = (ViewAug(size=16, blur_p=0.5),) * 3
+    dm = SSLDataModule(cfg.data, augs, batch_size=8, num_workers=0, colour_in_workers=False)
+    dm.setup("fit")
+    torch.manual_seed(3)
+    batch = next(iter(dm.train_dataloader()))
+    assert len(batch["views"]) == 3 and batch["views"][0].dtype == torch.uint8
+    assert batch["params"]["crop_x"].shape == (8, 3)
+    done = dm.on_after_batch_transfer(batch, 0)
+    assert [v.shape for v in done["views"]] == [(8, 3, 16, 16)] * 3 and done["views"][0].dtype == torch.float32
+    assert done["params"] is batch["params"]
+    want = finish_views(batch["views"], batch["params"], augs)
+    assert all(torch.equal(a, b) for a, b in zip(done["views"], want))
+    evaluation = next(iter(dm.val_dataloader()[0]))
+    assert finish_batch(evaluation, augs) is evaluation
+
+    cpu = SSLDataModule(cfg.data, augs, batch_size=8, num_workers=0)  # no trainer: CPU
+    cpu.setup("fit")
+    torch.manual_seed(3)
+    in_workers = next(iter(cpu.train_dataloader()))
+    assert all(torch.equal(a, b) for a, b in zip(in_workers["views"], want))
+    assert cpu.on_after_batch_transfer(in_workers, 0)["views"] is in_workers["views"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_finish_views_on_cuda_equals_cpu() -> None:
+    torch.manual_seed(0)
+    crops, params, _ = _draw(_photo(), ALL_OPS, 64)
+    cpu = finish_views([crops], {k: v[:, None] for k, v in params.items()}, (ALL_OPS,))[0]
+    gpu = finish_views([crops.cuda()], {k: v[:, None].cuda() for k, v in params.items()}, (ALL_OPS,))[0]
+    assert gpu.device.type == "cuda"
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=0, atol=1 / 255 / min(ALL_OPS.std) + 1e-5)

@@ -1,0 +1,188 @@
+"""The GPU layer (issue 12): every path of a run on CUDA, in a few steps with tiny models.
+
+Kept out of the default run (``-m 'not slow and not gpu'`` in pyproject.toml); on a GPU machine::
+
+    python3 -m pytest -m gpu        # or: uv run pytest -m gpu
+
+Every method x HVP off/on x ``trainer.precision`` (32-true, bf16-mixed, 16-mixed) x
+``hvp.selection_precision`` (auto, fp32): fit, final k-NN, summary.json, checkpoint and the
+analysis logs; for HVP off and ``auto`` also resume, eval.py (k-NN, linear, fine-tune) and
+export. Then one real ``train.py`` per method on one GPU and with ``trainer=ddp`` (NCCL), the
+auto selection's dtype, and benchmarks/overhead.py at each precision. Logger: CSV (the GPU
+machine has no wandb, no lightly, no network).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from omegaconf import OmegaConf
+
+from hvp_lightning import export
+from hvp_lightning.checkpoint import resume_config
+from hvp_lightning.data.datamodule import SSLDataModule
+from hvp_lightning.evaluate import evaluate
+from hvp_lightning.methods import METHODS
+from hvp_lightning.selection import step_autocast_dtype
+from hvp_lightning.train import run
+
+from .conftest import REPO, TINY, eval_cfg, make_cfg
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+VIT = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=16", "+backbone.depth=1",
+       "method.local_crop_size=8", "method.out_dim=64", "method.head_hidden_dim=32", "method.bottleneck_dim=16"]
+METHOD = {"simsiam": ["method=simsiam_cifar"], "simclr": ["method=simclr_cifar"],
+          "dino": ["method=dino_cifar", *VIT], "ibot": ["method=ibot_cifar", *VIT]}
+STEPS = 64 // 16  # data.train_size / method.batch_size: steps per epoch
+# (hvp, selection_precision): HVP off, and HVP at both selection precisions
+HVP = [(False, None), (True, "auto"), (True, "fp32")]
+
+
+def gpu_cfg(method: str, precision: str, hvp: bool, selection: str | None, *extra: str):
+    over = [*METHOD[method], "trainer=gpu", f"trainer.precision={precision}", "logger=csv", "eval.every_n_epochs=1",
+            "checkpoint.every_n_epochs=1", "analysis.log_every_n_steps=1", *extra]
+    if hvp:
+        over += ["+hvp=on", "hvp.num_views=3", f"hvp.selection_precision={selection}"]
+    return make_cfg(*over)
+
+
+def assert_summary(summary: dict, run_dir: Path, steps: int, hvp: bool) -> None:
+    assert summary["steps"] == steps and math.isfinite(summary["train_loss"])
+    assert 0 <= summary["knn_top1"] <= 1 and summary["knn_history"][-1]["step"] == steps  # final k-NN
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == steps
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    if hvp:
+        assert summary["hvp"]["selected_samples"] == 16 * steps
+        assert summary["hvp"]["selected_loss_mean"] >= summary["hvp"]["candidate_loss_mean"] - 1e-3
+
+
+@pytest.mark.parametrize(("hvp", "selection"), HVP, ids=["hvp_off", "hvp_auto", "hvp_fp32"])
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("method", list(METHOD))
+def test_run_on_one_gpu(method: str, precision: str, hvp: bool, selection: str | None, tmp_path: Path) -> None:
+    """Fit, final k-NN, summary, checkpoint, analysis logs; then (HVP off / auto) resume,
+    eval.py's three protocols at the same precision and export."""
+    summary = run(gpu_cfg(method, precision, hvp, selection), tmp_path)
+    assert_summary(summary, tmp_path, STEPS, hvp)
+    analysis = tmp_path / "analysis"
+    assert (analysis / "steps-r0.csv").read_text().count("\n") == STEPS + 1
+    assert list(analysis.glob("pairs-*.parquet")) and list(analysis.glob("views-*.parquet"))
+    if selection == "fp32":  # the precision of the selection changes nothing below
+        return
+    resumed = run(resume_config(tmp_path, ["trainer.max_epochs=2"]), tmp_path)
+    assert_summary(resumed, tmp_path, 2 * STEPS, hvp)
+    assert resumed["images_seen"] == 2 * summary["images_seen"]
+    protocols = {"knn": [], "linear": ["protocol.epochs=1", "protocol.batch_size=32", "protocol.n_last_blocks=1"],
+                 "finetune": ["protocol.epochs=1", "protocol.batch_size=16"]}
+    for name, extra in protocols.items():
+        res = evaluate(eval_cfg(f"ckpt={tmp_path}", f"protocol={name}", *extra, "accelerator=gpu",
+                                f"precision={precision}"))
+        assert 0 <= res["metrics"]["top1"] <= res["metrics"]["top5"] <= 1, name
+    assert export.main([str(tmp_path), str(tmp_path / "backbone.pth")]) == 0
+    state = torch.load(tmp_path / "backbone.pth", weights_only=True)
+    assert state and all(t.device.type == "cpu" for t in state.values())
+
+
+def cuda_batch(model, cfg) -> dict:
+    """One real training batch of ``model``'s views on the GPU (views, params, label, index)."""
+    dm = SSLDataModule(cfg.data, type(model).view_augs(cfg), cfg.method.batch_size, 0, cfg.seed)
+    dm.setup("fit")
+    return move_data_to_device(next(iter(dm.train_dataloader())), torch.device("cuda"))
+
+
+@pytest.mark.parametrize(("precision", "expected"), [("32-true", torch.float32), ("bf16-mixed", torch.bfloat16),
+                                                     ("16-mixed", torch.float16)])
+@pytest.mark.parametrize("method", list(METHOD))
+def test_auto_selection_runs_at_the_step_precision(method: str, precision: str, expected: torch.dtype) -> None:
+    """``auto``: the selection's forwards run in the training step's dtype; ``fp32``: in fp32;
+    the candidate table is fp32 either way."""
+    for selection, want in (("auto", expected), ("fp32", torch.float32)):
+        cfg = gpu_cfg(method, precision, True, selection)
+        model = METHODS[method](cfg).cuda().train()
+        batch = cuda_batch(model, cfg)
+        seen: list[torch.dtype] = []
+        stem = next(m for m in model.backbone.modules() if isinstance(m, torch.nn.Conv2d))  # conv1 / patch_embed
+        hook = stem.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+        dtype = step_autocast_dtype(precision)
+        with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
+            table = model.score_candidates(batch)  # iBOT draws its masks itself
+        hook.remove()
+        assert seen and set(seen) == {want}, (selection, seen)
+        assert table.dtype == torch.float32 and torch.isfinite(table).all()
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+@pytest.mark.parametrize("method", ["dino", "ibot"])
+def test_teacher_reuse_at_the_step_precision(method: str, precision: str) -> None:
+    """With ``auto`` the selection runs at the step's precision, so the ViT teacher's selection
+    outputs are reused; the step's loss equals the one with a second teacher forward."""
+    torch.manual_seed(0)
+    cfg = gpu_cfg(method, precision, True, "auto", "backbone.drop_path_rate=0.0")
+    model = METHODS[method](cfg).cuda().train()
+    batch = cuda_batch(model, cfg)
+    step, reused, losses = model.ssl_step, [], []
+
+    def recording(b: dict, batch_idx: int) -> torch.Tensor:
+        reused.append("teacher_out" in b)
+        return step(b, batch_idx)
+
+    model.ssl_step = recording  # type: ignore[method-assign]
+    for reuse in (True, False):
+        model.teacher_reuse = reuse
+        with torch.autocast("cuda", dtype=step_autocast_dtype(precision)):
+            losses.append(model.training_step(batch, 0).detach().float())
+    assert reused == [True, False]
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-3, atol=1e-3)
+
+
+def cli_overrides(method: str) -> list[str]:
+    """The tiny run of :func:`make_cfg` as ``train.py`` arguments: the method's overrides and
+    conftest's TINY entries whose keys its config has."""
+    cfg = make_cfg(*METHOD[method], tiny=False)
+    tiny = [o for o in TINY if o.startswith("+") or OmegaConf.select(cfg, o.split("=", 1)[0]) is not None]
+    return [*METHOD[method], "logger=csv", *tiny]
+
+
+def run_script(args: list[str], run_dir: Path, timeout: int = 600) -> dict:
+    env = dict(os.environ, WANDB_MODE="disabled")
+    proc = subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("method", list(METHOD))
+def test_train_py_on_one_gpu(method: str, tmp_path: Path) -> None:
+    """``python train.py trainer=gpu +hvp=on`` as a user runs it (bf16-mixed, the preset's)."""
+    summary = run_script([*cli_overrides(method), "trainer=gpu", "+hvp=on"], tmp_path)
+    assert summary["steps"] == STEPS and summary["hvp"]["selected_samples"] == 16 * STEPS
+
+
+@pytest.mark.parametrize("method", list(METHOD))
+def test_train_py_ddp_nccl_one_gpu(method: str, tmp_path: Path) -> None:
+    """``trainer=ddp trainer.devices=1`` on a GPU (NCCL, bf16-mixed): it trains, all-reduces the
+    loss and HVP totals after fit and writes summary.json."""
+    summary = run_script([*cli_overrides(method), "trainer=ddp", "trainer.devices=1", "trainer.accelerator=gpu",
+                          "trainer.precision=bf16-mixed", "+hvp=on"], tmp_path)
+    assert summary["steps"] == STEPS and math.isfinite(summary["train_loss"])
+    assert summary["hvp"]["selected_samples"] == 16 * STEPS
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_overhead_benchmark_on_gpu(precision: str) -> None:
+    proc = subprocess.run([sys.executable, "benchmarks/overhead.py", "--method", "simsiam", "--width", "8",
+                           "--batch-size", "16", "--crop", "16", "--iters", "2", "--warmup", "1", "--device", "cuda",
+                           "--precision", precision], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    peaks = [line for line in proc.stdout.splitlines() if "peak GPU memory" in line]
+    assert len(peaks) == 2 and all("MiB" in line for line in peaks), proc.stdout[-2000:]

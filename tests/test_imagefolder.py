@@ -1,0 +1,103 @@
+"""Real image folders: empty class folders, every PIL mode (16-bit, float, palette, CMYK, ...),
+GIFs, EXIF orientation, and unreadable files named once however many loader workers meet them."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from hvp_lightning.data.datasets import SafeImageFolder, load_image, note_skipped
+
+
+def _gradient16() -> np.ndarray:
+    return np.linspace(25, 65524, 24 * 20).reshape(24, 20).astype(np.uint16)
+
+
+@pytest.fixture
+def mode_tree(tmp_path) -> Path:
+    """train/ with an empty class folder and one image per awkward mode; val/ plain."""
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 255, (24, 20, 3), dtype=np.uint8)
+    for split in ("train", "val"):
+        for cls in ("a", "b"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            Image.fromarray(rgb).save(tmp_path / split / cls / "rgb.png")
+    (tmp_path / "train" / "empty_class").mkdir()
+    d = tmp_path / "train" / "a"
+    Image.fromarray(_gradient16()).save(d / "i16.png")  # opens as I;16
+    Image.fromarray(_gradient16().astype(np.int32)).save(d / "i32.tif")  # opens as I
+    Image.fromarray(_gradient16().astype(np.float32) / 65535).save(d / "f.tif")  # F in [0, 1]
+    pal = Image.fromarray(rgb).convert("P")
+    pal.info["transparency"] = 0
+    pal.save(d / "palette.png")
+    Image.fromarray(rgb).convert("LA").save(d / "la.png")
+    Image.fromarray(rgb).convert("CMYK").save(d / "cmyk.jpg")
+    Image.fromarray(rgb).convert("1").save(d / "bilevel.png")
+    frames = [Image.new("RGB", (20, 24), (200, 10, 10)), Image.new("RGB", (20, 24), (10, 10, 200))]
+    frames[0].save(d / "anim.gif", save_all=True, append_images=frames[1:])
+    return tmp_path
+
+
+def test_empty_class_folders_gifs_and_every_mode_load(mode_tree, caplog):
+    with caplog.at_level(logging.WARNING):
+        ds = SafeImageFolder(mode_tree / "train")
+    assert ds.classes == ["a", "b", "empty_class"] and "empty_class" in caplog.text
+    names = {Path(p).name for p, _ in ds.samples}
+    assert {"anim.gif", "i16.png", "i32.tif", "f.tif", "cmyk.jpg", "bilevel.png"} <= names
+    for i in range(len(ds)):
+        img, _, bad = ds[i]
+        assert bad == "" and img.mode == "RGB" and img.size == (20, 24), ds.samples[i][0]
+
+
+@pytest.mark.parametrize("name", ["i16.png", "i32.tif", "f.tif"])
+def test_high_bit_depth_images_are_scaled_not_clipped(mode_tree, name):
+    got = np.asarray(load_image(str(mode_tree / "train" / "a" / name)))[..., 0].astype(float)
+    want = _gradient16() / 257  # 16 bits -> 8 bits
+    assert np.abs(got - want).max() <= 1.0  # PIL's own conversion: mean 254.6, 12 distinct values
+    assert len(np.unique(got)) > 200
+
+
+def test_gif_is_its_first_frame(mode_tree):
+    img = load_image(str(mode_tree / "train" / "a" / "anim.gif"))
+    assert np.asarray(img)[0, 0].tolist() == pytest.approx([200, 10, 10], abs=8)
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    img = np.zeros((10, 30, 3), dtype=np.uint8)
+    img[:, :5] = 255  # white band on the stored image's left
+    exif = Image.Exif()
+    exif[0x0112] = 6  # display rotated 90 degrees clockwise
+    Image.fromarray(img).save(tmp_path / "rot.jpg", exif=exif, quality=95)
+    out = np.asarray(load_image(str(tmp_path / "rot.jpg")))
+    assert out.shape[:2] == (30, 10)  # upright: portrait
+    assert out[:5].mean() > 200 and out[-5:].mean() < 50  # the band is now at the top
+
+
+def test_unreadable_file_is_named_once_across_workers_and_epochs(tmp_path, caplog):
+    for cls in ("a", "b"):
+        (tmp_path / cls).mkdir()
+        for i in range(4):
+            Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(tmp_path / cls / f"{i}.png")
+    bad = tmp_path / "a" / "0_corrupt.png"
+    bad.write_bytes(b"not an image")
+    ds = SafeImageFolder(tmp_path)
+
+    def collate(items):
+        return [path for _, _, path in items]
+
+    loader = DataLoader(ds, batch_size=3, num_workers=2, persistent_workers=True, collate_fn=collate,
+                        sampler=[0, 1, 0, 1, 0, 1, 0, 1, 0])  # the bad file, by itself and as a retry
+    seen: set[str] = set()
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):  # two epochs
+            for files in loader:
+                note_skipped(seen, files)
+    assert seen == {str(bad)}
+    named = [r for r in caplog.records if "0_corrupt.png" in r.getMessage()]
+    assert len(named) == 1 and "UnidentifiedImageError" in named[0].getMessage()

@@ -5,7 +5,7 @@ Hydra config, with the same initial weights, and times full training steps
 (``training_step`` + backward + optimiser step) alternately in one process -- baseline,
 HVP, baseline, HVP, ... -- so that machine noise hits both alike. Each round also times the
 no-grad forwards that make up the selection pass, from which the compute bound follows
-(DESIGN.md, "Overhead"):
+(docs/DESIGN.md, "Overhead"):
 
 * SimSiam/SimCLR: ``bound = (baseline_step + N * F) / baseline_step`` with ``F`` the no-grad
   forward of one candidate batch of B through backbone + heads; plus per-view (N forwards

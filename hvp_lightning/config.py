@@ -15,6 +15,8 @@ from .backbones import BACKBONES
 from .data.datamodule import DATASETS, resolve_auto_crop, split_dir, typical_image_side
 from .data.datasets import IMAGE_EXTENSIONS, is_image_file
 from .device import auto_precision, runs_on_cpu
+from .errors import ConfigError
+from .methods import METHODS
 from .selection import GLOBAL_PAIRS, MODES, PRECISIONS
 
 log = logging.getLogger(__name__)
@@ -28,30 +30,26 @@ IMAGE_SIDES = {"cifar10": 32, "cifar100": 32, "stl10": 96}
 TRAINER_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 
 
-class ConfigError(ValueError):
-    """A config value is not allowed; the message is meant for the user as is."""
-
-
-def _fail(key: str, value: Any, allowed: str) -> None:
+def fail(key: str, value: Any, allowed: str) -> None:
     raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
 
 
-def _int_at_least(cfg: DictConfig, key: str, low: int) -> None:
+def int_at_least(cfg: DictConfig, key: str, low: int) -> None:
     value = _get(cfg, key)
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        _fail(key, value, f"expected an integer >= {low}")
+        fail(key, value, f"expected an integer >= {low}")
 
 
 def _int_in(cfg: DictConfig, key: str, low: int, high: int) -> None:
     value = _get(cfg, key)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        _fail(key, value, f"expected an integer in [{low}, {high}]")
+        fail(key, value, f"expected an integer in [{low}, {high}]")
 
 
 def _prob(cfg: DictConfig, key: str) -> None:
     value = _get(cfg, key)
     if not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        _fail(key, value, "expected a probability in [0, 1]")
+        fail(key, value, "expected a probability in [0, 1]")
 
 
 def _get(cfg: DictConfig, key: str) -> Any:
@@ -64,53 +62,51 @@ def _get(cfg: DictConfig, key: str) -> Any:
 def validate(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` on the first invalid setting. Resolves ``data.crop_size:
     auto`` (ImageFolder) once the data root is known to be valid."""
-    from .methods import METHODS
-
     if cfg.method.name not in METHODS:
-        _fail("method.name", cfg.method.name, f"one of {', '.join(METHODS)}")
+        fail("method.name", cfg.method.name, f"one of {', '.join(METHODS)}")
     _int_in(cfg, "seed", 0, 2**32 - 1)  # what NumPy's and Lightning's seeding accept
-    _int_at_least(cfg, "method.batch_size", 2)  # BatchNorm heads need >= 2 samples
+    int_at_least(cfg, "method.batch_size", 2)  # BatchNorm heads need >= 2 samples
     if not isinstance(cfg.method.get("compile", False), bool):
-        _fail("method.compile", cfg.method.compile, "true or false")
+        fail("method.compile", cfg.method.compile, "true or false")
     if cfg.method.optimizer.base_lr <= 0:
-        _fail("method.optimizer.base_lr", cfg.method.optimizer.base_lr, "expected > 0")
+        fail("method.optimizer.base_lr", cfg.method.optimizer.base_lr, "expected > 0")
     _validate_lr_end(cfg)
-    _validate_data(cfg)
+    validate_data(cfg)
     resolve_auto_crop(cfg.data)
-    _validate_backbone(cfg)
+    validate_backbone(cfg)
     _warn_upsampled_crops(cfg.data)
     _validate_hvp(cfg)
     _validate_trainer(cfg)
     _validate_distributed(cfg)
     _validate_analysis(cfg)
-    _int_at_least(cfg, "eval.every_n_epochs", 1)
+    int_at_least(cfg, "eval.every_n_epochs", 1)
     if OmegaConf.select(cfg, "checkpoint.every_n_epochs") is not None:
-        _int_at_least(cfg, "checkpoint.every_n_epochs", 1)
-    _int_at_least(cfg, "eval.knn_k", 1)
+        int_at_least(cfg, "checkpoint.every_n_epochs", 1)
+    int_at_least(cfg, "eval.knn_k", 1)
     if not isinstance(cfg.eval.at_start, bool):
-        _fail("eval.at_start", cfg.eval.at_start, "true or false")
+        fail("eval.at_start", cfg.eval.at_start, "true or false")
     if not cfg.eval.knn_temperature > 0:
-        _fail("eval.knn_temperature", cfg.eval.knn_temperature, "expected > 0")
+        fail("eval.knn_temperature", cfg.eval.knn_temperature, "expected > 0")
     if cfg.logger.name not in LOGGERS:
-        _fail("logger.name", cfg.logger.name, f"one of {', '.join(LOGGERS)}")
+        fail("logger.name", cfg.logger.name, f"one of {', '.join(LOGGERS)}")
     if cfg.logger.name == "wandb" and cfg.logger.mode not in ("auto", "online", "offline", "disabled"):
-        _fail("logger.mode", cfg.logger.mode, "one of auto, online, offline, disabled")
+        fail("logger.mode", cfg.logger.mode, "one of auto, online, offline, disabled")
 
 
-def _validate_backbone(cfg: DictConfig) -> None:
+def validate_backbone(cfg: DictConfig) -> None:
     b, crop = cfg.backbone, cfg.data.crop_size
     if b.name not in BACKBONES:
-        _fail("backbone.name", b.name, f"one of {', '.join(BACKBONES)}")
-    _int_at_least(cfg, "data.crop_size", 1)
+        fail("backbone.name", b.name, f"one of {', '.join(BACKBONES)}")
+    int_at_least(cfg, "data.crop_size", 1)
     if BACKBONES[b.name].family == "resnet":
-        _int_at_least(cfg, "backbone.width", 1)
+        int_at_least(cfg, "backbone.width", 1)
         smallest = 8 if b.cifar_stem else 32  # the trunk downsamples 8x (CIFAR stem) or 32x
         if crop < smallest:
-            _fail("data.crop_size", crop, f">= {smallest} px for {b.name} with cifar_stem={b.cifar_stem}")
+            fail("data.crop_size", crop, f">= {smallest} px for {b.name} with cifar_stem={b.cifar_stem}")
     else:
-        _int_at_least(cfg, "backbone.patch_size", 1)
+        int_at_least(cfg, "backbone.patch_size", 1)
         if crop % b.patch_size:
-            _fail("data.crop_size", crop, f"a multiple of backbone.patch_size={b.patch_size} for {b.name}")
+            fail("data.crop_size", crop, f"a multiple of backbone.patch_size={b.patch_size} for {b.name}")
 
 
 def _validate_lr_end(cfg: DictConfig) -> None:
@@ -118,10 +114,10 @@ def _validate_lr_end(cfg: DictConfig) -> None:
     o = cfg.method.optimizer
     min_lr, ratio = o.get("min_lr"), o.get("final_lr_ratio")
     if (min_lr is None) == (ratio is None):
-        _fail("method.optimizer.min_lr", min_lr, "set exactly one of method.optimizer.min_lr (absolute end lr) "
+        fail("method.optimizer.min_lr", min_lr, "set exactly one of method.optimizer.min_lr (absolute end lr) "
               "and method.optimizer.final_lr_ratio (end lr / peak lr)")
     if min_lr is not None and (isinstance(min_lr, bool) or not isinstance(min_lr, (int, float)) or min_lr < 0):
-        _fail("method.optimizer.min_lr", min_lr, "expected a number >= 0")
+        fail("method.optimizer.min_lr", min_lr, "expected a number >= 0")
     if ratio is not None:
         _prob(cfg, "method.optimizer.final_lr_ratio")
 
@@ -131,42 +127,42 @@ def _validate_distributed(cfg: DictConfig) -> None:
     t = cfg.trainer
     sync = t.get("sync_batchnorm", "auto")
     if not (sync == "auto" or isinstance(sync, bool)):
-        _fail("trainer.sync_batchnorm", sync, "auto (on when the model has BatchNorm), true or false")
+        fail("trainer.sync_batchnorm", sync, "auto (on when the model has BatchNorm), true or false")
     if t.get("num_nodes") is not None:
-        _int_at_least(cfg, "trainer.num_nodes", 1)
+        int_at_least(cfg, "trainer.num_nodes", 1)
 
 
-def _validate_data(cfg: DictConfig) -> None:
+def validate_data(cfg: DictConfig) -> None:
     d = cfg.data
     if d.name not in DATASETS:
-        _fail("data.name", d.name, f"one of {', '.join(DATASETS)}")
+        fail("data.name", d.name, f"one of {', '.join(DATASETS)}")
     for key in ("flip_p", "jitter_p", "gray_p", "blur_p", "solarize_p"):
         _prob(cfg, f"data.aug.{key}")
     lo, hi = d.aug.scale
     if not 0 < lo <= hi <= 1:
-        _fail("data.aug.scale", list(d.aug.scale), "two numbers 0 < min <= max <= 1")
-    _int_at_least(cfg, "data.num_workers", 0)
+        fail("data.aug.scale", list(d.aug.scale), "two numbers 0 < min <= max <= 1")
+    int_at_least(cfg, "data.num_workers", 0)
     for key in ("train_subset", "test_subset"):
         if d.get(key) is not None:
-            _int_at_least(cfg, f"data.{key}", 1)
+            int_at_least(cfg, f"data.{key}", 1)
     if d.name == "synthetic":
-        _int_at_least(cfg, "data.train_size", 2)
-        _int_at_least(cfg, "data.test_size", 1)
+        int_at_least(cfg, "data.train_size", 2)
+        int_at_least(cfg, "data.test_size", 1)
         return
     if OmegaConf.is_missing(d, "root"):
-        _fail("data.root", "???", f"the folder holding {d.name}: add data.root=<path> to the command")
+        fail("data.root", "???", f"the folder holding {d.name}: add data.root=<path> to the command")
     root = Path(str(d.root)).expanduser()
     if d.name == "imagefolder":
         for split in ("train", "test"):
             folder = split_dir(root, split)
             want = "<root>/train/<class>/*" if split == "train" else "<root>/test/<class>/* or <root>/val/<class>/*"
             if not folder.is_dir() or not any(p.is_dir() for p in folder.iterdir()):
-                _fail("data.root", str(d.root), f"an ImageNet-layout folder with {want} (no class folders in {folder})")
+                fail("data.root", str(d.root), f"an ImageNet-layout folder with {want} (no class folders in {folder})")
             if not any(p.is_file() and is_image_file(p.name) for p in folder.glob("*/**/*")):
-                _fail("data.root", str(d.root), f"an ImageNet-layout folder with {want} (no image files "
+                fail("data.root", str(d.root), f"an ImageNet-layout folder with {want} (no image files "
                       f"({', '.join(IMAGE_EXTENSIONS)}) in the class folders of {folder})")
     elif d.name in TORCHVISION_FOLDERS and not d.download and not (root / TORCHVISION_FOLDERS[d.name]).is_dir():
-        _fail("data.root", str(d.root), f"a folder holding torchvision's {d.name} files ({TORCHVISION_FOLDERS[d.name]}/ "
+        fail("data.root", str(d.root), f"a folder holding torchvision's {d.name} files ({TORCHVISION_FOLDERS[d.name]}/ "
               f"is not in it; set data.download=true to fetch them)")
 
 
@@ -188,19 +184,19 @@ def _validate_hvp(cfg: DictConfig) -> None:
     h = cfg.get("hvp")
     if h is None or not h.get("enabled", False):
         return
-    _int_at_least(cfg, "hvp.num_views", 2)
+    int_at_least(cfg, "hvp.num_views", 2)
     if h.mode not in MODES:
-        _fail("hvp.mode", h.mode, f"one of {', '.join(MODES)}")
-    _int_at_least(cfg, "hvp.every_n_steps", 1)
+        fail("hvp.mode", h.mode, f"one of {', '.join(MODES)}")
+    int_at_least(cfg, "hvp.every_n_steps", 1)
     if h.selection_precision not in PRECISIONS:
-        _fail("hvp.selection_precision", h.selection_precision, f"one of {', '.join(PRECISIONS)}")
+        fail("hvp.selection_precision", h.selection_precision, f"one of {', '.join(PRECISIONS)}")
     if h.get("max_combinations") is not None:
-        _int_at_least(cfg, "hvp.max_combinations", 1)
+        int_at_least(cfg, "hvp.max_combinations", 1)
         if cfg.method.name != "dino":
-            _fail("hvp.max_combinations", h.max_combinations, f"only with method dino (it samples (global pair, "
+            fail("hvp.max_combinations", h.max_combinations, f"only with method dino (it samples (global pair, "
                   f"locals) combinations); {cfg.method.name} scores every candidate combination")
     if h.get("global_pairs", "cross") not in GLOBAL_PAIRS:
-        _fail("hvp.global_pairs", h.global_pairs, f"one of {', '.join(GLOBAL_PAIRS)}")
+        fail("hvp.global_pairs", h.global_pairs, f"one of {', '.join(GLOBAL_PAIRS)}")
 
 
 def _validate_analysis(cfg: DictConfig) -> None:
@@ -208,11 +204,11 @@ def _validate_analysis(cfg: DictConfig) -> None:
     if a is None:
         return
     if not isinstance(a.get("online", True), bool):
-        _fail("analysis.online", a.online, "true or false")
+        fail("analysis.online", a.online, "true or false")
     if a.get("log_every_n_steps") is not None:
-        _int_at_least(cfg, "analysis.log_every_n_steps", 1)
+        int_at_least(cfg, "analysis.log_every_n_steps", 1)
     if a.get("flush_every_n_logs") is not None:
-        _int_at_least(cfg, "analysis.flush_every_n_logs", 1)
+        int_at_least(cfg, "analysis.flush_every_n_logs", 1)
 
 
 def _validate_trainer(cfg: DictConfig) -> None:
@@ -221,13 +217,13 @@ def _validate_trainer(cfg: DictConfig) -> None:
     allowed = set(inspect.signature(L.Trainer.__init__).parameters) - {"self", "logger", "callbacks", "default_root_dir"}
     for key in cfg.trainer:
         if key in ("enable_checkpointing", "plugins"):  # train.py owns checkpointing (hvp_lightning/checkpoint.py)
-            _fail(f"trainer.{key}", cfg.trainer[key], "not set here: checkpoints are always written "
+            fail(f"trainer.{key}", cfg.trainer[key], "not set here: checkpoints are always written "
                   "(checkpoint.every_n_epochs sets the kept ones)")
         if key not in allowed:
-            _fail(f"trainer.{key}", cfg.trainer[key], "not a lightning.Trainer argument")
-    _int_at_least(cfg, "trainer.max_epochs", 1)
+            fail(f"trainer.{key}", cfg.trainer[key], "not a lightning.Trainer argument")
+    int_at_least(cfg, "trainer.max_epochs", 1)
     if cfg.trainer.get("accumulate_grad_batches") is not None:
-        _int_at_least(cfg, "trainer.accumulate_grad_batches", 1)
+        int_at_least(cfg, "trainer.accumulate_grad_batches", 1)
     _validate_precision(cfg)
 
 
@@ -238,6 +234,6 @@ def _validate_precision(cfg: DictConfig) -> None:
     if precision == "auto":
         precision = cfg.trainer.precision = auto_precision(str(cfg.trainer.get("accelerator", "auto")))
     if precision not in TRAINER_PRECISIONS:
-        _fail("trainer.precision", precision, f"auto or one of {', '.join(TRAINER_PRECISIONS)}")
+        fail("trainer.precision", precision, f"auto or one of {', '.join(TRAINER_PRECISIONS)}")
     if precision == "16-mixed" and runs_on_cpu(str(cfg.trainer.get("accelerator", "auto"))):
-        _fail("trainer.precision", precision, "on CPU one of 32-true, bf16-mixed (no fp16 mixed precision on CPU)")
+        fail("trainer.precision", precision, "on CPU one of 32-true, bf16-mixed (no fp16 mixed precision on CPU)")

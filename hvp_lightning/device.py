@@ -4,7 +4,7 @@ The main job (``python train.py``) must use a GPU where there is one and still r
 CPU-only machine without a flag: ``trainer.accelerator: auto`` leaves the device to
 Lightning, and ``precision: auto`` picks bf16 mixed precision on a GPU that supports it
 (fp32 master weights; losses and selection stay fp32) and fp32 everywhere else -- on CPU,
-bf16 convolutions were measured 30-37x slower (DESIGN.md).
+bf16 convolutions were measured 30-37x slower (docs/DESIGN.md).
 """
 
 from __future__ import annotations

@@ -31,10 +31,11 @@ from torchvision.transforms.v2 import functional as TF
 
 from .backbones import Backbone
 from .checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
-from .config import ConfigError, _fail, _int_at_least, _validate_backbone, _validate_data
+from .config import fail, int_at_least, validate_backbone, validate_data
 from .data.augment import EvalTransform, normalize, to_uint8_tensor
-from .data.datamodule import EvalDataset, _subset, build_raw_datasets, resolve_auto_crop
+from .data.datamodule import EvalDataset, subset, build_raw_datasets, resolve_auto_crop
 from .device import runs_on_cpu
+from .errors import ConfigError
 from .knn import knn_accuracies
 from .methods.base import warmup_cosine
 from .optim import make_optimizer
@@ -192,8 +193,8 @@ class EvalData:
 
 def eval_data(data_cfg: DictConfig) -> EvalData:
     _, bank, test, classes = build_raw_datasets(data_cfg)
-    bank = _subset(bank, data_cfg.get("train_subset"), seed=0)
-    test = _subset(test, data_cfg.get("test_subset"), seed=1)
+    bank = subset(bank, data_cfg.get("train_subset"), seed=0)
+    test = subset(test, data_cfg.get("test_subset"), seed=1)
     return EvalData(bank, test, list(classes), data_cfg)
 
 
@@ -215,16 +216,16 @@ def protocol_settings(p: DictConfig, method: str, dataset: str) -> dict[str, Any
     recipe = method if p.recipe == "auto" else p.recipe
     if p.name == "linear":
         if recipe not in p.recipes:
-            _fail("protocol.recipe", p.recipe, f"auto or one of {', '.join(p.recipes)}")
+            fail("protocol.recipe", p.recipe, f"auto or one of {', '.join(p.recipes)}")
         base = dict(OmegaConf.to_container(p.recipes[recipe], resolve=True))  # type: ignore[arg-type]
     else:
         recipe = FINETUNE_TABLE.get(recipe, recipe) if p.recipe == "auto" else recipe
         if recipe not in p.tables:
-            _fail("protocol.recipe", p.recipe, f"auto or one of {', '.join(p.tables)}")
+            fail("protocol.recipe", p.recipe, f"auto or one of {', '.join(p.tables)}")
         table = p.tables[recipe]
         row = p.table_row if p.table_row != "auto" else (dataset if dataset in table.base_lr else "cifar10")
         if row not in table.base_lr:
-            _fail("protocol.table_row", p.table_row, f"auto or one of {', '.join(table.base_lr)}")
+            fail("protocol.table_row", p.table_row, f"auto or one of {', '.join(table.base_lr)}")
         base = {"optimizer": "adamw", "batch_size": table.batch_size, "weight_decay": table.weight_decay,
                 "base_lr": table.base_lr[row], "epochs": table.epochs[row], "table_row": row}
     skip = {"name", "recipe", "recipes", "tables", "table_row"}
@@ -240,30 +241,30 @@ def _validate_settings(s: dict[str, Any], protocol: str) -> None:
     if protocol == "knn":
         ks = s["ks"]
         if not isinstance(ks, list) or not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
-            _fail("protocol.ks", ks, "a non-empty list of integers >= 1")
+            fail("protocol.ks", ks, "a non-empty list of integers >= 1")
         if not isinstance(s["temperature"], (int, float)) or not s["temperature"] > 0:
-            _fail("protocol.temperature", s["temperature"], "expected > 0")
-        _int_at_least(node, "protocol.batch_size", 1)
+            fail("protocol.temperature", s["temperature"], "expected > 0")
+        int_at_least(node, "protocol.batch_size", 1)
         return
     for key in ("batch_size", "epochs", "lr_ref_batch"):
-        _int_at_least(node, f"protocol.{key}", 1)
+        int_at_least(node, f"protocol.{key}", 1)
     if s["optimizer"] not in OPTIMIZERS:
-        _fail("protocol.optimizer", s["optimizer"], f"one of {', '.join(OPTIMIZERS)}")
+        fail("protocol.optimizer", s["optimizer"], f"one of {', '.join(OPTIMIZERS)}")
     if not isinstance(s["base_lr"], (int, float)) or not s["base_lr"] > 0:
-        _fail("protocol.base_lr", s["base_lr"], "expected > 0")
+        fail("protocol.base_lr", s["base_lr"], "expected > 0")
     if not isinstance(s["weight_decay"], (int, float)) or s["weight_decay"] < 0:
-        _fail("protocol.weight_decay", s["weight_decay"], "expected >= 0")
+        fail("protocol.weight_decay", s["weight_decay"], "expected >= 0")
     scale = s["train_crop_scale"]
     if (not isinstance(scale, list) or len(scale) != 2 or not all(isinstance(v, (int, float)) for v in scale)
             or not 0 < scale[0] <= scale[1] <= 1):
-        _fail("protocol.train_crop_scale", s["train_crop_scale"], "two numbers 0 < min <= max <= 1")
+        fail("protocol.train_crop_scale", s["train_crop_scale"], "two numbers 0 < min <= max <= 1")
     for key in ("momentum", "warmup_epochs"):
         if key in s and (isinstance(s[key], bool) or not isinstance(s[key], (int, float)) or s[key] < 0):
-            _fail(f"protocol.{key}", s[key], "a number >= 0")
+            fail(f"protocol.{key}", s[key], "a number >= 0")
     if protocol == "linear":
-        _int_at_least(node, "protocol.n_last_blocks", 1)
+        int_at_least(node, "protocol.n_last_blocks", 1)
         if not (isinstance(s["augment"], bool) or s["augment"] == "auto"):
-            _fail("protocol.augment", s["augment"], "true, false or auto (false on CPU: cached features)")
+            fail("protocol.augment", s["augment"], "true, false or auto (false on CPU: cached features)")
 
 
 def _eval_data_cfg(cfg: DictConfig, train_cfg: DictConfig) -> DictConfig:
@@ -273,9 +274,9 @@ def _eval_data_cfg(cfg: DictConfig, train_cfg: DictConfig) -> DictConfig:
         if cfg.get("num_workers") is not None:
             data.num_workers = cfg.num_workers
     node = OmegaConf.create({"data": data, "backbone": train_cfg.backbone})
-    _validate_data(node)
+    validate_data(node)
     resolve_auto_crop(node.data)
-    _validate_backbone(node)
+    validate_backbone(node)
     return node.data
 
 
@@ -283,15 +284,15 @@ def _eval_data_cfg(cfg: DictConfig, train_cfg: DictConfig) -> DictConfig:
 def _logger(cfg: DictConfig, train_cfg: DictConfig, out_dir: Path, run_dir: Path, protocol: str):
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
-    from .train import _wandb_logged_in
+    from .train import wandb_logged_in
 
     lc = cfg.logger if cfg.get("logger") is not None else train_cfg.get("logger", {"name": "csv"})
     if lc.get("name", "csv") == "csv":
         (out_dir / "csv" / "metrics.csv").unlink(missing_ok=True)  # a new evaluation replaces the old one
         return CSVLogger(save_dir=str(out_dir), name="csv", version="")
     if lc.name != "wandb":
-        _fail("logger.name", lc.name, "csv or wandb")
-    mode = os.environ.get("WANDB_MODE") or (lc.mode if lc.mode != "auto" else ("online" if _wandb_logged_in() else "offline"))
+        fail("logger.name", lc.name, "csv or wandb")
+    mode = os.environ.get("WANDB_MODE") or (lc.mode if lc.mode != "auto" else ("online" if wandb_logged_in() else "offline"))
     return WandbLogger(project=lc.project, entity=lc.entity, group=run_dir.name, job_type=f"eval-{protocol}",
                        name=f"{run_dir.name}-eval-{protocol}", save_dir=str(out_dir), mode=mode,
                        tags=[*lc.get("tags", []), "eval", protocol], config=OmegaConf.to_container(cfg, resolve=True))
@@ -372,7 +373,7 @@ def run_classifier(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[
     net = FeatureNet(copy.deepcopy(backbone) if finetune else backbone,
                      s.get("n_last_blocks") or 1, bool(s.get("avgpool_patchtokens")))
     if net.is_vit and net.n > len(backbone.trunk.blocks):
-        _fail("protocol.n_last_blocks", net.n, f"at most the backbone's depth ({len(backbone.trunk.blocks)})")
+        fail("protocol.n_last_blocks", net.n, f"at most the backbone's depth ({len(backbone.trunk.blocks)})")
     if not net.is_vit:
         s["n_last_blocks"], s["avgpool_patchtokens"] = None, None  # ResNets: the pooled features
     test_tf = _eval_transform(d)
@@ -463,12 +464,12 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Run ``cfg.protocol`` on ``cfg.ckpt``; return the summary (also in eval_summary.json)."""
     start = time.time()
     if OmegaConf.is_missing(cfg, "ckpt") or not cfg.ckpt:
-        _fail("ckpt", "???", "a run dir or a .ckpt file: add ckpt=<path> to the command")
+        fail("ckpt", "???", "a run dir or a .ckpt file: add ckpt=<path> to the command")
     protocol = cfg.protocol.name
     if protocol not in PROTOCOLS:
-        _fail("protocol.name", protocol, f"one of {', '.join(PROTOCOLS)}")
+        fail("protocol.name", protocol, f"one of {', '.join(PROTOCOLS)}")
     if cfg.devices != 1:
-        _fail("devices", cfg.devices, "1 (evaluation runs on one device)")
+        fail("devices", cfg.devices, "1 (evaluation runs on one device)")
     ckpt_path, run_dir = resolve_checkpoint(cfg.ckpt)
     ckpt = load_checkpoint(ckpt_path)
     train_cfg = checkpoint_config(ckpt)

@@ -153,7 +153,7 @@ def resolve_selection_dtype(precision: str, device_type: str,
 
     ``auto`` follows the training step (``step_dtype``, see :func:`step_autocast_dtype`) so
     that the selection costs what a forward of the step costs. On CPU it is always fp32:
-    bf16/fp16 autocast convolutions were measured 30-37x *slower* than fp32 there (DESIGN.md);
+    bf16/fp16 autocast convolutions were measured 30-37x *slower* than fp32 there (docs/DESIGN.md);
     an explicit ``bf16``/``fp16`` falls back loudly, never silently.
     """
     if precision not in PRECISIONS:
@@ -206,7 +206,7 @@ def gather_pairs(views: torch.Tensor, pairs: torch.Tensor, choice: torch.Tensor)
     return views[k, b], views[l, b]
 
 
-def _stable_seed(*parts: int) -> int:
+def stable_seed(*parts: int) -> int:
     digest = hashlib.blake2b(" ".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
@@ -297,7 +297,7 @@ class HardViewMixin:
         if self.hvp.mode != "random":
             return None
         seed = getattr(self, "seed", 0)
-        return torch.Generator().manual_seed(_stable_seed(seed, self.global_step, batch_idx, self.global_rank))  # type: ignore[attr-defined]
+        return torch.Generator().manual_seed(stable_seed(seed, self.global_step, batch_idx, self.global_rank))  # type: ignore[attr-defined]
 
     def _record_selection(self, table: torch.Tensor, choice: torch.Tensor, trained_loss: torch.Tensor) -> None:
         """Log what this HVP step did, under names that say which pass each value comes from.

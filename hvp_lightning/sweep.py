@@ -182,7 +182,16 @@ class SweepSummary(Callback):
         print(f"sweep summary: {path}")
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``hvp-sweep-summary SWEEP_DIR`` (``python -m hvp_lightning.sweep SWEEP_DIR``): (re)write
+    ``sweep_summary.csv`` of a Hydra multirun, e.g. after some of its jobs were rerun."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or args[0] in ("-h", "--help"):
+        print("usage: hvp-sweep-summary SWEEP_DIR  (writes SWEEP_DIR/sweep_summary.csv)", file=sys.stderr)
+        return 2
+    print(write_sweep_summary(args[0]))
+    return 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m hvp_lightning.sweep <sweep_dir>")
-    print(write_sweep_summary(sys.argv[1]))
+    raise SystemExit(main())

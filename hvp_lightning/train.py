@@ -15,7 +15,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from .analysis.callback import analysis_callbacks
 from .checkpoint import (AtomicCheckpointIO, RunCheckpoint, checkpoint_step, continue_csv_log, resume_checkpoint,
                          wandb_run_id)
-from .config import ConfigError, validate
+from .config import validate
+from .errors import ConfigError
 from .data.datamodule import SSLDataModule
 from .device import device_line
 from .distributed import sync_batchnorm_plugins
@@ -35,7 +36,7 @@ def build_logger(cfg: DictConfig, run_dir: Path, resume_step: int = 0):
         continue_csv_log(logger, resume_step)  # a resumed run appends to metrics.csv
         return logger
     lc = cfg.logger
-    mode = os.environ.get("WANDB_MODE") or (lc.mode if lc.mode != "auto" else ("online" if _wandb_logged_in() else "offline"))
+    mode = os.environ.get("WANDB_MODE") or (lc.mode if lc.mode != "auto" else ("online" if wandb_logged_in() else "offline"))
     group, name = run_names(lc.group, lc.get("run_name"), run_dir, current_sweep_dir())  # a sweep shares a group
     return WandbLogger(project=lc.project, entity=lc.entity, group=group, tags=list(lc.tags),
                        name=name, save_dir=str(run_dir), mode=mode,
@@ -43,7 +44,7 @@ def build_logger(cfg: DictConfig, run_dir: Path, resume_step: int = 0):
                        config=OmegaConf.to_container(cfg, resolve=True))
 
 
-def _wandb_logged_in() -> bool:
+def wandb_logged_in() -> bool:
     if os.environ.get("WANDB_API_KEY"):
         return True
     netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))

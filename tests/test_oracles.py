@@ -1,6 +1,6 @@
 """Cross-checks of the losses against lightly, an independent implementation (test-only).
 
-Conventions (DESIGN.md): lightly's NTXentLoss equals the official two-direction NT-Xent
+Conventions (docs/DESIGN.md): lightly's NTXentLoss equals the official two-direction NT-Xent
 averaged over 2B anchors; its DINOLoss takes the teacher list first.
 """
 

@@ -1,4 +1,4 @@
-"""The HVP selection rules of DESIGN.md: per-sample choice equals brute force, state untouched."""
+"""The HVP selection rules of docs/DESIGN.md: per-sample choice equals brute force, state untouched."""
 
 from __future__ import annotations
 

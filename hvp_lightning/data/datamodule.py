@@ -70,7 +70,7 @@ class FinishingCollate:
         return finish_batch(default_collate(items), self.augs)
 
 
-def _subset(ds: Dataset, n: int | None, seed: int) -> Dataset:
+def subset(ds: Dataset, n: int | None, seed: int) -> Dataset:
     """A fixed random subset (same images for every arm and seed of a comparison)."""
     if n is None or n >= len(ds):  # type: ignore[arg-type]
         return ds
@@ -188,9 +188,9 @@ class SSLDataModule(L.LightningDataModule):
         if hasattr(self, "train_set"):
             return
         pre, bank, test, self.class_names = build_raw_datasets(self.cfg)
-        pre = _subset(pre, self.cfg.train_subset, seed=0)
+        pre = subset(pre, self.cfg.train_subset, seed=0)
         bank = pre if bank is pre or bank is getattr(pre, "dataset", None) else bank
-        test = _subset(test, self.cfg.test_subset, seed=1)
+        test = subset(test, self.cfg.test_subset, seed=1)
         self.train_set = MultiViewDataset(pre, MultiViewTransform(self.views))
         evaluate = EvalTransform(self.cfg.crop_size, self.cfg.eval_crop_ratio, tuple(self.cfg.mean), tuple(self.cfg.std))
         self.bank_set = EvalDataset(bank, evaluate)

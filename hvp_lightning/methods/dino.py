@@ -4,7 +4,7 @@ Loss (official): with ``q_i = softmax((T_i - c) / tau_t)`` for the two teacher g
 ``log p_j = log_softmax(S_j / tau_s)`` for the student's 2 globals + L locals, a sample's
 loss is ``sum_{i, j != i} CE(q_i, p_j) / (2L + 2)``; the batch mean is DINO's loss.
 
-Hard views (DESIGN.md): the combination space is (global pair) x (L of Lc local
+Hard views (docs/DESIGN.md): the combination space is (global pair) x (L of Lc local
 candidates). A combination's loss splits into a pair term ``CE(g1->g2) + CE(g2->g1)`` and a
 sum of unary local terms ``CE(g1->j) + CE(g2->j)``, so for each global pair the best
 locals are the top-L (hard) or bottom-L (easy) unary terms: an exact argmax/argmin over all
@@ -29,29 +29,29 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ..backbones import BACKBONES
-from ..config import ConfigError
+from ..errors import ConfigError
 from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
 from ..heads import DINOHead
-from ..selection import HardViewMixin, _stable_seed, choose, global_pair_index
+from ..selection import HardViewMixin, stable_seed, choose, global_pair_index
 from ..teacher import Centering, cosine_momentum, ema_update, has_batchnorm, make_teacher, teacher_temperature
 from .base import SSLMethod, hvp_config, warmup_cosine
 
 # --- the loss, per sample ---------------------------------------------------------------------
 
 
-def _teacher_probs(t: torch.Tensor, center: torch.Tensor, tau_t: float) -> torch.Tensor:
+def teacher_probs(t: torch.Tensor, center: torch.Tensor, tau_t: float) -> torch.Tensor:
     return F.softmax((t.float() - center) / tau_t, dim=-1)
 
 
-def _student_log_probs(s: torch.Tensor, tau_s: float) -> torch.Tensor:
+def student_log_probs(s: torch.Tensor, tau_s: float) -> torch.Tensor:
     return F.log_softmax(s.float() / tau_s, dim=-1)
 
 
 def dino_cross_entropy(teacher_logits: torch.Tensor, student_logits: torch.Tensor, center: torch.Tensor,
                        tau_t: float, tau_s: float) -> torch.Tensor:
     """Per-sample ``CE(t->s) = -sum_d softmax((t - c)/tau_t)_d log_softmax(s/tau_s)_d``: ``[B]``."""
-    return -(_teacher_probs(teacher_logits, center, tau_t) * _student_log_probs(student_logits, tau_s)).sum(-1)
+    return -(teacher_probs(teacher_logits, center, tau_t) * student_log_probs(student_logits, tau_s)).sum(-1)
 
 
 def dino_loss(teacher_out: Sequence[torch.Tensor], student_out: Sequence[torch.Tensor], center: torch.Tensor,
@@ -59,8 +59,8 @@ def dino_loss(teacher_out: Sequence[torch.Tensor], student_out: Sequence[torch.T
     """Official DINO loss per sample ``[B]``: teacher crop i against every student crop
     j != i (student crops 0, 1 are the same globals as the teacher's), averaged over the
     ``2 * (2 + L) - 2 = 2L + 2`` terms. ``.mean()`` of it is the official batch loss."""
-    qs = [_teacher_probs(t, center, tau_t) for t in teacher_out]
-    logps = [_student_log_probs(s, tau_s) for s in student_out]
+    qs = [teacher_probs(t, center, tau_t) for t in teacher_out]
+    logps = [student_log_probs(s, tau_s) for s in student_out]
     total: torch.Tensor | float = 0.0
     terms = 0
     for i, q in enumerate(qs):
@@ -80,8 +80,8 @@ def dino_ce_table(teacher: torch.Tensor, student: torch.Tensor, center: torch.Te
     -> ``[B, G, V]`` with entry (b, g, v) = ``CE_b(g -> v)``."""
     # fp32 even under mixed precision: the argmax must rank the loss the method computes.
     with torch.autocast(teacher.device.type, enabled=False):
-        q = _teacher_probs(teacher, center, tau_t)
-        logp = _student_log_probs(student, tau_s)
+        q = teacher_probs(teacher, center, tau_t)
+        logp = student_log_probs(student, tau_s)
         return -torch.einsum("gbk,vbk->bgv", q, logp)
 
 
@@ -98,7 +98,7 @@ class CombinationTable(NamedTuple):
     locals: torch.Tensor  # [B, C, L]
 
 
-def _combination_loss(ce: torch.Tensor, pairs: torch.Tensor, locals_: torch.Tensor, num_globals: int) -> torch.Tensor:
+def combination_loss(ce: torch.Tensor, pairs: torch.Tensor, locals_: torch.Tensor, num_globals: int) -> torch.Tensor:
     """Loss of combinations ``pairs [B, C, 2]`` + ``locals [B, C, L]`` from a CE table ``[B, G, V]``."""
     b = torch.arange(ce.shape[0], device=ce.device)[:, None]
     g1, g2 = pairs.unbind(-1)
@@ -138,7 +138,7 @@ def dino_combination_table(ce: torch.Tensor, num_globals: int, num_local: int, m
         pick = torch.randint(pairs.shape[0], (bsz, max_combinations), generator=generator).to(ce.device)
         cpairs = pairs[pick]
         clocals = _uniform_subsets((bsz, max_combinations), lc, num_local, generator, ce.device)
-        return CombinationTable(_combination_loss(ce, cpairs, clocals, g), cpairs, clocals)
+        return CombinationTable(combination_loss(ce, cpairs, clocals, g), cpairs, clocals)
     g1, g2 = pairs.unbind(1)
     pair_terms = ce[:, g1, g2] + ce[:, g2, g1]  # [B, P]
     local_terms = ce[:, g1, g:] + ce[:, g2, g:]  # [B, P, Lc]
@@ -397,7 +397,7 @@ class DINO(HardViewMixin, SSLMethod):
         consume nor mirror the global RNG stream (the selection pass restores that anyway)."""
         if self.hvp.mode != "random" and self.hvp.max_combinations is None:
             return None
-        return torch.Generator().manual_seed(_stable_seed(self.seed, self.global_step, self.global_rank, 1,
+        return torch.Generator().manual_seed(stable_seed(self.seed, self.global_step, self.global_rank, 1,
                                                           self.hvp_batch_idx))
 
     # --- optimisation -------------------------------------------------------------------------

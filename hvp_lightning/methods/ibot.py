@@ -37,12 +37,12 @@ from omegaconf import DictConfig
 from torch import nn
 
 from ..backbones import BACKBONES
-from ..config import ConfigError
+from ..errors import ConfigError
 from ..heads import IBOTHead
-from ..selection import _stable_seed, global_pair_index
+from ..selection import stable_seed, global_pair_index
 from ..teacher import Centering, teacher_temperature
 from .base import hvp_config
-from .dino import DINO, _combination_loss, _student_log_probs, _teacher_probs, dino_ce_table, dino_loss
+from .dino import DINO, combination_loss, student_log_probs, teacher_probs, dino_ce_table, dino_loss
 
 # --- blockwise masks (BEiT/iBOT "block" prediction shape) --------------------------------------
 
@@ -133,8 +133,8 @@ def ibot_patch_loss(teacher_patch_logits: torch.Tensor, student_patch_logits: to
     ``-softmax((t - c2)/tau_t) . log_softmax(s/tau_s)`` over the number of masked tokens
     (clamped to >= 1, so an unmasked image contributes 0)."""
     with torch.autocast(teacher_patch_logits.device.type, enabled=False):  # rank the loss in fp32
-        ce = -(_teacher_probs(teacher_patch_logits, center2, tau_t)
-               * _student_log_probs(student_patch_logits, tau_s)).sum(-1)  # [B, N]
+        ce = -(teacher_probs(teacher_patch_logits, center2, tau_t)
+               * student_log_probs(student_patch_logits, tau_s)).sum(-1)  # [B, N]
         m = mask.flatten(1).to(ce.dtype)
         return (ce * m).sum(-1) / m.sum(-1).clamp(min=1.0)
 
@@ -178,7 +178,7 @@ def ibot_pair_table(ce: torch.Tensor, patch_terms: torch.Tensor, pairs: torch.Te
     bsz, g, v = ce.shape
     pairs = pairs.to(ce.device)
     locals_ = torch.arange(v - g, device=ce.device).expand(bsz, pairs.shape[0], v - g)
-    cls = _combination_loss(ce, pairs.expand(bsz, -1, -1), locals_, g)
+    cls = combination_loss(ce, pairs.expand(bsz, -1, -1), locals_, g)
     g1, g2 = pairs.unbind(1)
     return lambda1 * cls + lambda2 * (patch_terms[:, g1] + patch_terms[:, g2]) / 2
 
@@ -281,7 +281,7 @@ class IBOT(DINO):
         views, m = batch["views"], self.cfg.method
         ps = int(self.backbone.patch_size)
         h, w = views[0].shape[-2] // ps, views[0].shape[-1] // ps
-        rng = random.Random(_stable_seed(self.seed, self.global_step, self.global_rank, 2, batch_idx))
+        rng = random.Random(stable_seed(self.seed, self.global_step, self.global_rank, 2, batch_idx))
         ratio = (float(m.mask_ratio[0]), float(m.mask_ratio[1]))
         return [ibot_masks(views[0].shape[0], h, w, ratio, float(m.mask_prob), float(m.mask_min_aspect), rng)
                 .to(views[0].device) for _ in range(self.num_globals)]

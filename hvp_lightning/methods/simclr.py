@@ -5,7 +5,7 @@ other view of its image and whose negatives are the other 2B-2 embeddings of the
 (of the global batch in DDP); the loss is the mean cross-entropy over all 2B anchors.
 Per sample b that is the mean of its two anchor terms, so the batch mean is the official
 loss. For HVP the loss of sample b on candidate pair (k, l) is the same expression with
-candidate sets k and l as the two views (paper appendix "SimCLR", DESIGN.md): one
+candidate sets k and l as the two views (paper appendix "SimCLR", docs/DESIGN.md): one
 similarity matrix over all N*B candidates, then per-(anchor set, key set) log-sum-exps.
 """
 

@@ -2,7 +2,7 @@
 
 Loss (official): L = -1/2 [cos(p1, sg(z2)) + cos(p2, sg(z1))], averaged over the batch.
 Per-sample candidate loss for views (k, l) is the same expression on those views
-(DESIGN.md); every pair of every sample comes from one ``[B, N, N]`` cosine table.
+(docs/DESIGN.md); every pair of every sample comes from one ``[B, N, N]`` cosine table.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..heads import mlp
 from ..selection import HardViewMixin, pair_index

@@ -1,0 +1,109 @@
+"""Console commands: ``hvp-train``, ``hvp-eval``, ``hvp-export``, ``hvp-analysis``, ``hvp-sweep-summary``.
+
+``python train.py`` / ``python eval.py`` in the repository call :func:`train` / :func:`evaluate_main`
+too. The Hydra configs are the repository's top-level ``conf/``; a wheel ships that same folder
+as ``hvp_lightning/conf`` (pyproject.toml), so an installed copy trains from any directory.
+
+    hvp-train method=simclr_cifar +hvp=on            # = python train.py ...
+    hvp-train -m hvp.num_views=2,4,8 +hvp=on         # Hydra multirun, as with train.py
+    hvp-eval protocol=knn ckpt=runs/<date>/<time>_simclr
+    hvp-export RUN_DIR/checkpoints/last.ckpt backbone.pt
+    hvp-analysis RUN_DIR [BASELINE_RUN_DIR]
+    hvp-sweep-summary multirun/<date>/<time>
+
+``hvp-export``, ``hvp-analysis`` and ``hvp-sweep-summary`` are the ``main`` functions of
+:mod:`hvp_lightning.export`, :mod:`hvp_lightning.analysis` and :mod:`hvp_lightning.sweep`.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
+from hydra.types import RunMode
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from .checkpoint import resume_config
+from .errors import ConfigError
+from .evaluate import evaluate
+from . import sweep  # noqa: F401  registers ${hvp_dirname:...} (hydra.sweep.subdir)
+from .train import final_line, run
+
+
+def config_dir() -> str:
+    """The Hydra config folder: shipped inside an installed wheel, the repository's ``conf/``
+    in a checkout (an editable install included)."""
+    package = Path(__file__).resolve().parent
+    shipped = package / "conf"
+    return str(shipped if shipped.is_dir() else package.parent / "conf")
+
+
+CONFIG_DIR = config_dir()
+
+# hydra.run.dir: the run dir being resumed, else a new timestamped one (conf/config.yaml).
+OmegaConf.register_new_resolver("hvp_resume_or", lambda resume, new: str(resume) if resume else new, replace=True)
+
+
+class SweepConfigError(CompactHydraException):
+    """A sweep job's config error: Hydra reports the job failed with this one line (no traceback),
+    runs the other jobs, and its sweep_summary.csv row says failed."""
+
+
+def _fresh(run_dir: Path) -> bool:
+    """True when Hydra has just made ``run_dir`` for this job: it holds only its ``.hydra/``
+    and an empty ``train.log`` (a dir holding an earlier run's files is never fresh)."""
+    log_file = run_dir / "train.log"
+    return ({p.name for p in run_dir.iterdir()} <= {".hydra", "train.log"}
+            and (not log_file.exists() or log_file.stat().st_size == 0))
+
+
+def _remove_run_dir(run_dir: Path) -> None:
+    """Delete a run dir made for a run that never started (close Hydra's log file in it first)."""
+    for handler in list(logging.root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
+            logging.root.removeHandler(handler)
+            handler.close()
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
+def train(cfg: DictConfig) -> float | None:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    fresh = _fresh(run_dir)
+    try:
+        if cfg.get("resume"):  # continue that run with its own config (+ what the command line changes)
+            cfg = resume_config(cfg.resume, cfg, list(HydraConfig.get().overrides.task))
+            run_dir = Path(cfg.resume)
+        summary = run(cfg, run_dir)
+    except (ConfigError, MisconfigurationException) as err:  # bad settings: one line, no traceback
+        if HydraConfig.get().mode == RunMode.MULTIRUN:  # this job fails, the sweep goes on
+            raise SweepConfigError(f"config error: {err}") from err
+        print(f"config error: {err}", file=sys.stderr)
+        if fresh:  # a rejected command leaves nothing behind
+            _remove_run_dir(run_dir)
+        sys.exit(2)
+    if rank_zero_only.rank == 0:  # DDP: one final line per run, not one per process
+        print(final_line(summary))
+    return summary["knn_top1"]  # lets Hydra sweepers optimise it
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="eval", version_base="1.3")
+def evaluate_main(cfg: DictConfig) -> float | None:
+    try:
+        summary = evaluate(cfg)
+    except (ConfigError, MisconfigurationException) as err:  # bad settings or checkpoint: one line, no traceback
+        print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
+    m = summary["metrics"]
+    k = f" (k={m['k_for_top1']})" if summary["protocol"] == "knn" else ""
+    print(f"{summary['protocol']} top-1: {100 * m['top1']:.2f}%, top-5: {100 * m['top5']:.2f}%{k} "
+          f"(chance {100 * summary['chance']:.1f}%) | {summary['out_dir']}/eval_summary.json")
+    return m["top1"]
+

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torchvision.models import resnet as tvr
 
+from .onednn_guard import guard_onednn_avx2_1x1
+
 
 class Backbone(nn.Module):
     """Wraps a trunk so every backbone has the same interface (``forward`` -> ``[B, D]``)."""
@@ -27,6 +29,7 @@ class Backbone(nn.Module):
         self.patch_size = patch_size
         if channels_last:
             self.trunk.to(memory_format=torch.channels_last)
+            guard_onednn_avx2_1x1(self.trunk)  # narrow trunks would crash AVX2 CPUs (onednn_guard.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.channels_last:

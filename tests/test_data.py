@@ -12,7 +12,8 @@ from PIL import Image
 from hvp_lightning.config import validate
 from hvp_lightning.data.augment import PARAM_NAMES, MultiViewTransform, ViewAug, augment
 from hvp_lightning.data.datamodule import SSLDataModule
-from hvp_lightning.data.datasets import SafeImageFolder, SyntheticShapes, note_skipped
+from hvp_lightning.data.datasets import SafeImageFolder, note_skipped
+from hvp_lightning.data.shapes import SyntheticShapes
 
 from .conftest import SHARED_CIFAR
 

@@ -15,7 +15,8 @@ from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
 from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
-from .datasets import SafeImageFolder, SyntheticShapes
+from .datasets import SafeImageFolder
+from .shapes import SyntheticShapes
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Raw image datasets: ``ds[i] -> (image, label)`` with image a PIL image or uint8 tensor.
 
-* :class:`SyntheticShapes` -- the built-in offline default, generated in memory
+* :class:`~hvp_lightning.data.shapes.SyntheticShapes` (its own module) -- the built-in offline default, generated in memory
   (hvp_lightning/data/shapes.py: the class is a shape; colour, position, size and clutter vary).
 * :class:`SafeImageFolder` -- ImageNet-layout folders that skip unreadable files with a
   warning instead of killing a multi-day run.
@@ -18,8 +18,6 @@ from lightning.pytorch.utilities import rank_zero_only
 from PIL import Image, ImageOps
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
-
-from .shapes import SyntheticShapes  # noqa: F401  the built-in default (datamodule.py builds it from here)
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from torch import nn
 from torchvision.models import resnet as tvr
 
 from .onednn_guard import guard_onednn_avx2_1x1
+from .options import BACKBONE_FAMILIES
 
 
 class Backbone(nn.Module):
@@ -107,10 +108,9 @@ class BackboneSpec:
     builder: Callable[..., Backbone]
 
 
-BACKBONES: dict[str, BackboneSpec] = {
-    **{n: BackboneSpec("resnet", build_resnet) for n in _RESNETS},
-    **{n: BackboneSpec("vit", build_vit) for n in _VITS},
-}
+_BUILDERS: dict[str, Callable[..., Backbone]] = {"resnet": build_resnet, "vit": build_vit}
+# Names and families: hvp_lightning/options.py (checked there before torch is imported).
+BACKBONES: dict[str, BackboneSpec] = {n: BackboneSpec(f, _BUILDERS[f]) for n, f in BACKBONE_FAMILIES.items()}
 
 
 def build_backbone(cfg) -> Backbone:

@@ -26,15 +26,14 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from hydra.types import RunMode
-from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from .checkpoint import resume_config
-from .errors import ConfigError
-from .evaluate import evaluate
 from . import sweep  # noqa: F401  registers ${hvp_dirname:...} (hydra.sweep.subdir)
-from .train import final_line, run
+from .config import check_eval_options, check_options
+from .errors import ConfigError
+
+# Nothing here imports torch, Lightning or the model code at module level: the commands check
+# their config first (hvp_lightning/config.py) and import those only for a config that passed.
 
 
 def config_dir() -> str:
@@ -56,6 +55,14 @@ class SweepConfigError(CompactHydraException):
     runs the other jobs, and its sweep_summary.csv row says failed."""
 
 
+def user_errors() -> tuple[type[Exception], ...]:
+    """The exceptions that mean "bad settings": :class:`ConfigError`, and Lightning's
+    ``MisconfigurationException`` once Lightning is imported (a config error found before
+    that cannot be Lightning's)."""
+    lightning_errors = sys.modules.get("lightning.fabric.utilities.exceptions")
+    return (ConfigError,) + ((lightning_errors.MisconfigurationException,) if lightning_errors else ())
+
+
 def _fresh(run_dir: Path) -> bool:
     """True when Hydra has just made ``run_dir`` for this job: it holds only its ``.hydra/``
     and an empty ``train.log`` (a dir holding an earlier run's files is never fresh)."""
@@ -65,12 +72,23 @@ def _fresh(run_dir: Path) -> bool:
 
 
 def _remove_run_dir(run_dir: Path) -> None:
-    """Delete a run dir made for a run that never started (close Hydra's log file in it first)."""
+    """Delete a run dir made for a run that never started (close Hydra's log file in it first),
+    and the folders above it that are left empty, up to the working directory (the default
+    ``runs/<date>/``), so that a rejected command leaves nothing behind."""
+    run_dir = run_dir.resolve()
     for handler in list(logging.root.handlers):
-        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir:
             logging.root.removeHandler(handler)
             handler.close()
     shutil.rmtree(run_dir, ignore_errors=True)
+    cwd = Path.cwd().resolve()
+    for parent in run_dir.parents:
+        if parent == cwd or cwd not in parent.parents:
+            break
+        try:
+            parent.rmdir()  # only an empty folder goes
+        except OSError:
+            break
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
@@ -79,16 +97,26 @@ def train(cfg: DictConfig) -> float | None:
     fresh = _fresh(run_dir)
     try:
         if cfg.get("resume"):  # continue that run with its own config (+ what the command line changes)
+            from .checkpoint import resume_config
+
             cfg = resume_config(cfg.resume, cfg, list(HydraConfig.get().overrides.task))
             run_dir = Path(cfg.resume)
+        else:
+            check_options(cfg)  # the config alone, before the heavy imports
+        from .train import run
+
         summary = run(cfg, run_dir)
-    except (ConfigError, MisconfigurationException) as err:  # bad settings: one line, no traceback
+    except user_errors() as err:  # bad settings: one line, no traceback
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # this job fails, the sweep goes on
             raise SweepConfigError(f"config error: {err}") from err
         print(f"config error: {err}", file=sys.stderr)
         if fresh:  # a rejected command leaves nothing behind
             _remove_run_dir(run_dir)
         sys.exit(2)
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from .train import final_line
+
     if rank_zero_only.rank == 0:  # DDP: one final line per run, not one per process
         print(final_line(summary))
     return summary["knn_top1"]  # lets Hydra sweepers optimise it
@@ -97,8 +125,11 @@ def train(cfg: DictConfig) -> float | None:
 @hydra.main(config_path=CONFIG_DIR, config_name="eval", version_base="1.3")
 def evaluate_main(cfg: DictConfig) -> float | None:
     try:
+        check_eval_options(cfg)  # the config alone, before the heavy imports
+        from .evaluate import evaluate
+
         summary = evaluate(cfg)
-    except (ConfigError, MisconfigurationException) as err:  # bad settings or checkpoint: one line, no traceback
+    except user_errors() as err:  # bad settings or checkpoint: one line, no traceback
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
     m = summary["metrics"]
@@ -106,4 +137,3 @@ def evaluate_main(cfg: DictConfig) -> float | None:
     print(f"{summary['protocol']} top-1: {100 * m['top1']:.2f}%, top-5: {100 * m['top5']:.2f}%{k} "
           f"(chance {100 * summary['chance']:.1f}%) | {summary['out_dir']}/eval_summary.json")
     return m["top1"]
-

@@ -1,33 +1,30 @@
 """Start-up validation: every bad value ends in one message naming the key, the value and
-what is allowed -- before any data is read or a Lightning Trainer exists."""
+what is allowed -- before any data is read or a Lightning Trainer exists. Two passes:
+
+* :func:`check_options` (and :func:`check_eval_options` for eval.py): everything the config
+  and the file system can tell. This module imports neither torch nor Lightning, so the
+  command-line entry points run it before the heavy imports (hvp_lightning/cli.py): a typo
+  costs a second, not the ~15 s those imports take.
+* :func:`validate`: :func:`check_options` plus what needs them -- ``trainer.*`` keys against
+  ``lightning.Trainer``'s signature, ``trainer.precision`` against the machine -- and the
+  start-up warning about upsampled crops. :func:`hvp_lightning.train.run` calls it.
+"""
 
 from __future__ import annotations
 
-import inspect
 import logging
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from .backbones import BACKBONES
-from .data.datamodule import DATASETS, resolve_auto_crop, split_dir, typical_image_side
-from .data.datasets import IMAGE_EXTENSIONS, is_image_file
-from .device import auto_precision, runs_on_cpu
+from .data.layout import is_image_file, resolve_auto_crop, split_dir, typical_image_side
 from .errors import ConfigError
-from .methods import METHODS
-from .selection import GLOBAL_PAIRS, MODES, PRECISIONS
+from .options import (BACKBONE_FAMILIES, DATASETS, GLOBAL_PAIRS, IMAGE_EXTENSIONS, IMAGE_SIDES, LOGGERS, METHOD_NAMES,
+                      MODES, OPTIMIZERS, OWNED_TRAINER_KEYS, PRECISIONS, PROTOCOLS, TORCHVISION_FOLDERS,
+                      TRAINER_PRECISIONS, WANDB_MODES)
 
 log = logging.getLogger(__name__)
-
-LOGGERS = ("wandb", "csv")
-# Where torchvision keeps each dataset under data.root, and its images' side in pixels.
-TORCHVISION_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "stl10": "stl10_binary"}
-IMAGE_SIDES = {"cifar10": 32, "cifar100": 32, "stl10": 96}
-# Mixed precision keeps fp32 master weights, EMA teacher and centres; "*-true" half
-# precision would run them in half precision too.
-TRAINER_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 
 
 def fail(key: str, value: Any, allowed: str) -> None:
@@ -59,24 +56,26 @@ def _get(cfg: DictConfig, key: str) -> Any:
     return node
 
 
-def validate(cfg: DictConfig) -> None:
-    """Raise :class:`ConfigError` on the first invalid setting. Resolves ``data.crop_size:
-    auto`` (ImageFolder) once the data root is known to be valid."""
-    if cfg.method.name not in METHODS:
-        fail("method.name", cfg.method.name, f"one of {', '.join(METHODS)}")
+def check_options(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` on the first setting the config itself (or the data root it
+    names) shows to be invalid. Resolves ``data.crop_size: auto`` (ImageFolder) once the data
+    root is known to be valid. Torch-free."""
+    if cfg.method.name not in METHOD_NAMES:
+        fail("method.name", cfg.method.name, f"one of {', '.join(METHOD_NAMES)}")
     _int_in(cfg, "seed", 0, 2**32 - 1)  # what NumPy's and Lightning's seeding accept
     int_at_least(cfg, "method.batch_size", 2)  # BatchNorm heads need >= 2 samples
     if not isinstance(cfg.method.get("compile", False), bool):
         fail("method.compile", cfg.method.compile, "true or false")
+    if cfg.method.optimizer.name not in OPTIMIZERS:
+        fail("method.optimizer.name", cfg.method.optimizer.name, f"one of {', '.join(OPTIMIZERS)}")
     if cfg.method.optimizer.base_lr <= 0:
         fail("method.optimizer.base_lr", cfg.method.optimizer.base_lr, "expected > 0")
     _validate_lr_end(cfg)
     validate_data(cfg)
     resolve_auto_crop(cfg.data)
     validate_backbone(cfg)
-    _warn_upsampled_crops(cfg.data)
     _validate_hvp(cfg)
-    _validate_trainer(cfg)
+    _check_trainer(cfg)
     _validate_distributed(cfg)
     _validate_analysis(cfg)
     int_at_least(cfg, "eval.every_n_epochs", 1)
@@ -87,18 +86,48 @@ def validate(cfg: DictConfig) -> None:
         fail("eval.at_start", cfg.eval.at_start, "true or false")
     if not cfg.eval.knn_temperature > 0:
         fail("eval.knn_temperature", cfg.eval.knn_temperature, "expected > 0")
-    if cfg.logger.name not in LOGGERS:
-        fail("logger.name", cfg.logger.name, f"one of {', '.join(LOGGERS)}")
-    if cfg.logger.name == "wandb" and cfg.logger.mode not in ("auto", "online", "offline", "disabled"):
-        fail("logger.mode", cfg.logger.mode, "one of auto, online, offline, disabled")
+    _check_logger(cfg.logger)
+
+
+def validate(cfg: DictConfig) -> None:
+    """:func:`check_options`, then the checks that need Lightning and the machine; resolves
+    ``trainer.precision: auto``. Warns once when crops are larger than the images."""
+    check_options(cfg)
+    _validate_trainer_keys(cfg)
+    _validate_precision(cfg)
+    _warn_upsampled_crops(cfg.data)
+
+
+def check_eval_options(cfg: DictConfig) -> None:
+    """eval.py's settings that need no checkpoint (the rest: hvp_lightning/evaluate.py). Torch-free."""
+    if OmegaConf.is_missing(cfg, "ckpt") or not cfg.ckpt:
+        fail("ckpt", "???", "a run dir or a .ckpt file: add ckpt=<path> to the command")
+    if cfg.protocol.name not in PROTOCOLS:
+        fail("protocol.name", cfg.protocol.name, f"one of {', '.join(PROTOCOLS)}")
+    if cfg.devices != 1:
+        fail("devices", cfg.devices, "1 (evaluation runs on one device)")
+    _int_in(cfg, "seed", 0, 2**32 - 1)
+    if cfg.get("num_workers") is not None:
+        int_at_least(cfg, "num_workers", 0)
+    if cfg.get("data") is not None:
+        validate_data(cfg)
+    if cfg.get("logger") is not None:
+        _check_logger(cfg.logger)
+
+
+def _check_logger(lc: DictConfig) -> None:
+    if lc.name not in LOGGERS:
+        fail("logger.name", lc.name, f"one of {', '.join(LOGGERS)}")
+    if lc.name == "wandb" and lc.mode not in WANDB_MODES:
+        fail("logger.mode", lc.mode, f"one of {', '.join(WANDB_MODES)}")
 
 
 def validate_backbone(cfg: DictConfig) -> None:
     b, crop = cfg.backbone, cfg.data.crop_size
-    if b.name not in BACKBONES:
-        fail("backbone.name", b.name, f"one of {', '.join(BACKBONES)}")
+    if b.name not in BACKBONE_FAMILIES:
+        fail("backbone.name", b.name, f"one of {', '.join(BACKBONE_FAMILIES)}")
     int_at_least(cfg, "data.crop_size", 1)
-    if BACKBONES[b.name].family == "resnet":
+    if BACKBONE_FAMILIES[b.name] == "resnet":
         int_at_least(cfg, "backbone.width", 1)
         smallest = 8 if b.cifar_stem else 32  # the trunk downsamples 8x (CIFAR stem) or 32x
         if crop < smallest:
@@ -175,6 +204,8 @@ def _warn_upsampled_crops(d: DictConfig) -> None:
         side = typical_image_side(split_dir(Path(str(d.root)).expanduser(), "train"))
     else:
         side = IMAGE_SIDES.get(d.name)
+    from lightning.pytorch.utilities import rank_zero_only
+
     if side is not None and d.crop_size > side and rank_zero_only.rank == 0:
         log.warning("data.crop_size=%s is larger than the images (shorter side %s px): every crop is upsampled",
                     d.crop_size, side)
@@ -211,29 +242,38 @@ def _validate_analysis(cfg: DictConfig) -> None:
         int_at_least(cfg, "analysis.flush_every_n_logs", 1)
 
 
-def _validate_trainer(cfg: DictConfig) -> None:
+def _check_trainer(cfg: DictConfig) -> None:
+    for key in OWNED_TRAINER_KEYS:
+        if key in cfg.trainer:
+            fail(f"trainer.{key}", cfg.trainer[key], "not set here: checkpoints are always written "
+                  "(checkpoint.every_n_epochs sets the kept ones)")
+    int_at_least(cfg, "trainer.max_epochs", 1)
+    if cfg.trainer.get("accumulate_grad_batches") is not None:
+        int_at_least(cfg, "trainer.accumulate_grad_batches", 1)
+    precision = cfg.trainer.get("precision", "32-true")
+    if precision != "auto" and precision not in TRAINER_PRECISIONS:
+        fail("trainer.precision", precision, f"auto or one of {', '.join(TRAINER_PRECISIONS)}")
+
+
+def _validate_trainer_keys(cfg: DictConfig) -> None:
+    """Every ``trainer.*`` key is a ``lightning.Trainer`` argument (of the installed version)."""
+    import inspect
+
     import lightning as L
 
     allowed = set(inspect.signature(L.Trainer.__init__).parameters) - {"self", "logger", "callbacks", "default_root_dir"}
     for key in cfg.trainer:
-        if key in ("enable_checkpointing", "plugins"):  # train.py owns checkpointing (hvp_lightning/checkpoint.py)
-            fail(f"trainer.{key}", cfg.trainer[key], "not set here: checkpoints are always written "
-                  "(checkpoint.every_n_epochs sets the kept ones)")
         if key not in allowed:
             fail(f"trainer.{key}", cfg.trainer[key], "not a lightning.Trainer argument")
-    int_at_least(cfg, "trainer.max_epochs", 1)
-    if cfg.trainer.get("accumulate_grad_batches") is not None:
-        int_at_least(cfg, "trainer.accumulate_grad_batches", 1)
-    _validate_precision(cfg)
 
 
 def _validate_precision(cfg: DictConfig) -> None:
     """Lightning has no fp16 AMP on CPU: it would silently train in bf16-mixed instead.
     Resolves ``auto`` (bf16-mixed on a bf16-capable GPU, else 32-true: hvp_lightning/device.py)."""
+    from .device import auto_precision, runs_on_cpu
+
     precision = cfg.trainer.get("precision", "32-true")
     if precision == "auto":
         precision = cfg.trainer.precision = auto_precision(str(cfg.trainer.get("accelerator", "auto")))
-    if precision not in TRAINER_PRECISIONS:
-        fail("trainer.precision", precision, f"auto or one of {', '.join(TRAINER_PRECISIONS)}")
     if precision == "16-mixed" and runs_on_cpu(str(cfg.trainer.get("accelerator", "auto"))):
         fail("trainer.precision", precision, "on CPU one of 32-true, bf16-mixed (no fp16 mixed precision on CPU)")

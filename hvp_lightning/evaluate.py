@@ -33,17 +33,17 @@ from .backbones import Backbone
 from .checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
 from .config import fail, int_at_least, validate_backbone, validate_data
 from .data.augment import EvalTransform, normalize, to_uint8_tensor
-from .data.datamodule import EvalDataset, subset, build_raw_datasets, resolve_auto_crop
+from .data.datamodule import EvalDataset, subset, build_raw_datasets
+from .data.layout import resolve_auto_crop
 from .device import runs_on_cpu
 from .errors import ConfigError
 from .knn import knn_accuracies
 from .methods.base import warmup_cosine
 from .optim import make_optimizer
+from .options import OPTIMIZERS, PROTOCOLS
 
 log = logging.getLogger(__name__)
 
-PROTOCOLS = ("knn", "linear", "finetune")
-OPTIMIZERS = ("sgd", "lars", "adamw")
 # Finetune tables: which one a method's checkpoint uses (the paper has DINO ViT-S and SimSiam RN50).
 FINETUNE_TABLE = {"dino": "dino", "ibot": "dino", "simsiam": "simsiam", "simclr": "simsiam"}
 

@@ -13,6 +13,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from .options import OPTIMIZERS
+
 
 class LARS(torch.optim.Optimizer):
     """SGD with (heavy-ball) momentum and layer-wise adaptive rate scaling.
@@ -64,9 +66,6 @@ class LARS(torch.optim.Optimizer):
                 buf.mul_(momentum).add_(d, alpha=lr)
                 p.sub_(buf)
         return loss
-
-
-OPTIMIZERS = ("sgd", "adamw", "lars")
 
 
 def make_optimizer(name: str, groups: list[dict[str, Any]], lr: float, weight_decay: float,

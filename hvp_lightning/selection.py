@@ -42,11 +42,8 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-MODES = ("hard", "easy", "random")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-# Multi-crop methods: which pairs of global candidates are scored. ``cross`` pairs a crop of
-# DINO's global pipeline 1 with one of pipeline 2 (the official HVP code); ``all`` = C(G,2).
-GLOBAL_PAIRS = ("cross", "all")
+from .options import GLOBAL_PAIRS, MODES, PRECISIONS
+
 # Autocast dtype Lightning runs a training step under, per trainer.precision (the ones
 # config.py allows); None = no autocast.
 STEP_DTYPES: dict[str, torch.dtype | None] = {"32-true": None, "bf16-mixed": torch.bfloat16,

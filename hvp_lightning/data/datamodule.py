@@ -16,11 +16,11 @@ from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
 from .datasets import SafeImageFolder
+from ..options import DATASETS
+from .layout import split_dir
 from .shapes import SyntheticShapes
 
 log = logging.getLogger(__name__)
-
-DATASETS = ("synthetic", "imagefolder", "cifar10", "cifar100", "stl10")
 
 
 def _unpack(item: tuple) -> tuple[Any, int, str]:
@@ -77,43 +77,6 @@ def subset(ds: Dataset, n: int | None, seed: int) -> Dataset:
         return ds
     idx = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed))[:n]  # type: ignore[arg-type]
     return Subset(ds, idx.sort().values.tolist())
-
-
-def split_dir(root: Path, split: str) -> Path:
-    """``train/`` for training; ``test/`` or else ``val/`` for evaluation (ImageNet layout)."""
-    if split == "train":
-        return root / "train"
-    return root / "test" if (root / "test").is_dir() else root / "val"
-
-
-def typical_image_side(folder: Path, sample: int = 32) -> int:
-    """Median shorter side of a few images (headers only), to size crops for unknown folders."""
-    from PIL import Image
-
-    sides = []
-    for path in _spread(sorted(p for p in folder.rglob("*") if p.is_file()), sample):
-        try:
-            with Image.open(path) as img:
-                sides.append(min(img.size))
-        except Exception:  # noqa: BLE001 -- unreadable files are skipped at load time too
-            continue
-    return int(sorted(sides)[len(sides) // 2]) if sides else 224
-
-
-def _spread(items: list, k: int) -> list:
-    """k items spread over the list (every class folder, not only the first)."""
-    step = max(1, len(items) // k)
-    return items[::step][:k]
-
-
-def resolve_auto_crop(cfg) -> None:
-    """``crop_size: auto``: small images (<= 96 px, CIFAR/STL-like) are cropped at their own
-    size and evaluated uncropped; larger ones get the ImageNet 224 / 0.875 protocol."""
-    if cfg.get("crop_size") == "auto":
-        side = typical_image_side(split_dir(Path(cfg.root), "train"))
-        cfg.crop_size = side if side <= 96 else 224
-    if cfg.get("eval_crop_ratio") == "auto":
-        cfg.eval_crop_ratio = 1.0 if cfg.crop_size <= 96 else 0.875
 
 
 def build_raw_datasets(cfg) -> tuple[Dataset, Dataset, Dataset, list[str]]:

@@ -17,19 +17,13 @@ import numpy as np
 from lightning.pytorch.utilities import rank_zero_only
 from PIL import Image, ImageOps
 from torchvision.datasets import ImageFolder
-from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from ..options import IMAGE_EXTENSIONS
+from .layout import is_image_file
 
 log = logging.getLogger(__name__)
 
 ORIENTATION = 0x0112  # the EXIF tag
-
-
-# torchvision's ImageFolder extensions plus GIF (its first frame is the image).
-IMAGE_EXTENSIONS = (*IMG_EXTENSIONS, ".gif")
-
-
-def is_image_file(path: str) -> bool:
-    return path.lower().endswith(IMAGE_EXTENSIONS)
 
 
 class SafeImageFolder(ImageFolder):

@@ -1,0 +1,45 @@
+"""The allowed values of the config's choice keys, one definition each, torch-free.
+
+The command-line entry points check a config against these before they import torch,
+Lightning or the model code (hvp_lightning/config.py ``check_options``), so a typo is
+reported in a second, not after the heavy imports; the modules that implement the choices
+import their names from here. Registries that map a name to code (``methods.METHODS``,
+``backbones.BACKBONES``) are tested to hold exactly these names (tests/test_options.py).
+"""
+
+from __future__ import annotations
+
+METHOD_NAMES = ("dino", "ibot", "simsiam", "simclr")
+# backbone.name -> family (the keys a family's config group carries: hvp_lightning/backbones.py)
+BACKBONE_FAMILIES = {
+    "resnet18": "resnet", "resnet34": "resnet", "resnet50": "resnet",
+    "vit_tiny": "vit", "vit_small": "vit", "vit_base": "vit",
+}
+OPTIMIZERS = ("sgd", "adamw", "lars")
+
+DATASETS = ("synthetic", "imagefolder", "cifar10", "cifar100", "stl10")
+# Where torchvision keeps each dataset under data.root, and its images' side in pixels.
+TORCHVISION_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "stl10": "stl10_binary"}
+IMAGE_SIDES = {"cifar10": 32, "cifar100": 32, "stl10": 96}
+# torchvision's ImageFolder extensions (torchvision.datasets.folder.IMG_EXTENSIONS) plus GIF
+# (its first frame is the image).
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")
+
+# hvp.*
+MODES = ("hard", "easy", "random")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+# Multi-crop methods: which pairs of global candidates are scored. ``cross`` pairs a crop of
+# DINO's global pipeline 1 with one of pipeline 2 (the official HVP code); ``all`` = C(G,2).
+GLOBAL_PAIRS = ("cross", "all")
+
+# trainer.precision: mixed precision keeps fp32 master weights, EMA teacher and centres;
+# "*-true" half precision would run them in half precision too. ``auto`` is resolved per machine.
+TRAINER_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+# trainer.* keys train.py owns (checkpointing: hvp_lightning/checkpoint.py).
+OWNED_TRAINER_KEYS = ("enable_checkpointing", "plugins")
+
+LOGGERS = ("wandb", "csv")
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+# eval.py
+PROTOCOLS = ("knn", "linear", "finetune")

@@ -15,6 +15,9 @@
   :class:`CheckpointError` with one readable line.
 * :func:`resume_checkpoint` / :func:`resume_config` -- what ``train.py resume=<run_dir>``
   (or a run dir that already holds ``checkpoints/last.ckpt``) continues from.
+
+The run's other records (CSV and W&B logs, the wall time over sessions) continue over a
+resume through hvp_lightning/run_logs.py.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import os
 import random
 import re
 import shutil
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,7 +41,6 @@ from .errors import ConfigError
 log = logging.getLogger(__name__)
 
 LAST = "last.ckpt"
-WANDB_ID_FILE = "wandb_run_id"
 
 
 class CheckpointError(ConfigError):
@@ -214,9 +215,10 @@ class RunCheckpoint(Checkpoint):
     ``epoch=NNN.ckpt`` every ``every_n_epochs`` epochs (0/None: last only). Writes go through
     the trainer, so with :class:`AtomicCheckpointIO` as plugin each file appears atomically.
 
-    Its checkpoint state is the RNG streams of every rank, restored on resume, and what a
-    resumed run's summary reports for the whole run: the wall time of all sessions (each up to
-    its last checkpoint, plus this one from its start) and the last epoch's training loss."""
+    Its checkpoint state is the RNG streams of every rank, restored on resume, and the last
+    epoch's training loss, which a resumed run that trains nothing more reports. (The wall
+    time over all sessions is :class:`hvp_lightning.run_logs.RunRecord`'s: a session killed
+    after its last checkpoint has spent time no checkpoint knows of.)"""
 
     def __init__(self, dirpath: str | Path, every_n_epochs: int | None = None) -> None:
         super().__init__()
@@ -224,13 +226,7 @@ class RunCheckpoint(Checkpoint):
         self.every_n_epochs = int(every_n_epochs or 0)
         self.last_path = self.dirpath / LAST
         self._trainer = None
-        self.earlier_sessions_s = 0.0
-        self.session_start = time.monotonic()
         self.train_loss: float | None = None  # mean over ranks of the last epoch's train/loss_epoch
-
-    def wall_time_s(self) -> float:
-        """Seconds this run has taken, over all its sessions."""
-        return self.earlier_sessions_s + time.monotonic() - self.session_start
 
     @property
     def state_key(self) -> str:
@@ -266,10 +262,9 @@ class RunCheckpoint(Checkpoint):
             torch.distributed.all_gather_object(states, own)  # every rank dumps the checkpoint
         else:
             states = [own]
-        return {"rng": states, "wall_time_s": self.wall_time_s(), "train_loss": self.train_loss}
+        return {"rng": states, "train_loss": self.train_loss}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.earlier_sessions_s = float(state_dict.get("wall_time_s") or 0.0)
         self.train_loss = state_dict.get("train_loss")
         states = state_dict.get("rng") or []
         trainer = self._trainer
@@ -387,63 +382,6 @@ def resume_config(run_dir: str | Path, requested: DictConfig, overrides: list[st
     return with_resume
 
 
-def wandb_run_id(run_dir: Path) -> str:
-    """The W&B run id of this run dir (created on first use), so a resumed run continues
-    the same W&B run."""
-    path = Path(run_dir) / WANDB_ID_FILE
-    if path.is_file() and path.read_text().strip():
-        return path.read_text().strip()
-    import secrets
-
-    run_id = secrets.token_hex(4)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(run_id + "\n")
-    return run_id
-
-
 def checkpoint_step(path: str | Path) -> int:
     """The optimiser steps a checkpoint has trained (``global_step``)."""
     return int(load_checkpoint(path, mmap=True).get("global_step", 0))
-
-
-def continue_csv_log(logger, resume_step: int) -> None:
-    """Make Lightning's CSV log survive interruptions. Its writer deletes an existing
-    metrics.csv when it starts, knows only the columns it has seen itself, and adds a column
-    by truncating and rewriting the file (a kill then loses the rows). Put a resumed run's old
-    rows back -- those of the steps before ``resume_step``, where its checkpoint left off
-    (later ones were logged after the checkpoint and are logged again) -- seed the writer with
-    their header, and make the rewrite atomic."""
-    import csv
-    import io
-    import warnings
-
-    from lightning.pytorch.utilities import rank_zero_only
-
-    if rank_zero_only.rank != 0:  # only rank 0 writes the log
-        return
-    path = Path(logger.log_dir) / "metrics.csv"
-    old = path.read_bytes() if path.is_file() else None
-    with warnings.catch_warnings():  # "Previous log files ... will be deleted": not any more
-        warnings.filterwarnings("ignore", message="Experiment logs directory")
-        exp = logger.experiment
-    if old and resume_step > 0:
-        reader = csv.DictReader(io.StringIO(old.decode(), newline=""))
-        header = list(reader.fieldnames or [])
-        rows = [r for r in reader if not r.get("step") or int(float(r["step"])) < resume_step]
-        text = io.StringIO(newline="")
-        writer = csv.DictWriter(text, fieldnames=header)
-        writer.writeheader()
-        writer.writerows(rows)
-        atomic_write(path, lambda f: f.write(text.getvalue().encode()))
-        exp.metrics_keys = sorted(set(header) | set(exp.metrics_keys))
-
-    def rewrite_with_new_header(fieldnames: list[str]) -> None:
-        with open(exp.metrics_file_path, newline="") as f:
-            rows = list(csv.DictReader(f))
-        text = io.StringIO(newline="")
-        writer = csv.DictWriter(text, fieldnames=fieldnames)
-        writer.writeheader()
-        writer.writerows(rows)
-        atomic_write(exp.metrics_file_path, lambda f: f.write(text.getvalue().encode()))
-
-    exp._rewrite_with_new_header = rewrite_with_new_header

@@ -13,14 +13,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .analysis.callback import analysis_callbacks
-from .checkpoint import (AtomicCheckpointIO, RunCheckpoint, checkpoint_step, continue_csv_log, resume_checkpoint,
-                         wandb_run_id)
+from .checkpoint import AtomicCheckpointIO, RunCheckpoint, checkpoint_step, resume_checkpoint
 from .config import validate
 from .errors import ConfigError
 from .data.datamodule import SSLDataModule
 from .device import device_line
 from .distributed import sync_batchnorm_plugins
 from .methods import METHODS, SSLMethod
+from .run_logs import RunRecord, continue_csv_log, wandb_resume
 from .selection import summarise_totals
 from .warning_filters import silence_known_warnings
 from .wandb_logging import WandbCharts, current_sweep_dir, run_names
@@ -40,7 +40,7 @@ def build_logger(cfg: DictConfig, run_dir: Path, resume_step: int = 0):
     group, name = run_names(lc.group, lc.get("run_name"), run_dir, current_sweep_dir())  # a sweep shares a group
     return WandbLogger(project=lc.project, entity=lc.entity, group=group, tags=list(lc.tags),
                        name=name, save_dir=str(run_dir), mode=mode,
-                       id=wandb_run_id(run_dir), resume="allow",  # a resumed run continues its W&B run
+                       **wandb_resume(run_dir, resume_step, mode),  # a resumed run continues its W&B run
                        config=OmegaConf.to_container(cfg, resolve=True))
 
 
@@ -57,6 +57,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     validate(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = resume_checkpoint(cfg, run_dir)  # None: a fresh run; else continue from last.ckpt
+    record = RunRecord(run_dir)  # this session's clock starts
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")
     method_cls = METHODS[cfg.method.name]
@@ -76,7 +77,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         default_root_dir=str(run_dir),
         logger=build_logger(cfg, run_dir, checkpoint_step(ckpt_path) if ckpt_path else 0),
         plugins=[AtomicCheckpointIO(), *sync_bn],
-        callbacks=[checkpointer, *analysis_callbacks(cfg, run_dir), WandbCharts()],
+        callbacks=[checkpointer, record, *analysis_callbacks(cfg, run_dir), WandbCharts()],
         check_val_every_n_epoch=cfg.eval.every_n_epochs,
         num_sanity_val_steps=0,
     )
@@ -96,7 +97,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         trainer.validate(model, datamodule=dm, verbose=False)
     if train_loss is None:  # nothing trained this session (a finished run resumed): the last epoch's
         train_loss = checkpointer.train_loss
-    summary = _summary(cfg, model, trainer, run_dir, checkpointer.wall_time_s(), train_loss)
+    record.beat(trainer, force=True)
+    summary = _summary(cfg, model, trainer, run_dir, record.total_seconds(), train_loss)
     summary["knn_top1_init"] = model.knn_init
     summary["sync_batchnorm_layers"] = sync_bn[0].converted if sync_bn else 0
     if trainer.is_global_zero:

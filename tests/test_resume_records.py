@@ -8,13 +8,15 @@ import json
 import shutil
 from pathlib import Path
 
+import time
+
 import pytest
-import torch
 
 from hvp_lightning.checkpoint import AtomicCheckpointIO, CheckpointError, resume_config
-from hvp_lightning.train import run
+from hvp_lightning.run_logs import RECORD_FILE, RunRecord, read_record, wandb_resume, wandb_run_id
+from hvp_lightning.train import build_logger, run
 
-from .conftest import make_cfg
+from .conftest import make_cfg, wandb_records
 
 RUN = ["+hvp=on", "hvp.num_views=3", "trainer.max_epochs=2", "checkpoint.every_n_epochs=1", "eval.every_n_epochs=1",
        "trainer.log_every_n_steps=1", "analysis.log_every_n_steps=1", "+trainer.deterministic=true"]
@@ -76,8 +78,8 @@ def test_resumed_run_logs_each_step_once_and_sums_wall_time(straight, tmp_path):
                    for s in set(pq.read_table(p).column("step").to_pylist()))
     assert steps == list(range(2 * STEPS_PER_EPOCH))
 
-    first = torch.load(straight / "checkpoints" / "epoch=001.ckpt", weights_only=True)["callbacks"]["RunCheckpoint"]
-    assert first["wall_time_s"] > 0 and summary["wall_time_s"] > first["wall_time_s"]  # both sessions
+    sessions = read_record(resumed)["sessions_s"]  # the straight run's session, then the resumed one
+    assert len(sessions) == 2 and summary["wall_time_s"] == pytest.approx(sum(sessions), abs=0.2)
 
 
 def test_finished_run_resumed_with_its_own_command_reports_the_same_run(straight, tmp_path):
@@ -111,3 +113,92 @@ def test_keys_that_may_change_on_resume_are_accepted(straight, tmp_path):
                   run_dir)
     assert summary["epochs"] == 3 and summary["steps"] == 3 * STEPS_PER_EPOCH
     assert json.loads((run_dir / "summary.json").read_text())["seed"] == 0
+
+
+def test_a_killed_sessions_time_after_its_last_checkpoint_counts(tmp_path, monkeypatch):
+    """Killed 3 s after its epoch-1 checkpoint (while writing epoch 2's): the resumed run's
+    wall_time_s holds that session up to its last heartbeat, not up to its checkpoint."""
+    monkeypatch.setattr(RunRecord, "every_s", 0.0)  # a heartbeat after every batch
+    save, saves, killed_at = AtomicCheckpointIO.save_checkpoint, [], []
+
+    def slow_then_killed(self, checkpoint, path, storage_options=None):
+        saves.append(path)
+        if len(saves) == 2:
+            killed_at.append(time.monotonic())
+            raise RuntimeError("killed")
+        save(self, checkpoint, path, storage_options)
+        time.sleep(3.0)  # after the checkpoint: only the heartbeats know of this time
+
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", slow_then_killed)
+    cfg = ["trainer.max_epochs=2", "checkpoint.every_n_epochs=null", "trainer.log_every_n_steps=1"]
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="killed"):
+        run(make_cfg(*cfg), tmp_path)
+    (killed,) = read_record(tmp_path)["sessions_s"]
+    assert killed >= killed_at[0] - start - 2.0  # the old count stopped 3 s + one epoch earlier
+
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", save)
+    summary = run(make_cfg(*cfg), tmp_path)  # resumes from epoch 1's checkpoint
+    sessions = read_record(tmp_path)["sessions_s"]
+    assert len(sessions) == 2 and sessions[0] == killed and summary["steps"] == 2 * STEPS_PER_EPOCH
+    assert summary["wall_time_s"] == pytest.approx(sum(sessions), abs=0.2)
+
+
+def _history(run_dir: Path) -> list[dict]:
+    records = wandb_records(run_dir)
+    return [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+            for r in records if r.HasField("history")]
+
+
+def test_wandb_rewind_point_is_the_first_row_after_the_checkpoint(tmp_path):
+    """sessions.json notes, per epoch start, the W&B step of that epoch's first row: resuming
+    from the checkpoint at optimiser step 4 rewinds the W&B run to exactly the rows before it."""
+    run(make_cfg("logger=wandb", "trainer.max_epochs=2", "trainer.log_every_n_steps=1", "eval.every_n_epochs=1"),
+        tmp_path)
+    rows = _history(tmp_path)
+    noted = read_record(tmp_path)["wandb_steps"]
+    assert set(noted) == {"0", str(STEPS_PER_EPOCH)}
+    n = noted[str(STEPS_PER_EPOCH)]
+    assert [r["_step"] for r in rows] == list(range(len(rows)))
+    assert all(r["trainer/global_step"] < STEPS_PER_EPOCH for r in rows[:n])  # epoch 1, its k-NN and epoch row
+    assert rows[n]["trainer/global_step"] == STEPS_PER_EPOCH  # epoch 2's first row
+    run_id = wandb_run_id(tmp_path)
+    assert wandb_resume(tmp_path, STEPS_PER_EPOCH, "online") == {
+        "id": run_id, "resume": None, "resume_from": f"{run_id}?_step={n}"}
+
+
+def test_wandb_resume_arguments(tmp_path, monkeypatch, caplog):
+    """Online: rewind (resume_from, and resume unset: W&B refuses both). Offline: continue as
+    is, with one warning. Nothing noted for that step (or a fresh run): continue as is."""
+    (tmp_path / RECORD_FILE).write_text(json.dumps({"sessions_s": [5.0], "wandb_steps": {"0": 0, "8": 13}}))
+    (tmp_path / "wandb_run_id").write_text("abc123\n")
+    assert wandb_resume(tmp_path, 8, "online") == {"id": "abc123", "resume": None, "resume_from": "abc123?_step=13"}
+    for step in (0, 4):
+        assert wandb_resume(tmp_path, step, "online") == {"id": "abc123", "resume": "allow"}
+    with caplog.at_level("WARNING"):
+        assert wandb_resume(tmp_path, 8, "offline") == {"id": "abc123", "resume": "allow"}
+    assert [r.getMessage() for r in caplog.records] == [
+        "W&B offline mode cannot rewind run abc123 to the checkpoint (W&B step 13): the rows the interrupted "
+        "session logged after it stay in its W&B history (the CSV log is rewound)"]
+
+    import lightning.pytorch.loggers as loggers
+
+    made: list[dict] = []
+    monkeypatch.setattr(loggers, "WandbLogger", lambda **kwargs: made.append(kwargs))
+    monkeypatch.setenv("WANDB_MODE", "online")
+    build_logger(make_cfg("logger=wandb"), tmp_path, resume_step=8)  # train.run passes the checkpoint's step
+    assert made[0]["resume_from"] == "abc123?_step=13" and made[0]["resume"] is None and made[0]["id"] == "abc123"
+
+
+def test_wandb_accepts_the_rewind_arguments(tmp_path):
+    """Lightning's WandbLogger and wandb.init take them together (offline here: no server)."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    (tmp_path / RECORD_FILE).write_text(json.dumps({"wandb_steps": {"4": 2}}))
+    first = WandbLogger(save_dir=str(tmp_path), mode="offline", **wandb_resume(tmp_path, 0, "offline"))
+    for i in range(3):
+        first.experiment.log({"x": i})
+    first.experiment.finish()
+    again = WandbLogger(save_dir=str(tmp_path), mode="offline", **wandb_resume(tmp_path, 4, "online"))
+    assert again.experiment.id == first.experiment.id
+    again.experiment.finish()

@@ -33,7 +33,7 @@ from .backbones import Backbone
 from .checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
 from .config import fail, int_at_least, validate_backbone, validate_data
 from .data.augment import EvalTransform, normalize, to_uint8_tensor
-from .data.datamodule import EvalDataset, subset, build_raw_datasets
+from .data.datamodule import EvalDataset, subset, build_raw_datasets, usable_workers
 from .data.layout import resolve_auto_crop
 from .device import runs_on_cpu
 from .errors import ConfigError
@@ -277,6 +277,7 @@ def _eval_data_cfg(cfg: DictConfig, train_cfg: DictConfig) -> DictConfig:
     validate_data(node)
     resolve_auto_crop(node.data)
     validate_backbone(node)
+    node.data.num_workers = usable_workers(node.data.num_workers)  # capped at the usable cores, said once
     return node.data
 
 

@@ -243,3 +243,29 @@ def test_export_reports_bad_checkpoint(tmp_path, capsys):
     assert export.main([str(tmp_path / "x.ckpt"), str(tmp_path / "out.pth")]) == 2
     assert "truncated or not a PyTorch checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "out.pth").exists()
+
+
+def test_eval_loader_workers_are_capped_with_one_warning(simsiam_run, tmp_path, caplog, monkeypatch):
+    """num_workers beyond the usable cores: capped for every loader, one warning of ours and
+    none of torch's (as in training)."""
+    import logging
+    import warnings
+
+    import hvp_lightning.evaluate as evaluate_module
+
+    cores = len(os.sched_getaffinity(0))
+    workers: list[int] = []
+
+    def spy(*args, **kwargs):
+        workers.append(kwargs.get("num_workers", 0))
+        return DataLoader(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "DataLoader", spy)
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        evaluate(eval_cfg(f"ckpt={simsiam_run[0]}", "protocol=knn", f"num_workers={cores + 3}", f"out_dir={tmp_path}"))
+    assert workers and set(workers) == {cores}
+    assert [r.getMessage() for r in caplog.records if "CPU cores" in r.getMessage()] == [
+        f"data.num_workers={cores + 3} is more than the {cores} CPU cores this process may use: using {cores} "
+        "loader workers"]
+    assert not [w for w in caught if "worker" in str(w.message)]

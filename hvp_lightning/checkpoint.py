@@ -36,16 +36,10 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .errors import ConfigError
+from .checkpoint_paths import LAST, resolve_checkpoint
+from .errors import CheckpointError
 
 log = logging.getLogger(__name__)
-
-LAST = "last.ckpt"
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint (or run dir) cannot be used; the message is meant for the user as is."""
-
 
 # --- atomic writes ---------------------------------------------------------------------------
 def atomic_write(path: str | Path, write: Callable[[Any], None]) -> None:
@@ -146,24 +140,6 @@ def load_failure(err: BaseException) -> str:
 def checkpoint_config(ckpt: dict[str, Any]) -> DictConfig:
     """The training config stored in a checkpoint (resolved, with ``data.num_classes``)."""
     return OmegaConf.create(ckpt["hyper_parameters"]["cfg"])
-
-
-def resolve_checkpoint(path: str | Path, key: str = "ckpt") -> tuple[Path, Path]:
-    """``(checkpoint file, run dir)`` for a run dir (its ``checkpoints/last.ckpt``) or a
-    ``.ckpt`` file (its run dir is the folder above ``checkpoints/``)."""
-    p = Path(str(path)).expanduser()
-    if p.is_dir():
-        last = p / "checkpoints" / LAST
-        if last.is_file():
-            return last, p
-        if (p / LAST).is_file():  # the checkpoints/ folder itself
-            return p / LAST, p.parent if p.name == "checkpoints" else p
-        raise CheckpointError(f"{key}={str(path)!r} is not allowed: a run dir with checkpoints/{LAST} or a .ckpt file "
-                              f"(no checkpoints/{LAST} in that folder)")
-    if not p.is_file():
-        raise CheckpointError(f"{key}={str(path)!r} is not allowed: a run dir or a .ckpt file (nothing at that path)")
-    run_dir = p.parent.parent if p.parent.name == "checkpoints" else p.parent
-    return p, run_dir
 
 
 def build_method(ckpt: dict[str, Any], key: str = "ckpt"):

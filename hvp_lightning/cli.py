@@ -29,6 +29,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from . import sweep  # noqa: F401  registers ${hvp_dirname:...} (hydra.sweep.subdir)
+from .checkpoint_paths import resolve_checkpoint
 from .config import check_eval_options, check_options
 from .errors import ConfigError
 
@@ -97,6 +98,7 @@ def train(cfg: DictConfig) -> float | None:
     fresh = _fresh(run_dir)
     try:
         if cfg.get("resume"):  # continue that run with its own config (+ what the command line changes)
+            resolve_checkpoint(cfg.resume, key="resume")  # the path, before the heavy imports
             from .checkpoint import resume_config
 
             cfg = resume_config(cfg.resume, cfg, list(HydraConfig.get().overrides.task))

@@ -18,6 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from .checkpoint_paths import resolve_checkpoint
 from .data.layout import is_image_file, resolve_auto_crop, split_dir, typical_image_side
 from .errors import ConfigError
 from .options import (BACKBONE_FAMILIES, DATASETS, GLOBAL_PAIRS, IMAGE_EXTENSIONS, IMAGE_SIDES, LOGGERS, METHOD_NAMES,
@@ -102,6 +103,7 @@ def check_eval_options(cfg: DictConfig) -> None:
     """eval.py's settings that need no checkpoint (the rest: hvp_lightning/evaluate.py). Torch-free."""
     if OmegaConf.is_missing(cfg, "ckpt") or not cfg.ckpt:
         fail("ckpt", "???", "a run dir or a .ckpt file: add ckpt=<path> to the command")
+    resolve_checkpoint(cfg.ckpt)  # the path exists (its contents are checked when it is loaded)
     if cfg.protocol.name not in PROTOCOLS:
         fail("protocol.name", cfg.protocol.name, f"one of {', '.join(PROTOCOLS)}")
     if cfg.devices != 1:

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointError, atomic_save, build_method, load_checkpoint, resolve_checkpoint
+from .checkpoint import atomic_save, build_method, load_checkpoint
+from .checkpoint_paths import resolve_checkpoint
+from .errors import CheckpointError
 
 
 def backbone_state_dict(ckpt: dict, student: bool = False) -> tuple[dict[str, torch.Tensor], dict]:

@@ -18,7 +18,8 @@ HEAVY_MODULES = ("hvp_lightning.methods", "hvp_lightning.train", "hvp_lightning.
 
 
 def _heavy(modules) -> list[str]:
-    return sorted(m for m in modules if m.split(".")[0] in HEAVY_PACKAGES or m.startswith(HEAVY_MODULES))
+    return sorted(m for m in modules if m.split(".")[0] in HEAVY_PACKAGES
+                  or any(m == h or m.startswith(h + ".") for h in HEAVY_MODULES))
 
 
 def test_registries_hold_exactly_the_option_names():
@@ -57,7 +58,9 @@ def test_the_start_up_check_imports_no_torch():
     ("train.py", ["+hvp=on", "hvp.mode=bad"], "hvp.mode"),
     ("train.py", ["data.name=bad"], "data.name"),
     ("train.py", ["method.optimizer.name=adam"], "method.optimizer.name"),
-    ("eval.py", ["protocol=knn", "ckpt=run", "devices=2"], "devices"),
+    ("train.py", ["resume=nowhere"], "resume"),
+    ("eval.py", ["protocol=knn", "ckpt=nowhere"], "ckpt"),
+    ("eval.py", ["protocol=knn", "ckpt=.", "devices=2"], "ckpt"),  # an empty folder: no checkpoints/last.ckpt
 ])
 def test_a_bad_config_is_one_line_before_the_heavy_imports_and_leaves_nothing(tmp_path, script, bad, key):
     """Run from an empty folder with the default run dir (runs/<date>/<time>_<method>): one

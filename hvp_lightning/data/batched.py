@@ -80,11 +80,11 @@ def saturation(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     return _blend(x, _luma(x).floor_(), f)
 
 
-# Channel c of an HSV sector i takes the role w = clamp(2.5 - ||i - ROLE_SHIFT[c]| - 3|, 0, 2):
-# 2 = the pixel's max, 1 = the middle value, 0 = its min (torchvision's vpqt table: red is the
-# max in sectors 0 and 5, the middle in 1 and 4, the min in 2 and 3; green and blue 2 and 4
-# sectors later; sector 6, h rounded up to 1, is sector 0).
-ROLE_SHIFT = (2.5, 4.5, 6.5)
+# Channel c (0, 1, 2) of an HSV sector i takes the role w = clamp(2.5 - ||i - 2c - ROLE_SHIFT| - 3|,
+# 0, 2): 2 = the pixel's max, 1 = the middle value, 0 = its min (torchvision's vpqt table: red
+# is the max in sectors 0 and 5, the middle in 1 and 4, the min in 2 and 3; green and blue 2 and
+# 4 sectors later; sector 6, h rounded up to 1, is sector 0).
+ROLE_SHIFT = 2.5
 
 
 def hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
@@ -116,7 +116,7 @@ def hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     t = sxf.add_(1.0 - s).mul_(maxc)
     odd = sector - (sector * 0.5).floor_().mul_(2)
     mid = q.mul_(odd).add_(t.mul_(1 - odd)).mul_(255 + 1.0 - 1e-3).floor_()
-    shifts = torch.tensor(ROLE_SHIFT, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+    shifts = torch.arange(3, dtype=x.dtype, device=x.device).mul_(2).add_(ROLE_SHIFT).view(1, 3, 1, 1)
     role = (sector.unsqueeze(1) - shifts).abs_().sub_(3).abs_().neg_().add_(2.5).clamp_(0, 2)
     top = (role - 1).relu_()  # 1.0 where the channel takes the max
     above_min = (mid - mn).unsqueeze(1)
@@ -146,16 +146,16 @@ def gaussian_weights(sigma: torch.Tensor, kernel: int) -> torch.Tensor:
     return torch.softmax((grid / sigma.to(torch.float32)[:, None]).pow(2).neg(), dim=1)
 
 
-def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel: int) -> torch.Tensor:
+def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel: int, trim: bool = False) -> torch.Tensor:
     """Separable Gaussian blur with a per-sample ``sigma`` ``[n]`` (> 0): torchvision's kernel,
     reflect padding, rounded to integers. Each 1-D pass is a few shifted multiply-adds
-    (faster on CPU than a depthwise convolution at one image, in three noisy runs). On the
-    CPU, outer taps whose weight is below :data:`NEGLIGIBLE_TAP` for every sample are left out
-    (a small sigma needs a fraction of the kernel; they move a sum by less than 255 * 2e-8,
-    under float32's own rounding of it); elsewhere finding them would need a host sync."""
+    (faster on CPU than a depthwise convolution at one image, in three noisy runs). ``trim``
+    leaves out the outer taps whose weight is below :data:`NEGLIGIBLE_TAP` for every sample (a
+    small sigma needs a fraction of the kernel; such taps move a sum by less than 255 * 2e-8,
+    under float32's own rounding of it); finding them reads the weights on the host."""
     _, _, hgt, wid = x.shape
     w = gaussian_weights(sigma, kernel)
-    if x.device.type == "cpu":
+    if trim:
         half = int((w > NEGLIGIBLE_TAP).any(0).nonzero().max()) - kernel // 2
         w = w[:, kernel // 2 - half:kernel // 2 + half + 1]
     pad = w.shape[1] // 2
@@ -197,7 +197,7 @@ def _colour_per_view(x: torch.Tensor, params: dict[str, torch.Tensor], blur_kern
         if gray[i]:
             v = grayscale(v)
         if sigma[i] > 0:
-            v = gaussian_blur(v, params["blur_sigma"][i:i + 1], blur_kernel)
+            v = gaussian_blur(v, params["blur_sigma"][i:i + 1], blur_kernel, trim=True)
         if sol[i]:
             v = solarize(v)
         out[i:i + 1] = v
@@ -222,18 +222,19 @@ def _colour_masked(x: torch.Tensor, params: dict[str, torch.Tensor], blur_kernel
 
 def normalise(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """0..255 values -> ``(x / 255 - mean) / std`` (torchvision's ``normalize`` after ``/255``)
-    in place, as one scale and one shift (float rounding apart, the same values)."""
-    m = torch.tensor(mean, dtype=torch.float64).view(1, -1, 1, 1)
-    s = torch.tensor(std, dtype=torch.float64).view(1, -1, 1, 1)
-    return x.mul_((1 / (255 * s)).to(x)).sub_((m / s).to(x))
+    in place, as one scale and one shift per channel (float rounding apart, the same values);
+    Python scalars, so nothing is copied to the device."""
+    for c, (m, s) in enumerate(zip(mean, std)):
+        x[:, c].mul_(1 / (255 * s)).sub_(m / s)
+    return x
 
 
 def finish_views(views: Sequence[torch.Tensor], params: dict[str, torch.Tensor],
-                 augs: Sequence[ViewAug]) -> list[torch.Tensor]:
+                 augs: Sequence[ViewAug], sync_free: bool | None = None) -> list[torch.Tensor]:
     """Colour + normalise a loader batch: ``views`` are N uint8 ``[B, 3, S_i, S_i]`` (view i
     drawn from ``augs[i]``), ``params`` ``{name: [B, N, ...]}``. Views that share a size,
     blur kernel and normalisation go through :func:`colour` together (on an accelerator all
-    N*B images in one launch per op). Returns N float ``[B, 3, S_i, S_i]``."""
+    N*B images in one launch per op; ``sync_free`` as there). Returns N float ``[B, 3, S_i, S_i]``."""
     if len(views) != len(augs):
         raise ValueError(f"{len(views)} views in the batch but {len(augs)} view augmentations")
     groups: dict[tuple, list[int]] = {}
@@ -243,7 +244,7 @@ def finish_views(views: Sequence[torch.Tensor], params: dict[str, torch.Tensor],
     for (_, kernel, mean, std), idx in groups.items():
         x = torch.cat([views[i] for i in idx])
         p = {k: torch.cat([v[:, i] for i in idx]) for k, v in params.items()}
-        y = normalise(colour(x, p, kernel), mean, std)
+        y = normalise(colour(x, p, kernel, sync_free), mean, std)
         for i, part in zip(idx, y.chunk(len(idx))):
             out[i] = part
     return out  # type: ignore[return-value]

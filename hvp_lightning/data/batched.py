@@ -20,7 +20,7 @@ Which samples an op touches is chosen two ways, with the same op functions:
 * on the CPU (:func:`colour` with ``sync_free=False``), one view at a time with plain Python
   control flow: each view runs only the ops it drew, on a 224 px image whose temporaries stay
   in cache. Per-view small elementwise passes cost ~5-10 us each there, while bool masks,
-  ``where``, ``gather`` and dimension reductions such as ``aminmax`` cost 5-100x a plain
+  ``where``, ``gather`` and dimension reductions such as ``aminmax`` cost 3-100x a plain
   arithmetic pass; so the ops below are written with arithmetic only.
 * on an accelerator (``sync_free=True``), every op runs on the whole batch and ``torch.where``
   keeps its result for the samples that drew it: no ``nonzero``/``item`` host syncs, a fixed
@@ -149,7 +149,7 @@ def gaussian_weights(sigma: torch.Tensor, kernel: int) -> torch.Tensor:
 def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel: int, trim: bool = False) -> torch.Tensor:
     """Separable Gaussian blur with a per-sample ``sigma`` ``[n]`` (> 0): torchvision's kernel,
     reflect padding, rounded to integers. Each 1-D pass is a few shifted multiply-adds
-    (faster on CPU than a depthwise convolution at one image, in three noisy runs). ``trim``
+    (1.5-2x faster on CPU than a depthwise convolution at one image, in noisy runs). ``trim``
     leaves out the outer taps whose weight is below :data:`NEGLIGIBLE_TAP` for every sample (a
     small sigma needs a fraction of the kernel; such taps move a sum by less than 255 * 2e-8,
     under float32's own rounding of it); finding them reads the weights on the host."""

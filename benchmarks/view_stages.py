@@ -10,6 +10,10 @@ within each repeat so machine noise hits all alike; each figure is the median ov
 in ms per view (decode: per image).
 
     uv run python benchmarks/view_stages.py --crop 224 --views 4 --repeats 7
+
+``--baseline FILE`` also times ``colour()`` of another version of ``batched.py`` in the same
+rounds, on chunks of 8 views as its ``finish_views`` ran it on CPU until 2026-11-23 (for
+example ``git show 6ee184b:hvp_lightning/data/batched.py > /tmp/old_batched.py``).
 """
 
 from __future__ import annotations
@@ -46,7 +50,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--images", type=int, default=8, help="images per repeat (batch of images x views)")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--baseline", type=Path, default=None, help="another batched.py to time colour() of")
     return p.parse_args(argv)
+
+
+def load_baseline(path: Path) -> Callable:
+    """``colour`` of another version of ``batched.py``, imported inside the package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hvp_lightning.data.baseline_batched", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.colour
 
 
 def only(params: dict[str, torch.Tensor], op: str) -> dict[str, torch.Tensor]:
@@ -115,6 +130,10 @@ def main(argv: list[str] | None = None) -> None:
         stages[f"{op}: torchvision per image, every view"] = (lambda op=op: [reference[op](i) for i in range(n)], n)
     stages["colour step, params as drawn: batched"] = (lambda: colour(crops, params, k), n)
     stages["colour step, params as drawn: torchvision per image"] = (lambda: per_image(reference_colour, params), n)
+    if args.baseline:
+        old = load_baseline(args.baseline)
+        stages[f"colour step, params as drawn: {args.baseline.name} (chunks of 8)"] = (lambda: [
+            old(crops[j:j + 8], {key: v[j:j + 8] for key, v in params.items()}, k) for j in range(0, n, 8)], n)
     stages["normalise: batched"] = (lambda: normalise(floats.clone(), aug.mean, aug.std), n)
     stages["normalise: torchvision per image"] = (
         lambda: [F.normalize(c.float().div_(255), list(aug.mean), list(aug.std)) for c in crops], n)

@@ -180,8 +180,9 @@ def test_parameter_distributions_match_torchvision_samplers() -> None:
 
 def test_datamodule_colours_views_after_transfer_or_in_the_workers(cfg_factory) -> None:
     """For an accelerator the loader yields uint8 crops and the transfer hook turns them into
-    the normalised views the methods train on; for CPU training the workers' collate does the
-    same batched step (same views for the same RNG stream). Evaluation batches pass through."""
+    the normalised views the methods train on; for CPU training the workers run the same step
+    per image before collating (same views for the same RNG stream). Evaluation batches pass
+    through."""
     cfg = cfg_factory("+hvp=on", "hvp.num_views=3")
     augs = (ViewAug(size=16, blur_p=0.5),) * 3
     dm = SSLDataModule(cfg.data, augs, batch_size=8, num_workers=0, colour_in_workers=False)

@@ -137,7 +137,9 @@ class ReferenceViews:
 
 def timed_batches(loader: DataLoader, finish: Callable[[Any], Any], device: torch.device, warmup: int,
                   count: int) -> float:
-    """Images/s over ``count`` batches after ``warmup``: fetch, move to ``device``, ``finish``."""
+    """Images/s over ``count`` batches after ``warmup``: fetch, move to ``device``, ``finish``.
+    ``loader`` must not keep its workers: dropping the iterator at the end stops them, so the
+    batches they were prefetching are not made while the next arm is timed."""
     it: Iterator = iter(loader)
     start = images = 0.0
     for i in range(warmup + count):
@@ -150,7 +152,9 @@ def timed_batches(loader: DataLoader, finish: Callable[[Any], Any], device: torc
         out = finish(dict(batch, views=views, params=params))
         images += out["views"][0].shape[0]
     _sync(device)
-    return images / (time.perf_counter() - start)
+    rate = images / (time.perf_counter() - start)
+    del it  # shuts the workers down (they skip their queued batches) before the next arm
+    return rate
 
 
 def _sync(device: torch.device) -> None:
@@ -175,9 +179,13 @@ def loader_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.devic
         arms["colour_in_main"] = (uint8.train_dataloader(), lambda b: uint8.on_after_batch_transfer(b, 0))
     if args.reference:
         ref = MultiViewDataset(uint8.train_set.raw, ReferenceViews(uint8.views))  # type: ignore[arg-type]
-        arms["reference"] = (DataLoader(ref, batch_size=args.batch_size, shuffle=True, drop_last=True,
-                                        num_workers=args.workers, persistent_workers=args.workers > 0,
-                                        pin_memory=device.type == "cuda"), lambda b: b)
+        arms["reference"] = (DataLoader(ref), lambda b: b)
+    # Fresh workers per timed run (started during the warm-up batches): persistent ones would
+    # go on making the previous arm's prefetched batches while the next arm is timed.
+    arms = {name: (DataLoader(loader.dataset, batch_size=args.batch_size, shuffle=True, drop_last=True,
+                              num_workers=args.workers, pin_memory=device.type == "cuda", collate_fn=loader.collate_fn),
+                   finish)
+            for name, (loader, finish) in arms.items()}
     need = (args.warmup + args.batches) * args.batch_size
     if len(dm.train_set) < need:
         raise SystemExit(f"--images: {len(dm.train_set)} training images, a round needs {need}")

@@ -101,7 +101,8 @@ def hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     maxc = mx * (1.0 / 255)
     rng = maxc - mn * (1.0 / 255)
     s = rng / maxc.clamp_min(TINY)  # maxc = 0 only where rng = 0: s = 0 as torchvision's
-    rc, gc, bc = ((maxc.unsqueeze(1) - x * (1.0 / 255)) / rng.clamp_min(TINY).unsqueeze(1)).unbind(1)
+    div = rng.clamp_min(TINY)
+    rc, gc, bc = ((maxc - c.mul(1.0 / 255)).div_(div) for c in (r, g, b))  # per plane: no broadcasting
     not_r = (mx - r).clamp_max_(1)  # 0.0 where red is the max, else 1.0 (integer values)
     not_g = (mx - g).clamp_max_(1)
     h = (bc - gc).mul_(1 - not_r)
@@ -116,12 +117,15 @@ def hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     t = sxf.add_(1.0 - s).mul_(maxc)
     odd = sector - (sector * 0.5).floor_().mul_(2)
     mid = q.mul_(odd).add_(t.mul_(1 - odd)).mul_(255 + 1.0 - 1e-3).floor_()
-    shifts = torch.arange(3, dtype=x.dtype, device=x.device).mul_(2).add_(ROLE_SHIFT).view(1, 3, 1, 1)
-    role = (sector.unsqueeze(1) - shifts).abs_().sub_(3).abs_().neg_().add_(2.5).clamp_(0, 2)
-    top = (role - 1).relu_()  # 1.0 where the channel takes the max
-    above_min = (mid - mn).unsqueeze(1)
-    # min + role * (mid - min), plus (max - 2 * mid + min) where role = 2: all integers, exact
-    return role.mul_(above_min).add_(top.mul_((mx - mn).unsqueeze(1) - 2 * above_min)).add_(mn.unsqueeze(1))
+    above_min = mid - mn
+    spread = (mx - mn).sub_(above_min * 2)
+    out = torch.empty_like(x)
+    for c in (0, 1):  # red, green: min + role * (mid - min), plus (max - 2 mid + min) where role = 2
+        role = (sector - (2 * c + ROLE_SHIFT)).abs_().sub_(3).abs_().neg_().add_(2.5).clamp_(0, 2)
+        top = (role - 1).relu_()  # 1.0 where the channel takes the max
+        torch.add(role.mul_(above_min).add_(mn), top.mul_(spread), out=out[:, c])
+    out[:, 2] = (mx + mid + mn).sub_(out[:, 0]).sub_(out[:, 1])  # blue: the role left; integers, exact
+    return out
 
 
 def _frac(v: torch.Tensor) -> torch.Tensor:

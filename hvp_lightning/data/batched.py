@@ -10,7 +10,7 @@ transfer, or in the loader workers when training runs on the CPU
 Pixels follow torchvision's uint8 kernels (:func:`.augment.reference_colour`): images are
 float32 holding integer values 0..255, and every op truncates or rounds to an integer exactly
 where torchvision converts back to uint8; jitter, grayscale and solarize match bit for bit
-(the hue on every one of the 2^24 colours, checked by hand for 8 shifts). The blur is
+(the hue on every one of the 2^24 colours: 8 shifts checked by hand, 3 in a slow test). The blur is
 separable (two 1-D passes of shifted multiply-adds, 2k instead of k*k multiplies per pixel),
 which reorders its float sums: a blurred pixel can land one level (1/255) from torchvision's
 at a rounding boundary (~3e-5 of pixels measured).
@@ -19,7 +19,7 @@ Which samples an op touches is chosen two ways, with the same op functions:
 
 * on the CPU (:func:`colour` with ``sync_free=False``), one view at a time with plain Python
   control flow: each view runs only the ops it drew, on a 224 px image whose temporaries stay
-  in cache. Per-view small elementwise passes cost ~5-10 us each there, while bool masks,
+  in cache. Per-view small elementwise passes cost ~5-20 us each there, while bool masks,
   ``where``, ``gather`` and dimension reductions such as ``aminmax`` cost 3-100x a plain
   arithmetic pass; so the ops below are written with arithmetic only.
 * on an accelerator (``sync_free=True``), every op runs on the whole batch and ``torch.where``
@@ -155,8 +155,9 @@ def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel: int, trim: bool 
     reflect padding, rounded to integers. Each 1-D pass is a few shifted multiply-adds
     (1.5-2x faster on CPU than a depthwise convolution at one image, in noisy runs). ``trim``
     leaves out the outer taps whose weight is below :data:`NEGLIGIBLE_TAP` for every sample (a
-    small sigma needs a fraction of the kernel; such taps move a sum by less than 255 * 2e-8,
-    under float32's own rounding of it); finding them reads the weights on the host."""
+    small sigma needs a fraction of the kernel; together such taps move a sum by about
+    255 * 3e-8 at most, under float32's own rounding of it); finding them reads the weights
+    on the host."""
     _, _, hgt, wid = x.shape
     w = gaussian_weights(sigma, kernel)
     if trim:

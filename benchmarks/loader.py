@@ -6,7 +6,7 @@ times, in interleaved rounds so that machine noise hits all alike:
 
 * ``pipeline``: the views as training gets them, end to end: loader workers (decode, crop,
   flip: uint8) + the batched colour/normalise part on ``--device`` after the transfer, or for
-  ``--device cpu`` in the workers' collate (where ``train.py`` puts it on CPU);
+  ``--device cpu`` in the workers, per image after its crops (where ``train.py`` puts it on CPU);
 * ``workers``: uint8 crops alone (what stays on the CPU when the batched part runs on a GPU);
 * ``colour_in_main`` (CPU only): the batched part in the main process after the transfer;
 * ``reference`` (``--reference``): every view finished per image in the workers with
@@ -68,6 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="where the batched part (and with --step the model) runs")
     p.add_argument("--threads", type=int, default=None, help="torch threads of the main process")
     p.add_argument("--reference", action="store_true", help="also time the per-image torchvision pipeline")
+    p.add_argument("--skip-main-colour", action="store_true", help="CPU: leave out the colour_in_main arm")
     p.add_argument("--step", action="store_true", help="time whole Lightning steps instead of the loader")
     p.add_argument("--backbone", default="resnet18_narrow", help="backbone preset for --step")
     p.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides (key=value)")
@@ -136,7 +137,9 @@ class ReferenceViews:
 
 def timed_batches(loader: DataLoader, finish: Callable[[Any], Any], device: torch.device, warmup: int,
                   count: int) -> float:
-    """Images/s over ``count`` batches after ``warmup``: fetch, move to ``device``, ``finish``."""
+    """Images/s over ``count`` batches after ``warmup``: fetch, move to ``device``, ``finish``.
+    ``loader`` must not keep its workers: dropping the iterator at the end stops them, so the
+    batches they were prefetching are not made while the next arm is timed."""
     it: Iterator = iter(loader)
     start = images = 0.0
     for i in range(warmup + count):
@@ -149,7 +152,9 @@ def timed_batches(loader: DataLoader, finish: Callable[[Any], Any], device: torc
         out = finish(dict(batch, views=views, params=params))
         images += out["views"][0].shape[0]
     _sync(device)
-    return images / (time.perf_counter() - start)
+    rate = images / (time.perf_counter() - start)
+    del it  # shuts the workers down (they skip their queued batches) before the next arm
+    return rate
 
 
 def _sync(device: torch.device) -> None:
@@ -170,13 +175,17 @@ def loader_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.devic
         "pipeline": (dm.train_dataloader(), lambda b: dm.on_after_batch_transfer(b, 0)),
         "workers": (uint8.train_dataloader(), lambda b: b),
     }
-    if on_cpu:  # the alternative on CPU: colour in the training process after the transfer
+    if on_cpu and not args.skip_main_colour:  # the alternative on CPU: colour in the training process
         arms["colour_in_main"] = (uint8.train_dataloader(), lambda b: uint8.on_after_batch_transfer(b, 0))
     if args.reference:
         ref = MultiViewDataset(uint8.train_set.raw, ReferenceViews(uint8.views))  # type: ignore[arg-type]
-        arms["reference"] = (DataLoader(ref, batch_size=args.batch_size, shuffle=True, drop_last=True,
-                                        num_workers=args.workers, persistent_workers=args.workers > 0,
-                                        pin_memory=device.type == "cuda"), lambda b: b)
+        arms["reference"] = (DataLoader(ref), lambda b: b)
+    # Fresh workers per timed run (started during the warm-up batches): persistent ones would
+    # go on making the previous arm's prefetched batches while the next arm is timed.
+    arms = {name: (DataLoader(loader.dataset, batch_size=args.batch_size, shuffle=True, drop_last=True,
+                              num_workers=args.workers, pin_memory=device.type == "cuda", collate_fn=loader.collate_fn),
+                   finish)
+            for name, (loader, finish) in arms.items()}
     need = (args.warmup + args.batches) * args.batch_size
     if len(dm.train_set) < need:
         raise SystemExit(f"--images: {len(dm.train_set)} training images, a round needs {need}")

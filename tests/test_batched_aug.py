@@ -9,11 +9,12 @@ import torch
 import torch.nn.functional as tF
 from scipy import stats
 from torchvision import transforms as T
+from torchvision.transforms.v2 import functional as F
 
 from hvp_lightning.data.augment import (
     PARAM_NAMES, MultiViewTransform, ViewAug, augment, crop_flip, reference_colour, sample_params,
 )
-from hvp_lightning.data.batched import colour, finish_views
+from hvp_lightning.data.batched import colour, finish_views, gaussian_blur, hue
 from hvp_lightning.data.datamodule import SSLDataModule, finish_batch
 
 # Every photometric op is drawn often, and jitter always (its 24 orders all occur).
@@ -46,6 +47,73 @@ def test_batched_colour_matches_torchvision_pixels() -> None:
     blurred = params["blur_sigma"] > 0
     assert torch.equal(out[~blurred], ref[~blurred].float())
     assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3
+
+
+def test_hue_matches_torchvision_on_every_kind_of_colour() -> None:
+    """The hue computes only the middle channel and places the pixel's own max and min by
+    sector: bit-exact against torchvision's HSV round trip on random colours plus the edge
+    cases (greys, black, white, pure and two-channel colours, ties between channels), at shifts
+    that cross sector borders and wrap (+-0.5). All 2^24 colours: the slow test below."""
+    g = torch.Generator().manual_seed(0)
+    rand = torch.randint(0, 256, (3, 128, 128), generator=g, dtype=torch.uint8)
+    levels = torch.tensor([0, 1, 2, 127, 128, 254, 255], dtype=torch.uint8)
+    grid = torch.cartesian_prod(levels, levels, levels).T.reshape(3, 7, 49)  # every tie pattern
+    for img in (rand, grid):
+        for shift in (-0.5, -0.1, -0.0371, 0.0, 0.0833, 0.1, 0.5):
+            want = F.adjust_hue(img, shift).float()
+            got = hue(img[None].float(), torch.tensor([shift]))[0]
+            assert torch.equal(got, want), shift
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shift", [-0.5, -0.0731, 0.1])
+def test_hue_matches_torchvision_on_all_colours(shift: float) -> None:
+    """Every one of the 2^24 RGB colours, bit-exact (~35 s a shift on 2 cores at load 9)."""
+    allc = torch.arange(256 ** 3)
+    rgb = torch.stack([allc // 65536, (allc // 256) % 256, allc % 256]).to(torch.uint8)
+    for j in range(0, 256 ** 3, 1 << 20):
+        img = rgb[:, j:j + (1 << 20)].view(3, 1024, 1024)
+        assert torch.equal(hue(img[None].float(), torch.tensor([shift]))[0], F.adjust_hue(img, shift).float()), j
+
+
+def test_blur_at_a_larger_kernel_stays_within_one_level() -> None:
+    """The separable blur, with the negligible outer taps left out (``trim``) as the CPU path
+    does, against torchvision's 2-D kernel at 112 px (kernel 11), sigma over its whole range:
+    at most one level, at a rounding boundary, on a tiny share of pixels."""
+    torch.manual_seed(1)
+    img = _photo(112, 112)
+    x = torch.stack([img] * 8)
+    sigma = torch.linspace(0.1, 2.0, 8)
+    want = torch.stack([F.gaussian_blur(img, [11, 11], [s, s]) for s in sigma.tolist()]).float()
+    for trim in (False, True):
+        got = gaussian_blur(x.float(), sigma, 11, trim=trim)
+        diff = (got - want).abs()
+        assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3, trim
+
+
+def test_sync_free_path_equals_the_per_view_path_without_host_syncs(monkeypatch) -> None:
+    """The accelerator path (every op on the whole batch, ``torch.where`` masks) runs here on
+    the CPU: same pixels as the per-view CPU path (the blur, untrimmed, within one level), and
+    nothing in it reads a tensor on the host or copies host data to the device (``nonzero``,
+    ``item``, ``tolist``, ``bool``, ``torch.tensor``), which on a GPU would stall the stream."""
+    torch.manual_seed(0)
+    crops, params, _ = _draw(_photo(), ALL_OPS, 64)
+    per_view = colour(crops, params, ALL_OPS.blur_kernel, sync_free=False)
+
+    def sync(*args, **kwargs):
+        raise AssertionError("host sync in the sync-free colour path")
+
+    for name in ("nonzero", "item", "tolist", "__bool__", "cpu", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, sync)
+    monkeypatch.setattr(torch, "tensor", sync)
+    masked = finish_views([crops], {k: v[:, None] for k, v in params.items()}, (ALL_OPS,), sync_free=True)[0]
+    coloured = colour(crops, params, ALL_OPS.blur_kernel, sync_free=True)
+    monkeypatch.undo()
+    blurred = params["blur_sigma"] > 0
+    assert torch.equal(coloured[~blurred], per_view[~blurred])
+    assert (coloured - per_view).abs().max() <= 1
+    want = finish_views([crops], {k: v[:, None] for k, v in params.items()}, (ALL_OPS,))[0]
+    torch.testing.assert_close(masked, want, rtol=0, atol=1 / 255 / min(ALL_OPS.std) + 1e-5)
 
 
 def test_finish_views_equals_the_reference_pipeline_under_one_seed() -> None:
@@ -112,8 +180,9 @@ def test_parameter_distributions_match_torchvision_samplers() -> None:
 
 def test_datamodule_colours_views_after_transfer_or_in_the_workers(cfg_factory) -> None:
     """For an accelerator the loader yields uint8 crops and the transfer hook turns them into
-    the normalised views the methods train on; for CPU training the workers' collate does the
-    same batched step (same views for the same RNG stream). Evaluation batches pass through."""
+    the normalised views the methods train on; for CPU training the workers run the same step
+    per image before collating (same views for the same RNG stream). Evaluation batches pass
+    through."""
     cfg = cfg_factory("+hvp=on", "hvp.num_views=3")
     augs = (ViewAug(size=16, blur_p=0.5),) * 3
     dm = SSLDataModule(cfg.data, augs, batch_size=8, num_workers=0, colour_in_workers=False)
@@ -141,9 +210,16 @@ def test_datamodule_colours_views_after_transfer_or_in_the_workers(cfg_factory) 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_finish_views_on_cuda_equals_cpu() -> None:
+    """Same views on the GPU (sync-free path, and no host sync while it runs) as on the CPU."""
     torch.manual_seed(0)
     crops, params, _ = _draw(_photo(), ALL_OPS, 64)
     cpu = finish_views([crops], {k: v[:, None] for k, v in params.items()}, (ALL_OPS,))[0]
-    gpu = finish_views([crops.cuda()], {k: v[:, None].cuda() for k, v in params.items()}, (ALL_OPS,))[0]
+    views, gparams = [crops.cuda()], {k: v[:, None].cuda() for k, v in params.items()}
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        gpu = finish_views(views, gparams, (ALL_OPS,))[0]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
     assert gpu.device.type == "cuda"
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=0, atol=1 / 255 / min(ALL_OPS.std) + 1e-5)

@@ -94,7 +94,7 @@ def sample_params(img: torch.Tensor, aug: ViewAug) -> dict[str, torch.Tensor]:
         sigma = aug.blur_sigma[0] + _rand() * (aug.blur_sigma[1] - aug.blur_sigma[0])
     solarize = aug.solarize_p > 0 and _rand() < aug.solarize_p
     values = (left, top, w, h, w_src, h_src, flip, jitter, *factors, gray, sigma, solarize)
-    params = {k: torch.tensor(float(v)) for k, v in zip(PARAM_NAMES, values)}
+    params = dict(zip(PARAM_NAMES, torch.tensor([float(v) for v in values]).unbind()))  # one tensor, not 15
     params["jitter_order"] = order.clone()
     return params
 

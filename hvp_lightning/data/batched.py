@@ -2,21 +2,34 @@
 
 Loader workers only decode, crop and flip (uint8) and record every sampled parameter
 (:class:`.augment.MultiViewTransform`). This module applies the rest -- colour jitter in each
-sample's own order, grayscale, Gaussian blur, solarize, normalisation -- to all views of a
-batch at once from those parameters, with the same code wherever the batch is: on the
-accelerator after the transfer, or in the loader workers when training runs on the CPU
+sample's own order, grayscale, Gaussian blur, solarize, normalisation -- from those
+parameters, with the same op functions wherever the batch is: on the accelerator after the
+transfer, or in the loader workers when training runs on the CPU
 (:class:`.datamodule.SSLDataModule` decides).
 
 Pixels follow torchvision's uint8 kernels (:func:`.augment.reference_colour`): images are
 float32 holding integer values 0..255, and every op truncates or rounds to an integer exactly
-where torchvision converts back to uint8; jitter, grayscale and solarize match bit for bit.
-The blur is separable (two 1-D passes, 2k instead of k*k multiplies per pixel; the 2-D
-kernel is their outer product), which reorders its float sums: a blurred pixel can land one
-level (1/255) from torchvision's at a rounding boundary (~2e-5 of pixels measured).
+where torchvision converts back to uint8; jitter, grayscale and solarize match bit for bit
+(the hue on every one of the 2^24 colours: 8 shifts checked by hand, 3 in a slow test). The blur is
+separable (two 1-D passes of shifted multiply-adds, 2k instead of k*k multiplies per pixel),
+which reorders its float sums: a blurred pixel can land one level (1/255) from torchvision's
+at a rounding boundary (~3e-5 of pixels measured).
 
-Written here rather than taken from kornia: kornia's jitter is float-only with its own hue
-formula and no per-sample op order, so it would not reproduce torchvision's pixels; these
-ops are a few dozen lines of plain tensor code that run wherever torch runs.
+Which samples an op touches is chosen two ways, with the same op functions:
+
+* on the CPU (:func:`colour` with ``sync_free=False``), one view at a time with plain Python
+  control flow: each view runs only the ops it drew, on a 224 px image whose temporaries stay
+  in cache. Per-view small elementwise passes cost ~5-20 us each there, while bool masks,
+  ``where``, ``gather`` and dimension reductions such as ``aminmax`` cost 3-100x a plain
+  arithmetic pass; so the ops below are written with arithmetic only.
+* on an accelerator (``sync_free=True``), every op runs on the whole batch and ``torch.where``
+  keeps its result for the samples that drew it: no ``nonzero``/``item`` host syncs, a fixed
+  sequence of kernel launches (jitter costs 4 runs of each op, one per position in the order).
+
+Written here rather than taken from a library: torchvision.transforms.v2 draws one parameter
+per call (one factor for a whole batch), and kornia's per-sample jitter is float-only with its
+own hue formula and no per-sample op order, so neither reproduces the views the paper used
+from per-view recorded parameters (docs/DESIGN.md, "View pipeline").
 """
 
 from __future__ import annotations
@@ -31,7 +44,8 @@ from .augment import ViewAug
 
 Op = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 JITTER_KEYS = ("brightness", "contrast", "saturation", "hue")  # jitter_order indexes these
-CPU_CHUNK = 8  # images per colour() call on CPU
+TINY = 1e-30  # stands in for a zero divisor whose numerator is zero as well
+NEGLIGIBLE_TAP = 1e-8  # blur weights below this are left out on the CPU (gaussian_blur)
 
 
 def _luma(x: torch.Tensor) -> torch.Tensor:
@@ -46,11 +60,11 @@ def _per_sample(f: torch.Tensor) -> torch.Tensor:
 
 def _blend(x: torch.Tensor, other: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     """``x * f + other * (1 - f)``, truncated to 0..255. torchvision computes the sum as one
-    fused multiply-add (``add_(other, alpha=1 - f)``); the float64 sum of the two float32
-    terms, rounded once to float32, is that same value, so the pixels match exactly."""
+    fused multiply-add (``add_(other, alpha=1 - f)``); ``addcmul`` with per-sample factors
+    gives that same value bit for bit on the CPU (the pixel tests check it), where a separate
+    multiply and add round twice and move ~1/6 of the pixels."""
     f = _per_sample(f)
-    fused = (x * f).double().add_(other.double() * (1 - f).double()).float()
-    return fused.clamp_(0, 255).floor_()
+    return torch.addcmul(x * f, other, 1 - f).clamp_(0, 255).floor_()
 
 
 def brightness(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
@@ -66,38 +80,52 @@ def saturation(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     return _blend(x, _luma(x).floor_(), f)
 
 
+# Channel c (0, 1, 2) of an HSV sector i takes the role w = clamp(2.5 - ||i - 2c - ROLE_SHIFT| - 3|,
+# 0, 2): 2 = the pixel's max, 1 = the middle value, 0 = its min (torchvision's vpqt table: red
+# is the max in sectors 0 and 5, the middle in 1 and 4, the min in 2 and 3; green and blue 2 and
+# 4 sectors later; sector 6, h rounded up to 1, is sector 0).
+ROLE_SHIFT = 2.5
+
+
 def hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """Rotate the hue by ``shift`` turns: torchvision's HSV round trip on [0, 1] values with
-    the same float operations. Branches are chosen by exact 0/1 float indicators (``ceil`` of
-    a value in [0, 1], ``relu(1 - |i - k|)``) instead of bool masks and ``where``, which run
-    5-50x slower on CPU; multiplying by 0 or 1 and adding zeros leaves every value unchanged."""
-    y = x.mul(1.0 / 255)
-    r, g, b = y.unbind(1)
-    maxc = torch.maximum(torch.maximum(r, g), b)
-    minc = torch.minimum(torch.minimum(r, g), b)
-    rng = maxc - minc
-    s = rng / maxc.clamp_min(1e-30)  # maxc = 0 only where rng = 0: s = 0 either way
-    div = rng.clamp_min(1e-30)  # rng = 0 only where every (maxc - c) = 0
-    rc, gc, bc = (maxc - r) / div, (maxc - g) / div, (maxc - b) / div
-    not_r, not_g = rc.ceil(), gc.ceil()  # 1.0 where that channel is not the max, else 0.0
-    h = (bc - gc) * (1 - not_r) + (rc + 2.0 - bc) * ((1 - not_g) * not_r) + (gc + 4.0 - rc) * (not_r * not_g)
+    """Rotate the hue by ``shift`` turns, as torchvision's HSV round trip on [0, 1] values.
+
+    Of the three output channels two are the pixel's own max and min (torchvision's ``v`` and
+    ``p``, which convert back to exactly those integers), so only the middle one (``q`` or
+    ``t``) is computed, with torchvision's float operations in its order; the sector then
+    places max, middle and min. Branches are exact 0/1 float factors (integer differences
+    clamped to 1, sector arithmetic), never bool masks."""
+    r, g, b = x.unbind(1)
+    mx = torch.maximum(torch.maximum(r, g), b)
+    mn = torch.minimum(torch.minimum(r, g), b)
+    maxc = mx * (1.0 / 255)
+    rng = maxc - mn * (1.0 / 255)
+    s = rng / maxc.clamp_min(TINY)  # maxc = 0 only where rng = 0: s = 0 as torchvision's
+    div = rng.clamp_min(TINY)
+    rc, gc, bc = ((maxc - c.mul(1.0 / 255)).div_(div) for c in (r, g, b))  # per plane: no broadcasting
+    not_r = (mx - r).clamp_max_(1)  # 0.0 where red is the max, else 1.0 (integer values)
+    not_g = (mx - g).clamp_max_(1)
+    h = (bc - gc).mul_(1 - not_r)
+    h.add_((rc + 2.0).sub_(bc).mul_((1 - not_g).mul_(not_r)))
+    h.add_((gc + 4.0).sub_(rc).mul_(not_g.mul_(not_r)))
     h = _frac(h.mul_(1.0 / 6.0).add_(1.0))
-    h = _frac(h.add_(_per_sample(shift)[:, 0]))
-    h6 = h.mul_(6)
-    i = torch.floor(h6)
-    f = h6 - i
-    sf = s * f
-    q = (1.0 - sf).mul_(maxc).clamp_(0.0, 1.0)
-    t = (sf + (1.0 - s)).mul_(maxc).clamp_(0.0, 1.0)
-    p = (1.0 - s).mul_(maxc).clamp_(0.0, 1.0)
-    sector = [(1 - (i - k).abs_()).relu_() for k in range(7)]  # sector 6 (h6 rounded up to 6) is 0
-    s0 = sector[0] + sector[6]
-    out = torch.stack([
-        maxc * (s0 + sector[5]) + q * sector[1] + p * (sector[2] + sector[3]) + t * sector[4],
-        t * s0 + maxc * (sector[1] + sector[2]) + q * sector[3] + p * (sector[4] + sector[5]),
-        p * (s0 + sector[1]) + t * sector[2] + maxc * (sector[3] + sector[4]) + q * sector[5],
-    ], dim=1)
-    return out.mul_(255 + 1.0 - 1e-3).floor_()
+    h6 = _frac(h.add_(shift.to(torch.float32).view(-1, 1, 1))).mul_(6)
+    sector = h6.floor()
+    f = h6.sub_(sector)
+    sxf = s * f
+    q = (1.0 - sxf).mul_(maxc)  # torchvision clamps q, t to [0, 1]: no-ops after the floor below
+    t = sxf.add_(1.0 - s).mul_(maxc)
+    odd = sector - (sector * 0.5).floor_().mul_(2)
+    mid = q.mul_(odd).add_(t.mul_(1 - odd)).mul_(255 + 1.0 - 1e-3).floor_()
+    above_min = mid - mn
+    spread = (mx - mn).sub_(above_min * 2)
+    out = torch.empty_like(x)
+    for c in (0, 1):  # red, green: min + role * (mid - min), plus (max - 2 mid + min) where role = 2
+        role = (sector - (2 * c + ROLE_SHIFT)).abs_().sub_(3).abs_().neg_().add_(2.5).clamp_(0, 2)
+        top = (role - 1).relu_()  # 1.0 where the channel takes the max
+        torch.add(role.mul_(above_min).add_(mn), top.mul_(spread), out=out[:, c])
+    out[:, 2] = (mx + mid + mn).sub_(out[:, 0]).sub_(out[:, 1])  # blue: the role left; integers, exact
+    return out
 
 
 def _frac(v: torch.Tensor) -> torch.Tensor:
@@ -114,66 +142,104 @@ def solarize(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x >= 128, 255 - x, x)
 
 
-def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel: int) -> torch.Tensor:
-    """Separable Gaussian blur with a per-sample ``sigma`` ``[n]``: torchvision's kernel
-    (``softmax(-(t / sigma)^2)`` on its grid), reflect padding, rounded to integers."""
-    n, c, hgt, wid = x.shape
+def gaussian_weights(sigma: torch.Tensor, kernel: int) -> torch.Tensor:
+    """torchvision's 1-D Gaussian kernel per sample: ``softmax(-(t / sigma)^2)`` on its grid
+    (``[n]`` sigmas -> ``[n, kernel]``)."""
     lim = (kernel - 1) / (2.0 * math.sqrt(2.0))
-    grid = torch.linspace(-lim, lim, kernel, dtype=torch.float32, device=x.device)
-    k1 = torch.softmax((grid / sigma.to(torch.float32)[:, None]).pow(2).neg(), dim=1)  # [n, k]
-    k1 = k1.repeat_interleave(c, dim=0)[:, None]  # [n*c, 1, k]
-    pad = kernel // 2
-    y = tF.pad(x.reshape(1, n * c, hgt, wid), (pad, pad, pad, pad), mode="reflect")
-    y = tF.conv2d(y, k1[:, :, None, :], groups=n * c)  # along width
-    y = tF.conv2d(y, k1[:, :, :, None], groups=n * c)  # along height
-    return y.reshape(n, c, hgt, wid).round_()
+    grid = torch.linspace(-lim, lim, kernel, dtype=torch.float32, device=sigma.device)
+    return torch.softmax((grid / sigma.to(torch.float32)[:, None]).pow(2).neg(), dim=1)
+
+
+def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel: int, trim: bool = False) -> torch.Tensor:
+    """Separable Gaussian blur with a per-sample ``sigma`` ``[n]`` (> 0): torchvision's kernel,
+    reflect padding, rounded to integers. Each 1-D pass is a few shifted multiply-adds
+    (1.5-2x faster on CPU than a depthwise convolution at one image, in noisy runs). ``trim``
+    leaves out the outer taps whose weight is below :data:`NEGLIGIBLE_TAP` for every sample (a
+    small sigma needs a fraction of the kernel; together such taps move a sum by about
+    255 * 3e-8 at most, under float32's own rounding of it); finding them reads the weights
+    on the host."""
+    _, _, hgt, wid = x.shape
+    w = gaussian_weights(sigma, kernel)
+    if trim:
+        half = int((w > NEGLIGIBLE_TAP).any(0).nonzero().max()) - kernel // 2
+        w = w[:, kernel // 2 - half:kernel // 2 + half + 1]
+    pad = w.shape[1] // 2
+    w = w.view(*w.shape, 1, 1, 1)
+    y = _taps(tF.pad(x, (pad, pad, pad, pad), mode="reflect"), w, dim=2, length=hgt)  # along height
+    return _taps(y, w, dim=3, length=wid).round_()  # along width
+
+
+def _taps(y: torch.Tensor, w: torch.Tensor, dim: int, length: int) -> torch.Tensor:
+    """``sum_t w[:, t] * y[t : t + length]`` along ``dim``."""
+    out = y.narrow(dim, 0, length) * w[:, 0]
+    for t in range(1, w.shape[1]):
+        out.addcmul_(y.narrow(dim, t, length), w[:, t])
+    return out
 
 
 JITTER_OPS: tuple[Op, ...] = (brightness, contrast, saturation, hue)
 
 
-def _apply_where(x: torch.Tensor, mask: torch.Tensor, op: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    """``x[mask] = op(x[mask])`` in place, only on the selected samples (the op's cost scales
-    with how many samples draw it, e.g. half the views are blurred)."""
-    idx = mask.nonzero().squeeze(1)
-    if idx.numel():
-        x[idx] = op(x[idx])
+def colour(x: torch.Tensor, params: dict[str, torch.Tensor], blur_kernel: int,
+           sync_free: bool | None = None) -> torch.Tensor:
+    """Photometric part of ``n`` views: ``x`` uint8 ``[n, 3, H, W]``, ``params`` with ``[n]``
+    scalars and ``jitter_order`` ``[n, 4]`` -> float32 ``[n, 3, H, W]`` with integer values
+    0..255, as torchvision's ``reference_colour`` view by view. ``sync_free`` picks how ops
+    find their samples (module docstring); ``None``: masks off the CPU, per view on it."""
+    if sync_free is None:
+        sync_free = x.device.type != "cpu"
+    return _colour_masked(x, params, blur_kernel) if sync_free else _colour_per_view(x, params, blur_kernel)
 
 
-def colour(x: torch.Tensor, params: dict[str, torch.Tensor], blur_kernel: int) -> torch.Tensor:
-    """Photometric part of ``n`` views at once: ``x`` uint8 ``[n, 3, H, W]``, ``params`` with
-    ``[n]`` scalars and ``jitter_order`` ``[n, 4]`` -> float32 ``[n, 3, H, W]`` with integer
-    values 0..255, as torchvision's ``reference_colour`` view by view."""
-    x = x.to(torch.float32, copy=True)  # filled in place below: never the caller's tensor
+def _colour_per_view(x: torch.Tensor, params: dict[str, torch.Tensor], blur_kernel: int) -> torch.Tensor:
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    order, gray, sigma, sol = (params[k].tolist() for k in ("jitter_order", "grayscale", "blur_sigma", "solarize"))
+    for i in range(x.shape[0]):
+        v = x[i:i + 1].to(torch.float32)
+        for op_idx in order[i]:
+            if op_idx >= 0:
+                v = JITTER_OPS[op_idx](v, params[JITTER_KEYS[op_idx]][i:i + 1])
+        if gray[i]:
+            v = grayscale(v)
+        if sigma[i] > 0:
+            v = gaussian_blur(v, params["blur_sigma"][i:i + 1], blur_kernel, trim=True)
+        if sol[i]:
+            v = solarize(v)
+        out[i:i + 1] = v
+    return out
+
+
+def _colour_masked(x: torch.Tensor, params: dict[str, torch.Tensor], blur_kernel: int) -> torch.Tensor:
+    def where(mask: torch.Tensor, y: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        return torch.where(mask.view(-1, 1, 1, 1), y, other)
+
+    x = x.to(torch.float32)
     order = params["jitter_order"].to(x.device)
     for pos in range(4):  # each sample's own order: at step pos, op order[:, pos]
         for op_idx, op in enumerate(JITTER_OPS):
-            f = params[JITTER_KEYS[op_idx]].to(x.device)
-            mask = order[:, pos] == op_idx
-            _apply_where(x, mask, lambda v, op=op, f=f, m=mask: op(v, f[m]))
-    _apply_where(x, params["grayscale"].to(x.device) > 0, grayscale)
+            x = where(order[:, pos] == op_idx, op(x, params[JITTER_KEYS[op_idx]].to(x.device)), x)
+    x = where(params["grayscale"].to(x.device) > 0, grayscale(x), x)
     sigma = params["blur_sigma"].to(x.device)
     blurred = sigma > 0
-    _apply_where(x, blurred, lambda v: gaussian_blur(v, sigma[blurred], blur_kernel))
-    _apply_where(x, params["solarize"].to(x.device) > 0, solarize)
-    return x
+    x = where(blurred, gaussian_blur(x, torch.where(blurred, sigma, 1.0), blur_kernel), x)
+    return where(params["solarize"].to(x.device) > 0, solarize(x), x)
 
 
 def normalise(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """0..255 values -> ``(x / 255 - mean) / std`` (torchvision's ``normalize`` after ``/255``)."""
-    m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    s = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    return x.div_(255).sub_(m).div_(s)
+    """0..255 values -> ``(x / 255 - mean) / std`` (torchvision's ``normalize`` after ``/255``)
+    in place, as one scale and one shift per channel (float rounding apart, the same values);
+    Python scalars, so nothing is copied to the device."""
+    for c, (m, s) in enumerate(zip(mean, std)):
+        x[:, c].mul_(1 / (255 * s)).sub_(m / s)
+    return x
 
 
 def finish_views(views: Sequence[torch.Tensor], params: dict[str, torch.Tensor],
-                 augs: Sequence[ViewAug]) -> list[torch.Tensor]:
+                 augs: Sequence[ViewAug], sync_free: bool | None = None) -> list[torch.Tensor]:
     """Colour + normalise a loader batch: ``views`` are N uint8 ``[B, 3, S_i, S_i]`` (view i
     drawn from ``augs[i]``), ``params`` ``{name: [B, N, ...]}``. Views that share a size,
-    blur kernel and normalisation go through :func:`colour` together: on an accelerator all
-    N*B images in one launch per op; on CPU in chunks of :data:`CPU_CHUNK` images, whose
-    temporaries stay in cache (whole-batch calls were 1.0-1.45x slower in three noisy runs).
-    Returns N float ``[B, 3, S_i, S_i]``."""
+    blur kernel and normalisation go through :func:`colour` together (on an accelerator all
+    N*B images in one launch per op; ``sync_free`` as there). Returns N float ``[B, 3, S_i, S_i]``."""
     if len(views) != len(augs):
         raise ValueError(f"{len(views)} views in the batch but {len(augs)} view augmentations")
     groups: dict[tuple, list[int]] = {}
@@ -183,10 +249,7 @@ def finish_views(views: Sequence[torch.Tensor], params: dict[str, torch.Tensor],
     for (_, kernel, mean, std), idx in groups.items():
         x = torch.cat([views[i] for i in idx])
         p = {k: torch.cat([v[:, i] for i in idx]) for k, v in params.items()}
-        step = CPU_CHUNK if x.device.type == "cpu" else x.shape[0]
-        y = torch.cat([colour(x[j:j + step], {k: v[j:j + step] for k, v in p.items()}, kernel)
-                       for j in range(0, x.shape[0], step)])
-        y = normalise(y, mean, std)
+        y = normalise(colour(x, p, kernel, sync_free), mean, std)
         for i, part in zip(idx, y.chunk(len(idx))):
             out[i] = part
     return out  # type: ignore[return-value]

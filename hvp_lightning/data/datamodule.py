@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
-from torch.utils.data import DataLoader, Dataset, Subset, default_collate
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
@@ -61,14 +60,23 @@ def finish_batch(batch: Any, augs: tuple[ViewAug, ...]) -> Any:
     return batch
 
 
-@dataclass(frozen=True)
-class FinishingCollate:
-    """Collate, then colour and normalise the batch in the loader worker (CPU training)."""
+class FinishedViews(Dataset):
+    """Training items whose views are coloured and normalised in the loader worker right after
+    their crops (CPU training): :func:`.batched.finish_views` on one image's views, whose
+    float images the collate step then stacks straight into shared memory (colouring the
+    collated batch instead costs one more copy of every float view on its way to the
+    training process)."""
 
-    augs: tuple[ViewAug, ...]
+    def __init__(self, items: MultiViewDataset, augs: tuple[ViewAug, ...]) -> None:
+        self.items, self.augs = items, augs
 
-    def __call__(self, items: list) -> Any:
-        return finish_batch(default_collate(items), self.augs)
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        item = self.items[i]
+        views = finish_views([v[None] for v in item["views"]], {k: v[None] for k, v in item["params"].items()}, self.augs)
+        return dict(item, views=[v[0] for v in views])
 
 
 def subset(ds: Dataset, n: int | None, seed: int) -> Dataset:
@@ -135,8 +143,8 @@ class SSLDataModule(L.LightningDataModule):
     Loader workers crop and flip (uint8 views); the colour ops and normalisation run batched
     (:func:`.batched.finish_views`) on the accelerator the batch is moved to
     (:meth:`on_after_batch_transfer`). When training runs on the CPU, the same batched code
-    runs in the loader workers instead (their collate step), where it overlaps the model's
-    step rather than adding to it. ``colour_in_workers`` forces one or the other; ``None``
+    runs in the loader workers instead (per image, :class:`FinishedViews`), where it overlaps
+    the model's step rather than adding to it. ``colour_in_workers`` forces one or the other; ``None``
     decides from the trainer's device when the training loader is built.
     """
 
@@ -164,10 +172,10 @@ class SSLDataModule(L.LightningDataModule):
     def num_classes(self) -> int:
         return len(self.class_names)
 
-    def _loader(self, ds: Dataset, train: bool, collate: Callable[[list], Any] | None = None) -> DataLoader:
+    def _loader(self, ds: Dataset, train: bool) -> DataLoader:
         return DataLoader(
             ds, batch_size=self.batch_size, shuffle=train, drop_last=train, num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available(), collate_fn=collate,
+            persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available(),
         )
 
     def _workers_colour(self) -> bool:
@@ -180,7 +188,7 @@ class SSLDataModule(L.LightningDataModule):
         return finish_batch(batch, self.views)
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, train=True, collate=FinishingCollate(self.views) if self._workers_colour() else None)
+        return self._loader(FinishedViews(self.train_set, self.views) if self._workers_colour() else self.train_set, train=True)
 
     def val_dataloader(self) -> list[DataLoader]:
         return [self._loader(self.bank_set, train=False), self._loader(self.test_set, train=False)]

@@ -46,7 +46,7 @@ _EXPORTS = {
     "simclr_pair_table": "hvp_lightning.methods.simclr",
     "dino_loss": "hvp_lightning.methods.dino",
     "dino_ce_table": "hvp_lightning.methods.dino",
-    "dino_combination_table": "hvp_lightning.methods.dino",
+    "dino_combination_table": "hvp_lightning.selection",
     "ibot_loss": "hvp_lightning.methods.ibot",
     "ibot_pair_table": "hvp_lightning.methods.ibot",
     "ConfigError": "hvp_lightning.errors",

@@ -37,8 +37,7 @@ from .data.datamodule import EvalDataset, subset, build_raw_datasets, resolve_au
 from .device import runs_on_cpu
 from .errors import ConfigError
 from .knn import knn_accuracies
-from .methods.base import warmup_cosine
-from .optim import make_optimizer
+from .optim import make_optimizer, warmup_cosine
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 from hvp_lightning.config import ConfigError, validate
 from hvp_lightning.methods import METHODS, SSLMethod
 from hvp_lightning.methods import dino as dino_module
-from hvp_lightning.methods.base import warmup_cosine
+from hvp_lightning.optim import warmup_cosine
 from hvp_lightning.methods.dino import DINO
 from hvp_lightning.methods.simclr import nt_xent_loss
 from hvp_lightning.methods.simsiam import SimSiam

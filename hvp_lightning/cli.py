@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import resume_config
 from .errors import ConfigError
-from .evaluate import evaluate
+from .evaluation import evaluate
 from . import sweep  # noqa: F401  registers ${hvp_dirname:...} (hydra.sweep.subdir)
 from .train import final_line, run
 

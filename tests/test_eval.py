@@ -17,7 +17,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from hvp_lightning import export
 from hvp_lightning.backbones import build_resnet, build_vit
 from hvp_lightning.config import ConfigError
-from hvp_lightning.evaluate import Classifier, FeatureNet, evaluate, fit_classifier, probe_batch_size
+from hvp_lightning.evaluation import evaluate
+from hvp_lightning.evaluation.features import FeatureNet
+from hvp_lightning.evaluation.probe import Classifier, fit_classifier, probe_batch_size
 from hvp_lightning.knn import knn_accuracies, knn_accuracy
 from hvp_lightning.train import run
 

@@ -39,20 +39,23 @@ class HardViewMixin(L.LightningModule):
     Put it before the host's LightningModule base: ``class SimSiam(HardViewMixin, SSLMethod)``.
     The host sets ``self.hvp`` (an :class:`HVPConfig`) in ``__init__`` and provides the three
     hooks below. What the mixin needs of the host beyond them is LightningModule's own
-    (``global_step``, ``global_rank``, ``device``, ``log``), hence that base: the type checker
-    sees every member the mixin uses, and ``class Mine(HardViewMixin, L.LightningModule)``
-    resolves to the same order as before.
+    (``global_step``, ``global_rank``, ``device``, ``log``), hence that base: a type checker
+    sees every member the mixin uses, and a host written ``class Mine(HardViewMixin,
+    L.LightningModule)`` keeps working.
     """
 
     hvp: HVPConfig
     hvp_batch_idx: int = 0  # micro-batch being selected: part of the private generators' seeds
 
-    # --- hooks the method provides -------------------------------------------------------
+    # --- hooks the host provides ---------------------------------------------------------
     def candidate_scores(self, batch: dict[str, Any]) -> torch.Tensor:  # pragma: no cover
-        raise NotImplementedError
+        """``[B, C]``: the method's per-sample loss of every candidate combination, from a
+        forward over all candidate views (called by :meth:`score_candidates`, frozen)."""
+        raise NotImplementedError(f"{type(self).__name__} must provide candidate_scores(batch) -> [B, C]")
 
     def ssl_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:  # pragma: no cover
-        raise NotImplementedError
+        """The method's unchanged training step on an ordinary (chosen) batch: the loss."""
+        raise NotImplementedError(f"{type(self).__name__} must provide ssl_step(batch, batch_idx) -> loss")
 
     def select_views(self, batch: dict[str, Any], choice: torch.Tensor) -> dict[str, Any]:
         """Default for pair methods: ``batch['views']`` is a list of N candidate batches."""

@@ -174,7 +174,8 @@ class TeacherStudentMixin(L.LightningModule):
     # --- optimisation -------------------------------------------------------------------------
     def param_groups(self) -> list[dict[str, Any]]:
         """Student parameters; biases and norm weights without weight decay (as DINO)."""
-        reg, no_reg = [], []
+        reg: list[nn.Parameter] = []
+        no_reg: list[nn.Parameter] = []
         for name, p in self.named_parameters():
             if not p.requires_grad or name.startswith("teacher."):
                 continue
@@ -226,11 +227,11 @@ class TeacherStudentMixin(L.LightningModule):
             centering.step()
         total = max(1, int(self.trainer.estimated_stepping_batches))
         momentum = cosine_momentum(step - 1, total, self.cfg.method.momentum_teacher)
-        ema_update(self.teacher.backbone, self.backbone, momentum)
-        ema_update(self.teacher.head, self.head, momentum)
+        ema_update(self.teacher["backbone"], self.backbone, momentum)
+        ema_update(self.teacher["head"], self.head, momentum)
         self.log("train/teacher_momentum", momentum, on_step=True, on_epoch=False, batch_size=1)
 
     @property
     def eval_backbone(self) -> nn.Module:
         """DINO evaluates the teacher (it is the better model, DINO paper sec. 5.4)."""
-        return self.teacher.backbone
+        return self.teacher["backbone"]

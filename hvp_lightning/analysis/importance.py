@@ -1,17 +1,17 @@
 """How much of the candidate-pair loss each pair metric explains (paper section 6).
 
-Why not fANOVA itself: the paper used fANOVA (Hutter et al., 2014); its package (``fanova``, last release 2020) needs ``pyrfr``, a C++ random forest without
-wheels for current Pythons, so it is not a maintainable dependency. We compute the same
-quantity with scikit-learn: fit a random forest to the data, then take each feature's
-*main-effect variance share* -- the variance of its partial-dependence curve (evaluated on
-the feature's quantiles, i.e. under its empirical marginal) divided by the variance of the
-forest's predictions. That is fANOVA's first-order importance, with the empirical feature
-distribution instead of a uniform one, and comparable to the paper's percentages. We also
-report scikit-learn's permutation importance (drop in held-out R^2), which needs no
-independence assumption. The target is the candidate pair's loss *centred per image and
-step* (minus the mean over that image's candidate pairs), because HVP compares pairs of
-the same image at the same step: training progress and image content would otherwise
-dominate the variance.
+Why not fANOVA itself: the paper used fANOVA (Hutter et al., 2014); its package (``fanova``,
+last release 2020) needs ``pyrfr``, a C++ random forest without wheels for current Pythons,
+so it is not a maintainable dependency. We compute the same quantity with scikit-learn: fit
+a random forest to the data, then take each feature's *main-effect variance share* -- the
+variance of its partial-dependence curve (evaluated on the feature's quantiles, i.e. under
+its empirical marginal) divided by the variance of the forest's predictions. That is
+fANOVA's first-order importance, with the empirical feature distribution instead of a
+uniform one, and comparable to the paper's percentages. We also report scikit-learn's
+permutation importance (drop in held-out R^2), which needs no independence assumption. The
+target is the candidate pair's loss *centred per image and step* (minus the mean over that
+image's candidate pairs), because HVP compares pairs of the same image at the same step:
+training progress and image content would otherwise dominate the variance.
 """
 
 from __future__ import annotations

@@ -256,7 +256,7 @@ def config_differences(jobs: list[Job]) -> list[str]:
     of one method."""
     import yaml
 
-    from hvp_lightning.evaluate import flatten
+    from hvp_lightning.evaluation.loggers import flatten
 
     problems: list[str] = []
     by_method: dict[str, list[tuple[Job, dict]]] = defaultdict(list)

@@ -9,10 +9,11 @@ Methods (LightningModules, equal to the original methods with HVP off): :class:`
 :class:`SimCLR`, :class:`DINO`, :class:`IBOT`. Selection: :class:`HardViewMixin` (a host
 provides ``candidate_scores``, ``ssl_step`` and, for non-pair batches, ``select_views``),
 :class:`HVPConfig`, :func:`choose`, :func:`pair_index`, :func:`global_pair_index`,
-:func:`gather_pairs`, :func:`frozen_state`. Per-sample losses and candidate tables (pure
-functions): :func:`simsiam_loss`, :func:`simsiam_pair_table`, :func:`nt_xent_loss`,
-:func:`simclr_pair_table`, :func:`dino_loss`, :func:`dino_ce_table`,
-:func:`dino_combination_table`, :func:`ibot_loss`, :func:`ibot_pair_table`. Errors:
+:func:`gather_pairs`, :func:`frozen_state`, :func:`dino_combination_table` (the multi-crop
+search over a DINO cross-entropy table); all in :mod:`hvp_lightning.selection`. Per-sample
+losses and candidate tables (pure functions): :func:`simsiam_loss`, :func:`simsiam_pair_table`,
+:func:`nt_xent_loss`, :func:`simclr_pair_table`, :func:`dino_loss`, :func:`dino_ce_table`,
+:func:`ibot_loss`, :func:`ibot_pair_table`. Errors:
 :class:`ConfigError`. See ``examples/custom_method.py`` for the mixin on your own module.
 
 Names are imported on first use, so ``import hvp_lightning`` stays cheap (no torch import).
@@ -46,7 +47,7 @@ _EXPORTS = {
     "simclr_pair_table": "hvp_lightning.methods.simclr",
     "dino_loss": "hvp_lightning.methods.dino",
     "dino_ce_table": "hvp_lightning.methods.dino",
-    "dino_combination_table": "hvp_lightning.methods.dino",
+    "dino_combination_table": "hvp_lightning.selection",
     "ibot_loss": "hvp_lightning.methods.ibot",
     "ibot_pair_table": "hvp_lightning.methods.ibot",
     "ConfigError": "hvp_lightning.errors",

@@ -128,7 +128,7 @@ def train(cfg: DictConfig) -> float | None:
 def evaluate_main(cfg: DictConfig) -> float | None:
     try:
         check_eval_options(cfg)  # the config alone, before the heavy imports
-        from .evaluate import evaluate
+        from .evaluation import evaluate
 
         summary = evaluate(cfg)
     except user_errors() as err:  # bad settings or checkpoint: one line, no traceback

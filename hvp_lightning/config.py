@@ -100,7 +100,7 @@ def validate(cfg: DictConfig) -> None:
 
 
 def check_eval_options(cfg: DictConfig) -> None:
-    """eval.py's settings that need no checkpoint (the rest: hvp_lightning/evaluate.py). Torch-free."""
+    """eval.py's settings that need no checkpoint (the rest: hvp_lightning/evaluation/). Torch-free."""
     if OmegaConf.is_missing(cfg, "ckpt") or not cfg.ckpt:
         fail("ckpt", "???", "a run dir or a .ckpt file: add ckpt=<path> to the command")
     resolve_checkpoint(cfg.ckpt)  # the path exists (its contents are checked when it is loaded)

@@ -5,10 +5,14 @@ Why: SimCLR trains with batches of 4096 and linearly scaled learning rates (0.3 
 ``eta * ||w|| / ||g + wd * w||`` so that no layer's update is large relative to its weights.
 As in the SimCLR code, biases and BatchNorm parameters (every parameter with ``ndim <= 1``)
 get neither weight decay nor the trust ratio: their norms say nothing about a layer's scale.
+
+Also the optimisers by name and the warm-up + cosine schedule that pretraining (learning rate,
+DINO's weight decay) and the evaluation heads share.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterable
 
 import torch
@@ -78,3 +82,11 @@ def make_optimizer(name: str, groups: list[dict[str, Any]], lr: float, weight_de
     if name == "lars":  # no decay/adaptation for biases and norm params
         return LARS(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta)
     raise ValueError(f"optimizer {name!r}; allowed: {', '.join(OPTIMIZERS)}")
+
+
+def warmup_cosine(step: int, total: int, warmup: int, final_ratio: float = 0.0) -> float:
+    """LR multiplier: linear warm-up over ``warmup`` steps, then cosine to ``final_ratio``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return final_ratio + (1 - final_ratio) * 0.5 * (1 + math.cos(math.pi * progress))

@@ -6,19 +6,27 @@
 * :func:`teacher_temperature`: the linear teacher-temperature warm-up (per epoch);
 * :class:`Centering`: the running centre subtracted from teacher logits (avoids collapse
   to one dimension); it is updated *after* the loss of a step, once per optimiser step, from
-  the teacher outputs of all that step's micro-batches, averaged over all ranks.
+  the teacher outputs of all that step's micro-batches, averaged over all ranks;
+* :func:`clip_gradients_per_parameter`: DINO's clipping, each parameter on its own;
+* :class:`TeacherStudentMixin`: the LightningModule side of all this -- teacher built from
+  the student, EMA and centres once per optimiser step, weight-decay schedule, clipping and
+  last-layer freeze, evaluation of the teacher.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from typing import Iterable
+from typing import Any, Iterable, Sequence
 
+import lightning as L
 import torch
 import torch.distributed as dist
+from omegaconf import DictConfig
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from .optim import warmup_cosine
 
 
 def make_teacher(student: nn.Module) -> nn.Module:
@@ -115,3 +123,115 @@ class Centering(nn.Module):
         """One step from these outputs alone (no accumulation)."""
         self.accumulate(teacher_logits)
         self.step()
+
+
+def clip_gradients_per_parameter(params: Sequence[nn.Parameter], clip: float) -> None:
+    """DINO's clipping: each parameter's gradient is rescaled to norm <= ``clip`` on its own."""
+    for p in params:
+        if p.grad is not None:
+            norm = p.grad.detach().norm(2)
+            p.grad.mul_(torch.clamp(clip / (norm + 1e-6), max=1.0))
+
+
+class TeacherStudentMixin(L.LightningModule):
+    """Self-distillation around a method's loss, written once for DINO and iBOT.
+
+    The host has a student ``backbone`` and ``head`` and a ``cfg`` with DINO's ``method``
+    keys (``momentum_teacher``, ``teacher_temp``, ``warmup_teacher_temp(_epochs)``,
+    ``teacher_reuse``, ``clip_grad``, ``freeze_last_layer``, ``optimizer.weight_decay(_end)``),
+    calls :meth:`init_teacher` once its head exists, and feeds its :class:`Centering` modules
+    with :meth:`Centering.accumulate` after each loss. Put the mixin first:
+    ``class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod)``.
+
+    Gradient accumulation (``trainer.accumulate_grad_batches=k``): EMA teacher, centres,
+    weight-decay and momentum schedules advance once per optimiser step
+    (:meth:`on_train_batch_end`, ``global_step``); every micro-batch of a step sees the same
+    teacher, centre and temperatures, and the centre moves by the mean over all k
+    micro-batches' teacher outputs, so without BatchNorm k x B equals one step of kB.
+    Clipping and the last-layer freeze act on the accumulated (and, under ``16-mixed``,
+    already unscaled) gradients: Lightning calls ``configure_gradient_clipping`` once per
+    step, after ``GradScaler.unscale_``.
+    """
+
+    cfg: DictConfig
+    backbone: nn.Module
+    head: nn.Module
+    teacher: nn.ModuleDict
+
+    def init_teacher(self) -> None:
+        """The teacher (frozen copies of backbone and head) and whether its outputs may be
+        reused from HVP's selection pass: only without BatchNorm, whose outputs depend on the
+        batch they were normalised with."""
+        self.teacher = nn.ModuleDict({"backbone": make_teacher(self.backbone), "head": make_teacher(self.head)})
+        self.teacher_reuse = bool(self.cfg.method.get("teacher_reuse", True)) and not has_batchnorm(self.teacher)
+        self._ema_step = 0
+
+    def teacher_temp(self) -> float:
+        m = self.cfg.method
+        return teacher_temperature(self.current_epoch, m.teacher_temp, m.warmup_teacher_temp,
+                                   int(m.warmup_teacher_temp_epochs))
+
+    # --- optimisation -------------------------------------------------------------------------
+    def param_groups(self) -> list[dict[str, Any]]:
+        """Student parameters; biases and norm weights without weight decay (as DINO)."""
+        reg: list[nn.Parameter] = []
+        no_reg: list[nn.Parameter] = []
+        for name, p in self.named_parameters():
+            if not p.requires_grad or name.startswith("teacher."):
+                continue
+            (no_reg if p.ndim <= 1 or name.endswith(".bias") else reg).append(p)
+        return [{"params": reg, "wd_schedule": True}, {"params": no_reg, "weight_decay": 0.0}]
+
+    def on_train_start(self) -> None:
+        self._ema_step = self.trainer.global_step
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """Cosine weight-decay schedule ``weight_decay -> weight_decay_end`` (DINO), per step."""
+        opt_cfg = self.cfg.method.optimizer
+        end = opt_cfg.get("weight_decay_end")
+        if end is None or not opt_cfg.weight_decay:
+            return
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        wd = opt_cfg.weight_decay * warmup_cosine(self.trainer.global_step, total, 0, end / opt_cfg.weight_decay)
+        for group in self.optimizers().param_groups:  # type: ignore[union-attr]
+            if group.get("wd_schedule"):
+                group["weight_decay"] = wd
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        # Lightning's clipping (a no-op unless trainer.gradient_clip_val is set), then DINO's.
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)  # type: ignore[arg-type]
+        self.clip_and_freeze_gradients()
+
+    def clip_and_freeze_gradients(self) -> None:
+        """DINO's per-parameter clipping (``method.clip_grad``, 0 = off), then the head's last
+        layer gets no update during the first ``method.freeze_last_layer`` epochs (DINO's
+        stabiliser; its gradients are dropped, so AdamW skips it, weight decay included)."""
+        clip = float(self.cfg.method.get("clip_grad") or 0.0)
+        if clip > 0:
+            clip_gradients_per_parameter([p for p in self.parameters() if p.requires_grad], clip)
+        if self.current_epoch < int(self.cfg.method.get("freeze_last_layer", 0)):
+            for name, p in self.head.named_parameters():  # every output layer (iBOT: last_layer2 too)
+                if name.startswith("last_layer"):
+                    p.grad = None
+
+    def on_train_batch_end(self, outputs: Any, batch: dict[str, Any], batch_idx: int) -> None:
+        """Centres and EMA teacher once per optimiser step (not per micro-batch under
+        accumulation): Lightning has just stepped iff ``global_step`` moved."""
+        super().on_train_batch_end(outputs, batch, batch_idx)
+        step = self.trainer.global_step
+        if step == self._ema_step:
+            return
+        self._ema_step = step
+        for centering in (m for m in self.modules() if isinstance(m, Centering)):  # iBOT: patch centre too
+            centering.step()
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        momentum = cosine_momentum(step - 1, total, self.cfg.method.momentum_teacher)
+        ema_update(self.teacher["backbone"], self.backbone, momentum)
+        ema_update(self.teacher["head"], self.head, momentum)
+        self.log("train/teacher_momentum", momentum, on_step=True, on_epoch=False, batch_size=1)
+
+    @property
+    def eval_backbone(self) -> nn.Module:
+        """DINO evaluates the teacher (it is the better model, DINO paper sec. 5.4)."""
+        return self.teacher["backbone"]

@@ -21,7 +21,7 @@ from .device import device_line
 from .distributed import sync_batchnorm_plugins
 from .methods import METHODS, SSLMethod
 from .run_logs import RunRecord, continue_csv_log, wandb_resume
-from .selection import summarise_totals
+from .selection import hvp_summary
 from .warning_filters import silence_known_warnings
 from .wandb_logging import WandbCharts, current_sweep_dir, run_names
 
@@ -166,8 +166,5 @@ def _summary(cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Pat
     if model.hvp.enabled:
         if totals is not None:
             totals = trainer.strategy.reduce(totals.to(trainer.strategy.root_device).clone(), reduce_op="sum")
-        out["hvp"] = {
-            "num_views": model.hvp.num_views, "mode": model.hvp.mode, "every_n_steps": model.hvp.every_n_steps,
-            "selection_precision": model.hvp.selection_precision, **summarise_totals(totals),
-        }
+        out["hvp"] = hvp_summary(model.hvp, totals)
     return out

@@ -23,8 +23,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from hvp_lightning.config import ConfigError, validate
 from hvp_lightning.methods import METHODS, SSLMethod
-from hvp_lightning.methods import dino as dino_module
-from hvp_lightning.methods.base import warmup_cosine
+from hvp_lightning import teacher as teacher_module
+from hvp_lightning.optim import warmup_cosine
 from hvp_lightning.methods.dino import DINO
 from hvp_lightning.methods.simclr import nt_xent_loss
 from hvp_lightning.methods.simsiam import SimSiam
@@ -202,7 +202,7 @@ def test_schedules_advance_per_optimizer_step(monkeypatch: pytest.MonkeyPatch) -
         momenta.append((step, total))
         return cosine_momentum(step, total, base, final)
 
-    monkeypatch.setattr(dino_module, "cosine_momentum", recording_momentum)
+    monkeypatch.setattr(teacher_module, "cosine_momentum", recording_momentum)
     cfg = make_cfg(*DINO_TINY, "method.batch_size=2", "method.optimizer.warmup_epochs=1",
                    "method.optimizer.base_lr=0.5", "method.optimizer.min_lr=0.001",
                    "method.warmup_teacher_temp_epochs=2", "method.warmup_teacher_temp=0.02",

@@ -14,7 +14,8 @@ import torch
 
 from hvp_lightning.analysis.callback import HardViewAnalysis, ViewLog, step_statistics
 from hvp_lightning.analysis.metrics import color_distance, crop_iou, pair_metrics, relative_center_distance
-from hvp_lightning.analysis.report import load_steps, load_table, replay_view
+from hvp_lightning.analysis.gallery import replay_view
+from hvp_lightning.analysis.logs import load_steps, load_table
 from hvp_lightning.data.augment import PARAM_NAMES, ViewAug, augment, normalize
 from hvp_lightning.selection import HVPConfig, pair_index
 
@@ -199,7 +200,7 @@ def test_replay_matches_augment() -> None:
 
 def test_importance_recovers_a_planted_dependence() -> None:
     from hvp_lightning.analysis.callback import PAIR_FEATURES
-    from hvp_lightning.analysis.report import importance
+    from hvp_lightning.analysis.importance import importance
 
     rng = np.random.default_rng(0)
     n = 400 * 6  # 400 images x 6 candidate pairs

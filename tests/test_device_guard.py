@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten
 
 from hvp_lightning.analysis.callback import head_views, pair_table, step_statistics
 from hvp_lightning.data.datamodule import SSLDataModule
-from hvp_lightning.evaluate import Classifier
+from hvp_lightning.evaluation.probe import Classifier
 from hvp_lightning.knn import knn_scores
 from hvp_lightning.methods import METHODS
 from hvp_lightning.selection import pair_index

@@ -4,7 +4,6 @@ and a tiny Hydra run."""
 
 from __future__ import annotations
 
-import json
 import math
 from itertools import combinations
 from pathlib import Path
@@ -17,9 +16,8 @@ from torch import nn
 
 from hvp_lightning.heads import DINOHead
 from hvp_lightning.methods import METHODS
-from hvp_lightning.methods.dino import (DINO, candidate_counts, dino_cross_entropy, dino_exact_selection,
-                                        dino_loss)
-from hvp_lightning.selection import choose
+from hvp_lightning.methods.dino import DINO, dino_cross_entropy, dino_exact_selection, dino_loss
+from hvp_lightning.selection import candidate_counts, choose
 from hvp_lightning.teacher import (Centering, cosine_momentum, ema_update, make_teacher, teacher_temperature)
 
 from .conftest import make_cfg as compose_cfg, official_pairs, score_and_assert_stateless, tiny_vit_run

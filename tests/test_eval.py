@@ -17,7 +17,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from hvp_lightning import export
 from hvp_lightning.backbones import build_resnet, build_vit
 from hvp_lightning.config import ConfigError
-from hvp_lightning.evaluate import Classifier, FeatureNet, evaluate, fit_classifier, probe_batch_size
+from hvp_lightning.evaluation import evaluate
+from hvp_lightning.evaluation.features import FeatureNet
+from hvp_lightning.evaluation.probe import Classifier, fit_classifier, probe_batch_size
 from hvp_lightning.knn import knn_accuracies, knn_accuracy
 from hvp_lightning.train import run
 
@@ -251,7 +253,7 @@ def test_eval_loader_workers_are_capped_with_one_warning(simsiam_run, tmp_path, 
     import logging
     import warnings
 
-    import hvp_lightning.evaluate as evaluate_module
+    import hvp_lightning.evaluation.data as evaluate_module
 
     cores = len(os.sched_getaffinity(0))
     workers: list[int] = []

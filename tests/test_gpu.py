@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 from hvp_lightning import export
 from hvp_lightning.checkpoint import resume_config
 from hvp_lightning.data.datamodule import SSLDataModule
-from hvp_lightning.evaluate import evaluate
+from hvp_lightning.evaluation import evaluate
 from hvp_lightning.methods import METHODS
 from hvp_lightning.selection import step_autocast_dtype
 from hvp_lightning.train import run

@@ -5,7 +5,6 @@ Hydra run."""
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 

@@ -14,7 +14,7 @@ from hvp_lightning import options
 from .conftest import REPO
 
 HEAVY_PACKAGES = ("torch", "lightning", "torchvision", "timm")
-HEAVY_MODULES = ("hvp_lightning.methods", "hvp_lightning.train", "hvp_lightning.evaluate", "hvp_lightning.checkpoint")
+HEAVY_MODULES = ("hvp_lightning.methods", "hvp_lightning.train", "hvp_lightning.evaluation", "hvp_lightning.checkpoint")
 
 
 def _heavy(modules) -> list[str]:

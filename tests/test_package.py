@@ -113,3 +113,38 @@ def test_wheel_ships_configs_and_console_commands(tmp_path: Path) -> None:
                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "k-NN top-1" in out.stdout and (run_dir / "summary.json").is_file()
+
+
+def test_run_totals_survive_a_checkpoint_of_any_mixin_host() -> None:
+    """The mixin owns HVP's run totals, checkpoint state included: a user's own module (the
+    example, not an SSLMethod) resumes with the totals it saved, so its summary stays whole."""
+    ex = _example()
+    model = ex.main(max_steps=2)
+    assert model.hvp_totals is not None and int(model.hvp_totals[2]) == 16  # 2 steps x 8 images
+    ckpt: dict = {}
+    model.on_save_checkpoint(ckpt)
+    restored = ex.CosineSSL(model.hvp)
+    restored.on_load_checkpoint(ckpt)
+    assert torch.equal(restored.hvp_totals, model.hvp_totals.cpu())
+
+
+def test_design_module_map_names_files_that_exist() -> None:
+    """docs/DESIGN.md section 9 and the README's layout say where each concern lives: every
+    package path they name must exist, so the map cannot go stale silently."""
+    import re
+
+    design = (REPO / "docs" / "DESIGN.md").read_text().split("## 9.")[1]
+    modules = "\n".join(row.rsplit("|", 2)[1] for row in design.splitlines() if row.startswith("| "))
+    named = set()
+    for cell in re.findall(r"`([a-z_/{},.]+(?:\.py|/))`", modules):
+        head, _, rest = cell.partition("{")
+        if rest:  # `evaluation/{run,probe}.py`: one path per name
+            names, _, tail = rest.partition("}")
+            named |= {f"{head}{n}{tail}" for n in names.split(",")}
+        else:
+            named.add(cell)
+    readme = (REPO / "README.md").read_text().split("## Layout")[1].split("```")[1]
+    named |= {p.removeprefix("hvp_lightning/") for p in re.findall(r"^(hvp_lightning/\S+)", readme, re.M)}
+    assert len(named) > 30
+    missing = sorted(p for p in named if not (REPO / "hvp_lightning" / p).exists())
+    assert missing == []

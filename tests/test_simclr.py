@@ -16,7 +16,7 @@ from hvp_lightning.optim import LARS
 from hvp_lightning.selection import choose, pair_index
 
 from ._ddp import run_ranks
-from .conftest import REPO, make_cfg
+from .conftest import make_cfg
 
 
 def reference_nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -7,7 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
-from .report import analyse, log_to_wandb
+from .report import analyse
+from .upload import log_to_wandb
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,25 +16,8 @@ from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
 from ..data.datasets import note_skipped
 from ..knn import knn_accuracy
-from ..optim import OPTIMIZERS, make_optimizer
-from ..selection import HVPConfig
-
-
-def hvp_config(cfg: DictConfig) -> HVPConfig:
-    node = cfg.get("hvp")
-    if node is None or not node.get("enabled", False):
-        return HVPConfig(enabled=False)
-    return HVPConfig(enabled=True, num_views=node.num_views, mode=node.mode, every_n_steps=node.every_n_steps,
-                     selection_precision=node.selection_precision, max_combinations=node.get("max_combinations"),
-                     global_pairs=node.get("global_pairs", "cross"))
-
-
-def warmup_cosine(step: int, total: int, warmup: int, final_ratio: float = 0.0) -> float:
-    """LR multiplier: linear warm-up over ``warmup`` steps, then cosine to ``final_ratio``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return final_ratio + (1 - final_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+from ..optim import OPTIMIZERS, make_optimizer, warmup_cosine
+from ..selection import hvp_config
 
 
 class SSLMethod(L.LightningModule):
@@ -129,15 +112,14 @@ class SSLMethod(L.LightningModule):
     # --- run state in checkpoints (resume) ------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Run counters that are not tensors of the module: they travel in the checkpoint as
-        plain values (it still loads with ``torch.load(weights_only=True)``)."""
-        totals = getattr(self, "hvp_totals", None)
+        plain values (it still loads with ``torch.load(weights_only=True)``); HVP's run totals
+        are added by :class:`~hvp_lightning.selection.HardViewMixin`."""
         checkpoint["hvp_lightning"] = {
             "images_seen": int(self.images_seen),
             "skipped_files": sorted(self.skipped_files),
             "knn_result": {k: float(v) for k, v in self.knn_result.items()},
             "knn_init": self.knn_init,
             "knn_history": list(self.knn_history),
-            "hvp_totals": totals.detach().cpu() if totals is not None else None,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -149,8 +131,6 @@ class SSLMethod(L.LightningModule):
         self.knn_result = {k: (int(v) if k in ("epoch", "step", "queries") else v) for k, v in state["knn_result"].items()}
         self.knn_init = state.get("knn_init")
         self.knn_history = list(state.get("knn_history", []))
-        if state.get("hvp_totals") is not None:
-            self.hvp_totals = state["hvp_totals"].to(self.device)
 
     # --- online k-NN monitor (validation loop: bank loader 0, query loader 1) ---------------
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:

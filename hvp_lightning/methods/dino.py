@@ -4,7 +4,8 @@ Loss (official): with ``q_i = softmax((T_i - c) / tau_t)`` for the two teacher g
 ``log p_j = log_softmax(S_j / tau_s)`` for the student's 2 globals + L locals, a sample's
 loss is ``sum_{i, j != i} CE(q_i, p_j) / (2L + 2)``; the batch mean is DINO's loss.
 
-Hard views (docs/DESIGN.md): the combination space is (global pair) x (L of Lc local
+Hard views (docs/DESIGN.md; the search is :mod:`hvp_lightning.selection.multicrop`): the
+combination space is (global pair) x (L of Lc local
 candidates). A combination's loss splits into a pair term ``CE(g1->g2) + CE(g2->g1)`` and a
 sum of unary local terms ``CE(g1->j) + CE(g2->j)``, so for each global pair the best
 locals are the top-L (hard) or bottom-L (easy) unary terms: an exact argmax/argmin over all
@@ -20,7 +21,6 @@ baseline); HVP on, ``[G global candidates (pipelines 1,2,1,2,...), Lc local cand
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, NamedTuple, Sequence
 
 import torch
@@ -33,9 +33,10 @@ from ..errors import ConfigError
 from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
 from ..heads import DINOHead
-from ..selection import HardViewMixin, stable_seed, choose, global_pair_index
-from ..teacher import Centering, cosine_momentum, ema_update, has_batchnorm, make_teacher, teacher_temperature
-from .base import SSLMethod, hvp_config, warmup_cosine
+from ..selection import (HardViewMixin, candidate_counts, choose, dino_combination_table, gather_combination_views,
+                         gather_view_params, stable_seed)
+from ..teacher import Centering, TeacherStudentMixin
+from .base import SSLMethod
 
 # --- the loss, per sample ---------------------------------------------------------------------
 
@@ -85,78 +86,12 @@ def dino_ce_table(teacher: torch.Tensor, student: torch.Tensor, center: torch.Te
         return -torch.einsum("gbk,vbk->bgv", q, logp)
 
 
-# --- exact (and sampled) combination search -------------------------------------------------
-
-
-class CombinationTable(NamedTuple):
-    """Per-sample candidate combinations: column c of sample b is global pair ``pairs[b, c]``
-    (indices into the G global candidates) with locals ``locals[b, c]`` (indices into the Lc
-    local candidates) and official DINO loss ``loss[b, c]``."""
-
-    loss: torch.Tensor  # [B, C]
-    pairs: torch.Tensor  # [B, C, 2]
-    locals: torch.Tensor  # [B, C, L]
-
-
-def combination_loss(ce: torch.Tensor, pairs: torch.Tensor, locals_: torch.Tensor, num_globals: int) -> torch.Tensor:
-    """Loss of combinations ``pairs [B, C, 2]`` + ``locals [B, C, L]`` from a CE table ``[B, G, V]``."""
-    b = torch.arange(ce.shape[0], device=ce.device)[:, None]
-    g1, g2 = pairs.unbind(-1)
-    pair_terms = ce[b, g1, g2] + ce[b, g2, g1]
-    j = num_globals + locals_
-    local_terms = ce[b[..., None], g1[..., None], j] + ce[b[..., None], g2[..., None], j]
-    return (pair_terms + local_terms.sum(-1)) / (2 * locals_.shape[-1] + 2)
-
-
-def _uniform_subsets(shape: tuple[int, ...], n: int, k: int, generator: torch.Generator | None,
-                     device: torch.device) -> torch.Tensor:
-    """Uniformly random k-subsets of ``range(n)``, one per entry of ``shape``: ``[*shape, k]``."""
-    return torch.rand(*shape, n, generator=generator).argsort(-1)[..., :k].to(device)
-
-
-def dino_combination_table(ce: torch.Tensor, num_globals: int, num_local: int, mode: str = "hard",
-                           max_combinations: int | None = None, generator: torch.Generator | None = None,
-                           global_pairs: str = "cross") -> CombinationTable:
-    """Candidate combinations of every sample, sized so that ``choose(table.loss, mode)``
-    returns the exact optimum over all ``P * C(Lc,L)`` combinations, P the global pairs of
-    ``global_pairs`` (:func:`~hvp_lightning.selection.global_pair_index`).
-
-    Exact (``max_combinations`` None or >= the number of combinations): one column per
-    global pair, holding the pair's best locals under ``mode`` -- top-L (hard), bottom-L
-    (easy) or a uniform L-subset (random; with the uniform column choice this is a uniform
-    combination). Non-finite local terms rank last, so a pair's column is finite whenever L
-    of its local terms are. Sampled (the paper's fidelity setting): ``max_combinations``
-    columns, each an independently drawn uniform combination (with replacement) per sample.
-    """
-    bsz, g, v = ce.shape
-    lc = v - num_globals
-    if num_globals != g or g < 2 or not 0 <= num_local <= lc:
-        raise ValueError(f"need G >= 2 globals and 0 <= L <= Lc: G={g}, L={num_local}, Lc={lc}")
-    pairs = global_pair_index(g, global_pairs, device=ce.device)  # [P, 2]
-    total = pairs.shape[0] * math.comb(lc, num_local)
-    if max_combinations is not None and max_combinations < total:
-        pick = torch.randint(pairs.shape[0], (bsz, max_combinations), generator=generator).to(ce.device)
-        cpairs = pairs[pick]
-        clocals = _uniform_subsets((bsz, max_combinations), lc, num_local, generator, ce.device)
-        return CombinationTable(combination_loss(ce, cpairs, clocals, g), cpairs, clocals)
-    g1, g2 = pairs.unbind(1)
-    pair_terms = ce[:, g1, g2] + ce[:, g2, g1]  # [B, P]
-    local_terms = ce[:, g1, g:] + ce[:, g2, g:]  # [B, P, Lc]
-    if mode in ("hard", "easy"):
-        worst = float("-inf") if mode == "hard" else float("inf")
-        ranked = local_terms.masked_fill(~torch.isfinite(local_terms), worst)
-        idx = ranked.topk(num_local, dim=-1, largest=mode == "hard").indices
-        vals = local_terms.gather(-1, idx)
-    elif mode == "random":
-        idx = _uniform_subsets(tuple(local_terms.shape[:2]), lc, num_local, generator, ce.device)
-        vals = local_terms.gather(-1, idx)
-    else:
-        raise ValueError(f"mode={mode!r}; allowed: hard, easy, random")
-    loss = (pair_terms + vals.sum(-1)) / (2 * num_local + 2)
-    return CombinationTable(loss, pairs.expand(bsz, -1, -1), idx)
+# --- the loss and the search, in one call -----------------------------------------------------
 
 
 class DinoSelection(NamedTuple):
+    """Each sample's chosen combination (:func:`dino_exact_selection`)."""
+
     pair: torch.Tensor  # [B, 2] chosen global candidates
     locals: torch.Tensor  # [B, L] chosen local candidates
     loss: torch.Tensor  # [B] official DINO loss of the chosen combination
@@ -169,7 +104,9 @@ def dino_exact_selection(T: torch.Tensor, S_glob: torch.Tensor, S_loc: torch.Ten
     student logits of the global candidates) and ``S_loc`` ``[Lc, B, K]``: the argmax (hard),
     argmin (easy) or a uniform draw (random) of the DINO loss over all combinations whose
     global pair is in ``global_pairs``, or over ``max_combinations`` random ones of them.
-    Vectorised over samples."""
+    Vectorised over samples. DINO's per-sample loss (:func:`dino_ce_table`) composed with the
+    search of :mod:`hvp_lightning.selection.multicrop`: the reference the tests check
+    against brute force."""
     ce = dino_ce_table(T, torch.cat([S_glob, S_loc]), center, tau_t, tau_s)
     table = dino_combination_table(ce, T.shape[0], L, mode, max_combinations, generator, global_pairs)
     choice = choose(table.loss, mode, generator)
@@ -178,29 +115,6 @@ def dino_exact_selection(T: torch.Tensor, S_glob: torch.Tensor, S_loc: torch.Ten
 
 
 # --- config helpers ---------------------------------------------------------------------------
-
-
-def candidate_counts(cfg: DictConfig) -> tuple[int, int]:
-    """(G global, Lc local) views the loader produces per image.
-
-    HVP off: (2, L). HVP on: ``hvp.num_global_candidates`` (default ``hvp.num_views``, i.e.
-    4) and ``hvp.num_local_candidates`` (default ``ceil(L * num_views / 2)``, i.e. 2L): each
-    of DINO's crops is drawn ``num_views / 2`` times, as in the paper's 4 + 16 setting.
-    """
-    num_local = int(cfg.method.num_local_crops)
-    hvp = hvp_config(cfg)
-    if not hvp.enabled:
-        return 2, num_local
-    node = cfg.hvp
-    g = node.get("num_global_candidates") or hvp.num_views
-    lc = node.get("num_local_candidates")
-    lc = math.ceil(num_local * hvp.num_views / 2) if lc is None else lc
-    if int(g) < 2:
-        raise ConfigError(f"hvp.num_global_candidates={g!r} is not allowed: expected an integer >= 2")
-    if int(lc) < num_local:
-        raise ConfigError(f"hvp.num_local_candidates={lc!r} is not allowed: expected an integer >= "
-                          f"method.num_local_crops={num_local}")
-    return int(g), int(lc)
 
 
 def _check_crops(cfg: DictConfig) -> None:
@@ -219,18 +133,10 @@ def _check_crops(cfg: DictConfig) -> None:
             raise ConfigError(f"method.{key}={list(m[key])!r} is not allowed: two numbers 0 < min <= max <= 1")
 
 
-def clip_gradients_per_parameter(params: Sequence[nn.Parameter], clip: float) -> None:
-    """DINO's clipping: each parameter's gradient is rescaled to norm <= ``clip`` on its own."""
-    for p in params:
-        if p.grad is not None:
-            norm = p.grad.detach().norm(2)
-            p.grad.mul_(torch.clamp(clip / (norm + 1e-6), max=1.0))
-
-
 # --- the method -------------------------------------------------------------------------------
 
 
-class DINO(HardViewMixin, SSLMethod):
+class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
     """DINO with an optional exact hard-view selection (see module docstring).
 
     HVP flow: :meth:`candidate_scores` returns a ``[B, P]`` table, one column per global
@@ -254,14 +160,8 @@ class DINO(HardViewMixin, SSLMethod):
     The selection pass changes no state: no centre update (only :meth:`ssl_step` feeds it,
     after its loss), no EMA, BatchNorm buffers and RNG frozen by the mixin's ``frozen_state``.
 
-    Gradient accumulation (``trainer.accumulate_grad_batches=k``): EMA teacher, centres,
-    weight-decay and momentum schedules advance once per optimiser step
-    (:meth:`on_train_batch_end`, ``global_step``); every micro-batch of a step sees the same
-    teacher, centre and temperatures, and the centre moves by the mean over all k
-    micro-batches' teacher outputs, so without BatchNorm k x B equals one step of kB.
-    Clipping and the last-layer freeze act on the accumulated (and, under ``16-mixed``,
-    already unscaled) gradients: Lightning calls ``configure_gradient_clipping`` once per
-    step, after ``GradScaler.unscale_``.
+    EMA teacher, temperature and weight-decay schedules, clipping, last-layer freeze and
+    their behaviour under gradient accumulation: :class:`~hvp_lightning.teacher.TeacherStudentMixin`.
     """
 
     def __init__(self, cfg: DictConfig | dict) -> None:
@@ -271,11 +171,9 @@ class DINO(HardViewMixin, SSLMethod):
         self.num_local = int(m.num_local_crops)
         self.num_globals, self.num_locals_cand = self.view_counts(self.cfg)
         self.head = self.build_head()
-        self.teacher = nn.ModuleDict({"backbone": make_teacher(self.backbone), "head": make_teacher(self.head)})
+        self.init_teacher()
         self.centering = Centering(m.out_dim, m.center_momentum)
-        self.teacher_reuse = bool(m.get("teacher_reuse", True)) and not has_batchnorm(self.teacher)
         self._selection: dict[str, Any] | None = None
-        self._ema_step = 0
 
     def build_head(self) -> DINOHead:
         """The student head (the teacher's is a copy); a hook so iBOT can add patch outputs."""
@@ -320,11 +218,6 @@ class DINO(HardViewMixin, SSLMethod):
             chunk = crops[i:i + group]
             out += list(head(backbone(torch.cat(list(chunk)))).chunk(len(chunk)))
         return out
-
-    def teacher_temp(self) -> float:
-        m = self.cfg.method
-        return teacher_temperature(self.current_epoch, m.teacher_temp, m.warmup_teacher_temp,
-                                   int(m.warmup_teacher_temp_epochs))
 
     # --- training step ------------------------------------------------------------------------
     def ssl_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
@@ -377,19 +270,13 @@ class DINO(HardViewMixin, SSLMethod):
             sel = None
             pair = torch.tensor([0, 1], device=choice.device).expand(bsz, 2)
             locs = torch.arange(n_loc, device=choice.device).expand(bsz, n_loc)
-        glob = torch.stack(list(views[:g]))
-        out_views = [glob[pair[:, 0], b], glob[pair[:, 1], b]]
-        if n_loc:
-            loc = torch.stack(list(views[g:]))
-            out_views += [loc[locs[:, s], b] for s in range(n_loc)]
-        out = dict(batch, views=out_views)
+        out = dict(batch, views=gather_combination_views(views, g, pair, locs))
         out.pop("teacher_out", None)
         if sel is not None and sel["teacher"] is not None:
             t = sel["teacher"]
             out["teacher_out"] = [t[pair[:, 0], b], t[pair[:, 1], b]]
         if "params" in batch:  # augmentation parameters travel with their views
-            idx = torch.cat([pair, g + locs], dim=1)  # [B, 2 + L] view positions
-            out["params"] = {k: p[b.to(p.device)[:, None], idx.to(p.device)] for k, p in batch["params"].items()}
+            out["params"] = gather_view_params(batch["params"], torch.cat([pair, g + locs], dim=1))
         return out
 
     def _locals_generator(self) -> torch.Generator | None:
@@ -399,67 +286,3 @@ class DINO(HardViewMixin, SSLMethod):
             return None
         return torch.Generator().manual_seed(stable_seed(self.seed, self.global_step, self.global_rank, 1,
                                                           self.hvp_batch_idx))
-
-    # --- optimisation -------------------------------------------------------------------------
-    def param_groups(self) -> list[dict[str, Any]]:
-        """Student parameters; biases and norm weights without weight decay (as DINO)."""
-        reg, no_reg = [], []
-        for name, p in self.named_parameters():
-            if not p.requires_grad or name.startswith("teacher."):
-                continue
-            (no_reg if p.ndim <= 1 or name.endswith(".bias") else reg).append(p)
-        return [{"params": reg, "wd_schedule": True}, {"params": no_reg, "weight_decay": 0.0}]
-
-    def on_train_start(self) -> None:
-        self._ema_step = self.trainer.global_step
-
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        """Cosine weight-decay schedule ``weight_decay -> weight_decay_end`` (DINO), per step."""
-        opt_cfg = self.cfg.method.optimizer
-        end = opt_cfg.get("weight_decay_end")
-        if end is None or not opt_cfg.weight_decay:
-            return
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        wd = opt_cfg.weight_decay * warmup_cosine(self.trainer.global_step, total, 0, end / opt_cfg.weight_decay)
-        for group in self.optimizers().param_groups:  # type: ignore[union-attr]
-            if group.get("wd_schedule"):
-                group["weight_decay"] = wd
-
-    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
-                                    gradient_clip_algorithm: str | None = None) -> None:
-        # Lightning's clipping (a no-op unless trainer.gradient_clip_val is set), then DINO's.
-        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)  # type: ignore[arg-type]
-        self.clip_and_freeze_gradients()
-
-    def clip_and_freeze_gradients(self) -> None:
-        """DINO's per-parameter clipping (``method.clip_grad``, 0 = off), then the head's last
-        layer gets no update during the first ``method.freeze_last_layer`` epochs (DINO's
-        stabiliser; its gradients are dropped, so AdamW skips it, weight decay included)."""
-        clip = float(self.cfg.method.get("clip_grad") or 0.0)
-        if clip > 0:
-            clip_gradients_per_parameter([p for p in self.parameters() if p.requires_grad], clip)
-        if self.current_epoch < int(self.cfg.method.get("freeze_last_layer", 0)):
-            for name, p in self.head.named_parameters():  # every output layer (iBOT: last_layer2 too)
-                if name.startswith("last_layer"):
-                    p.grad = None
-
-    def on_train_batch_end(self, outputs: Any, batch: dict[str, Any], batch_idx: int) -> None:
-        """Centres and EMA teacher once per optimiser step (not per micro-batch under
-        accumulation): Lightning has just stepped iff ``global_step`` moved."""
-        super().on_train_batch_end(outputs, batch, batch_idx)
-        step = self.trainer.global_step
-        if step == self._ema_step:
-            return
-        self._ema_step = step
-        for centering in (m for m in self.modules() if isinstance(m, Centering)):  # iBOT: patch centre too
-            centering.step()
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        momentum = cosine_momentum(step - 1, total, self.cfg.method.momentum_teacher)
-        ema_update(self.teacher.backbone, self.backbone, momentum)
-        ema_update(self.teacher.head, self.head, momentum)
-        self.log("train/teacher_momentum", momentum, on_step=True, on_epoch=False, batch_size=1)
-
-    @property
-    def eval_backbone(self) -> nn.Module:
-        """DINO evaluates the teacher (it is the better model, DINO paper sec. 5.4)."""
-        return self.teacher.backbone

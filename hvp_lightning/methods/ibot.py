@@ -39,10 +39,10 @@ from torch import nn
 from ..backbones import BACKBONES
 from ..errors import ConfigError
 from ..heads import IBOTHead
-from ..selection import stable_seed, global_pair_index
+from ..selection import (combination_loss, gather_view_params, global_pair_index, hvp_config, num_global_candidates,
+                         stable_seed)
 from ..teacher import Centering, teacher_temperature
-from .base import hvp_config
-from .dino import DINO, combination_loss, student_log_probs, teacher_probs, dino_ce_table, dino_loss
+from .dino import DINO, student_log_probs, teacher_probs, dino_ce_table, dino_loss
 
 # --- blockwise masks (BEiT/iBOT "block" prediction shape) --------------------------------------
 
@@ -212,7 +212,7 @@ class IBOT(DINO):
     Everything that is not the loss -- EMA teacher, CLS centring, temperature and weight
     decay schedules, per-parameter clipping, last-layer freeze, multi-crop augmentations,
     teacher reuse, evaluation of the teacher backbone -- is DINO's (this class subclasses
-    :class:`DINO`, itself ``HardViewMixin, SSLMethod``). iBOT adds the :class:`IBOTHead`
+    :class:`DINO`, itself ``TeacherStudentMixin, HardViewMixin, SSLMethod``). iBOT adds the :class:`IBOTHead`
     (``method.shared_head``: one output layer for CLS and patches; the teacher's head is a
     copy of the student's), a learned ``mask_token``, a second centre for patch logits
     (``patch_centering``) with its own temperature schedule, and blockwise masks.
@@ -258,14 +258,12 @@ class IBOT(DINO):
         hvp = hvp_config(cfg)
         if not hvp.enabled:
             return 2, num_local
-        g = cfg.hvp.get("num_global_candidates") or hvp.num_views
+        g = num_global_candidates(cfg)
         lc = cfg.hvp.get("num_local_candidates")
-        if int(g) < 2:
-            raise ConfigError(f"hvp.num_global_candidates={g!r} is not allowed: expected an integer >= 2")
         if lc is not None and int(lc) != num_local:
             raise ConfigError(f"hvp.num_local_candidates={lc!r} is not allowed for method=ibot: it selects among "
                               f"global views only (leave it unset or = method.num_local_crops={num_local})")
-        return int(g), num_local
+        return g, num_local
 
     def teacher_patch_temp(self) -> float:
         m = self.cfg.method
@@ -325,7 +323,7 @@ class IBOT(DINO):
         loss_cls, loss_patch = m.lambda1 * cls.mean(), m.lambda2 * patch.mean()
         loss = loss_cls + loss_patch
         # After the loss, as iBOT: both centres from this step's teacher outputs, applied once
-        # per optimiser step (DINO.on_train_batch_end).
+        # per optimiser step (TeacherStudentMixin.on_train_batch_end).
         self.centering.accumulate(torch.stack([t.detach() for t in t_cls]))
         self.patch_centering.accumulate(torch.stack([t.detach() for t in t_patch]))
         b = globals_[0].shape[0]
@@ -379,5 +377,5 @@ class IBOT(DINO):
             out["teacher_out"] = ([t_cls[g1, b], t_cls[g2, b]], [t_patch[g1, b], t_patch[g2, b]])
         if "params" in batch:  # augmentation parameters travel with their views
             idx = torch.cat([pair, g + torch.arange(n_loc, device=choice.device).expand(bsz, n_loc)], dim=1)
-            out["params"] = {k: p[b.to(p.device)[:, None], idx.to(p.device)] for k, p in batch["params"].items()}
+            out["params"] = gather_view_params(batch["params"], idx)
         return out

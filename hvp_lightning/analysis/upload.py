@@ -1,0 +1,30 @@
+"""Best-effort upload of an analysis to the run's W&B run (``hvp-analysis --wandb``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .report import json_safe
+
+
+def log_to_wandb(run_dir: Path, result: dict[str, Any]) -> str | None:
+    """Best effort: add the figures (as images) and scalar results to the run's W&B run,
+    resumed by its id from ``<run_dir>/wandb/``. Returns the run id, or None if there is none."""
+    import wandb
+
+    runs = sorted((Path(run_dir) / "wandb").glob("*run-*-*"), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        return None
+    run_id = runs[-1].name.rsplit("-", 1)[-1]
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
+    lc = cfg.get("logger", {})
+    run = wandb.init(id=run_id, resume="allow", project=lc.get("project"), entity=lc.get("entity"),
+                     dir=str(run_dir))
+    run.log({f"analysis/{k}": wandb.Image(v) for k, v in result["figures"].items()})
+    run.summary.update({f"analysis/{k}": v for k, v in json_safe(result).items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    run.finish()
+    return run_id

@@ -1,0 +1,13 @@
+"""Evaluation of pretrained checkpoints (``python eval.py``, ``hvp-eval``), by concern:
+
+* :mod:`.run` -- :func:`evaluate`, the entry point, and the k-NN / classifier runners;
+* :mod:`.protocols` -- each protocol's recipe and its validation;
+* :mod:`.data` -- labelled splits, transforms, loaders;
+* :mod:`.features` -- the feature function of a backbone and feature extraction;
+* :mod:`.probe` -- the linear head: linear probe and fine-tuning;
+* :mod:`.loggers` -- CSV or W&B logging of an evaluation.
+"""
+
+from .run import evaluate
+
+__all__ = ["evaluate"]

@@ -1,0 +1,76 @@
+"""The data an evaluation runs on: labelled splits, their transforms and loaders."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms import v2 as T
+from torchvision.transforms.v2 import functional as TF
+
+from ..config import validate_backbone, validate_data
+from ..data.augment import EvalTransform, normalize, to_uint8_tensor
+from ..data.datamodule import build_raw_datasets, subset, usable_workers
+from ..data.layout import resolve_auto_crop
+
+
+@dataclass(frozen=True)
+class TrainTransform:
+    """RandomResizedCrop + horizontal flip + normalise: the linear-probe / fine-tuning views."""
+
+    size: int
+    scale: tuple[float, float]
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    def __call__(self, img) -> torch.Tensor:
+        x = to_uint8_tensor(img)
+        top, left, h, w = T.RandomResizedCrop.get_params(x, list(self.scale), [3 / 4, 4 / 3])
+        x = TF.resized_crop(x, top, left, h, w, [self.size, self.size], antialias=True)
+        if torch.rand(()) < 0.5:
+            x = TF.horizontal_flip(x)
+        return normalize(x, self.mean, self.std)
+
+
+@dataclass
+class EvalData:
+    train: Dataset  # the labelled training split (raw)
+    test: Dataset
+    classes: list[str]
+    cfg: DictConfig
+
+
+def eval_data(data_cfg: DictConfig) -> EvalData:
+    """The labelled splits (training split as the bank / probe data), ``*_subset`` applied."""
+    _, bank, test, classes = build_raw_datasets(data_cfg)
+    bank = subset(bank, data_cfg.get("train_subset"), seed=0)
+    test = subset(test, data_cfg.get("test_subset"), seed=1)
+    return EvalData(bank, test, list(classes), data_cfg)
+
+
+def eval_loader(ds: Dataset, batch_size: int, workers: int, train: bool, drop_last: bool = False) -> DataLoader:
+    """Shuffled for training, in order for features and testing; no workers kept between loaders."""
+    return DataLoader(ds, batch_size=batch_size, shuffle=train, drop_last=drop_last, num_workers=workers,
+                      persistent_workers=False, pin_memory=torch.cuda.is_available())
+
+
+def eval_transform(d: DictConfig) -> EvalTransform:
+    """Resize and centre crop (``data.eval_crop_ratio``): the views features are computed on."""
+    return EvalTransform(d.crop_size, d.eval_crop_ratio, tuple(d.mean), tuple(d.std))
+
+
+def eval_data_cfg(cfg: DictConfig, train_cfg: DictConfig) -> DictConfig:
+    """The data to evaluate on: ``data=...`` if given, else the pretraining data; validated."""
+    data = copy.deepcopy(cfg.data) if cfg.get("data") is not None else copy.deepcopy(train_cfg.data)
+    with open_dict(data):
+        if cfg.get("num_workers") is not None:
+            data.num_workers = cfg.num_workers
+    node = OmegaConf.create({"data": data, "backbone": train_cfg.backbone})
+    validate_data(node)
+    resolve_auto_crop(node.data)
+    validate_backbone(node)
+    node.data.num_workers = usable_workers(node.data.num_workers)  # capped at the usable cores, said once
+    return node.data

@@ -1,0 +1,54 @@
+"""Where an evaluation logs: CSV next to its summary, or a W&B run in the pretraining run's group."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from ..config import fail
+
+
+def eval_logger(cfg: DictConfig, train_cfg: DictConfig, out_dir: Path, run_dir: Path, protocol: str):
+    """``logger=...`` of the evaluation, else the pretraining run's logger kind."""
+    from lightning.pytorch.loggers import CSVLogger, WandbLogger
+
+    from ..train import wandb_logged_in
+
+    lc = cfg.logger if cfg.get("logger") is not None else train_cfg.get("logger", {"name": "csv"})
+    if lc.get("name", "csv") == "csv":
+        (out_dir / "csv" / "metrics.csv").unlink(missing_ok=True)  # a new evaluation replaces the old one
+        return CSVLogger(save_dir=str(out_dir), name="csv", version="")
+    if lc.name != "wandb":
+        fail("logger.name", lc.name, "csv or wandb")
+    mode = os.environ.get("WANDB_MODE") or (lc.mode if lc.mode != "auto" else ("online" if wandb_logged_in() else "offline"))
+    return WandbLogger(project=lc.project, entity=lc.entity, group=run_dir.name, job_type=f"eval-{protocol}",
+                       name=f"{run_dir.name}-eval-{protocol}", save_dir=str(out_dir), mode=mode,
+                       tags=[*lc.get("tags", []), "eval", protocol], config=OmegaConf.to_container(cfg, resolve=True))
+
+
+def finish_logger(logger, summary: dict[str, Any]) -> None:
+    from lightning.pytorch.loggers import WandbLogger
+
+    if isinstance(logger, WandbLogger):
+        run = logger.experiment
+        run.summary.update({f"eval/{k}": v for k, v in flatten(summary["metrics"]).items()})
+        run.summary.update({"checkpoint": summary["checkpoint"], "protocol": summary["protocol"]})
+        logger.finalize("success")
+        run.finish()
+    else:
+        logger.save()
+        logger.finalize("success")
+
+
+def flatten(d: dict[str, Any], sep: str = "_", prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level, keys joined with ``sep`` (logger hyperparameters, config diffs)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, sep, f"{prefix}{k}{sep}"))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -1,0 +1,140 @@
+"""The linear head on features: linear probe (frozen or cached features) and fine-tuning."""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from torch import nn
+from torch.utils.data import DataLoader
+
+from ..optim import make_optimizer, warmup_cosine
+from .features import FeatureNet, eval_trainer
+
+log = logging.getLogger(__name__)
+
+
+class Classifier(L.LightningModule):
+    """A linear head on features: frozen (linear probe, backbone in eval mode, no gradients),
+    trained (fine-tuning) or precomputed (``features=None``: batches are feature tensors)."""
+
+    def __init__(self, features: FeatureNet | None, feature_dim: int, num_classes: int, settings: dict[str, Any],
+                 finetune: bool = False) -> None:
+        super().__init__()
+        self.features, self.settings, self.finetune, self.num_classes = features, settings, finetune, num_classes
+        self.head = nn.Linear(feature_dim, num_classes)
+        nn.init.normal_(self.head.weight, std=0.01)  # as the SimSiam / DINO linear classifiers
+        nn.init.zeros_(self.head.bias)
+        if features is not None:
+            features.requires_grad_(finetune)  # the teacher copy comes frozen
+        # top-1 hits, top-5 hits, samples: a buffer, so it sits on the device of the batches it counts
+        self.register_buffer("test_counts", torch.zeros(3, dtype=torch.long), persistent=False)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.features is not None and not self.finetune:
+            self.features.eval()  # frozen: BatchNorm statistics stay the pretrained ones
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.features is not None:
+            if self.finetune:
+                x = self.features(x)
+            else:
+                with torch.no_grad():
+                    x = self.features(x)
+        return self.head(x.float() if self.features is None else x)
+
+    @staticmethod
+    def _xy(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return (batch["image"], batch["label"]) if isinstance(batch, dict) else (batch[0], batch[1])
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = self._xy(batch)
+        logits = self(x)
+        loss = F.cross_entropy(logits.float(), y)
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=y.shape[0])
+        self.log("train/acc", (logits.argmax(1) == y).float().mean(), on_step=False, on_epoch=True, batch_size=y.shape[0])
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False, batch_size=1)  # type: ignore[union-attr]
+        return loss
+
+    def on_validation_epoch_start(self) -> None:
+        self.test_counts.zero_()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = self._xy(batch)
+        top = self(x).topk(min(5, self.num_classes), dim=1).indices
+        hit = top == y[:, None]
+        self.test_counts += torch.stack([hit[:, 0].sum(), hit.any(1).sum(), y.new_tensor(y.shape[0])])
+
+    def on_validation_epoch_end(self) -> None:
+        n = max(1, int(self.test_counts[2]))
+        self.log("eval/top1", self.test_counts[0].item() / n, prog_bar=True)
+        self.log("eval/top5", self.test_counts[1].item() / n)
+
+    @property
+    def test_metrics(self) -> dict[str, float]:
+        n = max(1, int(self.test_counts[2]))
+        return {"top1": self.test_counts[0].item() / n, "top5": self.test_counts[1].item() / n}
+
+    def configure_optimizers(self):
+        s = self.settings
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            if p.requires_grad:
+                (no_decay if p.ndim <= 1 or name.endswith(".bias") else decay).append(p)
+        groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+        opt = make_optimizer(s["optimizer"], groups, s["lr"], s["weight_decay"], s.get("momentum", 0.9))
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = int(s.get("warmup_epochs", 0) * total / max(1, s["epochs"]))
+
+        def schedule(step: int) -> float:  # linear warm-up, then cosine to 0 (per step)
+            return warmup_cosine(step, total, warmup)
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class FirstEpochETA(L.Callback):
+    """Logs, after the first epoch, how long the remaining epochs will take at that pace."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch == 0:
+            self.start = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch == 0 and trainer.max_epochs:
+            took = time.perf_counter() - self.start
+            log.info("epoch 1 of %d took %.1f s: about %.0f s to go", trainer.max_epochs, took,
+                     took * (trainer.max_epochs - 1))
+
+
+def probe_batch_size(recipe_batch: int, num_train: int, min_steps: int = 16) -> int:
+    """The recipe's batch, halved (not below 16) until an epoch has ``min_steps`` optimiser steps:
+    the ImageNet recipes' 4,096 over a few thousand images would be one step per epoch."""
+    batch = recipe_batch
+    while batch > 16 and num_train < min_steps * batch:
+        batch //= 2
+    return batch
+
+
+def fit_classifier(cfg: DictConfig, model: Classifier, train_loader: DataLoader, test_loader: DataLoader,
+                   epochs: int, logger=False) -> dict[str, Any]:
+    """Train ``model`` for ``epochs``, then top-1/top-5 on ``test_loader`` (and the last
+    epoch's training loss)."""
+    trainer = eval_trainer(cfg, logger=logger, max_epochs=epochs)
+    trainer.callbacks.append(FirstEpochETA())
+    model.train()  # Lightning keeps the modes it is given; a probe's frozen features stay in eval mode
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")  # the test split: once, after training
+        warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode.*")  # the probe's frozen features
+        trainer.fit(model, train_dataloaders=train_loader)
+    train_loss = trainer.callback_metrics.get("train/loss_epoch")
+    trainer.validate(model, dataloaders=test_loader, verbose=False)
+    return {**model.test_metrics, "train_loss": float(train_loss) if train_loss is not None else None}

@@ -1,0 +1,156 @@
+"""Evaluation of pretrained checkpoints (``python eval.py``): weighted k-NN, linear probe,
+full fine-tuning. Each writes ``eval_summary.json`` into ``<run_dir>/eval/<protocol>/`` and
+logs to the pretraining run's logger kind (CSV next to the summary, or a W&B run in the
+group named after the pretraining run).
+
+Features are the checkpoint's ``eval_backbone``: the backbone, or the EMA teacher's for
+DINO/iBOT (``student=true`` picks the student's).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader, TensorDataset
+
+from ..backbones import Backbone
+from ..checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
+from ..config import fail
+from ..data.datamodule import EvalDataset
+from ..device import runs_on_cpu
+from ..errors import ConfigError
+from ..knn import knn_accuracies
+from .data import EvalData, TrainTransform, eval_data, eval_data_cfg, eval_loader, eval_transform
+from .features import FeatureNet, extract, forward_seconds
+from .loggers import eval_logger, finish_logger
+from .probe import Classifier, fit_classifier, probe_batch_size
+from ..options import PROTOCOLS
+from .protocols import protocol_settings, validate_settings
+
+log = logging.getLogger(__name__)
+
+
+def run_knn(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[str, Any], logger) -> dict[str, Any]:
+    d = data.cfg
+    net = FeatureNet(backbone)
+    bank, bank_y = extract(cfg, net, eval_loader(EvalDataset(data.train, eval_transform(d)), s["batch_size"], d.num_workers, False))
+    query, query_y = extract(cfg, net, eval_loader(EvalDataset(data.test, eval_transform(d)), s["batch_size"], d.num_workers, False))
+    device = "cuda" if torch.cuda.is_available() and cfg.accelerator in ("gpu", "cuda", "auto") else "cpu"
+    res = knn_accuracies(bank.to(device), bank_y.to(device), query.to(device), query_y.to(device),
+                         len(data.classes), s["ks"], s["temperature"])
+    ref = 20 if 20 in res else s["ks"][0]
+    logger.log_metrics({f"eval/knn_k{k}_{m}": v for k, r in res.items() for m, v in r.items()}, step=0)
+    return {"top1": res[ref]["top1"], "top5": res[ref]["top5"], "k_for_top1": ref,
+            **{f"k{k}": v for k, v in sorted(res.items())}}
+
+
+def run_classifier(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[str, Any], logger,
+                   finetune: bool) -> dict[str, Any]:
+    d, n_cls = data.cfg, len(data.classes)
+    if cfg.protocol.get("batch_size") is None:  # the recipe's batch, sized to this dataset
+        s["batch_size"] = probe_batch_size(s["batch_size"], len(data.train))
+    if s["batch_size"] > len(data.train):  # tiny data: one full batch per step
+        log.warning("protocol.batch_size=%d > %d training images: using %d", s["batch_size"], len(data.train), len(data.train))
+        s["batch_size"] = len(data.train)
+    if s.get("augment") == "auto":
+        s["augment"] = not runs_on_cpu(str(cfg.accelerator))
+    s["lr"] = s["base_lr"] * s["batch_size"] / s["lr_ref_batch"]
+    net = FeatureNet(copy.deepcopy(backbone) if finetune else backbone,
+                     s.get("n_last_blocks") or 1, bool(s.get("avgpool_patchtokens")))
+    if net.is_vit and net.n > len(backbone.trunk.blocks):
+        fail("protocol.n_last_blocks", net.n, f"at most the backbone's depth ({len(backbone.trunk.blocks)})")
+    if not net.is_vit:
+        s["n_last_blocks"], s["avgpool_patchtokens"] = None, None  # ResNets: the pooled features
+    test_tf = eval_transform(d)
+    test_ds = EvalDataset(data.test, test_tf)
+    cached = not finetune and not s["augment"]
+    per_image = forward_seconds(cfg, net, EvalDataset(data.train, test_tf), min(s["batch_size"], 64))
+    forwards = len(data.test) + len(data.train) * (1 if cached else s["epochs"])
+    log.info("%s: %d epochs x %d steps of batch %d on %s; %d images through the backbone at %.1f ms each: "
+             "about %.0f s%s", "linear probe" if not finetune else "fine-tuning", s["epochs"],
+             math.ceil(len(data.train) / s["batch_size"]), s["batch_size"],
+             "cached features (augment=false)" if cached else "augmented views", forwards, 1e3 * per_image,
+             forwards * per_image * (3 if finetune else 1), " + the head's steps (timed after epoch 1)" if cached else "")
+    if cached:  # fast path: centre-crop features once, then a linear model on them
+        train_x, train_y = extract(cfg, net, eval_loader(EvalDataset(data.train, test_tf), s["batch_size"], d.num_workers, False))
+        test_x, test_y = extract(cfg, net, eval_loader(test_ds, s["batch_size"], d.num_workers, False))
+        model = Classifier(None, net.feature_dim, n_cls, s)
+        train_loader = DataLoader(TensorDataset(train_x, train_y), batch_size=s["batch_size"], shuffle=True)
+        test_loader = DataLoader(TensorDataset(test_x, test_y), batch_size=s["batch_size"])
+    else:
+        train_tf = TrainTransform(d.crop_size, tuple(s["train_crop_scale"]), tuple(d.mean), tuple(d.std))
+        model = Classifier(net, net.feature_dim, n_cls, s, finetune=finetune)
+        # Fine-tuning trains BatchNorm: no batch of 1 (drop the incomplete last batch).
+        train_loader = eval_loader(EvalDataset(data.train, train_tf), s["batch_size"], d.num_workers, True,
+                               drop_last=finetune and len(data.train) > s["batch_size"])
+        test_loader = eval_loader(test_ds, s["batch_size"], d.num_workers, False)
+    return fit_classifier(cfg, model, train_loader, test_loader, s["epochs"], logger)
+
+
+def evaluate(cfg: DictConfig) -> dict[str, Any]:
+    """Run ``cfg.protocol`` on ``cfg.ckpt``; return the summary (also in eval_summary.json)."""
+    start = time.time()
+    if OmegaConf.is_missing(cfg, "ckpt") or not cfg.ckpt:
+        fail("ckpt", "???", "a run dir or a .ckpt file: add ckpt=<path> to the command")
+    protocol = cfg.protocol.name
+    if protocol not in PROTOCOLS:
+        fail("protocol.name", protocol, f"one of {', '.join(PROTOCOLS)}")
+    if cfg.devices != 1:
+        fail("devices", cfg.devices, "1 (evaluation runs on one device)")
+    ckpt_path, run_dir = resolve_checkpoint(cfg.ckpt)
+    ckpt = load_checkpoint(ckpt_path)
+    train_cfg = checkpoint_config(ckpt)
+    data_cfg = eval_data_cfg(cfg, train_cfg)
+    settings = protocol_settings(cfg.protocol, train_cfg.method.name, data_cfg.name)
+    validate_settings(settings, protocol)
+    model = build_method(ckpt)
+    # Our checkpoints are written at the end of an epoch, when Lightning's "epoch" is its index.
+    pretrain = {"epochs": int(ckpt.get("epoch", -1)) + 1, "steps": ckpt.get("global_step")}
+    del ckpt
+    backbone = model.backbone if cfg.student else model.eval_backbone
+    which = "student backbone" if cfg.student and backbone is not model.eval_backbone else (
+        "teacher backbone" if backbone is not model.backbone else "backbone")
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    data = eval_data(data_cfg)
+    if len(data.train) == 0 or len(data.test) == 0:
+        raise ConfigError(f"data.name={data_cfg.name!r} is not allowed: its train or test split is empty")
+    out_dir = Path(cfg.out_dir) if cfg.get("out_dir") else run_dir / "eval" / protocol
+    out_dir.mkdir(parents=True, exist_ok=True)
+    logger = eval_logger(cfg, train_cfg, out_dir, run_dir, protocol)
+    log.info("%s evaluation of %s (%s, %s, %s) on %s: %d train / %d test images, %d classes; accelerator=%s",
+             protocol, ckpt_path, train_cfg.method.name, train_cfg.backbone.name, which, data_cfg.name, len(data.train),
+             len(data.test), len(data.classes), cfg.accelerator)
+    if protocol == "knn":
+        metrics = run_knn(cfg, backbone, data, settings, logger)
+    else:
+        metrics = run_classifier(cfg, backbone, data, settings, logger, finetune=protocol == "finetune")
+    summary = {
+        "protocol": protocol,
+        "metrics": metrics,
+        "checkpoint": str(ckpt_path.resolve()),
+        "run_dir": str(run_dir.resolve()),
+        "dataset": {"name": data_cfg.name, "train_images": len(data.train), "test_images": len(data.test),
+                    "num_classes": len(data.classes), "crop_size": data_cfg.crop_size},
+        "method": train_cfg.method.name,
+        "backbone": train_cfg.backbone.name,
+        "features": which,
+        "pretrain_epochs": pretrain["epochs"],
+        "pretrain_steps": pretrain["steps"],
+        "settings": settings,
+        "chance": 1 / len(data.classes),
+        "wall_time_s": round(time.time() - start, 1),
+    }
+    (out_dir / "eval_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    OmegaConf.save(cfg, out_dir / "eval_config.yaml")
+    finish_logger(logger, summary)
+    summary["out_dir"] = str(out_dir)
+    return summary

@@ -1,0 +1,39 @@
+"""Hard View Pretraining: the whole selection algorithm, shared by every method.
+
+One HVP step (docs/DESIGN.md sections 1-2): score every candidate combination with the
+method's own per-sample loss in a pass that changes no state, choose per sample, gather the
+chosen views, run the method's unchanged step on them. By concern:
+
+* :mod:`.settings` -- :class:`HVPConfig` from the ``hvp`` config group; the candidate views
+  per image (:func:`candidate_counts`);
+* :mod:`.pairs` -- candidate pairs (:func:`pair_index`, :func:`global_pair_index`) and the
+  gathers from a choice to views and their augmentation parameters;
+* :mod:`.multicrop` -- DINO/iBOT: combinations of 2 globals + L locals, searched exactly
+  (:func:`dino_combination_table`) or sampled;
+* :mod:`.choice` -- :func:`choose` (hard / easy / random, never a non-finite entry) and the
+  seeds of HVP's private generators;
+* :mod:`.forward_pass` -- the selection forward's precision and :func:`frozen_state`;
+* :mod:`.mixin` -- :class:`HardViewMixin`, the select-then-train ``training_step``;
+* :mod:`.totals` -- the run totals behind ``summary.json``'s ``hvp`` entry.
+
+The per-sample losses and candidate tables themselves (network outputs -> loss values) are
+the methods' (``hvp_lightning.methods``); this package starts from those values.
+"""
+
+from .choice import MODES, choose, stable_seed
+from .forward_pass import (PRECISIONS, STEP_DTYPES, ambient_autocast_dtype, frozen_state, resolve_selection_dtype,
+                           step_autocast_dtype)
+from .mixin import HardViewMixin
+from .multicrop import (CombinationTable, combination_loss, dino_combination_table, gather_combination_views,
+                        uniform_subsets)
+from .pairs import GLOBAL_PAIRS, gather_pair_params, gather_pairs, gather_view_params, global_pair_index, pair_index
+from .settings import HVPConfig, candidate_counts, hvp_config, num_global_candidates
+from .totals import TOTALS, add_totals, hvp_summary, summarise_totals
+
+__all__ = [
+    "GLOBAL_PAIRS", "MODES", "PRECISIONS", "STEP_DTYPES", "TOTALS", "CombinationTable", "HVPConfig", "HardViewMixin",
+    "add_totals", "ambient_autocast_dtype", "candidate_counts", "choose", "combination_loss", "dino_combination_table",
+    "frozen_state", "gather_combination_views", "gather_pair_params", "gather_pairs", "gather_view_params",
+    "global_pair_index", "hvp_config", "hvp_summary", "num_global_candidates", "pair_index",
+    "resolve_selection_dtype", "stable_seed", "step_autocast_dtype", "summarise_totals", "uniform_subsets",
+]

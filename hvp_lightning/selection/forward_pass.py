@@ -1,0 +1,89 @@
+"""How the selection forward runs: at ``hvp.selection_precision``, in a frozen state.
+
+``auto`` (the default) is the precision of the training step itself -- the autocast
+Lightning runs the step under (bf16 for ``bf16-mixed``, fp16 for ``16-mixed``, none for
+``32-true``) -- except on CPU, where it is fp32; ``fp32`` switches Lightning's autocast off
+for the selection, ``bf16`` / ``fp16`` force one. The methods compute the candidate tables in
+fp32 either way, so the argmax ranks the loss the method computes.
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ..options import PRECISIONS
+
+# Autocast dtype Lightning runs a training step under, per trainer.precision (the ones
+# config.py allows); None = no autocast.
+STEP_DTYPES: dict[str, torch.dtype | None] = {"32-true": None, "bf16-mixed": torch.bfloat16,
+                                              "16-mixed": torch.float16}
+
+
+def step_autocast_dtype(trainer_precision: str) -> torch.dtype | None:
+    """The autocast dtype of a training step under ``trainer.precision`` (None: fp32)."""
+    if trainer_precision not in STEP_DTYPES:
+        raise ValueError(f"trainer.precision={trainer_precision!r}; allowed: {', '.join(STEP_DTYPES)}")
+    return STEP_DTYPES[trainer_precision]
+
+
+def ambient_autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The autocast dtype in force for ``device_type`` here (None: no autocast): inside a
+    Lightning training step, the step's own precision."""
+    if not torch.amp.is_autocast_available(device_type) or not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+def resolve_selection_dtype(precision: str, device_type: str,
+                            step_dtype: torch.dtype | None = None) -> torch.dtype | None:
+    """Autocast dtype for the selection forward, or None for full fp32.
+
+    ``auto`` follows the training step (``step_dtype``, see :func:`step_autocast_dtype`) so
+    that the selection costs what a forward of the step costs. On CPU it is always fp32:
+    bf16/fp16 autocast convolutions were measured 30-37x *slower* than fp32 there (docs/DESIGN.md);
+    an explicit ``bf16``/``fp16`` falls back loudly, never silently.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"hvp.selection_precision={precision!r}; allowed: {', '.join(PRECISIONS)}")
+    if precision == "fp32" or device_type == "cpu" and precision == "auto":
+        return None
+    if device_type == "cpu":
+        warnings.warn(
+            f"hvp.selection_precision={precision} is not used on CPU: low-precision autocast "
+            "convolutions run 30-37x slower than fp32 there; selecting in fp32 instead.",
+            stacklevel=2,
+        )
+        return None
+    if precision == "auto":
+        return step_dtype
+    return torch.bfloat16 if precision == "bf16" else torch.float16
+
+
+@contextmanager
+def frozen_state(module: nn.Module, device: torch.device) -> Iterator[None]:
+    """No gradients, no BatchNorm running-stat updates, RNG streams restored on exit.
+
+    BatchNorm keeps normalising with the *batch* statistics in train mode (as the loss it
+    imitates does); ``track_running_stats=False`` only stops the buffer updates (running
+    mean/var and ``num_batches_tracked``). SyncBatchNorm (DDP, ``trainer.sync_batchnorm``) is
+    a ``_BatchNorm`` too: candidates are then normalised with the statistics of the global
+    batch of their view set, as the training step normalises its views. Forking the RNG
+    means dropout/drop-path in the selection forward cannot shift the random streams of the
+    training step or the loader.
+    """
+    bns = [m for m in module.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
+    for m in bns:
+        m.track_running_stats = False
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            yield
+    finally:
+        for m in bns:
+            m.track_running_stats = True

@@ -1,0 +1,168 @@
+"""The HVP training step: :class:`HardViewMixin`, shared by every method.
+
+A LightningModule that mixes it in supplies three hooks:
+
+* ``candidate_scores(batch) -> Tensor[B, C]``: the method's own per-sample loss for every
+  candidate combination ``c`` (pairs for SimSiam/SimCLR, crop sets for DINO/iBOT), computed
+  from a forward over all candidate views. The mixin runs it without gradients, with
+  BatchNorm running statistics frozen and RNG streams restored afterwards;
+* ``select_views(batch, choice) -> batch``: the ordinary 2-view (or multi-crop) batch made of
+  each sample's chosen combination (pair methods get this for free);
+* ``ssl_step(batch, batch_idx) -> loss``: the method's unchanged training step.
+
+With HVP off, ``training_step`` is exactly ``ssl_step``: the mixin adds nothing.
+
+Gradient accumulation: ``hvp.every_n_steps`` counts optimiser steps (Lightning's
+``global_step``), so the k micro-batches of one optimiser step either all select hard views
+or all train on plain ones -- the accumulated step is the same kind of step as one big batch.
+Random draws (``random`` mode, DINO's sampled locals, iBOT's masks) are seeded by
+(seed, global_step, micro-batch index, rank), so the micro-batches of one step draw differently.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+
+from .choice import choose, stable_seed
+from .forward_pass import ambient_autocast_dtype, frozen_state, resolve_selection_dtype
+from .pairs import gather_pair_params, gather_pairs, pair_index
+from .settings import HVPConfig
+from .totals import add_totals
+
+
+class HardViewMixin(L.LightningModule):
+    """Overrides ``training_step`` with HVP's select-then-train step (see module docstring).
+
+    Put it before the host's LightningModule base: ``class SimSiam(HardViewMixin, SSLMethod)``.
+    The host sets ``self.hvp`` (an :class:`HVPConfig`) in ``__init__`` and provides the three
+    hooks below. What the mixin needs of the host beyond them is LightningModule's own
+    (``global_step``, ``global_rank``, ``device``, ``log``), hence that base: a type checker
+    sees every member the mixin uses, and a host written ``class Mine(HardViewMixin,
+    L.LightningModule)`` keeps working.
+    """
+
+    hvp: HVPConfig
+    hvp_batch_idx: int = 0  # micro-batch being selected: part of the private generators' seeds
+
+    # --- hooks the host provides ---------------------------------------------------------
+    def candidate_scores(self, batch: dict[str, Any]) -> torch.Tensor:  # pragma: no cover
+        """``[B, C]``: the method's per-sample loss of every candidate combination, from a
+        forward over all candidate views (called by :meth:`score_candidates`, frozen)."""
+        raise NotImplementedError(f"{type(self).__name__} must provide candidate_scores(batch) -> [B, C]")
+
+    def ssl_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:  # pragma: no cover
+        """The method's unchanged training step on an ordinary (chosen) batch: the loss."""
+        raise NotImplementedError(f"{type(self).__name__} must provide ssl_step(batch, batch_idx) -> loss")
+
+    def select_views(self, batch: dict[str, Any], choice: torch.Tensor) -> dict[str, Any]:
+        """Default for pair methods: ``batch['views']`` is a list of N candidate batches."""
+        stacked = torch.stack(batch["views"])
+        pairs = pair_index(stacked.shape[0], device=choice.device)
+        v1, v2 = gather_pairs(stacked, pairs, choice)
+        out = dict(batch, views=[v1, v2])
+        if "params" in batch:  # augmentation parameters travel with their views
+            out["params"] = gather_pair_params(batch["params"], pairs, choice)
+        return out
+
+    # --- the step --------------------------------------------------------------------------
+    def hvp_active(self) -> bool:
+        """HVP on this optimiser step? Same answer for every micro-batch of one step."""
+        return self.hvp.enabled and self.global_step % self.hvp.every_n_steps == 0
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        if not self.hvp.enabled:
+            return self.ssl_step(batch, batch_idx)
+        self.hvp_batch_idx = batch_idx
+        if not self.hvp_active():
+            # Alternating schedule: an ordinary step on the first two (i.i.d.) candidates.
+            return self.ssl_step(self.select_views(batch, self._first_combination(batch)), batch_idx)
+        table = self.score_candidates(batch)
+        choice = choose(table, self.hvp.mode, self._choice_generator(batch_idx))
+        loss = self.ssl_step(self.select_views(batch, choice), batch_idx)
+        self._record_selection(table, choice, loss)
+        return loss
+
+    def score_candidates(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The selection pass: ``candidate_scores`` under :func:`frozen_state`, at the selection
+        precision: the step's autocast (``auto``), its own, or none at all for fp32 (even
+        inside the training step's ``bf16-mixed``/``16-mixed`` autocast)."""
+        device = batch["views"][0].device
+        self.hvp_step_dtype = ambient_autocast_dtype(device.type)
+        dtype = self._selection_dtype(device.type)
+        amp = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+        with frozen_state(self, device), amp:
+            table = self.candidate_scores(batch)
+        return table.float()
+
+    def selection_outputs_reusable(self) -> bool:
+        """May outputs of the current selection pass stand in for the training step's own (DINO
+        and iBOT reuse the BatchNorm-free teacher's)? Yes if the selection runs in fp32 or at
+        the step's own precision (``auto``), not if it runs lower than the step. Valid inside
+        ``candidate_scores``."""
+        dtype = self._selection_dtype(self.device.type)
+        return dtype is None or dtype == getattr(self, "hvp_step_dtype", None)
+
+    # --- helpers ---------------------------------------------------------------------------
+    def _first_combination(self, batch: dict[str, Any]) -> torch.Tensor:
+        label = batch["label"]
+        return torch.zeros(label.shape[0], dtype=torch.long, device=label.device)
+
+    def _selection_dtype(self, device_type: str) -> torch.dtype | None:
+        """The selection's autocast dtype here; the same answer inside the selection pass
+        (whose autocast is then the ambient one), so methods may ask it there too."""
+        key = (self.hvp.selection_precision, device_type, ambient_autocast_dtype(device_type))
+        resolved = self.__dict__.setdefault("_hvp_dtypes", {})
+        if key not in resolved:  # resolve (and warn) once per setting
+            resolved[key] = resolve_selection_dtype(*key)
+        return resolved[key]
+
+    def _choice_generator(self, batch_idx: int) -> torch.Generator | None:
+        """Private generator for ``random`` mode: reproducible, distinct per micro-batch under
+        gradient accumulation, and it leaves the global RNG (and so the data loader's views)
+        exactly where the baseline would have it."""
+        if self.hvp.mode != "random":
+            return None
+        seed = getattr(self, "seed", 0)
+        return torch.Generator().manual_seed(stable_seed(seed, self.global_step, batch_idx, self.global_rank))
+
+    def _record_selection(self, table: torch.Tensor, choice: torch.Tensor, trained_loss: torch.Tensor) -> None:
+        """Log what this HVP step did, under names that say which pass each value comes from.
+
+        ``hvp/selection_*`` are the selection pass's own values (frozen BatchNorm buffers,
+        candidates normalised per view set; SimCLR's negatives from the candidate sets);
+        ``hvp/trained_loss`` is the loss the training step then computed on the chosen views
+        -- with BatchNorm or batch-level negatives the two differ. Non-finite table entries
+        (never chosen, see :func:`choose`) are counted and left out of the candidate mean.
+        """
+        finite = torch.isfinite(table)
+        selected = table.gather(1, choice[:, None]).squeeze(1)
+        candidates = torch.where(finite, table, 0.0).sum(1) / finite.sum(1)  # per sample; >= 1 finite (choose)
+        nonfinite = (~finite).sum().to(table.dtype)
+        trained = trained_loss.detach().to(table.dtype)
+        sel, cand = selected.mean(), candidates.mean()
+        b = table.shape[0]
+        log = self.log
+        log("hvp/selection_selected_loss", sel, on_step=True, on_epoch=True, batch_size=b)
+        log("hvp/selection_candidate_loss", cand, on_step=True, on_epoch=True, batch_size=b)
+        log("hvp/selection_selected_minus_candidate", sel - cand, on_step=True, on_epoch=False, batch_size=b)
+        log("hvp/trained_loss", trained, on_step=True, on_epoch=True, batch_size=b)
+        log("hvp/nonfinite_candidates", nonfinite, on_step=True, on_epoch=False, batch_size=b)
+        # Run totals (TOTALS order) stay on device: no sync per step.
+        self.hvp_totals = add_totals(getattr(self, "hvp_totals", None), selected, candidates, trained, nonfinite)
+        self.last_selection = {"table": table.detach(), "choice": choice.detach()}
+
+    # --- run totals in checkpoints (resume) ---------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The run totals travel with the host's run counters, as a CPU tensor."""
+        super().on_save_checkpoint(checkpoint)
+        totals = getattr(self, "hvp_totals", None)
+        checkpoint.setdefault("hvp_lightning", {})["hvp_totals"] = totals.detach().cpu() if totals is not None else None
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        totals = (checkpoint.get("hvp_lightning") or {}).get("hvp_totals")
+        if totals is not None:
+            self.hvp_totals = totals.to(self.device)

@@ -1,0 +1,70 @@
+"""Candidate pairs and the gathers that turn a choice into views.
+
+Every index built here takes the device of the tensors it indexes (``pair_index(n,
+device=...)``), so a gather never sends a CPU index into a GPU batch or a GPU index into a
+CPU table (tests/test_device_guard.py checks each method's step for that).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..options import GLOBAL_PAIRS
+
+
+def pair_index(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """All unordered pairs ``(k, l)``, ``k < l``, of ``n`` views: LongTensor ``[n(n-1)/2, 2]``.
+
+    The order is row-major (``(0,1), (0,2), ..., (n-2,n-1)``), so with ``n == 2`` the only
+    pair is ``(0, 1)`` -- the baseline's pair. Inside a step pass ``device``: that of the
+    choice or table it meets (a CPU pair table indexed by a GPU choice fails on GPU).
+    """
+    return torch.triu_indices(n, n, offset=1, device=device).T.contiguous()
+
+
+def global_pair_index(g: int, rule: str, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The global-candidate pairs a multi-crop method scores: LongTensor ``[P, 2]``.
+
+    Global candidates alternate DINO's two asymmetric pipelines (even positions: pipeline 1,
+    odd: pipeline 2). ``cross`` keeps that asymmetry in every pair, as the official HVP code
+    does (``itertools.product(range(0, G, 2), range(1, G, 2))``, in that order: pipeline-1
+    crop first); ``all`` is :func:`pair_index`. Either way column 0 is ``(0, 1)``, the
+    baseline's pair.
+    """
+    if rule == "all":
+        return pair_index(g, device)
+    if rule != "cross":
+        raise ValueError(f"hvp.global_pairs={rule!r}; allowed: {', '.join(GLOBAL_PAIRS)}")
+    first = torch.arange(0, g, 2, device=device)
+    second = torch.arange(1, g, 2, device=device)
+    return torch.cartesian_prod(first, second).reshape(-1, 2)
+
+
+def gather_pairs(views: torch.Tensor, pairs: torch.Tensor, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick each sample's chosen pair from stacked candidates ``views`` ``[N, B, ...]``.
+
+    Returns the two view batches ``[B, ...]`` -- vectorised, no loop over samples.
+    """
+    b = torch.arange(views.shape[1], device=views.device)
+    k, l = pairs[choice].to(views.device).unbind(1)
+    return views[k, b], views[l, b]
+
+
+def gather_pair_params(params: dict[str, torch.Tensor], pairs: torch.Tensor,
+                       choice: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Keep the augmentation parameters of the chosen views: ``[B, N, ...]`` -> ``[B, 2, ...]``."""
+    k, l = pairs[choice].unbind(1)
+    b = torch.arange(choice.shape[0], device=choice.device)
+    out = {}
+    for name, p in params.items():
+        kk, ll, bb = k.to(p.device), l.to(p.device), b.to(p.device)
+        out[name] = torch.stack([p[bb, kk], p[bb, ll]], dim=1)
+    return out
+
+
+def gather_view_params(params: dict[str, torch.Tensor], positions: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Augmentation parameters of the views each sample trains on (multi-crop methods):
+    ``positions`` ``[B, V]`` are view positions in the loader's layout; ``[B, N, ...]`` ->
+    ``[B, V, ...]``."""
+    b = torch.arange(positions.shape[0], device=positions.device)
+    return {k: p[b.to(p.device)[:, None], positions.to(p.device)] for k, p in params.items()}

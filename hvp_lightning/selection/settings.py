@@ -1,0 +1,70 @@
+"""HVP's settings (the ``hvp`` config group) and the candidate views they ask the loader for."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class HVPConfig:
+    """What the paper varies: number of views, choice rule, frequency, selection precision."""
+
+    enabled: bool = False
+    num_views: int = 4
+    mode: str = "hard"
+    every_n_steps: int = 1
+    selection_precision: str = "auto"
+    # Multi-crop methods only: score K random combinations instead of the exact maximum
+    # (the paper's fidelity setting); None = exact.
+    max_combinations: int | None = None
+    # Multi-crop methods only: the global pairs scored (GLOBAL_PAIRS).
+    global_pairs: str = "cross"
+
+    @property
+    def views_per_image(self) -> int:
+        """Candidate views the data pipeline must produce per image (2 = baseline)."""
+        return self.num_views if self.enabled else 2
+
+
+def hvp_config(cfg: DictConfig) -> HVPConfig:
+    """The run's :class:`HVPConfig`: off unless the config has an ``hvp`` node with ``enabled``."""
+    node = cfg.get("hvp")
+    if node is None or not node.get("enabled", False):
+        return HVPConfig(enabled=False)
+    return HVPConfig(enabled=True, num_views=node.num_views, mode=node.mode, every_n_steps=node.every_n_steps,
+                     selection_precision=node.selection_precision, max_combinations=node.get("max_combinations"),
+                     global_pairs=node.get("global_pairs", "cross"))
+
+
+def num_global_candidates(cfg: DictConfig) -> int:
+    """G, the global candidates per image of a multi-crop method with HVP on:
+    ``hvp.num_global_candidates``, default ``hvp.num_views``."""
+    g = cfg.hvp.get("num_global_candidates") or hvp_config(cfg).num_views
+    if int(g) < 2:
+        raise ConfigError(f"hvp.num_global_candidates={g!r} is not allowed: expected an integer >= 2")
+    return int(g)
+
+
+def candidate_counts(cfg: DictConfig) -> tuple[int, int]:
+    """(G global, Lc local) views the loader produces per image (DINO).
+
+    HVP off: (2, L). HVP on: ``hvp.num_global_candidates`` (default ``hvp.num_views``, i.e.
+    4) and ``hvp.num_local_candidates`` (default ``ceil(L * num_views / 2)``, i.e. 2L): each
+    of DINO's crops is drawn ``num_views / 2`` times, as in the paper's 4 + 16 setting.
+    """
+    num_local = int(cfg.method.num_local_crops)
+    hvp = hvp_config(cfg)
+    if not hvp.enabled:
+        return 2, num_local
+    g = num_global_candidates(cfg)
+    lc = cfg.hvp.get("num_local_candidates")
+    lc = math.ceil(num_local * hvp.num_views / 2) if lc is None else lc
+    if int(lc) < num_local:
+        raise ConfigError(f"hvp.num_local_candidates={lc!r} is not allowed: expected an integer >= "
+                          f"method.num_local_crops={num_local}")
+    return g, int(lc)

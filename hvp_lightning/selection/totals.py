@@ -1,0 +1,46 @@
+"""HVP's run totals: what the selection passes of a run did, summed on device (no sync per
+step), kept in checkpoints and reported in ``summary.json``."""
+
+from __future__ import annotations
+
+import torch
+
+from .settings import HVPConfig
+
+# Layout of ``HardViewMixin.hvp_totals`` (sums over all HVP steps, all micro-batches).
+TOTALS = ("selection_selected_loss_sum", "selection_candidate_loss_sum", "selection_samples", "trained_loss_sum",
+          "trained_samples", "nonfinite_candidates")
+
+
+def add_totals(totals: torch.Tensor | None, selected: torch.Tensor, candidates: torch.Tensor,
+               trained: torch.Tensor, nonfinite: torch.Tensor) -> torch.Tensor:
+    """``totals`` plus one HVP step: per-sample ``selected`` and mean ``candidates`` losses
+    ``[B]``, the ``trained`` loss (a scalar, the step's mean) and the count of ``nonfinite``
+    candidate entries; in :data:`TOTALS` order, float64, on the step's device."""
+    n = selected.new_tensor(float(selected.shape[0]))
+    inc = torch.stack([selected.sum(), candidates.sum(), n, trained * n, n, nonfinite]).double()
+    if totals is not None and totals.numel() < inc.numel():  # a checkpoint from before trained/nonfinite totals
+        totals = torch.cat([totals.to(inc.device), inc.new_zeros(inc.numel() - totals.numel())])
+    return inc if totals is None else totals.to(inc.device) + inc
+
+
+def summarise_totals(totals: torch.Tensor | None) -> dict[str, float | int | None]:
+    """``summary.json``'s HVP statistics from the run totals (already summed over ranks):
+    the selection pass's means (chosen and all candidates), the trained loss's mean over the
+    HVP steps, the samples behind them and how many non-finite candidate entries were masked."""
+    t = dict(zip(TOTALS, totals.double().tolist())) if totals is not None else {}
+    sel_n, trained_n = t.get("selection_samples", 0.0), t.get("trained_samples", 0.0)
+    return {
+        "selection_selected_loss_mean": t["selection_selected_loss_sum"] / sel_n if sel_n else None,
+        "selection_candidate_loss_mean": t["selection_candidate_loss_sum"] / sel_n if sel_n else None,
+        "trained_loss_mean": t["trained_loss_sum"] / trained_n if trained_n else None,
+        "selected_samples": int(sel_n),
+        "nonfinite_candidates": int(t.get("nonfinite_candidates", 0)),
+    }
+
+
+def hvp_summary(hvp: HVPConfig, totals: torch.Tensor | None) -> dict[str, object]:
+    """``summary.json``'s ``hvp`` entry: the settings that matter for comparing runs, then
+    :func:`summarise_totals`."""
+    return {"num_views": hvp.num_views, "mode": hvp.mode, "every_n_steps": hvp.every_n_steps,
+            "selection_precision": hvp.selection_precision, **summarise_totals(totals)}

@@ -115,8 +115,8 @@ def final_line(summary: dict[str, Any]) -> str:
     ref = f"at init {100 * init:.2f}%, " if init is not None else ""
     line = f"k-NN top-1: {100 * summary['knn_top1']:.2f}% ({ref}chance {100 * summary['knn_chance']:.1f}%)"
     hvp = summary.get("hvp") or {}
-    if hvp.get("selected_loss_mean") is not None:
-        gap = hvp["selected_loss_mean"] - hvp["candidate_loss_mean"]
+    if hvp.get("selection_selected_loss_mean") is not None:
+        gap = hvp["selection_selected_loss_mean"] - hvp["selection_candidate_loss_mean"]
         line += f" | HVP selected - candidate loss: {gap:+.4f}"
     return f"{line} | run dir: {summary['run_dir']}"
 

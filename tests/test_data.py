@@ -13,7 +13,7 @@ from hvp_lightning.config import validate
 from hvp_lightning.data.augment import PARAM_NAMES, MultiViewTransform, ViewAug, augment
 from hvp_lightning.data.datamodule import SSLDataModule
 from hvp_lightning.data.datasets import SafeImageFolder, note_skipped
-from hvp_lightning.data.shapes import SyntheticShapes
+from hvp_lightning.data.textures import SyntheticTextures
 
 from .conftest import SHARED_CIFAR
 
@@ -50,9 +50,9 @@ def test_augment_parameters_are_consistent():
 
 
 def test_synthetic_data_is_deterministic_and_balanced():
-    a, b = SyntheticShapes(200, 32, seed=0), SyntheticShapes(200, 32, seed=0)
+    a, b = SyntheticTextures(200, 32, seed=0), SyntheticTextures(200, 32, seed=0)
     assert torch.equal(a.images, b.images) and a.images.dtype == torch.uint8
-    assert not torch.equal(a.images, SyntheticShapes(200, 32, seed=1).images)
+    assert not torch.equal(a.images, SyntheticTextures(200, 32, seed=1).images)
     counts = torch.bincount(a.labels, minlength=10)
     assert counts.min() > 5
 

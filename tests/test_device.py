@@ -41,7 +41,7 @@ def test_device_line_names_device_and_precision():
 def test_final_line_is_one_line_with_init_chance_run_dir_and_hvp_gap():
     summary = {"knn_top1": 0.5, "knn_top1_init": 0.125, "knn_chance": 0.1, "run_dir": "runs/x"}
     assert final_line(summary) == "k-NN top-1: 50.00% (at init 12.50%, chance 10.0%) | run dir: runs/x"
-    hvp = dict(summary, hvp={"selected_loss_mean": 5.25, "candidate_loss_mean": 5.0})
+    hvp = dict(summary, hvp={"selection_selected_loss_mean": 5.25, "selection_candidate_loss_mean": 5.0})
     line = final_line(hvp)
     assert "\n" not in line and "| HVP selected - candidate loss: +0.2500 |" in line
     assert line.endswith("| run dir: runs/x")

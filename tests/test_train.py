@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from hvp_lightning.config import ConfigError, validate
-from hvp_lightning.train import run
+from hvp_lightning.train import final_line, run
 
 from .conftest import REPO, wandb_records
 
@@ -37,6 +37,7 @@ def test_tiny_train_run(cfg_factory, tmp_path, hvp, capsys):
         assert h["selection_selected_loss_mean"] >= h["selection_candidate_loss_mean"]  # hard = per-sample max over pairs
         assert {"hvp/selection_selected_loss_step", "hvp/selection_candidate_loss_step"} <= set(metrics)
         assert h["nonfinite_candidates"] == 0
+        assert "| HVP selected - candidate loss: +" in final_line(summary)  # read from the summary's own keys
         # Every step selects here, so the trained loss is the steps' own train/loss, epoch by epoch
         # (equal batches), and its run mean is the mean of those epoch means.
         rows = list(csv.DictReader((tmp_path / "csv" / "metrics.csv").open()))

@@ -17,7 +17,7 @@ from .batched import finish_views
 from .datasets import SafeImageFolder
 from ..options import DATASETS
 from .layout import split_dir
-from .shapes import SyntheticShapes
+from .textures import SyntheticTextures
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +91,8 @@ def build_raw_datasets(cfg) -> tuple[Dataset, Dataset, Dataset, list[str]]:
     """(pretraining set, labelled k-NN bank, test set, class names) for a ``data`` config."""
     name = cfg.name
     if name == "synthetic":
-        train = SyntheticShapes(cfg.train_size, cfg.image_size, seed=cfg.seed)
-        test = SyntheticShapes(cfg.test_size, cfg.image_size, seed=cfg.seed + 1)
+        train = SyntheticTextures(cfg.train_size, cfg.image_size, seed=cfg.seed)
+        test = SyntheticTextures(cfg.test_size, cfg.image_size, seed=cfg.seed + 1)
         return train, train, test, train.classes
     if name == "imagefolder":
         root = Path(cfg.root)

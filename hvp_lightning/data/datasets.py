@@ -1,7 +1,7 @@
 """Raw image datasets: ``ds[i] -> (image, label)`` with image a PIL image or uint8 tensor.
 
-* :class:`~hvp_lightning.data.shapes.SyntheticShapes` (its own module) -- the built-in offline default, generated in memory
-  (hvp_lightning/data/shapes.py: the class is a shape; colour, position, size and clutter vary).
+* :class:`~hvp_lightning.data.textures.SyntheticTextures` (its own module) -- the built-in offline default, generated in memory
+  (hvp_lightning/data/textures.py: the class is a texture; colours, period, phase and shading vary).
 * :class:`SafeImageFolder` -- ImageNet-layout folders that skip unreadable files with a
   warning instead of killing a multi-day run.
 * torchvision CIFAR-10/100 and STL-10 (downloaded only when asked to).

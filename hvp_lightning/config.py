@@ -57,6 +57,41 @@ def _get(cfg: DictConfig, key: str) -> Any:
     return node
 
 
+def check_multicrop(cfg: DictConfig) -> None:
+    """DINO/iBOT multi-crop settings (``method.*`` crops and scales against the backbone)."""
+    m = cfg.method
+    if int(m.num_local_crops) < 0:
+        raise ConfigError(f"method.num_local_crops={m.num_local_crops!r} is not allowed: expected an integer >= 0")
+    if int(m.num_local_crops) > 0 and int(m.local_crop_size) < 1:
+        raise ConfigError(f"method.local_crop_size={m.local_crop_size!r} is not allowed: expected an integer >= 1")
+    b = cfg.backbone
+    if BACKBONE_FAMILIES[b.name] == "vit" and int(m.num_local_crops) > 0 and m.local_crop_size % b.patch_size:
+        raise ConfigError(f"method.local_crop_size={m.local_crop_size!r} is not allowed: a multiple of "
+                          f"backbone.patch_size={b.patch_size} for {b.name}")
+    for key in ("global_scale", "local_scale"):
+        lo, hi = m[key]
+        if not 0 < lo <= hi <= 1:
+            raise ConfigError(f"method.{key}={list(m[key])!r} is not allowed: two numbers 0 < min <= max <= 1")
+
+
+def check_ibot(cfg: DictConfig) -> None:
+    """iBOT's own settings: a ViT backbone (patch tokens) and the masking and loss weights."""
+    m, b = cfg.method, cfg.backbone
+    if BACKBONE_FAMILIES[b.name] != "vit":
+        raise ConfigError(f"backbone.name={b.name!r} is not allowed for method=ibot: a ViT (patch tokens), "
+                          f"one of {', '.join(n for n, f in BACKBONE_FAMILIES.items() if f == 'vit')}")
+    lo, hi = m.mask_ratio
+    if not 0 <= lo <= hi <= 1:
+        raise ConfigError(f"method.mask_ratio={list(m.mask_ratio)!r} is not allowed: two numbers 0 <= min <= max <= 1")
+    if not 0 <= m.mask_prob <= 1:
+        raise ConfigError(f"method.mask_prob={m.mask_prob!r} is not allowed: expected a probability in [0, 1]")
+    if not 0 < m.mask_min_aspect <= 1:
+        raise ConfigError(f"method.mask_min_aspect={m.mask_min_aspect!r} is not allowed: expected 0 < value <= 1")
+    for key in ("lambda1", "lambda2"):
+        if not m[key] >= 0:
+            raise ConfigError(f"method.{key}={m[key]!r} is not allowed: expected >= 0")
+
+
 def check_options(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` on the first setting the config itself (or the data root it
     names) shows to be invalid. Resolves ``data.crop_size: auto`` (ImageFolder) once the data
@@ -76,6 +111,10 @@ def check_options(cfg: DictConfig) -> None:
     resolve_auto_crop(cfg.data)
     validate_backbone(cfg)
     _validate_hvp(cfg)
+    if cfg.method.name in ("dino", "ibot"):
+        check_multicrop(cfg)
+    if cfg.method.name == "ibot":
+        check_ibot(cfg)
     _check_trainer(cfg)
     _validate_distributed(cfg)
     _validate_analysis(cfg)

@@ -59,6 +59,9 @@ def test_the_start_up_check_imports_no_torch():
     ("train.py", ["data.name=bad"], "data.name"),
     ("train.py", ["method.optimizer.name=adam"], "method.optimizer.name"),
     ("train.py", ["resume=nowhere"], "resume"),
+    ("train.py", ["method=dino_cifar", "backbone=vit_tiny", "backbone.patch_size=4", "method.local_crop_size=18"],
+     "method.local_crop_size"),  # a method's own check (config.check_multicrop)
+    ("train.py", ["method=ibot_cifar", "backbone=resnet18_narrow"], "backbone.name"),  # iBOT needs a ViT
     ("eval.py", ["protocol=knn", "ckpt=nowhere"], "ckpt"),
     ("eval.py", ["protocol=knn", "ckpt=.", "devices=2"], "ckpt"),  # an empty folder: no checkpoints/last.ckpt
 ])

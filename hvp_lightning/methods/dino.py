@@ -28,8 +28,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from ..backbones import BACKBONES
-from ..errors import ConfigError
+from ..config import check_multicrop
 from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
 from ..heads import DINOHead
@@ -114,25 +113,6 @@ def dino_exact_selection(T: torch.Tensor, S_glob: torch.Tensor, S_loc: torch.Ten
     return DinoSelection(table.pairs[b, choice], table.locals[b, choice], table.loss[b, choice])
 
 
-# --- config helpers ---------------------------------------------------------------------------
-
-
-def _check_crops(cfg: DictConfig) -> None:
-    m = cfg.method
-    if int(m.num_local_crops) < 0:
-        raise ConfigError(f"method.num_local_crops={m.num_local_crops!r} is not allowed: expected an integer >= 0")
-    if int(m.num_local_crops) > 0 and int(m.local_crop_size) < 1:
-        raise ConfigError(f"method.local_crop_size={m.local_crop_size!r} is not allowed: expected an integer >= 1")
-    b = cfg.backbone
-    if BACKBONES[b.name].family == "vit" and int(m.num_local_crops) > 0 and m.local_crop_size % b.patch_size:
-        raise ConfigError(f"method.local_crop_size={m.local_crop_size!r} is not allowed: a multiple of "
-                          f"backbone.patch_size={b.patch_size} for {b.name}")
-    for key in ("global_scale", "local_scale"):
-        lo, hi = m[key]
-        if not 0 < lo <= hi <= 1:
-            raise ConfigError(f"method.{key}={list(m[key])!r} is not allowed: two numbers 0 < min <= max <= 1")
-
-
 # --- the method -------------------------------------------------------------------------------
 
 
@@ -167,7 +147,7 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
     def __init__(self, cfg: DictConfig | dict) -> None:
         super().__init__(cfg)
         m = self.cfg.method
-        _check_crops(self.cfg)
+        check_multicrop(self.cfg)
         self.num_local = int(m.num_local_crops)
         self.num_globals, self.num_locals_cand = self.view_counts(self.cfg)
         self.head = self.build_head()
@@ -196,7 +176,7 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
         jitter, grayscale and normalisation come from ``data``; jitter saturation from
         ``method.jitter_saturation``. With HVP, global candidates alternate the two pipelines."""
         m = cfg.method
-        _check_crops(cfg)
+        check_multicrop(cfg)
         base = dataclasses.replace(view_aug(cfg.data), saturation=float(m.jitter_saturation))
         glob = [dataclasses.replace(base, size=int(cfg.data.crop_size), scale=tuple(m.global_scale),
                                     blur_p=float(m.global_blur_p[i]), solarize_p=float(m.global_solarize_p[i]))

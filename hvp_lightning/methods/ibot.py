@@ -36,7 +36,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from ..backbones import BACKBONES
+from ..config import check_ibot
 from ..errors import ConfigError
 from ..heads import IBOTHead
 from ..selection import (combination_loss, gather_view_params, global_pair_index, hvp_config, num_global_candidates,
@@ -186,23 +186,6 @@ def ibot_pair_table(ce: torch.Tensor, patch_terms: torch.Tensor, pairs: torch.Te
 # --- config ------------------------------------------------------------------------------------
 
 
-def _check_ibot(cfg: DictConfig) -> None:
-    m, b = cfg.method, cfg.backbone
-    if BACKBONES[b.name].family != "vit":
-        raise ConfigError(f"backbone.name={b.name!r} is not allowed for method=ibot: a ViT (patch tokens), "
-                          f"one of {', '.join(n for n, s in BACKBONES.items() if s.family == 'vit')}")
-    lo, hi = m.mask_ratio
-    if not 0 <= lo <= hi <= 1:
-        raise ConfigError(f"method.mask_ratio={list(m.mask_ratio)!r} is not allowed: two numbers 0 <= min <= max <= 1")
-    if not 0 <= m.mask_prob <= 1:
-        raise ConfigError(f"method.mask_prob={m.mask_prob!r} is not allowed: expected a probability in [0, 1]")
-    if not 0 < m.mask_min_aspect <= 1:
-        raise ConfigError(f"method.mask_min_aspect={m.mask_min_aspect!r} is not allowed: expected 0 < value <= 1")
-    for key in ("lambda1", "lambda2"):
-        if not m[key] >= 0:
-            raise ConfigError(f"method.{key}={m[key]!r} is not allowed: expected >= 0")
-
-
 # --- the method --------------------------------------------------------------------------------
 
 
@@ -253,7 +236,7 @@ class IBOT(DINO):
     def view_counts(cls, cfg: DictConfig) -> tuple[int, int]:
         """(G, L): G = 2, or with HVP ``hvp.num_global_candidates`` (default ``hvp.num_views``)
         global candidates; always the L = ``method.num_local_crops`` ordinary locals."""
-        _check_ibot(cfg)
+        check_ibot(cfg)
         num_local = int(cfg.method.num_local_crops)
         hvp = hvp_config(cfg)
         if not hvp.enabled:

@@ -115,6 +115,7 @@ def check_options(cfg: DictConfig) -> None:
         check_multicrop(cfg)
     if cfg.method.name == "ibot":
         check_ibot(cfg)
+    check_candidate_counts(cfg)
     _check_trainer(cfg)
     _validate_distributed(cfg)
     _validate_analysis(cfg)
@@ -269,6 +270,27 @@ def _validate_hvp(cfg: DictConfig) -> None:
                   f"locals) combinations); {cfg.method.name} scores every candidate combination")
     if h.get("global_pairs", "cross") not in GLOBAL_PAIRS:
         fail("hvp.global_pairs", h.global_pairs, f"one of {', '.join(GLOBAL_PAIRS)}")
+
+
+def check_candidate_counts(cfg: DictConfig) -> None:
+    """DINO/iBOT with HVP: ``hvp.num_global_candidates`` >= 2 (default ``hvp.num_views``);
+    ``hvp.num_local_candidates`` >= ``method.num_local_crops`` for DINO, and for iBOT, which
+    selects among global views only, unset or equal to it."""
+    h = cfg.get("hvp")
+    if cfg.method.name not in ("dino", "ibot") or h is None or not h.get("enabled", False):
+        return
+    g = h.get("num_global_candidates") or h.num_views
+    if int(g) < 2:
+        raise ConfigError(f"hvp.num_global_candidates={g!r} is not allowed: expected an integer >= 2")
+    num_local, lc = int(cfg.method.num_local_crops), h.get("num_local_candidates")
+    if lc is None:
+        return
+    if cfg.method.name == "ibot" and int(lc) != num_local:
+        raise ConfigError(f"hvp.num_local_candidates={lc!r} is not allowed for method=ibot: it selects among "
+                          f"global views only (leave it unset or = method.num_local_crops={num_local})")
+    if int(lc) < num_local:
+        raise ConfigError(f"hvp.num_local_candidates={lc!r} is not allowed: expected an integer >= "
+                          f"method.num_local_crops={num_local}")
 
 
 def _validate_analysis(cfg: DictConfig) -> None:

@@ -62,6 +62,8 @@ def test_the_start_up_check_imports_no_torch():
     ("train.py", ["method=dino_cifar", "backbone=vit_tiny", "backbone.patch_size=4", "method.local_crop_size=18"],
      "method.local_crop_size"),  # a method's own check (config.check_multicrop)
     ("train.py", ["method=ibot_cifar", "backbone=resnet18_narrow"], "backbone.name"),  # iBOT needs a ViT
+    ("train.py", ["method=dino_cifar", "backbone=vit_tiny", "backbone.patch_size=4", "+hvp=on",
+                  "hvp.num_local_candidates=1"], "hvp.num_local_candidates"),  # config.check_candidate_counts
     ("eval.py", ["protocol=knn", "ckpt=nowhere"], "ckpt"),
     ("eval.py", ["protocol=knn", "ckpt=.", "devices=2"], "ckpt"),  # an empty folder: no checkpoints/last.ckpt
 ])

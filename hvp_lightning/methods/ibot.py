@@ -241,12 +241,7 @@ class IBOT(DINO):
         hvp = hvp_config(cfg)
         if not hvp.enabled:
             return 2, num_local
-        g = num_global_candidates(cfg)
-        lc = cfg.hvp.get("num_local_candidates")
-        if lc is not None and int(lc) != num_local:
-            raise ConfigError(f"hvp.num_local_candidates={lc!r} is not allowed for method=ibot: it selects among "
-                              f"global views only (leave it unset or = method.num_local_crops={num_local})")
-        return g, num_local
+        return num_global_candidates(cfg), num_local  # checks hvp.num_local_candidates too
 
     def teacher_patch_temp(self) -> float:
         m = self.cfg.method

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from ..errors import ConfigError
+from ..config import check_candidate_counts
 
 
 @dataclass(frozen=True)
@@ -44,10 +44,8 @@ def hvp_config(cfg: DictConfig) -> HVPConfig:
 def num_global_candidates(cfg: DictConfig) -> int:
     """G, the global candidates per image of a multi-crop method with HVP on:
     ``hvp.num_global_candidates``, default ``hvp.num_views``."""
-    g = cfg.hvp.get("num_global_candidates") or hvp_config(cfg).num_views
-    if int(g) < 2:
-        raise ConfigError(f"hvp.num_global_candidates={g!r} is not allowed: expected an integer >= 2")
-    return int(g)
+    check_candidate_counts(cfg)
+    return int(cfg.hvp.get("num_global_candidates") or hvp_config(cfg).num_views)
 
 
 def candidate_counts(cfg: DictConfig) -> tuple[int, int]:
@@ -63,8 +61,4 @@ def candidate_counts(cfg: DictConfig) -> tuple[int, int]:
         return 2, num_local
     g = num_global_candidates(cfg)
     lc = cfg.hvp.get("num_local_candidates")
-    lc = math.ceil(num_local * hvp.num_views / 2) if lc is None else lc
-    if int(lc) < num_local:
-        raise ConfigError(f"hvp.num_local_candidates={lc!r} is not allowed: expected an integer >= "
-                          f"method.num_local_crops={num_local}")
-    return g, int(lc)
+    return g, int(math.ceil(num_local * hvp.num_views / 2) if lc is None else lc)

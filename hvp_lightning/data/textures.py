@@ -94,10 +94,11 @@ def generate_textures(num_images: int, image_size: int = 32, seed: int = 0) -> t
     speckle = torch.rand(n, s, s, generator=g)
 
     field = torch.zeros(n, s, s)
-    for k, make in enumerate(_patterns(u, v, r, period, blobs, speckle).values()):
+    patterns = _patterns(u, v, r, period, blobs, speckle)
+    for k, name in enumerate(TEXTURES):  # label k is TEXTURES[k], whatever the dict's order
         chosen = labels == k
         if chosen.any():
-            field[chosen] = make()[chosen]
+            field[chosen] = patterns[name]()[chosen]
     alpha = (field * 3).clamp(-1, 1) * 0.5 + 0.5  # soft edges
 
     # Two colours of any hue and saturation whose brightness differs by at least 0.25.

@@ -40,7 +40,7 @@ from loader import REPO, make_jpeg_folder  # noqa: E402
 from hvp_lightning.data.augment import (  # noqa: E402
     ViewAug, crop_flip, reference_colour, sample_params, to_uint8_tensor,
 )
-from hvp_lightning.data.batched import colour, normalise  # noqa: E402
+from hvp_lightning.data.batched import JITTER_KEYS, colour, normalise  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,7 +69,7 @@ def only(params: dict[str, torch.Tensor], op: str) -> dict[str, torch.Tensor]:
     n = params["jitter"].shape[0]
     p = dict(params, jitter=torch.ones(n), grayscale=torch.zeros(n), solarize=torch.zeros(n),
              blur_sigma=torch.zeros(n), jitter_order=torch.full((n, 4), -1))
-    jitter = ("brightness", "contrast", "saturation", "hue")
+    jitter = JITTER_KEYS
     if op in jitter:
         p["jitter_order"] = p["jitter_order"].clone()
         p["jitter_order"][:, 0] = jitter.index(op)

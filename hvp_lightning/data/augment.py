@@ -20,6 +20,8 @@ import torch
 from torchvision import transforms as T
 from torchvision.transforms.v2 import functional as F
 
+from .datasets import to_rgb8
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -63,10 +65,7 @@ def to_uint8_tensor(img) -> torch.Tensor:
         if img.dtype != torch.uint8:
             raise TypeError(f"expected a uint8 image tensor, got {img.dtype}")
         return img if img.shape[0] == 3 else img[:1].expand(3, -1, -1)
-    if img.mode != "RGB":
-        # Palette/LA/RGBA images go through RGBA so transparency is dropped consistently.
-        img = img.convert("RGBA").convert("RGB") if img.mode in ("P", "LA", "PA") else img.convert("RGB")
-    return F.pil_to_tensor(img)
+    return F.pil_to_tensor(to_rgb8(img))  # one mode conversion for every path (datasets.to_rgb8)
 
 
 def _rand() -> float:

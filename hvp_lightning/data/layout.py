@@ -4,6 +4,7 @@ can check a data root before the heavy imports."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from ..options import IMAGE_EXTENSIONS
@@ -20,8 +21,11 @@ def split_dir(root: Path, split: str) -> Path:
     return root / "test" if (root / "test").is_dir() else root / "val"
 
 
+@functools.lru_cache(maxsize=8)
 def typical_image_side(folder: Path, sample: int = 32) -> int:
-    """Median shorter side of a few images (headers only), to size crops for unknown folders."""
+    """Median shorter side of a few images (headers only), to size crops for unknown folders.
+    Cached: start-up asks twice (``crop_size: auto`` and the upsampling warning), and listing
+    an ImageNet-sized tree takes a while."""
     from PIL import Image
 
     sides = []

@@ -183,9 +183,6 @@ def ibot_pair_table(ce: torch.Tensor, patch_terms: torch.Tensor, pairs: torch.Te
     return lambda1 * cls + lambda2 * (patch_terms[:, g1] + patch_terms[:, g2]) / 2
 
 
-# --- config ------------------------------------------------------------------------------------
-
-
 # --- the method --------------------------------------------------------------------------------
 
 

@@ -53,13 +53,7 @@ def gather_pairs(views: torch.Tensor, pairs: torch.Tensor, choice: torch.Tensor)
 def gather_pair_params(params: dict[str, torch.Tensor], pairs: torch.Tensor,
                        choice: torch.Tensor) -> dict[str, torch.Tensor]:
     """Keep the augmentation parameters of the chosen views: ``[B, N, ...]`` -> ``[B, 2, ...]``."""
-    k, l = pairs[choice].unbind(1)
-    b = torch.arange(choice.shape[0], device=choice.device)
-    out = {}
-    for name, p in params.items():
-        kk, ll, bb = k.to(p.device), l.to(p.device), b.to(p.device)
-        out[name] = torch.stack([p[bb, kk], p[bb, ll]], dim=1)
-    return out
+    return gather_view_params(params, pairs[choice])  # the pair's two view positions
 
 
 def gather_view_params(params: dict[str, torch.Tensor], positions: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -212,7 +212,7 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
         tau_t = self.teacher_temp()
         loss = dino_loss(teacher_out, student_out, self.centering.center, tau_t, self.cfg.method.student_temp).mean()
         # After the loss, as DINO; applied once per optimiser step (on_train_batch_end).
-        self.centering.accumulate(torch.stack([t.detach() for t in teacher_out]))
+        self.centering.accumulate(teacher_out)  # detaches itself
         b = globals_[0].shape[0]
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=b)
         self.log("train/teacher_temp", tau_t, on_step=True, on_epoch=False, batch_size=b)

@@ -299,8 +299,8 @@ class IBOT(DINO):
         loss = loss_cls + loss_patch
         # After the loss, as iBOT: both centres from this step's teacher outputs, applied once
         # per optimiser step (TeacherStudentMixin.on_train_batch_end).
-        self.centering.accumulate(torch.stack([t.detach() for t in t_cls]))
-        self.patch_centering.accumulate(torch.stack([t.detach() for t in t_patch]))
+        self.centering.accumulate(t_cls)
+        self.patch_centering.accumulate(t_patch)
         b = globals_[0].shape[0]
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=b)
         self.log("train/loss_cls", loss_cls, on_step=True, on_epoch=True, batch_size=b)

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ..backbones import Backbone
 from ..checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
-from ..config import fail
+from ..config import check_eval_options, fail
 from ..data.datamodule import EvalDataset
 from ..device import runs_on_cpu
 from ..errors import ConfigError
@@ -33,7 +33,6 @@ from .data import EvalData, TrainTransform, eval_data, eval_data_cfg, eval_loade
 from .features import FeatureNet, extract, forward_seconds
 from .loggers import eval_logger, finish_logger
 from .probe import Classifier, fit_classifier, probe_batch_size
-from ..options import PROTOCOLS
 from .protocols import protocol_settings, validate_settings
 
 log = logging.getLogger(__name__)
@@ -99,13 +98,8 @@ def run_classifier(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Run ``cfg.protocol`` on ``cfg.ckpt``; return the summary (also in eval_summary.json)."""
     start = time.time()
-    if OmegaConf.is_missing(cfg, "ckpt") or not cfg.ckpt:
-        fail("ckpt", "???", "a run dir or a .ckpt file: add ckpt=<path> to the command")
+    check_eval_options(cfg)  # callers of this API skip the CLI, which runs it before the heavy imports
     protocol = cfg.protocol.name
-    if protocol not in PROTOCOLS:
-        fail("protocol.name", protocol, f"one of {', '.join(PROTOCOLS)}")
-    if cfg.devices != 1:
-        fail("devices", cfg.devices, "1 (evaluation runs on one device)")
     ckpt_path, run_dir = resolve_checkpoint(cfg.ckpt)
     ckpt = load_checkpoint(ckpt_path)
     train_cfg = checkpoint_config(ckpt)

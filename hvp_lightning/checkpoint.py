@@ -312,8 +312,10 @@ def check_same_run(there: DictConfig, here: DictConfig, run_dir: Path) -> None:
             f"use a new run dir (hydra.run.dir=...) for another run")
 
 
-def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
-    """The checkpoint this run continues from, or None for a fresh run.
+def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> tuple[Path | None, int]:
+    """The checkpoint this run continues from and the optimiser steps it has trained
+    (``global_step``, where a resumed logger continues), or ``(None, 0)`` for a fresh run.
+    The step is read here, from the one load that checks the config.
 
     ``run_dir/checkpoints/last.ckpt`` is resumed automatically when it exists; ``resume=`` set
     without one is an error, and so is a last.ckpt whose config differs from ``cfg`` in more
@@ -325,10 +327,10 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> Path | None:
         if asked:
             raise CheckpointError(f"resume={str(asked)!r} is not allowed: a run dir holding checkpoints/{LAST} "
                                   f"(none in {run_dir})")
-        return None
+        return None, 0
     ckpt = load_checkpoint(last, mmap=True, key="resume" if asked else "checkpoint")
     check_same_run(checkpoint_config(ckpt), cfg, Path(run_dir))
-    return last
+    return last, int(ckpt.get("global_step", 0))
 
 
 def resume_config(run_dir: str | Path, requested: DictConfig, overrides: list[str] = ()) -> DictConfig:
@@ -356,8 +358,3 @@ def resume_config(run_dir: str | Path, requested: DictConfig, overrides: list[st
     with_resume = OmegaConf.merge(cfg, {"resume": str(run_dir)})
     assert isinstance(with_resume, DictConfig)
     return with_resume
-
-
-def checkpoint_step(path: str | Path) -> int:
-    """The optimiser steps a checkpoint has trained (``global_step``)."""
-    return int(load_checkpoint(path, mmap=True).get("global_step", 0))

@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .analysis.callback import analysis_callbacks
-from .checkpoint import AtomicCheckpointIO, RunCheckpoint, checkpoint_step, resume_checkpoint
+from .checkpoint import AtomicCheckpointIO, RunCheckpoint, resume_checkpoint
 from .config import validate
 from .errors import ConfigError
 from .data.datamodule import SSLDataModule
@@ -56,7 +56,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     silence_known_warnings()
     validate(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt_path = resume_checkpoint(cfg, run_dir)  # None: a fresh run; else continue from last.ckpt
+    ckpt_path, resume_step = resume_checkpoint(cfg, run_dir)  # (None, 0): a fresh run
     record = RunRecord(run_dir)  # this session's clock starts
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")
@@ -75,7 +75,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     trainer = L.Trainer(
         **trainer_kwargs,
         default_root_dir=str(run_dir),
-        logger=build_logger(cfg, run_dir, checkpoint_step(ckpt_path) if ckpt_path else 0),
+        logger=build_logger(cfg, run_dir, resume_step),
         plugins=[AtomicCheckpointIO(), *sync_bn],
         callbacks=[checkpointer, record, *analysis_callbacks(cfg, run_dir), WandbCharts()],
         check_val_every_n_epoch=cfg.eval.every_n_epochs,

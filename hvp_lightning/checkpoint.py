@@ -192,7 +192,8 @@ class RunCheckpoint(Checkpoint):
     the trainer, so with :class:`AtomicCheckpointIO` as plugin each file appears atomically.
 
     Its checkpoint state is the RNG streams of every rank, restored on resume, and the last
-    epoch's training loss, which a resumed run that trains nothing more reports. (The wall
+    epoch's training loss (mean over ranks), which the run's summary reports -- a resumed run
+    that trains nothing more included. (The wall
     time over all sessions is :class:`hvp_lightning.run_logs.RunRecord`'s: a session killed
     after its last checkpoint has spent time no checkpoint knows of.)"""
 
@@ -215,12 +216,14 @@ class RunCheckpoint(Checkpoint):
                 tmp.unlink(missing_ok=True)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking or trainer.fast_dev_run:
+        if trainer.sanity_checking:
             return
         loss = trainer.callback_metrics.get("train/loss_epoch")
         if loss is not None:  # each rank's own epoch mean; every rank takes part in the reduce
             loss = trainer.strategy.reduce(loss.detach().float().to(pl_module.device), reduce_op="mean")
             self.train_loss = float(loss)
+        if trainer.fast_dev_run:  # a smoke test: its loss for the summary, no checkpoint
+            return
         for logger in trainer.loggers:  # metrics up to this checkpoint reach the disk with it
             logger.save()
         epoch = trainer.current_epoch + 1

@@ -87,16 +87,11 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         trainer.validate(model, datamodule=dm, verbose=False)
         model.knn_init = model.knn_result.get("top1")
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
-    train_loss = trainer.callback_metrics.get("train/loss_epoch")  # validate() below clears it
-    # Collectives take tensors on the strategy's device (the rank's GPU under NCCL), never
-    # model.device: Lightning moves the module back to the CPU when fit and validate end.
-    comm = trainer.strategy.root_device
-    if train_loss is not None:  # each rank's own epoch mean: the summary reports all ranks'
-        train_loss = trainer.strategy.reduce(torch.tensor(float(train_loss), device=comm), reduce_op="mean")
     if model.knn_result.get("step") != trainer.global_step:  # k-NN always runs on the final weights
         trainer.validate(model, datamodule=dm, verbose=False)
-    if train_loss is None:  # nothing trained this session (a finished run resumed): the last epoch's
-        train_loss = checkpointer.train_loss
+    # The last epoch's loss, mean over ranks: this session's, or the checkpoint's when a finished
+    # run is resumed and trains nothing more.
+    train_loss = checkpointer.train_loss
     record.beat(trainer, force=True)
     summary = _summary(cfg, model, trainer, run_dir, record.total_seconds(), train_loss)
     summary["knn_top1_init"] = model.knn_init
@@ -135,7 +130,7 @@ def _close_logger(trainer: L.Trainer, summary: dict[str, Any]) -> None:
 
 
 def _summary(cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Path, seconds: float,
-             train_loss: torch.Tensor | float | None) -> dict[str, Any]:
+             train_loss: float | None) -> dict[str, Any]:
     skipped = sorted(model.skipped_files)
     if trainer.world_size > 1:
         gathered: list[Any] = [None] * trainer.world_size
@@ -152,7 +147,7 @@ def _summary(cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Pat
         "knn_queries": model.knn_result.get("queries"),  # distinct test images scored (all ranks')
         "knn_chance": 1 / model.num_classes,
         "knn_history": model.knn_history,
-        "train_loss": float(train_loss) if train_loss is not None else None,
+        "train_loss": train_loss,
         "epochs": trainer.current_epoch,
         "steps": trainer.global_step,
         "images_seen": model.images_seen,

@@ -97,6 +97,7 @@ def train(cfg: DictConfig) -> float | None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     fresh = _fresh(run_dir)
     try:
+        checked = False  # a resumed run's config is checked by run(), once it is composed
         if cfg.get("resume"):  # continue that run with its own config (+ what the command line changes)
             resolve_checkpoint(cfg.resume, key="resume")  # the path, before the heavy imports
             from .checkpoint import resume_config
@@ -105,9 +106,10 @@ def train(cfg: DictConfig) -> float | None:
             run_dir = Path(cfg.resume)
         else:
             check_options(cfg)  # the config alone, before the heavy imports
+            checked = True
         from .train import run
 
-        summary = run(cfg, run_dir)
+        summary = run(cfg, run_dir, options_checked=checked)
     except user_errors() as err:  # bad settings: one line, no traceback
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # this job fails, the sweep goes on
             raise SweepConfigError(f"config error: {err}") from err

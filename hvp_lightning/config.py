@@ -130,10 +130,12 @@ def check_options(cfg: DictConfig) -> None:
     _check_logger(cfg.logger)
 
 
-def validate(cfg: DictConfig) -> None:
-    """:func:`check_options`, then the checks that need Lightning and the machine; resolves
+def validate(cfg: DictConfig, options_checked: bool = False) -> None:
+    """:func:`check_options` (unless ``options_checked``: the CLI has run it on ``cfg`` before
+    the heavy imports), then the checks that need Lightning and the machine; resolves
     ``trainer.precision: auto``. Warns once when crops are larger than the images."""
-    check_options(cfg)
+    if not options_checked:
+        check_options(cfg)
     _validate_trainer_keys(cfg)
     _validate_precision(cfg)
     _warn_upsampled_crops(cfg.data)

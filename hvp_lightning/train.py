@@ -51,10 +51,11 @@ def wandb_logged_in() -> bool:
     return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
 
 
-def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Pretrain as configured and return the summary (also written to run_dir/summary.json)."""
+def run(cfg: DictConfig, run_dir: Path, options_checked: bool = False) -> dict[str, Any]:
+    """Pretrain as configured and return the summary (also written to run_dir/summary.json).
+    ``options_checked``: :func:`hvp_lightning.config.check_options` has passed on ``cfg`` (the CLI)."""
     silence_known_warnings()
-    validate(cfg)
+    validate(cfg, options_checked)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path, resume_step = resume_checkpoint(cfg, run_dir)  # (None, 0): a fresh run
     record = RunRecord(run_dir)  # this session's clock starts

@@ -23,12 +23,11 @@ resume through hvp_lightning/run_logs.py.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -36,43 +35,19 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from .atomic import atomic_write
 from .checkpoint_paths import LAST, resolve_checkpoint
 from .errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-# --- atomic writes ---------------------------------------------------------------------------
-def atomic_write(path: str | Path, write: Callable[[Any], None]) -> None:
-    """Call ``write(file)`` on a temporary file next to ``path``, fsync, then rename it over
-    ``path``. Readers see the old file or the complete new one, nothing in between."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    try:  # make the rename itself durable
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:  # some file systems refuse fsync on directories
-        pass
-
-
+# --- atomic writes (hvp_lightning/atomic.py) -------------------------------------------------
 def atomic_save(obj: Any, path: str | Path) -> None:
     atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def atomic_copy(src: str | Path, dst: str | Path) -> None:
-    def write(f):
+    def write(f: BinaryIO) -> None:
         with open(src, "rb") as s:
             shutil.copyfileobj(s, f, 16 << 20)
 

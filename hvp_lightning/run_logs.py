@@ -26,7 +26,7 @@ from typing import Any
 
 import lightning as L
 
-from .checkpoint import atomic_write
+from .atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class RunRecord(L.Callback):
         self.record["sessions_s"][-1] = round(now - self.start, 3)
         if trainer.is_global_zero and (force or now - self.last_write >= self.every_s):
             text = json.dumps(self.record, indent=1) + "\n"
-            atomic_write(self.path, lambda f: f.write(text.encode()))
+            atomic_write_text(self.path, text)
             self.last_write = now
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -156,7 +156,7 @@ def continue_csv_log(logger, resume_step: int) -> None:
         writer = csv.DictWriter(text, fieldnames=header)
         writer.writeheader()
         writer.writerows(rows)
-        atomic_write(path, lambda f: f.write(text.getvalue().encode()))
+        atomic_write_text(path, text.getvalue())
         exp.metrics_keys = sorted(set(header) | set(exp.metrics_keys))
 
     def rewrite_with_new_header(fieldnames: list[str]) -> None:
@@ -166,6 +166,6 @@ def continue_csv_log(logger, resume_step: int) -> None:
         writer = csv.DictWriter(text, fieldnames=fieldnames)
         writer.writeheader()
         writer.writerows(rows)
-        atomic_write(exp.metrics_file_path, lambda f: f.write(text.getvalue().encode()))
+        atomic_write_text(exp.metrics_file_path, text.getvalue())
 
     exp._rewrite_with_new_header = rewrite_with_new_header

@@ -20,7 +20,6 @@ import logging
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
@@ -30,6 +29,8 @@ from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+
+from .atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -147,11 +148,7 @@ def write_sweep_summary(sweep_dir: Path | str) -> Path:
     miss one that finished at the same moment, the one written at the end of the sweep cannot)."""
     sweep_dir = Path(sweep_dir)
     path = sweep_dir / FILENAME
-    fd, tmp = tempfile.mkstemp(dir=sweep_dir, prefix=f".{FILENAME}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(sweep_csv(read_jobs(sweep_dir)))
-    os.chmod(tmp, 0o644)  # mkstemp makes it private
-    os.replace(tmp, path)
+    atomic_write_text(path, sweep_csv(read_jobs(sweep_dir)))
     return path
 
 

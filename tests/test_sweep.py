@@ -74,7 +74,7 @@ def test_table_is_built_from_the_job_dirs_in_job_order(tmp_path):
     assert [Path(j.run_dir).name for j in jobs] == ["1_seed=1", "2_seed=2", "10_seed=10"]
     assert jobs[1].summary is None and jobs[0].summary == HVP_SUMMARY
     path = write_sweep_summary(tmp_path)
-    assert path == tmp_path / FILENAME and not list(tmp_path.glob(".*.tmp"))
+    assert path == tmp_path / FILENAME and not list(tmp_path.glob(".*.tmp-*"))
     _, rows = rows_of(path.read_text())
     assert [(r["seed"], r["status"]) for r in rows] == [("1", "ok"), ("2", "failed"), ("10", "ok")]
 

@@ -33,7 +33,7 @@ import lightning as L
 import numpy as np
 import torch
 
-from ..checkpoint import atomic_write
+from ..atomic import atomic_write_text
 from ..data.augment import PARAM_NAMES
 from ..selection import global_pair_index, pair_index
 from .metrics import JITTER_NAMES, jitter_differences, pair_metrics
@@ -322,7 +322,7 @@ def drop_rows_from(path: Path, step: int) -> None:
         return
     text = io.StringIO(newline="")
     csv.writer(text).writerows(rows[:1] + kept)
-    atomic_write(path, lambda f: f.write(text.getvalue().encode()))
+    atomic_write_text(path, text.getvalue())
 
 
 def analysis_callbacks(cfg: Any, run_dir: Path) -> list[L.Callback]:

@@ -113,6 +113,21 @@ def dino_exact_selection(T: torch.Tensor, S_glob: torch.Tensor, S_loc: torch.Ten
     return DinoSelection(table.pairs[b, choice], table.locals[b, choice], table.loss[b, choice])
 
 
+def chosen_views_batch(batch: dict[str, Any], views: list[torch.Tensor], pair: torch.Tensor, locs: torch.Tensor,
+                       num_globals: int, teacher_out: Any = None) -> dict[str, Any]:
+    """``batch`` with ``views`` (each sample's chosen 2 globals + locals: global candidates
+    ``pair`` ``[B, 2]``, local candidates ``locs`` ``[B, L]``) in place of its candidates, the
+    selection's teacher outputs for them (None: the training step runs the teacher) and, where
+    recorded, their augmentation parameters. The tail of DINO's and iBOT's ``select_views``."""
+    out = dict(batch, views=views)
+    out.pop("teacher_out", None)
+    if teacher_out is not None:
+        out["teacher_out"] = teacher_out
+    if "params" in batch:  # augmentation parameters travel with their views
+        out["params"] = gather_view_params(batch["params"], torch.cat([pair, num_globals + locs], dim=1))
+    return out
+
+
 # --- the method -------------------------------------------------------------------------------
 
 
@@ -250,14 +265,11 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
             sel = None
             pair = torch.tensor([0, 1], device=choice.device).expand(bsz, 2)
             locs = torch.arange(n_loc, device=choice.device).expand(bsz, n_loc)
-        out = dict(batch, views=gather_combination_views(views, g, pair, locs))
-        out.pop("teacher_out", None)
+        teacher_out = None
         if sel is not None and sel["teacher"] is not None:
             t = sel["teacher"]
-            out["teacher_out"] = [t[pair[:, 0], b], t[pair[:, 1], b]]
-        if "params" in batch:  # augmentation parameters travel with their views
-            out["params"] = gather_view_params(batch["params"], torch.cat([pair, g + locs], dim=1))
-        return out
+            teacher_out = [t[pair[:, 0], b], t[pair[:, 1], b]]
+        return chosen_views_batch(batch, gather_combination_views(views, g, pair, locs), pair, locs, g, teacher_out)
 
     def _locals_generator(self) -> torch.Generator | None:
         """Private generator for random local picks / sampled combinations, so they neither

@@ -39,10 +39,9 @@ from torch import nn
 from ..config import check_ibot
 from ..errors import ConfigError
 from ..heads import IBOTHead
-from ..selection import (combination_loss, gather_view_params, global_pair_index, hvp_config, num_global_candidates,
-                         stable_seed)
+from ..selection import combination_loss, global_pair_index, hvp_config, num_global_candidates, stable_seed
 from ..teacher import Centering, teacher_temperature
-from .dino import DINO, student_log_probs, teacher_probs, dino_ce_table, dino_loss
+from .dino import DINO, chosen_views_batch, dino_ce_table, dino_loss, student_log_probs, teacher_probs
 
 # --- blockwise masks (BEiT/iBOT "block" prediction shape) --------------------------------------
 
@@ -345,12 +344,11 @@ class IBOT(DINO):
         pair = global_pair_index(g, self.hvp.global_pairs, choice.device)[choice]  # [B, 2]
         g1, g2 = pair.unbind(1)
         glob, masks = torch.stack(list(views[:g])), torch.stack(self._masks(batch))
-        out = dict(batch, views=[glob[g1, b], glob[g2, b], *views[g:]], masks=[masks[g1, b], masks[g2, b]])
-        out.pop("teacher_out", None)
+        teacher_out = None
         if sel is not None and sel["key"] is views[0] and sel["teacher"] is not None:
             t_cls, t_patch = sel["teacher"]
-            out["teacher_out"] = ([t_cls[g1, b], t_cls[g2, b]], [t_patch[g1, b], t_patch[g2, b]])
-        if "params" in batch:  # augmentation parameters travel with their views
-            idx = torch.cat([pair, g + torch.arange(n_loc, device=choice.device).expand(bsz, n_loc)], dim=1)
-            out["params"] = gather_view_params(batch["params"], idx)
+            teacher_out = ([t_cls[g1, b], t_cls[g2, b]], [t_patch[g1, b], t_patch[g2, b]])
+        locs = torch.arange(n_loc, device=choice.device).expand(bsz, n_loc)  # the locals, unchanged
+        out = chosen_views_batch(batch, [glob[g1, b], glob[g2, b], *views[g:]], pair, locs, g, teacher_out)
+        out["masks"] = [masks[g1, b], masks[g2, b]]
         return out

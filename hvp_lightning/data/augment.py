@@ -4,8 +4,10 @@ HVP's analysis (paper section 6) needs, for every candidate view, the crop box i
 source-image pixels, the flip, the colour-jitter factors and their order, grayscale, blur
 sigma and solarize. torchvision's composed transforms hide those, so this module samples
 them explicitly: :func:`sample_params` with torchvision's own samplers, one view at a time
-(the reference), and :func:`draw_params`, the same distributions for many views in a few
-vectorised draws, on any device (what training uses; the tests compare the two).
+(loader workers: the distributions and the RNG stream of the reference pipeline), and
+:func:`draw_params`, the same distributions for a whole batch of views in a few vectorised
+draws on its device (images held there, :mod:`.resident`; the tests compare both with
+torchvision).
 
 Training splits a view in two: loader workers crop and flip uint8 images
 (:class:`MultiViewTransform`), and the colour ops run batched on the batch's device
@@ -217,8 +219,9 @@ class MultiViewTransform:
 
     def __call__(self, img) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
         img = to_uint8_tensor(img)
-        params = draw_view_params(self.augs, img.shape[1], img.shape[2])
-        views = [crop_flip(img, {k: v[i] for k, v in params.items()}, a.size) for i, a in enumerate(self.augs)]
+        plist = [sample_params(img, a) for a in self.augs]  # per view: ~0.1 ms, 1.5x faster than draw_params here
+        views = [crop_flip(img, p, a.size) for p, a in zip(plist, self.augs)]
+        params = {k: torch.stack([p[k] for p in plist]) for k in plist[0]}
         return views, params
 
 

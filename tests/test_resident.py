@@ -14,6 +14,7 @@ from torch.utils.data import Dataset, Subset
 from torchvision.transforms.v2 import functional as F
 
 from hvp_lightning.data.augment import PARAM_NAMES, ViewAug, crop_flip, draw_params, draw_view_params
+from hvp_lightning.data.batched import finish_views
 from hvp_lightning.data.datamodule import SSLDataModule
 from hvp_lightning.data.resident import ResidentImages, crop_flip_batch, resample_weights, stack_images
 from hvp_lightning.data.textures import SyntheticTextures
@@ -187,3 +188,25 @@ def test_run_with_resident_images_trains_and_logs_views(cfg_factory, tmp_path: P
     assert summary["hvp"]["selection_selected_loss_mean"] >= summary["hvp"]["selection_candidate_loss_mean"]
     steps = (tmp_path / "analysis" / "steps-r0.csv").read_text().splitlines()
     assert steps[0].startswith("step,") and "iou_selected" in steps[0] and len(steps) == 5
+
+
+def test_resident_batch_makes_no_host_reads(monkeypatch) -> None:
+    """Cutting and colouring resident views reads nothing back to the host (no ``item``,
+    ``tolist``, ``nonzero``, bool tests, copies to the CPU or new host tensors), so on an
+    accelerator the stream never stalls; the CUDA test runs it under sync-debug mode."""
+    imgs, labels = _photos(12, 40, 36), torch.arange(12)
+    augs = (ViewAug(size=24, blur_p=0.5, solarize_p=0.3),) * 2 + (ViewAug(size=12, scale=(0.05, 0.4)),) * 2
+    res = ResidentImages(imgs, labels, augs, seed=0)
+    index = torch.tensor([5, 1, 7])
+    res.views(index)  # moves the images and makes the generator (once per run)
+
+    def sync(*args, **kwargs):
+        raise AssertionError("host read in the resident path")
+
+    for name in ("nonzero", "item", "tolist", "__bool__", "cpu", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, sync)
+    monkeypatch.setattr(torch, "tensor", sync)
+    batch = res.views(index)
+    out = finish_views(batch["views"], batch["params"], augs, sync_free=True)
+    monkeypatch.undo()
+    assert [v.shape for v in out] == [(3, 3, 24, 24)] * 2 + [(3, 3, 12, 12)] * 2

@@ -236,12 +236,11 @@ def draw_view_params(augs: Sequence[ViewAug], src_h: int, src_w: int, n: int | N
         groups.setdefault(a, []).append(i)
     count = 1 if n is None else n
     parts = {a: draw_params(count * len(idx), src_h, src_w, a, device, generator) for a, idx in groups.items()}
+    slot = {i: (a, k) for a, idx in groups.items() for k, i in enumerate(idx)}  # view -> (its draw, position)
     out: dict[str, torch.Tensor] = {}
     for key in parts[augs[0]]:
-        first = parts[augs[0]][key]
-        full = first.new_empty((count, len(augs), *first.shape[1:]))
-        for a, idx in groups.items():
-            full[:, idx] = parts[a][key].view(count, len(idx), *first.shape[1:])
+        per_group = {a: p[key].view(count, len(groups[a]), *p[key].shape[1:]) for a, p in parts.items()}
+        full = torch.stack([per_group[slot[i][0]][:, slot[i][1]] for i in range(len(augs))], dim=1)  # no index tensors
         out[key] = full[0] if n is None else full
     return out
 

@@ -145,7 +145,7 @@ class ResidentImages:
             by_size.setdefault(aug.size, []).append(v)
         views: list[torch.Tensor] = [images] * len(self.augs)  # each replaced below
         for size, idx in by_size.items():  # one resampling for all views of a size
-            box = {k: params[k][:, idx].T.reshape(-1) for k in BOX_KEYS}  # view-major, as the cat below
+            box = {k: torch.cat([params[k][:, v] for v in idx]) for k in BOX_KEYS}  # view-major, as the repeat
             crops = crop_flip_batch(images.repeat(len(idx), 1, 1, 1), box, size)
             for v, part in zip(idx, crops.chunk(len(idx))):
                 views[v] = part

@@ -12,6 +12,12 @@ times, in interleaved rounds so that machine noise hits all alike:
 * ``reference`` (``--reference``): every view finished per image in the workers with
   torchvision's kernels (``augment``: the pipeline before the batched part existed).
 
+``--data synthetic`` (the built-in textures, ``--image-size`` px, ``--images`` of them) or
+``--data cifar10 --root DIR`` (torchvision's files) time an in-memory dataset instead; with
+``--on-device`` the ``pipeline`` arm is then ``data.on_device=true`` (images held on
+``--device``, views cut and coloured there from index batches, no workers) and a ``loader`` arm
+times the loader path on the same data for comparison.
+
 ``--step`` instead times whole Lightning training steps fed by that loader (``trainer.fit``
 on ``--batches`` batches after ``--warmup``), images/s end to end.
 
@@ -50,14 +56,19 @@ from hvp_lightning.data.augment import ViewAug, augment, to_uint8_tensor  # noqa
 from hvp_lightning.data.datamodule import MultiViewDataset, SSLDataModule  # noqa: E402
 from hvp_lightning.methods import METHODS  # noqa: E402
 
-METHOD_PRESETS = {"simsiam": "simsiam", "simclr": "simclr", "dino": "dino", "ibot": "ibot"}
+METHOD_PRESETS = sorted(p.stem for p in (REPO / "conf" / "method").glob("*.yaml"))  # simsiam, simsiam_cifar, ...
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--method", choices=sorted(METHOD_PRESETS), default="simsiam")
-    p.add_argument("--root", type=Path, default=None, help="ImageNet-layout folder (train/<class>/*); default: generated")
-    p.add_argument("--images", type=int, default=512, help="images in the generated folder")
+    p.add_argument("--method", choices=METHOD_PRESETS, default="simsiam", help="a conf/method preset")
+    p.add_argument("--data", choices=("imagefolder", "synthetic", "cifar10"), default="imagefolder")
+    p.add_argument("--root", type=Path, default=None,
+                   help="imagefolder: ImageNet-layout folder (train/<class>/*), default generated JPEGs; "
+                        "cifar10: torchvision's CIFAR-10 folder")
+    p.add_argument("--images", type=int, default=512, help="images in the generated folder (synthetic: textures)")
+    p.add_argument("--image-size", type=int, default=32, help="--data synthetic: side of the generated images")
+    p.add_argument("--on-device", action="store_true", help="in-memory data: time data.on_device=true as the pipeline")
     p.add_argument("--crop", type=int, default=224, help="data.crop_size (DINO/iBOT: the global crop)")
     p.add_argument("--views", type=int, default=4, help="candidate views per image: > 2 turns HVP on (hvp.num_views)")
     p.add_argument("--workers", type=int, default=2)
@@ -106,8 +117,10 @@ def make_jpeg_folder(root: Path, n: int, classes: int = 8, seed: int = 0) -> Pat
     return root
 
 
-def build_cfg(args: argparse.Namespace, root: Path) -> DictConfig:
-    overrides = [f"method={METHOD_PRESETS[args.method]}", "data=imagefolder", f"data.root={root}",
+def build_cfg(args: argparse.Namespace, root: Path | None) -> DictConfig:
+    data = {"imagefolder": ["data=imagefolder", f"data.root={root}"], "cifar10": ["data=cifar10", f"data.root={root}"],
+            "synthetic": ["data=synthetic", f"data.image_size={args.image_size}", f"data.train_size={args.images}"]}
+    overrides = [f"method={args.method}", *data[args.data], f"data.on_device={str(args.on_device).lower()}",
                  f"data.crop_size={args.crop}", f"data.num_workers={args.workers}",
                  f"method.batch_size={args.batch_size}", f"backbone={args.backbone}", "logger=csv",
                  "trainer=cpu" if args.device == "cpu" else "trainer=gpu"]
@@ -115,8 +128,9 @@ def build_cfg(args: argparse.Namespace, root: Path) -> DictConfig:
         overrides += ["+hvp=on", f"hvp.num_views={args.views}"]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[*overrides, *args.override])
-    with open_dict(cfg):
-        cfg.data.eval_crop_ratio = 0.875
+    if args.data == "imagefolder":
+        with open_dict(cfg):
+            cfg.data.eval_crop_ratio = 0.875
     return cfg
 
 
@@ -147,9 +161,12 @@ def timed_batches(loader: DataLoader, finish: Callable[[Any], Any], device: torc
             _sync(device)
             start, images = time.perf_counter(), 0
         batch = next(it)
-        views = [v.to(device, non_blocking=True) for v in batch["views"]]
-        params = {k: v.to(device, non_blocking=True) for k, v in batch["params"].items()}
-        out = finish(dict(batch, views=views, params=params))
+        if isinstance(batch, torch.Tensor):  # indices of resident images
+            out = finish(batch.to(device, non_blocking=True))
+        else:
+            views = [v.to(device, non_blocking=True) for v in batch["views"]]
+            params = {k: v.to(device, non_blocking=True) for k, v in batch["params"].items()}
+            out = finish(dict(batch, views=views, params=params))
         images += out["views"][0].shape[0]
     _sync(device)
     rate = images / (time.perf_counter() - start)
@@ -163,28 +180,34 @@ def _sync(device: torch.device) -> None:
 
 
 def loader_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.device) -> dict[str, list[float]]:
-    def module(colour_in_workers: bool) -> SSLDataModule:
-        dm = SSLDataModule(cfg.data, METHODS[cfg.method.name].view_augs(cfg), args.batch_size, args.workers,
+    def module(colour_in_workers: bool, on_device: bool = False) -> SSLDataModule:
+        data = cfg.data.copy()
+        with open_dict(data):
+            data.on_device = on_device
+        dm = SSLDataModule(data, METHODS[cfg.method.name].view_augs(cfg), args.batch_size, args.workers,
                            cfg.seed, colour_in_workers=colour_in_workers)
         dm.setup("fit")
         return dm
 
     on_cpu = device.type == "cpu"
-    dm, uint8 = module(on_cpu), module(False)  # as train.py places the colour part; crops only
+    dm, uint8 = module(on_cpu, args.on_device), module(False)  # as train.py runs it; crops only
     arms: dict[str, tuple[DataLoader, Callable[[Any], Any]]] = {
         "pipeline": (dm.train_dataloader(), lambda b: dm.on_after_batch_transfer(b, 0)),
         "workers": (uint8.train_dataloader(), lambda b: b),
     }
+    if args.on_device:  # the loader path on the same in-memory data
+        via_loader = module(on_cpu)
+        arms["loader"] = (via_loader.train_dataloader(), lambda b: via_loader.on_after_batch_transfer(b, 0))
     if on_cpu and not args.skip_main_colour:  # the alternative on CPU: colour in the training process
         arms["colour_in_main"] = (uint8.train_dataloader(), lambda b: uint8.on_after_batch_transfer(b, 0))
     if args.reference:
-        ref = MultiViewDataset(uint8.train_set.raw, ReferenceViews(uint8.views))  # type: ignore[arg-type]
+        ref = MultiViewDataset(uint8.train_raw, ReferenceViews(uint8.views))  # type: ignore[arg-type]
         arms["reference"] = (DataLoader(ref), lambda b: b)
     # Fresh workers per timed run (started during the warm-up batches): persistent ones would
     # go on making the previous arm's prefetched batches while the next arm is timed.
     arms = {name: (DataLoader(loader.dataset, batch_size=args.batch_size, shuffle=True, drop_last=True,
                               num_workers=args.workers, pin_memory=device.type == "cuda", collate_fn=loader.collate_fn),
-                   finish)
+                   finish) if loader.num_workers or name != "pipeline" or not args.on_device else (loader, finish)
             for name, (loader, finish) in arms.items()}
     need = (args.warmup + args.batches) * args.batch_size
     if len(dm.train_set) < need:
@@ -242,10 +265,10 @@ def report(args: argparse.Namespace, res: dict[str, list[float]], device: torch.
     lines = ["| arm | median images/s | min | max | rounds |", "|---|---|---|---|---|"]
     for name, v in res.items():
         lines.append(f"| {name} | {statistics.median(v):.1f} | {min(v):.1f} | {max(v):.1f} | {len(v)} |")
-    if "reference" in res:
-        for name in ("pipeline", "workers"):
-            ratios = [a / b for a, b in zip(res[name], res["reference"])]
-            lines.append(f"| {name} / reference (per round) | {statistics.median(ratios):.2f}x | {min(ratios):.2f}x | "
+    for base in ("reference", "loader"):
+        for name in ("pipeline", "workers") if base in res else ():
+            ratios = [a / b for a, b in zip(res[name], res[base])]
+            lines.append(f"| {name} / {base} (per round) | {statistics.median(ratios):.2f}x | {min(ratios):.2f}x | "
                          f"{max(ratios):.2f}x | {len(ratios)} |")
     head = (f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} CPUs, "
             f"device {device}, torch {torch.__version__}, main-process threads {torch.get_num_threads()}, "
@@ -260,7 +283,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    root = args.root or make_jpeg_folder(REPO / "benchmarks" / ".cache" / "jpeg", args.images)
+    if args.data == "cifar10" and args.root is None:
+        raise SystemExit("--data cifar10 needs --root: the folder holding torchvision's cifar-10-batches-py/")
+    if args.on_device and args.data == "imagefolder":
+        raise SystemExit("--on-device needs in-memory data: --data synthetic or --data cifar10")
+    root = args.root
+    if args.data == "imagefolder" and root is None:
+        root = make_jpeg_folder(REPO / "benchmarks" / ".cache" / "jpeg", args.images)
     cfg = build_cfg(args, root)
     res = step_rounds(args, cfg, device) if args.step else loader_rounds(args, cfg, device)
     text = report(args, res, device, argv)

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from loader import REPO, make_jpeg_folder  # noqa: E402
 
 from hvp_lightning.data.augment import (  # noqa: E402
-    ViewAug, crop_flip, reference_colour, sample_params, to_uint8_tensor,
+    ViewAug, crop_flip, draw_view_params, reference_colour, sample_params, to_uint8_tensor,
 )
 from hvp_lightning.data.batched import JITTER_KEYS, colour, normalise  # noqa: E402
 
@@ -119,7 +119,10 @@ def main(argv: list[str] | None = None) -> None:
     }
     stages: dict[str, tuple[Callable[[], object], int]] = {
         "decode (PIL open + RGB tensor), per image": (lambda: [to_uint8_tensor(Image.open(f)) for f in files], len(files)),
-        "sample_params": (lambda: [sample_params(img, aug) for img in imgs for _ in range(args.views)], n),
+        "sample_params (torchvision's samplers, per view)": (
+            lambda: [sample_params(img, aug) for img in imgs for _ in range(args.views)], n),
+        "draw_view_params (one vectorised draw per image; data.on_device draws per batch)": (
+            lambda: [draw_view_params((aug,) * args.views, img.shape[1], img.shape[2]) for img in imgs], n),
         "crop_flip (resized_crop antialias + flip)": (lambda: [crop_flip(img, p, aug.size) for img, p in zip(
             [i for i in imgs for _ in range(args.views)], plist)], n),
         "collate (default_collate)": (lambda: default_collate(items), n),

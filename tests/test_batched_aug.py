@@ -12,7 +12,7 @@ from torchvision import transforms as T
 from torchvision.transforms.v2 import functional as F
 
 from hvp_lightning.data.augment import (
-    PARAM_NAMES, MultiViewTransform, ViewAug, augment, crop_flip, reference_colour, sample_params,
+    PARAM_NAMES, MultiViewTransform, ViewAug, augment, crop_flip, draw_params, reference_colour, sample_params,
 )
 from hvp_lightning.data.batched import colour, finish_views, gaussian_blur, hue
 from hvp_lightning.data.datamodule import SSLDataModule, finish_batch
@@ -138,16 +138,30 @@ def test_finish_views_equals_the_reference_pipeline_under_one_seed() -> None:
             torch.testing.assert_close(out[v][b], want, rtol=0, atol=1 / 255 / min(a.std) + 1e-5)
 
 
-def test_parameter_distributions_match_torchvision_samplers() -> None:
+def _per_view(img: torch.Tensor, aug: ViewAug, n: int) -> dict[str, torch.Tensor]:
+    draws = [sample_params(img, aug) for _ in range(n)]
+    return {k: torch.stack([d[k] for d in draws]) for k in (*PARAM_NAMES, "jitter_order")}
+
+
+SAMPLERS = {  # torchvision's samplers one view at a time (workers), and the vectorised draw (data.on_device)
+    "per_view": _per_view,
+    "vectorised": lambda img, aug, n: draw_params(n, img.shape[1], img.shape[2], aug),
+}
+
+
+@pytest.mark.parametrize("shape", [(40, 60), (60, 200)], ids=["fits", "fallbacks"])
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_parameter_distributions_match_torchvision_samplers(sampler: str, shape: tuple[int, int]) -> None:
     """Each recorded parameter has the distribution of the torchvision transform it stands
     for: crop boxes against ``RandomResizedCrop.get_params`` drawn independently (two-sample
     KS on area, aspect ratio and position), factors uniform on their ranges, sigma uniform,
     jitter orders uniform over the 24 permutations, each coin at its probability."""
-    n, aug = 3000, ViewAug(size=24, solarize_p=0.2)
-    img = torch.zeros(3, 40, 60, dtype=torch.uint8)
+    n, aug = 3000, ViewAug(size=24, scale=(0.08, 1.0), solarize_p=0.2)
+    img = torch.zeros(3, *shape, dtype=torch.uint8)  # 60 x 200: ~6% of the draws take the centre-crop fallback
     torch.manual_seed(1)
-    draws = [sample_params(img, aug) for _ in range(n)]
-    p = {k: torch.stack([d[k] for d in draws]) for k in (*PARAM_NAMES, "jitter_order")}
+    p = SAMPLERS[sampler](img, aug, n)
+    assert set(p) == {*PARAM_NAMES, "jitter_order"} and p["jitter_order"].shape == (n, 4)
+    assert (p["crop_x"] + p["crop_w"] <= shape[1]).all() and (p["crop_y"] + p["crop_h"] <= shape[0]).all()
     torch.manual_seed(2)
     boxes = torch.tensor([T.RandomResizedCrop.get_params(img, list(aug.scale), list(aug.ratio)) for _ in range(n)],
                          dtype=torch.float32)  # top, left, h, w
@@ -155,6 +169,8 @@ def test_parameter_distributions_match_torchvision_samplers() -> None:
     theirs = {"area": boxes[:, 3] * boxes[:, 2], "ratio": boxes[:, 3] / boxes[:, 2], "x": boxes[:, 1], "y": boxes[:, 0]}
     for k in ours:
         assert stats.ks_2samp(ours[k].numpy(), theirs[k].numpy()).pvalue > 1e-3, k
+    other = SAMPLERS[sampler](img, ViewAug(size=24, scale=(0.12, 1.0)), n)  # the check can tell 0.08 from 0.12
+    assert stats.ks_2samp((other["crop_w"] * other["crop_h"]).numpy(), theirs["area"].numpy()).pvalue < 1e-3
 
     def coin(name: str, prob: float, mask: torch.Tensor | None = None) -> None:
         v = p[name] if mask is None else p[name][mask]

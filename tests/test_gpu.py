@@ -186,3 +186,24 @@ def test_overhead_benchmark_on_gpu(precision: str) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     peaks = [line for line in proc.stdout.splitlines() if "peak GPU memory" in line]
     assert len(peaks) == 2 and all("MiB" in line for line in peaks), proc.stdout[-2000:]
+
+
+def test_resident_crops_on_gpu_match_the_cpu() -> None:
+    """``data.on_device``'s crops cut on the GPU equal the CPU's for the same parameters (one
+    level at most: TF32 matmuls and another summation order may round differently)."""
+    from hvp_lightning.data.augment import ViewAug, draw_params
+    from hvp_lightning.data.resident import crop_flip_batch
+
+    g = torch.Generator().manual_seed(0)
+    imgs = torch.randint(0, 256, (64, 3, 40, 36), generator=g, dtype=torch.uint8)
+    params = draw_params(64, 40, 36, ViewAug(size=24), device="cuda")
+    gpu = crop_flip_batch(imgs.cuda(), params, 24)
+    cpu = crop_flip_batch(imgs, {k: v.cpu() for k, v in params.items()}, 24)
+    assert gpu.device.type == "cuda" and (gpu.cpu().int() - cpu.int()).abs().max() <= 1
+
+
+@pytest.mark.parametrize("method", ["simclr", "dino"])
+def test_run_with_resident_images_on_one_gpu(method: str, tmp_path: Path) -> None:
+    """``data.on_device=true`` on a GPU: images held there, views cut and coloured there, HVP on."""
+    summary = run(gpu_cfg(method, "bf16-mixed", True, "auto", "data.on_device=true"), tmp_path)
+    assert_summary(summary, tmp_path, STEPS, True)

@@ -29,7 +29,7 @@ def load_train_images(run_dir: Path):
     cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
     dm = SSLDataModule(cfg.data, (), 1, 0, int(cfg.get("seed", 0)))
     dm.setup("fit")
-    return cfg, dm.train_set.raw
+    return cfg, dm.train_raw
 
 
 def plot_gallery(run_dir: Path, views: dict[str, np.ndarray], pairs: dict[str, np.ndarray], path: Path,

@@ -17,6 +17,7 @@ from .batched import finish_views
 from .datasets import SafeImageFolder
 from ..options import DATASETS
 from .layout import split_dir
+from .resident import IndexDataset, ResidentImages, stack_images
 from .textures import SyntheticTextures
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,10 @@ class SSLDataModule(L.LightningDataModule):
     runs in the loader workers instead (per image, :class:`FinishedViews`), where it overlaps
     the model's step rather than adding to it. ``colour_in_workers`` forces one or the other; ``None``
     decides from the trainer's device when the training loader is built.
+
+    With ``data.on_device=true`` the training images are held whole on the training device
+    (:class:`.resident.ResidentImages`): the loader yields indices only, and the crops are cut
+    there as well, in :meth:`on_after_batch_transfer`.
     """
 
     def __init__(self, cfg, views: tuple[ViewAug, ...], batch_size: int, num_workers: int, seed: int = 0,
@@ -155,6 +160,7 @@ class SSLDataModule(L.LightningDataModule):
         self.num_workers = usable_workers(num_workers)
         self.colour_in_workers = colour_in_workers
         self.class_names: list[str] = []
+        self.resident: ResidentImages | None = None
 
     def setup(self, stage: str | None = None) -> None:
         if hasattr(self, "train_set"):
@@ -163,7 +169,13 @@ class SSLDataModule(L.LightningDataModule):
         pre = subset(pre, self.cfg.train_subset, seed=0)
         bank = pre if bank is pre or bank is getattr(pre, "dataset", None) else bank
         test = subset(test, self.cfg.test_subset, seed=1)
-        self.train_set = MultiViewDataset(pre, MultiViewTransform(self.views))
+        self.train_raw = pre  # what the logged ``index`` of a training view points into
+        if self.cfg.get("on_device", False):
+            rank = self.trainer.global_rank if self.trainer is not None else 0
+            self.resident = ResidentImages(*stack_images(pre), self.views, seed=self.seed * 1_000_003 + rank)
+            self.train_set: Dataset = IndexDataset(len(self.resident))
+        else:
+            self.train_set = MultiViewDataset(pre, MultiViewTransform(self.views))
         evaluate = EvalTransform(self.cfg.crop_size, self.cfg.eval_crop_ratio, tuple(self.cfg.mean), tuple(self.cfg.std))
         self.bank_set = EvalDataset(bank, evaluate)
         self.test_set = EvalDataset(test, evaluate)
@@ -184,10 +196,15 @@ class SSLDataModule(L.LightningDataModule):
         return self.trainer is None or self.trainer.strategy.root_device.type == "cpu"
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Finish the uint8 training views on their device (evaluation batches pass through)."""
+        """Finish the uint8 training views on their device (evaluation batches pass through);
+        with resident images, a batch of indices becomes its views here first."""
+        if self.resident is not None and isinstance(batch, torch.Tensor):
+            batch = self.resident.views(batch)
         return finish_batch(batch, self.views)
 
     def train_dataloader(self) -> DataLoader:
+        if self.resident is not None:  # indices only: no worker processes needed
+            return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True)
         return self._loader(FinishedViews(self.train_set, self.views) if self._workers_colour() else self.train_set, train=True)
 
     def val_dataloader(self) -> list[DataLoader]:

@@ -1,0 +1,152 @@
+"""Small datasets held whole on the training device, with the views cut there too.
+
+CIFAR-10/100 (150 MB of uint8), STL-10 (2.9 GB with its unlabelled split) and the built-in
+textures fit in an accelerator's memory many times over. Held there (``data.on_device=true``),
+a training batch is a vector of indices: :class:`ResidentImages` draws every view's
+parameters on the device (:func:`.augment.draw_view_params`, the distributions of
+torchvision's samplers), cuts all crops of the batch at once (:func:`crop_flip_batch`), and
+the colour step follows as for loader batches (:func:`.batched.finish_views`). No loader
+workers, no host-to-device copies of images, no per-image Python.
+
+The crop is a resampling written as two batched matrix products: output row ``i`` of a crop is
+a weighted sum of source rows, with the weights of PyTorch's antialiased bilinear resize
+(``interpolate(..., antialias=True)``, which ``torchvision``'s ``resized_crop`` calls: a
+triangle filter stretched by the downscale factor, normalised over the taps inside the crop),
+and likewise for columns; a flip reverses the column weights. The sums run in float32 and are
+rounded to uint8 as torchvision's float path does, so a pixel is within one level (1/255) of
+torchvision's uint8 crop of the same box: its CPU kernel rounds fixed-point weights, and the
+float sums here are ordered differently (the tests measure both).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Subset
+
+from .augment import ViewAug, draw_view_params, to_uint8_tensor
+from .textures import SyntheticTextures
+
+BOX_KEYS = ("crop_x", "crop_y", "crop_w", "crop_h", "flip")  # the parameters a crop needs
+
+
+def resample_weights(start: torch.Tensor, length: torch.Tensor, in_size: int, out_size: int) -> torch.Tensor:
+    """``[n, out_size, in_size]`` weights that resize the segment ``[start, start + length)`` of
+    each of ``n`` rows (or columns) of ``in_size`` pixels to ``out_size`` pixels, as
+    ``interpolate(mode="bilinear", antialias=True, align_corners=False)`` of the cropped segment."""
+    start, length = start.to(torch.float32)[:, None, None], length.to(torch.float32)[:, None, None]
+    scale = length / out_size  # PyTorch's scale for a given output size: in / out
+    centre = scale * (torch.arange(out_size, dtype=torch.float32, device=start.device)[None, :, None] + 0.5)
+    j = torch.arange(in_size, dtype=torch.float32, device=start.device)[None, None, :] - start  # crop coordinates
+    stretch = scale.clamp_min(1.0)  # the filter widens with the downscale factor only
+    w = (1 - ((j - centre + 0.5) / stretch).abs()).clamp_min_(0)
+    w = w * ((j >= 0) & (j < length))
+    return w / w.sum(dim=2, keepdim=True)
+
+
+def crop_flip_batch(images: torch.Tensor, params: dict[str, torch.Tensor], size: int) -> torch.Tensor:
+    """The crops of ``n`` views, uint8 ``[n, 3, size, size]``: ``images`` uint8 ``[n, 3, H, W]``
+    (view ``k`` cut from ``images[k]``), ``params`` ``[n]`` crop boxes and flips as drawn by
+    :func:`.augment.draw_params`."""
+    _, _, h, w = images.shape
+    rows = resample_weights(params["crop_y"], params["crop_h"], h, size)  # [n, S, H]
+    cols = resample_weights(params["crop_x"], params["crop_w"], w, size)  # [n, S, W]
+    cols = torch.where(params["flip"].view(-1, 1, 1) > 0, cols.flip(1), cols)
+    x = torch.matmul(rows[:, None], images.to(torch.float32))  # [n, 3, S, W]
+    x = torch.matmul(x, cols.transpose(1, 2)[:, None])  # [n, 3, S, S]
+    return x.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def stack_images(raw: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 ``[N, 3, H, W]`` images and int64 ``[N]`` labels of an in-memory dataset (CIFAR,
+    STL-10, the textures, or a ``Subset`` of one); every image must have the same size. The
+    arrays the dataset holds are taken as they are (a copy of 50,000 CIFAR images costs
+    milliseconds, not the ~1 s of going through ``__getitem__``)."""
+    if isinstance(raw, Subset):
+        images, labels = stack_images(raw.dataset)
+        index = torch.as_tensor(list(raw.indices), dtype=torch.int64)
+        return images[index], labels[index]
+    held = held_arrays(raw)
+    if held is not None:
+        return held
+    n = len(raw)  # type: ignore[arg-type]
+    if n == 0:
+        raise ValueError("data.on_device=true: the training set is empty")
+    first = to_uint8_tensor(raw[0][0])
+    images = torch.empty((n, *first.shape), dtype=torch.uint8)
+    labels = torch.empty(n, dtype=torch.int64)
+    for i in range(n):
+        img, label = raw[i][:2]
+        img = to_uint8_tensor(img)
+        if img.shape != first.shape:
+            raise ValueError(f"data.on_device=true needs images of one size: image 0 is {tuple(first.shape[1:])}, "
+                             f"image {i} is {tuple(img.shape[1:])}; set data.on_device=false")
+        images[i], labels[i] = img, int(label)
+    return images, labels
+
+
+def held_arrays(raw: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The images and labels a dataset keeps whole, or None: the textures' tensors, and the
+    uint8 arrays of torchvision's CIFAR (``data`` ``[N, H, W, 3]``, ``targets``) and STL-10
+    (``data`` ``[N, 3, H, W]``, ``labels``)."""
+    if isinstance(raw, SyntheticTextures):
+        return raw.images, raw.labels.to(torch.int64)
+    data, labels = getattr(raw, "data", None), getattr(raw, "targets", getattr(raw, "labels", None))
+    if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 4 and labels is not None):
+        return None
+    images = torch.from_numpy(data)
+    if images.shape[-1] == 3 and images.shape[1] != 3:
+        images = images.permute(0, 3, 1, 2)
+    return images.contiguous(), torch.as_tensor(np.asarray(labels), dtype=torch.int64)
+
+
+class IndexDataset(Dataset):
+    """Training items that are indices alone: the loader batches and shuffles them (and
+    Lightning's distributed sampler splits them across ranks) with no worker processes."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class ResidentImages:
+    """A training set held as one uint8 tensor, moved to the device of the first batch of
+    indices it serves; :meth:`views` makes a training batch there."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, augs: Sequence[ViewAug], seed: int) -> None:
+        self.images, self.labels, self.augs, self.seed = images, labels, tuple(augs), seed
+        self.generator: torch.Generator | None = None
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def _on(self, device: torch.device) -> None:
+        if self.images.device != device:
+            self.images, self.labels = self.images.to(device), self.labels.to(device)
+        if self.generator is None or self.generator.device != device:
+            self.generator = torch.Generator(device=device).manual_seed(self.seed)
+
+    def views(self, index: torch.Tensor) -> dict[str, Any]:
+        """The batch a loader would have made for images ``index`` ``[B]``: uint8 views
+        ``[B, 3, S, S]`` per view, ``params`` ``{name: [B, V, ...]}``, labels and indices."""
+        self._on(index.device)
+        images = self.images[index]
+        b, (_, _, h, w) = index.shape[0], images.shape
+        params = draw_view_params(self.augs, h, w, n=b, device=index.device, generator=self.generator)
+        by_size: dict[int, list[int]] = {}
+        for v, aug in enumerate(self.augs):
+            by_size.setdefault(aug.size, []).append(v)
+        views: list[torch.Tensor] = [images] * len(self.augs)  # each replaced below
+        for size, idx in by_size.items():  # one resampling for all views of a size
+            box = {k: torch.cat([params[k][:, v] for v in idx]) for k in BOX_KEYS}  # view-major, as the repeat
+            crops = crop_flip_batch(images.repeat(len(idx), 1, 1, 1), box, size)
+            for v, part in zip(idx, crops.chunk(len(idx))):
+                views[v] = part
+        return {"views": views, "params": params, "label": self.labels[index], "index": index}

@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from loader import REPO, make_jpeg_folder  # noqa: E402
 
 from hvp_lightning.data.augment import (  # noqa: E402
-    ViewAug, crop_flip, draw_view_params, reference_colour, sample_params, to_uint8_tensor,
+    ViewAug, crop_flip, draw_view_params, normalize, reference_colour, sample_params, to_uint8_tensor,
 )
-from hvp_lightning.data.batched import JITTER_KEYS, colour, normalise  # noqa: E402
+from hvp_lightning.data.batched import JITTER_KEYS, colour  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         old = load_baseline(args.baseline)
         stages[f"colour step, params as drawn: {args.baseline.name} (chunks of 8)"] = (lambda: [
             old(crops[j:j + 8], {key: v[j:j + 8] for key, v in params.items()}, k) for j in range(0, n, 8)], n)
-    stages["normalise: batched"] = (lambda: normalise(floats.clone(), aug.mean, aug.std), n)
+    stages["normalise: batched"] = (lambda: normalize(floats.clone(), aug.mean, aug.std), n)
     stages["normalise: torchvision per image"] = (
         lambda: [F.normalize(c.float().div_(255), list(aug.mean), list(aug.std)) for c in crops], n)
     times: dict[str, list[float]] = {s: [] for s in stages}

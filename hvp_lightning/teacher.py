@@ -126,11 +126,17 @@ class Centering(nn.Module):
 
 
 def clip_gradients_per_parameter(params: Sequence[nn.Parameter], clip: float) -> None:
-    """DINO's clipping: each parameter's gradient is rescaled to norm <= ``clip`` on its own."""
-    for p in params:
-        if p.grad is not None:
-            norm = p.grad.detach().norm(2)
-            p.grad.mul_(torch.clamp(clip / (norm + 1e-6), max=1.0))
+    """DINO's clipping: each parameter's gradient is rescaled to norm <= ``clip`` on its own
+    (``clip / (norm + 1e-6)``, at most 1), with torch's multi-tensor kernels: a handful of
+    launches for all parameters instead of two per parameter (a ViT-S has ~150)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    scale = torch._foreach_add(torch._foreach_norm(grads), 1e-6)
+    torch._foreach_reciprocal_(scale)
+    torch._foreach_mul_(scale, clip)
+    torch._foreach_clamp_max_(scale, 1.0)
+    torch._foreach_mul_(grads, scale)
 
 
 class TeacherStudentMixin(L.LightningModule):

@@ -239,3 +239,21 @@ def test_finish_views_on_cuda_equals_cpu() -> None:
         torch.cuda.set_sync_debug_mode("default")
     assert gpu.device.type == "cuda"
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=0, atol=1 / 255 / min(ALL_OPS.std) + 1e-5)
+
+
+def test_normalize_is_torchvisions_up_to_float_rounding() -> None:
+    """One normalisation for training views, the reference and evaluation: torchvision's
+    ``normalize(x / 255)`` for an image or a batch, uint8 in (a new float tensor) or float in
+    (in place), within float32 rounding."""
+    from hvp_lightning.data.augment import normalize
+
+    img = _photo()
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    want = F.normalize(img.float().div(255), list(mean), list(std))
+    got = normalize(img, mean, std)
+    assert got.dtype == torch.float32 and img.dtype == torch.uint8
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    batch = img[None].repeat(2, 1, 1, 1).float()
+    out = normalize(batch, mean, std)
+    assert out.data_ptr() == batch.data_ptr()
+    torch.testing.assert_close(out, want.expand(2, -1, -1, -1), rtol=0, atol=1e-5)

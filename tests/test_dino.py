@@ -18,7 +18,8 @@ from hvp_lightning.heads import DINOHead
 from hvp_lightning.methods import METHODS
 from hvp_lightning.methods.dino import DINO, dino_cross_entropy, dino_exact_selection, dino_loss
 from hvp_lightning.selection import candidate_counts, choose
-from hvp_lightning.teacher import (Centering, cosine_momentum, ema_update, make_teacher, teacher_temperature)
+from hvp_lightning.teacher import (Centering, clip_gradients_per_parameter, cosine_momentum, ema_update, make_teacher,
+                                   teacher_temperature)
 
 from .conftest import make_cfg as compose_cfg, official_pairs, score_and_assert_stateless, tiny_vit_run
 
@@ -350,3 +351,19 @@ def test_tiny_hydra_run(tmp_path: Path) -> None:
     assert not torch.equal(state["centering.center"], torch.zeros_like(state["centering.center"]))
     assert "train/teacher_momentum" in metrics and "hvp/selection_selected_loss_step" in metrics
     assert "hvp/trained_loss_step" in metrics
+
+
+def test_clip_gradients_per_parameter_is_dinos_clip_gradients() -> None:
+    """The official ``utils.clip_gradients``: each gradient times ``min(1, clip / (norm + 1e-6))``
+    on its own (large ones shrink to norm ~clip, small ones stay), parameters without a
+    gradient skipped."""
+    torch.manual_seed(0)
+    params = [nn.Parameter(torch.randn(s)) for s in ((3, 4), (10,), (5, 5, 2), (2,))]
+    for p, gain in zip(params[:3], (3.0, 0.01, 5.0)):
+        p.grad = torch.randn_like(p) * gain
+    want = [p.grad * (0.5 / (p.grad.norm(2) + 1e-6)).clamp(max=1.0) for p in params[:3]]
+    clip_gradients_per_parameter(params, 0.5)
+    for p, w in zip(params[:3], want):
+        torch.testing.assert_close(p.grad, w, rtol=1e-6, atol=0)
+    assert params[3].grad is None
+    assert params[0].grad.norm() == pytest.approx(0.5, rel=1e-5) and params[1].grad.norm() < 0.5

@@ -202,7 +202,14 @@ def augment(img: torch.Tensor, aug: ViewAug) -> tuple[torch.Tensor, dict[str, to
 
 
 def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    return F.normalize(x.float().div_(255), list(mean), list(std))
+    """0..255 values ``[..., 3, H, W]`` (uint8, or float32: then in place) -> float32
+    ``(x / 255 - mean) / std``, torchvision's ``normalize`` after ``/255`` up to float rounding,
+    as one scale and one shift per channel with Python scalars (nothing copied to a device).
+    One function for training views (the batched colour step), the reference and evaluation."""
+    x = x.to(torch.float32)
+    for c, (m, s) in enumerate(zip(mean, std)):
+        x[..., c, :, :].mul_(1 / (255 * s)).sub_(m / s)
+    return x
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as tF
 
-from .augment import ViewAug
+from .augment import ViewAug, normalize
 
 Op = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 JITTER_KEYS = ("brightness", "contrast", "saturation", "hue")  # jitter_order indexes these
@@ -225,15 +225,6 @@ def _colour_masked(x: torch.Tensor, params: dict[str, torch.Tensor], blur_kernel
     return where(params["solarize"].to(x.device) > 0, solarize(x), x)
 
 
-def normalise(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """0..255 values -> ``(x / 255 - mean) / std`` (torchvision's ``normalize`` after ``/255``)
-    in place, as one scale and one shift per channel (float rounding apart, the same values);
-    Python scalars, so nothing is copied to the device."""
-    for c, (m, s) in enumerate(zip(mean, std)):
-        x[:, c].mul_(1 / (255 * s)).sub_(m / s)
-    return x
-
-
 def finish_views(views: Sequence[torch.Tensor], params: dict[str, torch.Tensor],
                  augs: Sequence[ViewAug], sync_free: bool | None = None) -> list[torch.Tensor]:
     """Colour + normalise a loader batch: ``views`` are N uint8 ``[B, 3, S_i, S_i]`` (view i
@@ -249,7 +240,7 @@ def finish_views(views: Sequence[torch.Tensor], params: dict[str, torch.Tensor],
     for (_, kernel, mean, std), idx in groups.items():
         x = torch.cat([views[i] for i in idx])
         p = {k: torch.cat([v[:, i] for i in idx]) for k, v in params.items()}
-        y = normalise(colour(x, p, kernel, sync_free), mean, std)
+        y = normalize(colour(x, p, kernel, sync_free), mean, std)
         for i, part in zip(idx, y.chunk(len(idx))):
             out[i] = part
     return out  # type: ignore[return-value]

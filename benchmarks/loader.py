@@ -19,7 +19,9 @@ times, in interleaved rounds so that machine noise hits all alike:
 times the loader path on the same data for comparison.
 
 ``--step`` instead times whole Lightning training steps fed by that loader (``trainer.fit``
-on ``--batches`` batches after ``--warmup``), images/s end to end.
+on ``--batches`` batches after ``--warmup``), images/s end to end; with ``--on-device`` the
+``step`` arm holds the images on the device and a ``step_loader`` arm, interleaved, feeds the
+same steps from loader workers.
 
 Without ``--root`` an ImageNet-like folder is generated once (``--images`` JPEGs of about
 450x400, smooth colour fields with shapes, quality 90) under ``benchmarks/.cache/``.
@@ -237,24 +239,31 @@ def step_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.device)
             if batch_idx >= args.warmup:
                 self.images += batch["label"].shape[0]
 
-    res: dict[str, list[float]] = {"step": []}
+    variants = {"step": bool(args.on_device)}
+    if args.on_device:  # the worker path on the same data, interleaved
+        variants["step_loader"] = False
+    res: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(args.rounds):
-        L.seed_everything(cfg.seed + r, workers=True, verbose=False)
-        dm = SSLDataModule(cfg.data, METHODS[cfg.method.name].view_augs(cfg), args.batch_size, args.workers, cfg.seed)
-        dm.setup("fit")  # colour placement is decided from the trainer's device when fit builds the loader
-        with open_dict(cfg):
-            cfg.data.num_classes = dm.num_classes
-        model = METHODS[cfg.method.name](cfg)
-        clock = Clock()
-        trainer = L.Trainer(accelerator="cpu" if device.type == "cpu" else "gpu", devices=1, max_epochs=1,
-                            precision=cfg.trainer.get("precision", "32-true"),
-                            limit_train_batches=args.warmup + args.batches, limit_val_batches=0, logger=False,
-                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                            callbacks=[clock], num_sanity_val_steps=0)
-        trainer.fit(model, datamodule=dm)
-        _sync(device)
-        res["step"].append(clock.images / (time.perf_counter() - clock.start))
-        print(f"round {r + 1} step: {res['step'][-1]:.2f} images/s", flush=True)
+        for name, on_device in variants.items():
+            L.seed_everything(cfg.seed + r, workers=True, verbose=False)
+            data = cfg.data.copy()
+            with open_dict(data):
+                data.on_device = on_device
+            dm = SSLDataModule(data, METHODS[cfg.method.name].view_augs(cfg), args.batch_size, args.workers, cfg.seed)
+            dm.setup("fit")  # colour placement is decided from the trainer's device when fit builds the loader
+            with open_dict(cfg):
+                cfg.data.num_classes = dm.num_classes
+            model = METHODS[cfg.method.name](cfg)
+            clock = Clock()
+            trainer = L.Trainer(accelerator="cpu" if device.type == "cpu" else "gpu", devices=1, max_epochs=1,
+                                precision=cfg.trainer.get("precision", "32-true"),
+                                limit_train_batches=args.warmup + args.batches, limit_val_batches=0, logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                                callbacks=[clock], num_sanity_val_steps=0)
+            trainer.fit(model, datamodule=dm)
+            _sync(device)
+            res[name].append(clock.images / (time.perf_counter() - clock.start))
+            print(f"round {r + 1} {name}: {res[name][-1]:.2f} images/s", flush=True)
     return res
 
 
@@ -265,8 +274,9 @@ def report(args: argparse.Namespace, res: dict[str, list[float]], device: torch.
     lines = ["| arm | median images/s | min | max | rounds |", "|---|---|---|---|---|"]
     for name, v in res.items():
         lines.append(f"| {name} | {statistics.median(v):.1f} | {min(v):.1f} | {max(v):.1f} | {len(v)} |")
-    for base in ("reference", "loader"):
-        for name in ("pipeline", "workers") if base in res else ():
+    for base, names in (("reference", ("pipeline", "workers")), ("loader", ("pipeline", "workers")),
+                        ("step_loader", ("step",))):
+        for name in names if base in res else ():
             ratios = [a / b for a, b in zip(res[name], res[base])]
             lines.append(f"| {name} / {base} (per round) | {statistics.median(ratios):.2f}x | {min(ratios):.2f}x | "
                          f"{max(ratios):.2f}x | {len(ratios)} |")

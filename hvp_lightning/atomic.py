@@ -22,8 +22,9 @@ def atomic_write(path: str | Path, write: Callable[[BinaryIO], object]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    f = open(tmp, "xb")  # the usual permissions (umask), unlike mkstemp's; outside the try: not ours if it exists
     try:
-        with open(tmp, "xb") as f:  # the usual permissions (umask), unlike tempfile.mkstemp's private ones
+        with f:
             write(f)
             f.flush()
             os.fsync(f.fileno())

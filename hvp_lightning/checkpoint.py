@@ -257,6 +257,8 @@ def _plain(cfg: DictConfig) -> dict[str, Any]:
     assert isinstance(out, dict)
     if not (out.get("hvp") or {}).get("enabled"):  # absent and disabled are the same run
         out.pop("hvp", None)
+    if not (out.get("data") or {}).get("on_device", True):  # absent (run dirs before the key) and false alike
+        out["data"].pop("on_device")
     return out
 
 

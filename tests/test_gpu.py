@@ -190,7 +190,7 @@ def test_overhead_benchmark_on_gpu(precision: str) -> None:
 
 def test_resident_crops_on_gpu_match_the_cpu() -> None:
     """``data.on_device``'s crops cut on the GPU equal the CPU's for the same parameters (one
-    level at most: TF32 matmuls and another summation order may round differently)."""
+    level at most: float64 sums in another order may round differently at a boundary)."""
     from hvp_lightning.data.augment import ViewAug, draw_params
     from hvp_lightning.data.resident import crop_flip_batch
 
@@ -200,6 +200,29 @@ def test_resident_crops_on_gpu_match_the_cpu() -> None:
     gpu = crop_flip_batch(imgs.cuda(), params, 24)
     cpu = crop_flip_batch(imgs, {k: v.cpu() for k, v in params.items()}, 24)
     assert gpu.device.type == "cuda" and (gpu.cpu().int() - cpu.int()).abs().max() <= 1
+
+
+def test_resident_views_make_no_host_syncs() -> None:
+    """After the first batch (images moved, generator made), cutting and colouring a resident
+    batch on the GPU never waits for the device: no sync under sync-debug mode "error"."""
+    from hvp_lightning.data.augment import ViewAug
+    from hvp_lightning.data.batched import finish_views
+    from hvp_lightning.data.resident import ResidentImages
+
+    g = torch.Generator().manual_seed(0)
+    imgs = torch.randint(0, 256, (32, 3, 40, 36), generator=g, dtype=torch.uint8)
+    augs = (ViewAug(size=24, blur_p=0.5, solarize_p=0.3),) * 2 + (ViewAug(size=12, scale=(0.05, 0.4)),) * 2
+    res = ResidentImages(imgs, torch.arange(32), augs, seed=0)
+    index = torch.randperm(32, generator=g)[:8].cuda()
+    res.views(index)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        batch = res.views(index)
+        out = finish_views(batch["views"], batch["params"], augs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [v.shape for v in out] == [(8, 3, 24, 24)] * 2 + [(8, 3, 12, 12)] * 2 and out[0].is_cuda
 
 
 @pytest.mark.parametrize("method", ["simclr", "dino"])

@@ -60,7 +60,7 @@ def test_resample_weights_are_the_interpolation_of_the_segment() -> None:
     (``align_corners=False``): the matrix times a signal is ``interpolate`` of its segment."""
     start, length = torch.tensor([0.0, 5.0, 17.0]), torch.tensor([40.0, 9.0, 23.0])
     w = resample_weights(start, length, 40, 16)
-    torch.testing.assert_close(w.sum(2), torch.ones(3, 16))
+    torch.testing.assert_close(w.sum(2), torch.ones(3, 16, dtype=w.dtype))
     j = torch.arange(40)
     assert (w[(j[None, None] < start[:, None, None]).expand_as(w)] == 0).all()
     assert (w[(j[None, None] >= (start + length)[:, None, None]).expand_as(w)] == 0).all()
@@ -91,6 +91,34 @@ def test_resident_batch_is_the_loader_batch_of_its_images() -> None:
     other = ResidentImages(imgs, labels, augs, seed=6).views(index)
     assert all(torch.equal(a, b) for a, b in zip(batch["views"], again["views"]))
     assert not torch.equal(batch["params"]["crop_x"], other["params"]["crop_x"])
+
+
+def test_resident_draws_repeat_after_a_resume() -> None:
+    """Epoch e's draws depend on (seed, epoch) alone: a run that served epochs 0..e-1 and one
+    resumed at epoch e (a fresh object, as after loading an epoch-end checkpoint) draw the same
+    parameters; consecutive batches and epochs differ."""
+    imgs, labels = _photos(16, 24, 24), torch.arange(16)
+    augs = (ViewAug(size=16),) * 2
+    index = torch.arange(8)
+    running = ResidentImages(imgs, labels, augs, seed=3)
+    first = [running.views(index, epoch=0)["params"]["crop_x"] for _ in range(2)]
+    epoch1 = [running.views(index, epoch=1)["params"]["crop_x"] for _ in range(2)]
+    resumed = ResidentImages(imgs, labels, augs, seed=3)
+    again = [resumed.views(index, epoch=1)["params"]["crop_x"] for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(epoch1, again))
+    assert not torch.equal(first[0], first[1]) and not torch.equal(first[0], epoch1[0])
+
+
+def test_run_dirs_from_before_the_key_still_resume() -> None:
+    """``data.on_device: false`` is the behaviour of run dirs written before the key existed, so
+    the resume check treats absent and false alike (true is a different run)."""
+    from omegaconf import OmegaConf
+
+    from hvp_lightning.checkpoint import config_differences
+
+    old = OmegaConf.create({"data": {"name": "cifar10"}})
+    assert config_differences(old, OmegaConf.create({"data": {"name": "cifar10", "on_device": False}})) == []
+    assert config_differences(old, OmegaConf.create({"data": {"name": "cifar10", "on_device": True}})) == ["data.on_device"]
 
 
 def test_draw_view_params_keeps_each_views_distribution() -> None:
@@ -191,9 +219,10 @@ def test_run_with_resident_images_trains_and_logs_views(cfg_factory, tmp_path: P
 
 
 def test_resident_batch_makes_no_host_reads(monkeypatch) -> None:
-    """Cutting and colouring resident views reads nothing back to the host (no ``item``,
-    ``tolist``, ``nonzero``, bool tests, copies to the CPU or new host tensors), so on an
-    accelerator the stream never stalls; the CUDA test runs it under sync-debug mode."""
+    """Cutting and colouring resident views calls no Python-level host read (``item``,
+    ``tolist``, ``nonzero``, bool tests, copies to the CPU, new host tensors). Syncs inside C++
+    (a bool-mask index, a host list as an index) are not visible here: the CUDA test
+    (tests/test_gpu.py) runs the same under ``torch.cuda.set_sync_debug_mode("error")``."""
     imgs, labels = _photos(12, 40, 36), torch.arange(12)
     augs = (ViewAug(size=24, blur_p=0.5, solarize_p=0.3),) * 2 + (ViewAug(size=12, scale=(0.05, 0.4)),) * 2
     res = ResidentImages(imgs, labels, augs, seed=0)

@@ -251,3 +251,18 @@ def test_checkpoint_settings_are_validated():
         validate(make_cfg("+trainer.enable_checkpointing=false"))
     with pytest.raises(ConfigError, match=r"checkpoint.every_n_epochs=0 is not allowed"):
         validate(make_cfg("checkpoint.every_n_epochs=0"))
+
+
+def test_resume_with_resident_images_matches_straight_run(tmp_path):
+    """``data.on_device=true``: the views' generator lives outside the checkpoint but is seeded
+    per epoch, so a run restarted from its epoch-1 checkpoint ends where the 2-epoch run ended."""
+    over = [*RUN, "trainer.max_epochs=2", "data.on_device=true"]
+    straight = run(make_cfg(*over, tiny=False), tmp_path / "straight")
+    (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "resumed" / "checkpoints" / "last.ckpt").write_bytes(
+        (tmp_path / "straight" / "checkpoints" / "epoch=001.ckpt").read_bytes())
+    resumed = run(make_cfg(*over, tiny=False), tmp_path / "resumed")
+    a, b = _state(tmp_path / "straight"), _state(tmp_path / "resumed")
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-6, msg=key)
+    assert resumed["steps"] == straight["steps"] == 12 and resumed["knn_top1"] == straight["knn_top1"]

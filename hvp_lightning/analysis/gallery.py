@@ -27,7 +27,9 @@ def load_train_images(run_dir: Path):
     from ..data.datamodule import SSLDataModule
 
     cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
-    dm = SSLDataModule(cfg.data, (), 1, 0, int(cfg.get("seed", 0)))
+    data = cfg.data.copy()
+    data.on_device = False  # the raw images are all it needs: no stacked copy of the set
+    dm = SSLDataModule(data, (), 1, 0, int(cfg.get("seed", 0)))
     dm.setup("fit")
     return cfg, dm.train_raw
 

@@ -199,12 +199,13 @@ class SSLDataModule(L.LightningDataModule):
         """Finish the uint8 training views on their device (evaluation batches pass through);
         with resident images, a batch of indices becomes its views here first."""
         if self.resident is not None and isinstance(batch, torch.Tensor):
-            batch = self.resident.views(batch)
+            batch = self.resident.views(batch, epoch=self.trainer.current_epoch if self.trainer is not None else 0)
         return finish_batch(batch, self.views)
 
     def train_dataloader(self) -> DataLoader:
         if self.resident is not None:  # indices only: no worker processes needed
-            return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True)
+            return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True,
+                              pin_memory=torch.cuda.is_available())  # a truly asynchronous copy of the indices
         return self._loader(FinishedViews(self.train_set, self.views) if self._workers_colour() else self.train_set, train=True)
 
     def val_dataloader(self) -> list[DataLoader]:

@@ -12,10 +12,12 @@ The crop is a resampling written as two batched matrix products: output row ``i`
 a weighted sum of source rows, with the weights of PyTorch's antialiased bilinear resize
 (``interpolate(..., antialias=True)``, which ``torchvision``'s ``resized_crop`` calls: a
 triangle filter stretched by the downscale factor, normalised over the taps inside the crop),
-and likewise for columns; a flip reverses the column weights. The sums run in float32 and are
-rounded to uint8 as torchvision's float path does, so a pixel is within one level (1/255) of
-torchvision's uint8 crop of the same box: its CPU kernel rounds fixed-point weights, and the
-float sums here are ordered differently (the tests measure both).
+and likewise for columns; a flip reverses the column weights. The products run in float64:
+``train.py`` allows TF32 matmuls on GPUs (``set_float32_matmul_precision("high")``), whose
+10-bit inputs would move 2-3% of the pixels by a level; in float64 (exact for uint8 inputs)
+the result, rounded to uint8, is torchvision's float path up to its own float32 rounding, and
+within one level (1/255) of its uint8 CPU kernel, which rounds fixed-point weights (the tests
+measure both). At CIFAR sizes the float64 products cost next to nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .augment import ViewAug, draw_view_params, to_uint8_tensor
 from .textures import SyntheticTextures
 
 BOX_KEYS = ("crop_x", "crop_y", "crop_w", "crop_h", "flip")  # the parameters a crop needs
+EPOCH_STRIDE = 1_000_003  # generator seed = seed * EPOCH_STRIDE + epoch: distinct for any run length
 
 
 def resample_weights(start: torch.Tensor, length: torch.Tensor, in_size: int, out_size: int) -> torch.Tensor:
@@ -51,10 +54,10 @@ def crop_flip_batch(images: torch.Tensor, params: dict[str, torch.Tensor], size:
     (view ``k`` cut from ``images[k]``), ``params`` ``[n]`` crop boxes and flips as drawn by
     :func:`.augment.draw_params`."""
     _, _, h, w = images.shape
-    rows = resample_weights(params["crop_y"], params["crop_h"], h, size)  # [n, S, H]
-    cols = resample_weights(params["crop_x"], params["crop_w"], w, size)  # [n, S, W]
+    rows = resample_weights(params["crop_y"], params["crop_h"], h, size).double()  # [n, S, H]
+    cols = resample_weights(params["crop_x"], params["crop_w"], w, size).double()  # [n, S, W]
     cols = torch.where(params["flip"].view(-1, 1, 1) > 0, cols.flip(1), cols)
-    x = torch.matmul(rows[:, None], images.to(torch.float32))  # [n, 3, S, W]
+    x = torch.matmul(rows[:, None], images.to(torch.float64))  # [n, 3, S, W]
     x = torch.matmul(x, cols.transpose(1, 2)[:, None])  # [n, 3, S, S]
     return x.round_().clamp_(0, 255).to(torch.uint8)
 
@@ -62,15 +65,21 @@ def crop_flip_batch(images: torch.Tensor, params: dict[str, torch.Tensor], size:
 def stack_images(raw: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
     """uint8 ``[N, 3, H, W]`` images and int64 ``[N]`` labels of an in-memory dataset (CIFAR,
     STL-10, the textures, or a ``Subset`` of one); every image must have the same size. The
-    arrays the dataset holds are taken as they are (a copy of 50,000 CIFAR images costs
-    milliseconds, not the ~1 s of going through ``__getitem__``)."""
-    if isinstance(raw, Subset):
-        images, labels = stack_images(raw.dataset)
-        index = torch.as_tensor(list(raw.indices), dtype=torch.int64)
-        return images[index], labels[index]
-    held = held_arrays(raw)
-    if held is not None:
-        return held
+    arrays the dataset holds are taken as they are, a subset's rows picked before the copy (50,000
+    CIFAR images cost milliseconds, not the ~1 s of going through ``__getitem__``)."""
+    base, index = (raw.dataset, list(raw.indices)) if isinstance(raw, Subset) else (raw, None)
+    held = held_arrays(base)
+    if held is None:
+        return read_images(raw)
+    images, labels = held
+    if index is not None:
+        rows = torch.as_tensor(index, dtype=torch.int64)
+        images, labels = images[rows], labels[rows]
+    return images.contiguous(), labels
+
+
+def read_images(raw: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`stack_images` through ``__getitem__``, for datasets that hold no arrays."""
     n = len(raw)  # type: ignore[arg-type]
     if n == 0:
         raise ValueError("data.on_device=true: the training set is empty")
@@ -88,9 +97,9 @@ def stack_images(raw: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def held_arrays(raw: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The images and labels a dataset keeps whole, or None: the textures' tensors, and the
-    uint8 arrays of torchvision's CIFAR (``data`` ``[N, H, W, 3]``, ``targets``) and STL-10
-    (``data`` ``[N, 3, H, W]``, ``labels``)."""
+    """The images ``[N, 3, H, W]`` (a view, not a copy) and labels a dataset keeps whole, or
+    None: the textures' tensors, and the uint8 arrays of torchvision's CIFAR (``data``
+    ``[N, H, W, 3]``, ``targets``) and STL-10 (``data`` ``[N, 3, H, W]``, ``labels``)."""
     if isinstance(raw, SyntheticTextures):
         return raw.images, raw.labels.to(torch.int64)
     data, labels = getattr(raw, "data", None), getattr(raw, "targets", getattr(raw, "labels", None))
@@ -99,7 +108,7 @@ def held_arrays(raw: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
     images = torch.from_numpy(data)
     if images.shape[-1] == 3 and images.shape[1] != 3:
         images = images.permute(0, 3, 1, 2)
-    return images.contiguous(), torch.as_tensor(np.asarray(labels), dtype=torch.int64)
+    return images, torch.as_tensor(np.asarray(labels), dtype=torch.int64)
 
 
 class IndexDataset(Dataset):
@@ -118,25 +127,31 @@ class IndexDataset(Dataset):
 
 class ResidentImages:
     """A training set held as one uint8 tensor, moved to the device of the first batch of
-    indices it serves; :meth:`views` makes a training batch there."""
+    indices it serves; :meth:`views` makes a training batch there.
+
+    Parameters come from a generator on that device, seeded from ``seed`` and the epoch at the
+    first batch of each epoch: a run resumed from an epoch-end checkpoint draws what the
+    uninterrupted run drew (the shuffle order comes from the restored global RNG)."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, augs: Sequence[ViewAug], seed: int) -> None:
         self.images, self.labels, self.augs, self.seed = images, labels, tuple(augs), seed
         self.generator: torch.Generator | None = None
+        self.epoch = -1
 
     def __len__(self) -> int:
         return self.images.shape[0]
 
-    def _on(self, device: torch.device) -> None:
+    def _on(self, device: torch.device, epoch: int) -> None:
         if self.images.device != device:
             self.images, self.labels = self.images.to(device), self.labels.to(device)
-        if self.generator is None or self.generator.device != device:
-            self.generator = torch.Generator(device=device).manual_seed(self.seed)
+        if self.generator is None or self.generator.device != device or epoch != self.epoch:
+            self.generator = torch.Generator(device=device).manual_seed(self.seed * EPOCH_STRIDE + epoch)
+            self.epoch = epoch
 
-    def views(self, index: torch.Tensor) -> dict[str, Any]:
-        """The batch a loader would have made for images ``index`` ``[B]``: uint8 views
-        ``[B, 3, S, S]`` per view, ``params`` ``{name: [B, V, ...]}``, labels and indices."""
-        self._on(index.device)
+    def views(self, index: torch.Tensor, epoch: int = 0) -> dict[str, Any]:
+        """The batch a loader would have made for images ``index`` ``[B]`` in ``epoch``: uint8
+        views ``[B, 3, S, S]`` per view, ``params`` ``{name: [B, V, ...]}``, labels and indices."""
+        self._on(index.device, epoch)
         images = self.images[index]
         b, (_, _, h, w) = index.shape[0], images.shape
         params = draw_view_params(self.augs, h, w, n=b, device=index.device, generator=self.generator)

@@ -10,7 +10,8 @@ times, in interleaved rounds so that machine noise hits all alike:
 * ``workers``: uint8 crops alone (what stays on the CPU when the batched part runs on a GPU);
 * ``colour_in_main`` (CPU only): the batched part in the main process after the transfer;
 * ``reference`` (``--reference``): every view finished per image in the workers with
-  torchvision's kernels (``augment``: the pipeline before the batched part existed).
+  torchvision's kernels (``augment``) from PIL-decoded images: the pipeline before the
+  batched part and the JPEG fast path existed.
 
 ``--data synthetic`` (the built-in textures, ``--image-size`` px, ``--images`` of them) or
 ``--data cifar10 --root DIR`` (torchvision's files) time an in-memory dataset instead; with
@@ -34,6 +35,7 @@ The last line is ``images/s: <number>`` (median over rounds of the main measurem
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime as dt
 import os
 import platform
@@ -56,6 +58,7 @@ sys.path.insert(0, str(REPO))
 
 from hvp_lightning.data.augment import ViewAug, augment, to_uint8_tensor  # noqa: E402
 from hvp_lightning.data.datamodule import MultiViewDataset, SSLDataModule  # noqa: E402
+from hvp_lightning.data.datasets import SafeImageFolder, load_image  # noqa: E402
 from hvp_lightning.methods import METHODS  # noqa: E402
 
 METHOD_PRESETS = sorted(p.stem for p in (REPO / "conf" / "method").glob("*.yaml"))  # simsiam, simsiam_cifar, ...
@@ -203,7 +206,10 @@ def loader_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.devic
     if on_cpu and not args.skip_main_colour:  # the alternative on CPU: colour in the training process
         arms["colour_in_main"] = (uint8.train_dataloader(), lambda b: uint8.on_after_batch_transfer(b, 0))
     if args.reference:
-        ref = MultiViewDataset(uint8.train_raw, ReferenceViews(uint8.views))  # type: ignore[arg-type]
+        raw = copy.copy(uint8.train_raw)
+        if isinstance(raw, SafeImageFolder):
+            raw.loader = load_image  # PIL decoding, as before the JPEG fast path
+        ref = MultiViewDataset(raw, ReferenceViews(uint8.views))  # type: ignore[arg-type]
         arms["reference"] = (DataLoader(ref), lambda b: b)
     # Fresh workers per timed run (started during the warm-up batches): persistent ones would
     # go on making the previous arm's prefetched batches while the next arm is timed.

@@ -41,6 +41,7 @@ from hvp_lightning.data.augment import (  # noqa: E402
     ViewAug, crop_flip, draw_view_params, normalize, reference_colour, sample_params, to_uint8_tensor,
 )
 from hvp_lightning.data.batched import JITTER_KEYS, colour  # noqa: E402
+from hvp_lightning.data.datasets import read_image  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -119,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     }
     stages: dict[str, tuple[Callable[[], object], int]] = {
         "decode (PIL open + RGB tensor), per image": (lambda: [to_uint8_tensor(Image.open(f)) for f in files], len(files)),
+        "decode (read_image: torchvision's JPEG decoder), per image": (
+            lambda: [to_uint8_tensor(read_image(str(f))) for f in files], len(files)),
         "sample_params (torchvision's samplers, per view)": (
             lambda: [sample_params(img, aug) for img in imgs for _ in range(args.views)], n),
         "draw_view_params (one vectorised draw per image; data.on_device draws per batch)": (

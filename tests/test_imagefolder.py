@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
@@ -100,3 +101,35 @@ def test_unreadable_file_is_named_once_across_workers_and_epochs(tmp_path, caplo
     assert seen == {str(bad)}
     named = [r for r in caplog.records if "0_corrupt.png" in r.getMessage()]
     assert len(named) == 1 and "UnidentifiedImageError" in named[0].getMessage()
+
+
+def test_jpegs_decode_to_load_images_pixels(tmp_path):
+    """SafeImageFolder's JPEG path (torchvision's decoder, a uint8 tensor) gives the pixels of
+    the PIL path for colour, grey and EXIF-rotated JPEGs; CMYK JPEGs and a PNG named .jpg go
+    through PIL; a truncated JPEG still raises (so the folder skips it)."""
+    from torchvision.transforms.v2 import functional as TF
+
+    from hvp_lightning.data.augment import to_uint8_tensor
+    from hvp_lightning.data.datasets import read_image
+
+    rng = np.random.default_rng(1)
+    smooth = np.asarray(Image.fromarray(rng.integers(0, 255, (6, 5, 3), dtype=np.uint8)).resize((50, 40), Image.BICUBIC))
+    noisy = np.clip(smooth + rng.normal(0, 20, smooth.shape), 0, 255).astype(np.uint8)
+    Image.fromarray(noisy).save(tmp_path / "rgb.jpg", quality=90)
+    Image.fromarray(noisy).convert("L").save(tmp_path / "grey.JPEG")
+    Image.fromarray(noisy).convert("CMYK").save(tmp_path / "cmyk.jpg")
+    Image.fromarray(noisy).save(tmp_path / "png_named.jpg", format="PNG")
+    for orientation in (3, 6, 8):
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        Image.fromarray(noisy).save(tmp_path / f"rot{orientation}.jpg", exif=exif, quality=95)
+    fast = {"rgb.jpg", "grey.JPEG", "rot3.jpg", "rot6.jpg", "rot8.jpg"}
+    for name in sorted(fast | {"cmyk.jpg", "png_named.jpg"}):
+        path = str(tmp_path / name)
+        got, want = read_image(path), load_image(path)
+        assert isinstance(got, torch.Tensor) == (name in fast), name
+        assert torch.equal(to_uint8_tensor(got), TF.pil_to_tensor(want)), name
+    data = (tmp_path / "rgb.jpg").read_bytes()
+    (tmp_path / "cut.jpg").write_bytes(data[: len(data) // 2])
+    with pytest.raises(OSError):
+        read_image(str(tmp_path / "cut.jpg"))

@@ -22,8 +22,8 @@ from .checkpoint_paths import resolve_checkpoint
 from .data.layout import is_image_file, resolve_auto_crop, split_dir, typical_image_side
 from .errors import ConfigError
 from .options import (BACKBONE_FAMILIES, DATASETS, GLOBAL_PAIRS, IMAGE_EXTENSIONS, IMAGE_SIDES, LOGGERS, METHOD_NAMES,
-                      MODES, OPTIMIZERS, OWNED_TRAINER_KEYS, PRECISIONS, PROTOCOLS, RESIDENT_DATASETS,
-                      TORCHVISION_FOLDERS, TRAINER_PRECISIONS, WANDB_MODES)
+                      MODES, OPTIMIZERS, OWNED_TRAINER_KEYS, PRECISIONS, PROTOCOLS, TORCHVISION_FOLDERS,
+                      TRAINER_PRECISIONS, WANDB_MODES)
 
 log = logging.getLogger(__name__)
 
@@ -218,9 +218,6 @@ def validate_data(cfg: DictConfig) -> None:
     on_device = d.get("on_device", False)
     if not isinstance(on_device, bool):
         fail("data.on_device", on_device, "true or false")
-    if on_device and d.name not in RESIDENT_DATASETS:
-        fail("data.on_device", on_device, f"false for data.name={d.name} (true only for {', '.join(RESIDENT_DATASETS)}: "
-             "small datasets of one image size, held whole on the device)")
     for key in ("train_subset", "test_subset"):
         if d.get(key) is not None:
             int_at_least(cfg, f"data.{key}", 1)

@@ -18,7 +18,6 @@ BACKBONE_FAMILIES = {
 OPTIMIZERS = ("sgd", "adamw", "lars")
 
 DATASETS = ("synthetic", "imagefolder", "cifar10", "cifar100", "stl10")
-RESIDENT_DATASETS = ("synthetic", "cifar10", "cifar100", "stl10")  # data.on_device: small, one image size
 # Where torchvision keeps each dataset under data.root, and its images' side in pixels.
 TORCHVISION_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "stl10": "stl10_binary"}
 IMAGE_SIDES = {"cifar10": 32, "cifar100": 32, "stl10": 96}

@@ -13,7 +13,7 @@ import torch.nn.functional as tF
 from torch.utils.data import Dataset, Subset
 from torchvision.transforms.v2 import functional as F
 
-from hvp_lightning.data.augment import PARAM_NAMES, ViewAug, crop_flip, draw_params, draw_view_params
+from hvp_lightning.data.augment import PARAM_NAMES, ViewAug, crop_flip, draw_params, draw_view_params, to_uint8_tensor
 from hvp_lightning.data.batched import finish_views
 from hvp_lightning.data.datamodule import SSLDataModule
 from hvp_lightning.data.resident import ResidentImages, crop_flip_batch, resample_weights, stack_images
@@ -180,6 +180,31 @@ def test_stack_images_takes_the_arrays_each_dataset_holds() -> None:
     assert images.shape == (4, 3, 8, 6) and labels.tolist() == [-1, 0, 1, 2]
     with pytest.raises(ValueError, match="data.on_device=true needs images of one size"):
         stack_images(_Items([(torch.zeros(3, 8, 8, dtype=torch.uint8), 0), (torch.zeros(3, 8, 9, dtype=torch.uint8), 1)]))
+
+
+def test_a_folder_of_one_image_size_is_held_and_a_too_large_one_refused(tmp_path, cfg_factory, monkeypatch) -> None:
+    """An image folder of one size (CIFAR-10 as JPEGs) can be held: its images, read through
+    the folder's own loader, equal the loader path's; a set above the size limit is refused
+    before it is read, naming the key."""
+    from PIL import Image
+
+    from hvp_lightning.data import resident
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for cls in ("a", "b"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            for i in range(3):
+                Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(tmp_path / split / cls / f"{i}.jpg")
+    cfg = cfg_factory("data=imagefolder", f"data.root={tmp_path}", "data.on_device=true", "data.crop_size=12")
+    dm = SSLDataModule(cfg.data, (ViewAug(size=12),) * 2, batch_size=2, num_workers=0)
+    dm.setup("fit")
+    assert dm.resident is not None and dm.resident.images.shape == (6, 3, 12, 12)
+    assert all(torch.equal(dm.resident.images[i], to_uint8_tensor(dm.train_raw[i][0])) for i in range(6))
+    assert dm.resident.labels.tolist() == [0, 0, 0, 1, 1, 1]
+    monkeypatch.setattr(resident, "MAX_RESIDENT_BYTES", 1000)
+    with pytest.raises(ValueError, match=r"data.on_device=true would hold 6 images .* set data.on_device=false"):
+        stack_images(dm.train_raw)
 
 
 def test_datamodule_on_device_yields_indices_and_finishes_them_after_transfer(cfg_factory) -> None:

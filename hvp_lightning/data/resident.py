@@ -1,7 +1,8 @@
 """Small datasets held whole on the training device, with the views cut there too.
 
-CIFAR-10/100 (150 MB of uint8), STL-10 (2.9 GB with its unlabelled split) and the built-in
-textures fit in an accelerator's memory many times over. Held there (``data.on_device=true``),
+CIFAR-10/100 (150 MB of uint8), STL-10 (2.9 GB with its unlabelled split), the built-in
+textures and image folders of one small image size (CIFAR-10 as JPEGs) fit in an
+accelerator's memory many times over. Held there (``data.on_device=true``),
 a training batch is a vector of indices: :class:`ResidentImages` draws every view's
 parameters on the device (:func:`.augment.draw_view_params`, the distributions of
 torchvision's samplers), cuts all crops of the batch at once (:func:`crop_flip_batch`), and
@@ -22,16 +23,21 @@ measure both). At CIFAR sizes the float64 products cost next to nothing.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, Sequence
 
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import Dataset, Subset
 
 from .augment import ViewAug, draw_view_params, to_uint8_tensor
 from .textures import SyntheticTextures
 
 BOX_KEYS = ("crop_x", "crop_y", "crop_w", "crop_h", "flip")  # the parameters a crop needs
+log = logging.getLogger(__name__)
+MAX_RESIDENT_BYTES = 16 * 2**30  # STL-10 with its unlabelled split is 2.9 GB; ImageNet at 224 px ~190 GB
 EPOCH_STRIDE = 1_000_003  # generator seed = seed * EPOCH_STRIDE + epoch: distinct for any run length
 
 
@@ -79,14 +85,25 @@ def stack_images(raw: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def read_images(raw: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`stack_images` through ``__getitem__``, for datasets that hold no arrays."""
+    """:func:`stack_images` through ``__getitem__``, for datasets that hold no arrays (an image
+    folder of one image size, such as CIFAR-10 as JPEGs); refuses more than
+    :data:`MAX_RESIDENT_BYTES` before reading them all."""
     n = len(raw)  # type: ignore[arg-type]
     if n == 0:
         raise ValueError("data.on_device=true: the training set is empty")
     first = to_uint8_tensor(raw[0][0])
+    need = n * first.numel()
+    if need > MAX_RESIDENT_BYTES:
+        raise ValueError(f"data.on_device=true would hold {n} images of {tuple(first.shape[1:])} px: "
+                         f"{need / 2**30:.1f} GiB, more than {MAX_RESIDENT_BYTES / 2**30:.0f} GiB; set data.on_device=false")
     images = torch.empty((n, *first.shape), dtype=torch.uint8)
     labels = torch.empty(n, dtype=torch.int64)
+    say = log.info if rank_zero_only.rank == 0 else (lambda *args: None)  # every rank reads; one says so
+    say("data.on_device: reading %d training images (%.0f MiB) into one tensor", n, need / 2**20)
+    start = time.monotonic()
     for i in range(n):
+        if i and i % 10_000 == 0:
+            say("data.on_device: %d/%d images read (%.0f s)", i, n, time.monotonic() - start)
         img, label = raw[i][:2]
         img = to_uint8_tensor(img)
         if img.shape != first.shape:

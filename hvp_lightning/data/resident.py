@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_only
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from .augment import ViewAug, draw_view_params, to_uint8_tensor
 from .textures import SyntheticTextures
@@ -68,15 +68,15 @@ def crop_flip_batch(images: torch.Tensor, params: dict[str, torch.Tensor], size:
     return x.round_().clamp_(0, 255).to(torch.uint8)
 
 
-def stack_images(raw: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+def stack_images(raw: Dataset, workers: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """uint8 ``[N, 3, H, W]`` images and int64 ``[N]`` labels of an in-memory dataset (CIFAR,
-    STL-10, the textures, or a ``Subset`` of one); every image must have the same size. The
-    arrays the dataset holds are taken as they are, a subset's rows picked before the copy (50,000
-    CIFAR images cost milliseconds, not the ~1 s of going through ``__getitem__``)."""
+    STL-10, the textures, an image folder of one image size, or a ``Subset`` of one). The
+    arrays a dataset holds are taken as they are, a subset's rows picked before the copy
+    (50,000 CIFAR images cost milliseconds); others are read once, by ``workers`` processes."""
     base, index = (raw.dataset, list(raw.indices)) if isinstance(raw, Subset) else (raw, None)
     held = held_arrays(base)
     if held is None:
-        return read_images(raw)
+        return read_images(raw, workers)
     images, labels = held
     if index is not None:
         rows = torch.as_tensor(index, dtype=torch.int64)
@@ -84,10 +84,10 @@ def stack_images(raw: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
     return images.contiguous(), labels
 
 
-def read_images(raw: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`stack_images` through ``__getitem__``, for datasets that hold no arrays (an image
-    folder of one image size, such as CIFAR-10 as JPEGs); refuses more than
-    :data:`MAX_RESIDENT_BYTES` before reading them all."""
+def read_images(raw: Dataset, workers: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`stack_images` through ``__getitem__`` (decoded in ``workers`` loader processes),
+    for datasets that hold no arrays; refuses more than :data:`MAX_RESIDENT_BYTES` before
+    reading them all, and images of another size than the first."""
     n = len(raw)  # type: ignore[arg-type]
     if n == 0:
         raise ValueError("data.on_device=true: the training set is empty")
@@ -96,21 +96,31 @@ def read_images(raw: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
     if need > MAX_RESIDENT_BYTES:
         raise ValueError(f"data.on_device=true would hold {n} images of {tuple(first.shape[1:])} px: "
                          f"{need / 2**30:.1f} GiB, more than {MAX_RESIDENT_BYTES / 2**30:.0f} GiB; set data.on_device=false")
-    images = torch.empty((n, *first.shape), dtype=torch.uint8)
-    labels = torch.empty(n, dtype=torch.int64)
     say = log.info if rank_zero_only.rank == 0 else (lambda *args: None)  # every rank reads; one says so
     say("data.on_device: reading %d training images (%.0f MiB) into one tensor", n, need / 2**20)
-    start = time.monotonic()
-    for i in range(n):
-        if i and i % 10_000 == 0:
-            say("data.on_device: %d/%d images read (%.0f s)", i, n, time.monotonic() - start)
-        img, label = raw[i][:2]
-        img = to_uint8_tensor(img)
-        if img.shape != first.shape:
+    images = torch.empty((n, *first.shape), dtype=torch.uint8)
+    labels = torch.empty(n, dtype=torch.int64)
+    start, i = time.monotonic(), 0
+    for batch, batch_labels in DataLoader(raw, batch_size=256, num_workers=workers, collate_fn=uint8_items):
+        odd = next((k for k, img in enumerate(batch) if img.shape != first.shape), None)
+        if odd is not None:
             raise ValueError(f"data.on_device=true needs images of one size: image 0 is {tuple(first.shape[1:])}, "
-                             f"image {i} is {tuple(img.shape[1:])}; set data.on_device=false")
-        images[i], labels[i] = img, int(label)
+                             f"image {i + odd} is {tuple(batch[odd].shape[1:])}; set data.on_device=false")
+        images[i:i + len(batch)] = batch if isinstance(batch, torch.Tensor) else torch.stack(batch)
+        labels[i:i + len(batch)] = batch_labels
+        i += len(batch)
+        if i // 256 % 40 == 0 and i < n:  # about every 10,000 images
+            say("data.on_device: %d/%d images read (%.0f s)", i, n, time.monotonic() - start)
     return images, labels
+
+
+def uint8_items(items: list) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
+    """Collate for :func:`read_images`: the images as uint8 ``[3, H, W]``, stacked into one
+    tensor when they share a size (one shared-memory transfer per batch instead of one per
+    image), and the labels."""
+    imgs = [to_uint8_tensor(item[0]) for item in items]
+    same = all(img.shape == imgs[0].shape for img in imgs)
+    return torch.stack(imgs) if same else imgs, torch.tensor([int(item[1]) for item in items])
 
 
 def held_arrays(raw: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -172,7 +172,7 @@ class SSLDataModule(L.LightningDataModule):
         self.train_raw = pre  # what the logged ``index`` of a training view points into
         if self.cfg.get("on_device", False):
             rank = self.trainer.global_rank if self.trainer is not None else 0
-            self.resident = ResidentImages(*stack_images(pre, self.num_workers), self.views, seed=self.seed * 1_000_003 + rank)
+            self.resident = ResidentImages(*stack_images(pre, self.num_workers), self.views, self.seed, rank)
             self.train_set: Dataset = IndexDataset(len(self.resident))
         else:
             self.train_set = MultiViewDataset(pre, MultiViewTransform(self.views))

@@ -38,7 +38,7 @@ from .textures import SyntheticTextures
 BOX_KEYS = ("crop_x", "crop_y", "crop_w", "crop_h", "flip")  # the parameters a crop needs
 log = logging.getLogger(__name__)
 MAX_RESIDENT_BYTES = 16 * 2**30  # STL-10 with its unlabelled split is 2.9 GB; ImageNet at 224 px ~190 GB
-EPOCH_STRIDE = 1_000_003  # generator seed = seed * EPOCH_STRIDE + epoch: distinct for any run length
+SEED_STRIDE = 1_000_003  # generator seed = (seed * stride + rank) * stride + epoch: distinct for any run
 
 
 def resample_weights(start: torch.Tensor, length: torch.Tensor, in_size: int, out_size: int) -> torch.Tensor:
@@ -156,12 +156,15 @@ class ResidentImages:
     """A training set held as one uint8 tensor, moved to the device of the first batch of
     indices it serves; :meth:`views` makes a training batch there.
 
-    Parameters come from a generator on that device, seeded from ``seed`` and the epoch at the
-    first batch of each epoch: a run resumed from an epoch-end checkpoint draws what the
-    uninterrupted run drew (the shuffle order comes from the restored global RNG)."""
+    Parameters come from a generator on that device, seeded from ``seed``, the process's
+    ``rank`` and the epoch at the first batch of each epoch: ranks draw differently, and a run
+    resumed from an epoch-end checkpoint draws what the uninterrupted run drew (the shuffle
+    order comes from the restored global RNG)."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, augs: Sequence[ViewAug], seed: int) -> None:
-        self.images, self.labels, self.augs, self.seed = images, labels, tuple(augs), seed
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, augs: Sequence[ViewAug], seed: int,
+                 rank: int = 0) -> None:
+        self.images, self.labels, self.augs = images, labels, tuple(augs)
+        self.seed = seed * SEED_STRIDE + rank
         self.generator: torch.Generator | None = None
         self.epoch = -1
 
@@ -172,7 +175,7 @@ class ResidentImages:
         if self.images.device != device:
             self.images, self.labels = self.images.to(device), self.labels.to(device)
         if self.generator is None or self.generator.device != device or epoch != self.epoch:
-            self.generator = torch.Generator(device=device).manual_seed(self.seed * EPOCH_STRIDE + epoch)
+            self.generator = torch.Generator(device=device).manual_seed(self.seed * SEED_STRIDE + epoch)
             self.epoch = epoch
 
     def views(self, index: torch.Tensor, epoch: int = 0) -> dict[str, Any]:

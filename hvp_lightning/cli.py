@@ -132,7 +132,7 @@ def evaluate_main(cfg: DictConfig) -> float | None:
         check_eval_options(cfg)  # the config alone, before the heavy imports
         from .evaluation import evaluate
 
-        summary = evaluate(cfg)
+        summary = evaluate(cfg, options_checked=True)
     except user_errors() as err:  # bad settings or checkpoint: one line, no traceback
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)

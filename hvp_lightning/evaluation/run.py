@@ -95,10 +95,13 @@ def run_classifier(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[
     return fit_classifier(cfg, model, train_loader, test_loader, s["epochs"], logger)
 
 
-def evaluate(cfg: DictConfig) -> dict[str, Any]:
-    """Run ``cfg.protocol`` on ``cfg.ckpt``; return the summary (also in eval_summary.json)."""
+def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
+    """Run ``cfg.protocol`` on ``cfg.ckpt``; return the summary (also in eval_summary.json).
+    ``options_checked``: :func:`hvp_lightning.config.check_eval_options` has passed on ``cfg``
+    (the CLI runs it before the heavy imports; callers of this API need not)."""
     start = time.time()
-    check_eval_options(cfg)  # callers of this API skip the CLI, which runs it before the heavy imports
+    if not options_checked:
+        check_eval_options(cfg)
     protocol = cfg.protocol.name
     ckpt_path, run_dir = resolve_checkpoint(cfg.ckpt)
     ckpt = load_checkpoint(ckpt_path)

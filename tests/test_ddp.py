@@ -317,3 +317,12 @@ def test_ddp_train_every_method(method: str, tmp_path: Path) -> None:
     if method != "simclr":
         state = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
         assert state["centering.center"].abs().sum() > 0
+
+
+def test_ddp_train_with_resident_images(tmp_path: Path) -> None:
+    """``data.on_device=true`` under DDP: Lightning's distributed sampler splits the index
+    batches (2 steps of 2 x 16, every image once), each rank holds the images and cuts its own
+    views, and the run ends as the loader-fed one does."""
+    summary, stdout = _ddp_run("simclr", tmp_path, "eval.at_start=false", "data.on_device=true")
+    _check_world_size_two("simclr", summary, stdout)
+    assert OmegaConf.load(tmp_path / "config.yaml").data.on_device is True

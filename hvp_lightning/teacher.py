@@ -102,10 +102,12 @@ class Centering(nn.Module):
     @torch.no_grad()
     def accumulate(self, teacher_logits: torch.Tensor | Iterable[torch.Tensor]) -> None:
         """Add teacher outputs to the pending update (no communication, centre unchanged)."""
-        if not isinstance(teacher_logits, torch.Tensor):
-            teacher_logits = torch.cat([t.reshape(-1, t.shape[-1]) for t in teacher_logits])
-        x = teacher_logits.detach().reshape(-1, teacher_logits.shape[-1]).float()
-        stats = torch.cat([x.sum(0), x.new_tensor([float(x.shape[0])])])
+        parts = [teacher_logits] if isinstance(teacher_logits, torch.Tensor) else list(teacher_logits)
+        dim = parts[0].shape[-1]
+        # Column sums in fp32 per tensor: no concatenated or fp32 copy of the (large) logits.
+        total = sum(t.detach().reshape(-1, dim).sum(0, dtype=torch.float32) for t in parts)
+        count = sum(t.numel() // dim for t in parts)
+        stats = torch.cat([total, torch.full((1,), float(count), device=total.device)])  # no host-to-device copy
         self._pending = stats if self._pending is None else self._pending + stats
 
     @torch.no_grad()

@@ -171,7 +171,7 @@ class SweepSummary(Callback):
             if isinstance(err, CompactHydraException) and err.__cause__ is not None:
                 err = err.__cause__  # train.py wraps a config error so that Hydra prints it in one line
             message = " ".join(f"{type(err).__name__}: {err}".split())
-            (Path(config.hydra.runtime.output_dir) / ERROR_FILE).write_text(message + "\n")
+            atomic_write_text(Path(config.hydra.runtime.output_dir) / ERROR_FILE, message + "\n")
         log.info("sweep summary so far: %s", write_sweep_summary(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

@@ -13,6 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .analysis.callback import analysis_callbacks
+from .atomic import atomic_write_text
 from .checkpoint import AtomicCheckpointIO, RunCheckpoint, resume_checkpoint
 from .config import validate
 from .errors import ConfigError
@@ -98,7 +99,7 @@ def run(cfg: DictConfig, run_dir: Path, options_checked: bool = False) -> dict[s
     summary["knn_top1_init"] = model.knn_init
     summary["sync_batchnorm_layers"] = sync_bn[0].converted if sync_bn else 0
     if trainer.is_global_zero:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")  # sweeps read it live
         OmegaConf.save(cfg, run_dir / "config.yaml")
     _close_logger(trainer, summary)
     return summary

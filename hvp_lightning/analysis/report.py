@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..atomic import atomic_write_text
 from .gallery import plot_gallery
 from .importance import importance
 from .logs import load_steps, load_table
@@ -127,7 +128,7 @@ def analyse(run_dir: Path | str, baseline_dir: Path | str | None = None, out_dir
                 notes.append(f"gallery skipped: cannot rebuild the training images ({type(err).__name__}: {err})")
     result["figures"] = figures
     result["notes"] = notes
-    (out / "analysis.json").write_text(json.dumps(json_safe(result), indent=2) + "\n")
+    atomic_write_text(out / "analysis.json", json.dumps(json_safe(result), indent=2) + "\n")
     return result
 
 

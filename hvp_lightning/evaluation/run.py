@@ -22,6 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, TensorDataset
 
+from ..atomic import atomic_write_text
 from ..backbones import Backbone
 from ..checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
 from ..config import check_eval_options, fail
@@ -146,7 +147,7 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
         "chance": 1 / len(data.classes),
         "wall_time_s": round(time.time() - start, 1),
     }
-    (out_dir / "eval_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(out_dir / "eval_summary.json", json.dumps(summary, indent=2) + "\n")
     OmegaConf.save(cfg, out_dir / "eval_config.yaml")
     finish_logger(logger, summary)
     summary["out_dir"] = str(out_dir)

@@ -61,17 +61,16 @@ def check_multicrop(cfg: DictConfig) -> None:
     """DINO/iBOT multi-crop settings (``method.*`` crops and scales against the backbone)."""
     m = cfg.method
     if int(m.num_local_crops) < 0:
-        raise ConfigError(f"method.num_local_crops={m.num_local_crops!r} is not allowed: expected an integer >= 0")
+        fail("method.num_local_crops", m.num_local_crops, "expected an integer >= 0")
     if int(m.num_local_crops) > 0 and int(m.local_crop_size) < 1:
-        raise ConfigError(f"method.local_crop_size={m.local_crop_size!r} is not allowed: expected an integer >= 1")
+        fail("method.local_crop_size", m.local_crop_size, "expected an integer >= 1")
     b = cfg.backbone
     if BACKBONE_FAMILIES[b.name] == "vit" and int(m.num_local_crops) > 0 and m.local_crop_size % b.patch_size:
-        raise ConfigError(f"method.local_crop_size={m.local_crop_size!r} is not allowed: a multiple of "
-                          f"backbone.patch_size={b.patch_size} for {b.name}")
+        fail("method.local_crop_size", m.local_crop_size, f"a multiple of backbone.patch_size={b.patch_size} for {b.name}")
     for key in ("global_scale", "local_scale"):
         lo, hi = m[key]
         if not 0 < lo <= hi <= 1:
-            raise ConfigError(f"method.{key}={list(m[key])!r} is not allowed: two numbers 0 < min <= max <= 1")
+            fail(f"method.{key}", list(m[key]), "two numbers 0 < min <= max <= 1")
 
 
 def check_ibot(cfg: DictConfig) -> None:
@@ -82,14 +81,13 @@ def check_ibot(cfg: DictConfig) -> None:
                           f"one of {', '.join(n for n, f in BACKBONE_FAMILIES.items() if f == 'vit')}")
     lo, hi = m.mask_ratio
     if not 0 <= lo <= hi <= 1:
-        raise ConfigError(f"method.mask_ratio={list(m.mask_ratio)!r} is not allowed: two numbers 0 <= min <= max <= 1")
-    if not 0 <= m.mask_prob <= 1:
-        raise ConfigError(f"method.mask_prob={m.mask_prob!r} is not allowed: expected a probability in [0, 1]")
+        fail("method.mask_ratio", list(m.mask_ratio), "two numbers 0 <= min <= max <= 1")
+    _prob(cfg, "method.mask_prob")
     if not 0 < m.mask_min_aspect <= 1:
-        raise ConfigError(f"method.mask_min_aspect={m.mask_min_aspect!r} is not allowed: expected 0 < value <= 1")
+        fail("method.mask_min_aspect", m.mask_min_aspect, "expected 0 < value <= 1")
     for key in ("lambda1", "lambda2"):
         if not m[key] >= 0:
-            raise ConfigError(f"method.{key}={m[key]!r} is not allowed: expected >= 0")
+            fail(f"method.{key}", m[key], "expected >= 0")
 
 
 def check_options(cfg: DictConfig) -> None:
@@ -286,7 +284,7 @@ def check_candidate_counts(cfg: DictConfig) -> None:
         return
     g = h.get("num_global_candidates") or h.num_views
     if int(g) < 2:
-        raise ConfigError(f"hvp.num_global_candidates={g!r} is not allowed: expected an integer >= 2")
+        fail("hvp.num_global_candidates", g, "expected an integer >= 2")
     num_local, lc = int(cfg.method.num_local_crops), h.get("num_local_candidates")
     if lc is None:
         return
@@ -294,8 +292,7 @@ def check_candidate_counts(cfg: DictConfig) -> None:
         raise ConfigError(f"hvp.num_local_candidates={lc!r} is not allowed for method=ibot: it selects among "
                           f"global views only (leave it unset or = method.num_local_crops={num_local})")
     if int(lc) < num_local:
-        raise ConfigError(f"hvp.num_local_candidates={lc!r} is not allowed: expected an integer >= "
-                          f"method.num_local_crops={num_local}")
+        fail("hvp.num_local_candidates", lc, f"expected an integer >= method.num_local_crops={num_local}")
 
 
 def _validate_analysis(cfg: DictConfig) -> None:

@@ -41,7 +41,7 @@ def combination_loss(ce: torch.Tensor, pairs: torch.Tensor, locals_: torch.Tenso
     return (pair_terms + local_terms.sum(-1)) / (2 * locals_.shape[-1] + 2)
 
 
-def uniform_subsets(shape: tuple[int, ...], n: int, k: int, generator: torch.Generator | None,
+def _uniform_subsets(shape: tuple[int, ...], n: int, k: int, generator: torch.Generator | None,
                     device: torch.device) -> torch.Tensor:
     """Uniformly random k-subsets of ``range(n)``, one per entry of ``shape``: ``[*shape, k]``."""
     return torch.rand(*shape, n, generator=generator).argsort(-1)[..., :k].to(device)
@@ -70,7 +70,7 @@ def dino_combination_table(ce: torch.Tensor, num_globals: int, num_local: int, m
     if max_combinations is not None and max_combinations < total:
         pick = torch.randint(pairs.shape[0], (bsz, max_combinations), generator=generator).to(ce.device)
         cpairs = pairs[pick]
-        clocals = uniform_subsets((bsz, max_combinations), lc, num_local, generator, ce.device)
+        clocals = _uniform_subsets((bsz, max_combinations), lc, num_local, generator, ce.device)
         return CombinationTable(combination_loss(ce, cpairs, clocals, g), cpairs, clocals)
     g1, g2 = pairs.unbind(1)
     pair_terms = ce[:, g1, g2] + ce[:, g2, g1]  # [B, P]
@@ -81,7 +81,7 @@ def dino_combination_table(ce: torch.Tensor, num_globals: int, num_local: int, m
         idx = ranked.topk(num_local, dim=-1, largest=mode == "hard").indices
         vals = local_terms.gather(-1, idx)
     elif mode == "random":
-        idx = uniform_subsets(tuple(local_terms.shape[:2]), lc, num_local, generator, ce.device)
+        idx = _uniform_subsets(tuple(local_terms.shape[:2]), lc, num_local, generator, ce.device)
         vals = local_terms.gather(-1, idx)
     else:
         raise ValueError(f"mode={mode!r}; allowed: hard, easy, random")

@@ -102,11 +102,11 @@ def read_images(raw: Dataset, workers: int = 0) -> tuple[torch.Tensor, torch.Ten
     labels = torch.empty(n, dtype=torch.int64)
     start, i = time.monotonic(), 0
     for batch, batch_labels in DataLoader(raw, batch_size=256, num_workers=workers, collate_fn=uint8_items):
-        odd = next((k for k, img in enumerate(batch) if img.shape != first.shape), None)
-        if odd is not None:
+        if isinstance(batch, list) or batch.shape[1:] != first.shape:  # a list: sizes differ within the batch
+            odd = next(k for k, img in enumerate(batch) if img.shape != first.shape)
             raise ValueError(f"data.on_device=true needs images of one size: image 0 is {tuple(first.shape[1:])}, "
                              f"image {i + odd} is {tuple(batch[odd].shape[1:])}; set data.on_device=false")
-        images[i:i + len(batch)] = batch if isinstance(batch, torch.Tensor) else torch.stack(batch)
+        images[i:i + len(batch)] = batch
         labels[i:i + len(batch)] = batch_labels
         i += len(batch)
         if i // 256 % 40 == 0 and i < n:  # about every 10,000 images

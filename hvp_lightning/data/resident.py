@@ -56,16 +56,22 @@ def resample_weights(start: torch.Tensor, length: torch.Tensor, in_size: int, ou
 
 
 def crop_flip_batch(images: torch.Tensor, params: dict[str, torch.Tensor], size: int) -> torch.Tensor:
-    """The crops of ``n`` views, uint8 ``[n, 3, size, size]``: ``images`` uint8 ``[n, 3, H, W]``
-    (view ``k`` cut from ``images[k]``), ``params`` ``[n]`` crop boxes and flips as drawn by
-    :func:`.augment.draw_params`."""
-    _, _, h, w = images.shape
-    rows = resample_weights(params["crop_y"], params["crop_h"], h, size).double()  # [n, S, H]
-    cols = resample_weights(params["crop_x"], params["crop_w"], w, size).double()  # [n, S, W]
-    cols = torch.where(params["flip"].view(-1, 1, 1) > 0, cols.flip(1), cols)
-    x = torch.matmul(rows[:, None], images.to(torch.float64))  # [n, 3, S, W]
-    x = torch.matmul(x, cols.transpose(1, 2)[:, None])  # [n, 3, S, S]
-    return x.round_().clamp_(0, 255).to(torch.uint8)
+    """The crops of ``n`` images, uint8: ``images`` uint8 ``[n, 3, H, W]``, ``params`` crop boxes
+    and flips as drawn by :func:`.augment.draw_params`, ``[n]`` (one view of each image ->
+    ``[n, 3, size, size]``) or ``[n, K]`` (K views of each -> ``[n, K, 3, size, size]``: the
+    row weights of all K stack into one product per image, so the images are not copied K times)."""
+    n, _, h, w = images.shape
+    per_image = params["crop_x"].dim() == 2
+    k = params["crop_x"].shape[1] if per_image else 1
+    box = {key: params[key].reshape(-1) for key in BOX_KEYS}  # image-major: image i's K views together
+    rows = resample_weights(box["crop_y"], box["crop_h"], h, size).double()  # [n * K, S, H]
+    cols = resample_weights(box["crop_x"], box["crop_w"], w, size).double()  # [n * K, S, W]
+    cols = torch.where(box["flip"].view(-1, 1, 1) > 0, cols.flip(1), cols)
+    x = torch.matmul(rows.view(n, 1, k * size, h), images.to(torch.float64))  # [n, 3, K * S, W]
+    x = x.view(n, 3, k, size, w).transpose(1, 2)  # [n, K, 3, S, W]
+    x = torch.matmul(x, cols.view(n, k, 1, size, w).transpose(-1, -2))  # [n, K, 3, S, S]
+    out = x.round_().clamp_(0, 255).to(torch.uint8)
+    return out if per_image else out[:, 0]
 
 
 def stack_images(raw: Dataset, workers: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -190,8 +196,8 @@ class ResidentImages:
             by_size.setdefault(aug.size, []).append(v)
         views: list[torch.Tensor] = [images] * len(self.augs)  # each replaced below
         for size, idx in by_size.items():  # one resampling for all views of a size
-            box = {k: torch.cat([params[k][:, v] for v in idx]) for k in BOX_KEYS}  # view-major, as the repeat
-            crops = crop_flip_batch(images.repeat(len(idx), 1, 1, 1), box, size)
-            for v, part in zip(idx, crops.chunk(len(idx))):
-                views[v] = part
+            box = {k: torch.stack([params[k][:, v] for v in idx], dim=1) for k in BOX_KEYS}  # [B, K]: no index tensor
+            crops = crop_flip_batch(images, box, size)  # [B, K, 3, S, S]
+            for j, v in enumerate(idx):
+                views[v] = crops[:, j]
         return {"views": views, "params": params, "label": self.labels[index], "index": index}

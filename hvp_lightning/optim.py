@@ -84,6 +84,18 @@ def make_optimizer(name: str, groups: list[dict[str, Any]], lr: float, weight_de
     raise ValueError(f"optimizer {name!r}; allowed: {', '.join(OPTIMIZERS)}")
 
 
+def split_weight_decay(named_params: Iterable[tuple[str, torch.nn.Parameter]]
+                       ) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+    """(decayed, not decayed) trainable parameters: biases and norm weights (1-D) go without
+    weight decay, as in DINO/iBOT and their evaluation heads."""
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    for name, p in named_params:
+        if p.requires_grad:
+            (no_decay if p.ndim <= 1 or name.endswith(".bias") else decay).append(p)
+    return decay, no_decay
+
+
 def warmup_cosine(step: int, total: int, warmup: int, final_ratio: float = 0.0) -> float:
     """LR multiplier: linear warm-up over ``warmup`` steps, then cosine to ``final_ratio``."""
     if step < warmup:

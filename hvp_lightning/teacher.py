@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .optim import warmup_cosine
+from .optim import split_weight_decay, warmup_cosine
 
 
 def make_teacher(student: nn.Module) -> nn.Module:
@@ -182,12 +182,7 @@ class TeacherStudentMixin(L.LightningModule):
     # --- optimisation -------------------------------------------------------------------------
     def param_groups(self) -> list[dict[str, Any]]:
         """Student parameters; biases and norm weights without weight decay (as DINO)."""
-        reg: list[nn.Parameter] = []
-        no_reg: list[nn.Parameter] = []
-        for name, p in self.named_parameters():
-            if not p.requires_grad or name.startswith("teacher."):
-                continue
-            (no_reg if p.ndim <= 1 or name.endswith(".bias") else reg).append(p)
+        reg, no_reg = split_weight_decay((n, p) for n, p in self.named_parameters() if not n.startswith("teacher."))
         return [{"params": reg, "wd_schedule": True}, {"params": no_reg, "weight_decay": 0.0}]
 
     def on_train_start(self) -> None:

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..optim import make_optimizer, warmup_cosine
+from ..optim import make_optimizer, split_weight_decay, warmup_cosine
 from .features import FeatureNet, eval_trainer
 
 log = logging.getLogger(__name__)
@@ -85,10 +85,7 @@ class Classifier(L.LightningModule):
 
     def configure_optimizers(self):
         s = self.settings
-        decay, no_decay = [], []
-        for name, p in self.named_parameters():
-            if p.requires_grad:
-                (no_decay if p.ndim <= 1 or name.endswith(".bias") else decay).append(p)
+        decay, no_decay = split_weight_decay(self.named_parameters())
         groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
         opt = make_optimizer(s["optimizer"], groups, s["lr"], s["weight_decay"], s.get("momentum", 0.9))
         total = max(1, int(self.trainer.estimated_stepping_batches))

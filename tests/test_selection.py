@@ -190,6 +190,33 @@ def test_selection_pass_leaves_buffers_params_and_rng_untouched(cfg_factory):
     assert all(m.track_running_stats for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
 
 
+def test_bf16_selection_runs_sync_batchnorm_as_cuda_allows(cfg_factory, monkeypatch):
+    """DDP converts BatchNorm to torch's SyncBatchNorm; on CUDA its statistics-gather kernel
+    takes its type from the running stats, or, without them, from the input, and rejects the
+    fp32 sample counts when that is bf16 (torch/nn/modules/_functions.py, pytorch#96203). The
+    first bf16 HVP step of a DDP run crashed that way while the selection switched
+    ``track_running_stats`` off. On CPU the kernel's rule stands in for it, and the selection
+    must still leave every buffer as it was."""
+    def cuda_rule(self, x):
+        running_stats = not self.training or self.track_running_stats  # as SyncBatchNorm.forward passes them
+        if self.training and not running_stats and x.dtype != torch.float32:
+            raise RuntimeError(f"Expected counts to have type {x.dtype} but got Float")
+        return super(torch.nn.SyncBatchNorm, self).forward(x)  # then plain BatchNorm (one process)
+
+    monkeypatch.setattr(torch.nn.SyncBatchNorm, "forward", cuda_rule)
+    model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=3", "hvp.selection_precision=bf16")).train()
+    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    monkeypatch.setattr(model, "_selection_dtype", lambda device_type: torch.bfloat16)  # CPU would select in fp32
+    batch = {"views": [torch.randn(4, 3, 16, 16) for _ in range(3)], "label": torch.zeros(4, dtype=torch.long)}
+    before = _snapshot(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        table = model.score_candidates(batch)
+    assert table.shape == (4, 3) and torch.isfinite(table).all()
+    after = _snapshot(model)
+    for key in before:
+        assert torch.equal(before[key], after[key]), key
+
+
 def test_frozen_state_uses_batch_statistics_in_train_mode():
     bn = torch.nn.BatchNorm1d(3).train()
     x = torch.randn(16, 3) * 5 + 2

@@ -67,23 +67,26 @@ def resolve_selection_dtype(precision: str, device_type: str,
 
 @contextmanager
 def frozen_state(module: nn.Module, device: torch.device) -> Iterator[None]:
-    """No gradients, no BatchNorm running-stat updates, RNG streams restored on exit.
+    """No gradients, BatchNorm buffers and RNG streams as they were on entry.
 
-    BatchNorm keeps normalising with the *batch* statistics in train mode (as the loss it
-    imitates does); ``track_running_stats=False`` only stops the buffer updates (running
-    mean/var and ``num_batches_tracked``). SyncBatchNorm (DDP, ``trainer.sync_batchnorm``) is
-    a ``_BatchNorm`` too: candidates are then normalised with the statistics of the global
-    batch of their view set, as the training step normalises its views. Forking the RNG
-    means dropout/drop-path in the selection forward cannot shift the random streams of the
-    training step or the loader.
+    BatchNorm runs exactly as in the training step (train mode, batch statistics, running
+    stats tracked) and its buffers (running mean/var, ``num_batches_tracked``) are put back
+    on exit. Turning ``track_running_stats`` off instead would crash torch's SyncBatchNorm on
+    CUDA under bf16/fp16 autocast (without running stats its gather kernel takes the input's
+    dtype and rejects the fp32 sample counts) and would hand ``torch.compile`` a module
+    attribute that flips every step. SyncBatchNorm (DDP) is a ``_BatchNorm`` too: candidates
+    are normalised with the statistics of the global batch of their view set, as the training
+    step normalises its views. Forking the RNG means dropout/drop-path in the selection
+    forward cannot shift the random streams of the training step or the loader.
     """
-    bns = [m for m in module.modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
-    for m in bns:
-        m.track_running_stats = False
+    buffers = [b for m in module.modules() if isinstance(m, _BatchNorm) and m.track_running_stats
+               for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None]
+    saved = [b.clone() for b in buffers]
     devices = [device] if device.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             yield
     finally:
-        for m in bns:
-            m.track_running_stats = True
+        with torch.no_grad():
+            for b, s in zip(buffers, saved):
+                b.copy_(s)

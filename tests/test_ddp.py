@@ -322,7 +322,14 @@ def test_ddp_train_every_method(method: str, tmp_path: Path) -> None:
 def test_ddp_train_with_resident_images(tmp_path: Path) -> None:
     """``data.on_device=true`` under DDP: Lightning's distributed sampler splits the index
     batches (2 steps of 2 x 16, every image once), each rank holds the images and cuts its own
-    views, and the run ends as the loader-fed one does."""
-    summary, stdout = _ddp_run("simclr", tmp_path, "eval.at_start=false", "data.on_device=true")
+    views with its own draws, and the run ends as the loader-fed one does."""
+    import pyarrow.parquet as pq
+
+    summary, stdout = _ddp_run("simclr", tmp_path, "eval.at_start=false", "data.on_device=true",
+                               "analysis.log_every_n_steps=1")
     _check_world_size_two("simclr", summary, stdout)
     assert OmegaConf.load(tmp_path / "config.yaml").data.on_device is True
+    views = {rank: pq.read_table(sorted((tmp_path / "analysis").glob(f"views-r{rank}-*.parquet"))[0]).to_pydict()
+             for rank in range(WORLD)}
+    assert views[0]["crop_x"] and views[0]["sample"] == views[1]["sample"]
+    assert views[0]["crop_x"] != views[1]["crop_x"]  # sample b of a step: other draws on each rank

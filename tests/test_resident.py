@@ -231,6 +231,25 @@ def test_datamodule_on_device_yields_indices_and_finishes_them_after_transfer(cf
     assert dm.on_after_batch_transfer(evaluation, 0) is evaluation
 
 
+def test_ranks_draw_their_own_views(cfg_factory) -> None:
+    """DDP: each rank (its own process, its own data module) cuts views for its images with
+    its own draws. ``train.py`` reads the set before the Trainer (and so the rank) exists, so
+    the rank is taken at each batch; the same rank at the same epoch draws the same again."""
+    from types import SimpleNamespace
+
+    cfg, index = cfg_factory("data.on_device=true"), torch.arange(8)
+
+    def crops(rank: int) -> torch.Tensor:
+        dm = SSLDataModule(cfg.data, (ViewAug(size=16),) * 2, batch_size=8, num_workers=0)
+        dm.setup("fit")  # no trainer yet, as in train.py
+        dm.trainer = SimpleNamespace(global_rank=rank, current_epoch=0)
+        return dm.on_after_batch_transfer(index, 0)["params"]["crop_x"]
+
+    rank0 = crops(0)
+    assert not torch.equal(crops(1), rank0)
+    assert torch.equal(crops(0), rank0)
+
+
 def test_run_with_resident_images_trains_and_logs_views(cfg_factory, tmp_path: Path) -> None:
     """A short HVP run with ``data.on_device=true``: it trains, the selection works, and the
     hard-view analysis gets its per-view parameters."""

@@ -171,8 +171,7 @@ class SSLDataModule(L.LightningDataModule):
         test = subset(test, self.cfg.test_subset, seed=1)
         self.train_raw = pre  # what the logged ``index`` of a training view points into
         if self.cfg.get("on_device", False):
-            rank = self.trainer.global_rank if self.trainer is not None else 0
-            self.resident = ResidentImages(*stack_images(pre, self.num_workers), self.views, self.seed, rank)
+            self.resident = ResidentImages(*stack_images(pre, self.num_workers), self.views, self.seed)
             self.train_set: Dataset = IndexDataset(len(self.resident))
         else:
             self.train_set = MultiViewDataset(pre, MultiViewTransform(self.views))
@@ -199,7 +198,9 @@ class SSLDataModule(L.LightningDataModule):
         """Finish the uint8 training views on their device (evaluation batches pass through);
         with resident images, a batch of indices becomes its views here first."""
         if self.resident is not None and isinstance(batch, torch.Tensor):
-            batch = self.resident.views(batch, epoch=self.trainer.current_epoch if self.trainer is not None else 0)
+            trainer = self.trainer  # None outside a fit (tests, benchmarks): one process, epoch 0
+            batch = self.resident.views(batch, epoch=trainer.current_epoch if trainer is not None else 0,
+                                        rank=trainer.global_rank if trainer is not None else 0)
         return finish_batch(batch, self.views)
 
     def train_dataloader(self) -> DataLoader:

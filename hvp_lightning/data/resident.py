@@ -165,29 +165,31 @@ class ResidentImages:
     Parameters come from a generator on that device, seeded from ``seed``, the process's
     ``rank`` and the epoch at the first batch of each epoch: ranks draw differently, and a run
     resumed from an epoch-end checkpoint draws what the uninterrupted run drew (the shuffle
-    order comes from the restored global RNG)."""
+    order comes from the restored global RNG). The rank is the caller's at each batch: the
+    set is read before the Trainer (and so the rank) exists."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, augs: Sequence[ViewAug], seed: int,
-                 rank: int = 0) -> None:
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, augs: Sequence[ViewAug], seed: int) -> None:
         self.images, self.labels, self.augs = images, labels, tuple(augs)
-        self.seed = seed * SEED_STRIDE + rank
+        self.seed = seed
         self.generator: torch.Generator | None = None
-        self.epoch = -1
+        self.stream: tuple[int, int] = (-1, -1)  # (rank, epoch) the generator was seeded for
 
     def __len__(self) -> int:
         return self.images.shape[0]
 
-    def _on(self, device: torch.device, epoch: int) -> None:
+    def _on(self, device: torch.device, rank: int, epoch: int) -> None:
         if self.images.device != device:
             self.images, self.labels = self.images.to(device), self.labels.to(device)
-        if self.generator is None or self.generator.device != device or epoch != self.epoch:
-            self.generator = torch.Generator(device=device).manual_seed(self.seed * SEED_STRIDE + epoch)
-            self.epoch = epoch
+        if self.generator is None or self.generator.device != device or (rank, epoch) != self.stream:
+            seed = (self.seed * SEED_STRIDE + rank) * SEED_STRIDE + epoch
+            self.generator = torch.Generator(device=device).manual_seed(seed)
+            self.stream = (rank, epoch)
 
-    def views(self, index: torch.Tensor, epoch: int = 0) -> dict[str, Any]:
-        """The batch a loader would have made for images ``index`` ``[B]`` in ``epoch``: uint8
-        views ``[B, 3, S, S]`` per view, ``params`` ``{name: [B, V, ...]}``, labels and indices."""
-        self._on(index.device, epoch)
+    def views(self, index: torch.Tensor, epoch: int = 0, rank: int = 0) -> dict[str, Any]:
+        """The batch a loader would have made for images ``index`` ``[B]`` in ``epoch`` on
+        process ``rank``: uint8 views ``[B, 3, S, S]`` per view, ``params`` ``{name: [B, V, ...]}``,
+        labels and indices."""
+        self._on(index.device, rank, epoch)
         images = self.images[index]
         b, (_, _, h, w) = index.shape[0], images.shape
         params = draw_view_params(self.augs, h, w, n=b, device=index.device, generator=self.generator)

@@ -48,12 +48,17 @@ STEPS = 64 // 16  # data.train_size / method.batch_size: steps per epoch
 HVP = [(False, None), (True, "auto"), (True, "fp32")]
 
 
-def gpu_cfg(method: str, precision: str, hvp: bool, selection: str | None, *extra: str):
-    over = [*METHOD[method], "trainer=gpu", f"trainer.precision={precision}", "logger=csv", "eval.every_n_epochs=1",
-            "checkpoint.every_n_epochs=1", "analysis.log_every_n_steps=1", *extra]
+def run_overrides(method: str, precision: str, hvp: bool, selection: str | None, *extra: str,
+                  trainer: str = "gpu") -> list[str]:
+    over = [*METHOD[method], f"trainer={trainer}", f"trainer.precision={precision}", "logger=csv",
+            "eval.every_n_epochs=1", "checkpoint.every_n_epochs=1", "analysis.log_every_n_steps=1", *extra]
     if hvp:
         over += ["+hvp=on", "hvp.num_views=3", f"hvp.selection_precision={selection}"]
-    return make_cfg(*over)
+    return over
+
+
+def gpu_cfg(method: str, precision: str, hvp: bool, selection: str | None, *extra: str):
+    return make_cfg(*run_overrides(method, precision, hvp, selection, *extra))
 
 
 def assert_summary(summary: dict, run_dir: Path, steps: int, hvp: bool) -> None:
@@ -63,29 +68,36 @@ def assert_summary(summary: dict, run_dir: Path, steps: int, hvp: bool) -> None:
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     if hvp:
         assert summary["hvp"]["selected_samples"] == 16 * steps
-        assert summary["hvp"]["selected_loss_mean"] >= summary["hvp"]["candidate_loss_mean"] - 1e-3
+        assert summary["hvp"]["selection_selected_loss_mean"] >= summary["hvp"]["selection_candidate_loss_mean"] - 1e-3
 
 
 @pytest.mark.parametrize(("hvp", "selection"), HVP, ids=["hvp_off", "hvp_auto", "hvp_fp32"])
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("method", list(METHOD))
 def test_run_on_one_gpu(method: str, precision: str, hvp: bool, selection: str | None, tmp_path: Path) -> None:
+    check_run(method, precision, hvp, selection, tmp_path)
+
+
+def check_run(method: str, precision: str, hvp: bool, selection: str | None, tmp_path: Path,
+              trainer: str = "gpu") -> None:
     """Fit, final k-NN, summary, checkpoint, analysis logs; then (HVP off / auto) resume,
-    eval.py's three protocols at the same precision and export."""
-    summary = run(gpu_cfg(method, precision, hvp, selection), tmp_path)
+    eval.py's three protocols at the same precision and export. (``trainer="cpu"``: the same
+    checks in the default suite, so this layer cannot drift from the package unseen.)"""
+    over = run_overrides(method, precision, hvp, selection, trainer=trainer)
+    summary = run(make_cfg(*over), tmp_path)
     assert_summary(summary, tmp_path, STEPS, hvp)
     analysis = tmp_path / "analysis"
     assert (analysis / "steps-r0.csv").read_text().count("\n") == STEPS + 1
     assert list(analysis.glob("pairs-*.parquet")) and list(analysis.glob("views-*.parquet"))
     if selection == "fp32":  # the precision of the selection changes nothing below
         return
-    resumed = run(resume_config(tmp_path, ["trainer.max_epochs=2"]), tmp_path)
+    resumed = run(resume_config(tmp_path, make_cfg(*over, "trainer.max_epochs=2"), ["trainer.max_epochs=2"]), tmp_path)
     assert_summary(resumed, tmp_path, 2 * STEPS, hvp)
     assert resumed["images_seen"] == 2 * summary["images_seen"]
     protocols = {"knn": [], "linear": ["protocol.epochs=1", "protocol.batch_size=32", "protocol.n_last_blocks=1"],
                  "finetune": ["protocol.epochs=1", "protocol.batch_size=16"]}
     for name, extra in protocols.items():
-        res = evaluate(eval_cfg(f"ckpt={tmp_path}", f"protocol={name}", *extra, "accelerator=gpu",
+        res = evaluate(eval_cfg(f"ckpt={tmp_path}", f"protocol={name}", *extra, f"accelerator={trainer}",
                                 f"precision={precision}"))
         assert 0 <= res["metrics"]["top1"] <= res["metrics"]["top5"] <= 1, name
     assert export.main([str(tmp_path), str(tmp_path / "backbone.pth")]) == 0

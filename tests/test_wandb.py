@@ -90,6 +90,7 @@ def test_multirun_jobs_share_a_wandb_group(tmp_path):
     assert f"sweep summary: {sweep / 'sweep_summary.csv'}" in proc.stdout
     runs = [r.run for d in sorted(sweep.glob("*_*/")) for r in wandb_records(d) if r.HasField("run")]
     assert [r.run_group for r in runs] == ["sweep_2026-11-21_10-00-00"] * 2
-    assert [r.display_name for r in runs] == ["0_+experiment=tiny,logger.mode=offline,logger=wandb,seed=0",
-                                              "1_+experiment=tiny,logger.mode=offline,logger=wandb,seed=1"]
+    # the swept key first (sweep.job_dir_name), then the fixed overrides as Hydra sorts them
+    assert [r.display_name for r in runs] == ["0_seed=0,+experiment=tiny,logger.mode=offline,logger=wandb",
+                                              "1_seed=1,+experiment=tiny,logger.mode=offline,logger=wandb"]
     assert len((sweep / "sweep_summary.csv").read_text().splitlines()) == 3

@@ -84,7 +84,7 @@ def step_statistics(params: Mapping[str, torch.Tensor], table: torch.Tensor | No
     ties = (iou <= low + TIE_EPS).float()
     out["iou_lowest"] = low.mean()
     out["lowest_iou_share"] = ties.gather(1, choice).mean()
-    out["lowest_iou_chance"] = iou.new_tensor(1.0 / pairs.shape[0])
+    out["lowest_iou_chance"] = torch.full((), 1.0 / pairs.shape[0], dtype=iou.dtype, device=iou.device)  # no host copy
     out["lowest_iou_chance_ties"] = ties.mean(1).mean()
     if table is not None:
         t = table.float().to(iou.device)

@@ -67,7 +67,7 @@ def jitter_factors(params: Mapping[str, torch.Tensor]) -> torch.Tensor:
     f = torch.stack([params[k].float() for k in JITTER_NAMES], dim=-1)
     if "jitter" not in params:
         return f
-    ident = f.new_tensor(JITTER_IDENTITY)
+    ident = torch.tensor(JITTER_IDENTITY, dtype=f.dtype).to(f.device, non_blocking=True)  # no stream sync on a GPU
     return torch.where(params["jitter"].float()[..., None] > 0, f, ident)
 
 

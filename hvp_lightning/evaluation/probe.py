@@ -71,7 +71,7 @@ class Classifier(L.LightningModule):
         x, y = self._xy(batch)
         top = self(x).topk(min(5, self.num_classes), dim=1).indices
         hit = top == y[:, None]
-        self.test_counts += torch.stack([hit[:, 0].sum(), hit.any(1).sum(), y.new_tensor(y.shape[0])])
+        self.test_counts += torch.stack([hit[:, 0].sum(), hit.any(1).sum(), torch.full_like(hit[:, 0].sum(), y.shape[0])])
 
     def on_validation_epoch_end(self) -> None:
         n = max(1, int(self.test_counts[2]))

@@ -263,7 +263,7 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
             pair, locs = sel["pairs"][b, choice], sel["locals"][b, choice]
         else:
             sel = None
-            pair = torch.tensor([0, 1], device=choice.device).expand(bsz, 2)
+            pair = torch.arange(2, device=choice.device).expand(bsz, 2)
             locs = torch.arange(n_loc, device=choice.device).expand(bsz, n_loc)
         teacher_out = None
         if sel is not None and sel["teacher"] is not None:

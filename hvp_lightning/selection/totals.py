@@ -17,7 +17,7 @@ def add_totals(totals: torch.Tensor | None, selected: torch.Tensor, candidates: 
     """``totals`` plus one HVP step: per-sample ``selected`` and mean ``candidates`` losses
     ``[B]``, the ``trained`` loss (a scalar, the step's mean) and the count of ``nonfinite``
     candidate entries; in :data:`TOTALS` order, float64, on the step's device."""
-    n = selected.new_tensor(float(selected.shape[0]))
+    n = torch.full((), float(selected.shape[0]), dtype=selected.dtype, device=selected.device)  # no host copy (a GPU sync)
     inc = torch.stack([selected.sum(), candidates.sum(), n, trained * n, n, nonfinite]).double()
     if totals is not None and totals.numel() < inc.numel():  # a checkpoint from before trained/nonfinite totals
         totals = torch.cat([totals.to(inc.device), inc.new_zeros(inc.numel() - totals.numel())])

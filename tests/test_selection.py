@@ -224,3 +224,49 @@ def test_frozen_state_uses_batch_statistics_in_train_mode():
         y = bn(x)
     assert torch.allclose(y.mean(0), torch.zeros(3), atol=1e-5)  # normalised by the batch itself
     assert torch.equal(bn.running_mean, torch.zeros(3)) and bn.num_batches_tracked.item() == 0
+
+
+def _tf32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded to TF32 (10 mantissa bits), as a GPU's tensor cores read fp32 inputs."""
+    if x.dtype != torch.float32:
+        return x
+    bits = x.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+@pytest.fixture
+def tf32_matmuls(monkeypatch):
+    """CPU stand-in for a GPU under ``set_float32_matmul_precision("high")`` (train.py's
+    setting): einsum and ``@`` read TF32-rounded inputs unless the precision is "highest"."""
+    einsum, matmul = torch.einsum, torch.Tensor.__matmul__
+
+    def rounded() -> bool:
+        return torch.get_float32_matmul_precision() != "highest"
+
+    monkeypatch.setattr(torch, "einsum", lambda eq, *ops: einsum(eq, *(_tf32(o) if rounded() else o for o in ops)))
+    monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: matmul(_tf32(a), _tf32(b)) if rounded() else matmul(a, b))
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    yield
+    torch.set_float32_matmul_precision(previous)
+
+
+def test_candidate_tables_are_exact_fp32_where_tf32_is_allowed(tf32_matmuls):
+    """The tables rank the loss each method computes, in fp32, even where the networks' matmuls
+    may use TF32 (whose rounding moves DINO's cross-entropies by ~1e-3 of their size)."""
+    from hvp_lightning.methods.dino import dino_ce_table, student_log_probs, teacher_probs
+    from hvp_lightning.methods.simclr import simclr_pair_table
+
+    g = torch.Generator().manual_seed(0)
+    t, s, center = torch.randn(2, 8, 4096, generator=g), torch.randn(5, 8, 4096, generator=g), torch.zeros(4096)
+    p, z = torch.randn(4, 8, 256, generator=g), torch.randn(4, 8, 256, generator=g)
+    tables = {"dino": lambda: dino_ce_table(t, s, center, 0.04, 0.1), "simsiam": lambda: simsiam_pair_table(p, z),
+              "simclr": lambda: simclr_pair_table(z, 0.1)}
+    torch.set_float32_matmul_precision("highest")  # the references: plain fp32
+    want = {name: table() for name, table in tables.items()}
+    q, logp = teacher_probs(t, center, 0.04), student_log_probs(s, 0.1)
+    torch.set_float32_matmul_precision("high")
+    assert (-torch.einsum("gbk,vbk->bgv", q, logp) - want["dino"]).abs().max() > 1e-3  # the stand-in rounds
+    for name, table in tables.items():
+        torch.testing.assert_close(table(), want[name], rtol=0, atol=0, msg=name)
+        assert torch.get_float32_matmul_precision() == "high", name  # restored after the table

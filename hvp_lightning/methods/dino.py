@@ -32,8 +32,8 @@ from ..config import check_multicrop
 from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
 from ..heads import DINOHead
-from ..selection import (HardViewMixin, candidate_counts, choose, dino_combination_table, gather_combination_views,
-                         gather_view_params, stable_seed)
+from ..selection import (HardViewMixin, candidate_counts, choose, dino_combination_table, exact_fp32,
+                         gather_combination_views, gather_view_params, stable_seed)
 from ..teacher import Centering, TeacherStudentMixin
 from .base import SSLMethod
 
@@ -79,7 +79,7 @@ def dino_ce_table(teacher: torch.Tensor, student: torch.Tensor, center: torch.Te
     """Every teacher/student cross-entropy at once: ``teacher [G, B, K]``, ``student [V, B, K]``
     -> ``[B, G, V]`` with entry (b, g, v) = ``CE_b(g -> v)``."""
     # fp32 even under mixed precision: the argmax must rank the loss the method computes.
-    with torch.autocast(teacher.device.type, enabled=False):
+    with exact_fp32(teacher.device.type):
         q = teacher_probs(teacher, center, tau_t)
         logp = student_log_probs(student, tau_s)
         return -torch.einsum("gbk,vbk->bgv", q, logp)

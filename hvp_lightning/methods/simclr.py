@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..heads import mlp
-from ..selection import HardViewMixin, pair_index
+from ..selection import HardViewMixin, exact_fp32, pair_index
 from .base import SSLMethod
 
 
@@ -81,7 +81,7 @@ def simclr_pair_table(z: torch.Tensor, temperature: float, keys: torch.Tensor | 
     q = F.normalize(z.float(), dim=-1)
     k = q if keys is None else F.normalize(keys.float(), dim=-1)
     m = k.shape[1]
-    with torch.autocast(q.device.type, enabled=False):  # fp32: rank the loss the method computes
+    with exact_fp32(q.device.type):  # rank the loss the method computes
         sim = (q.reshape(n * b, -1) @ k.reshape(n * m, -1).T / temperature).view(n, b, n, m)
     sets = torch.arange(n, device=z.device)[:, None]
     own = (torch.arange(b, device=z.device) + offset)[None, :]

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..heads import mlp
-from ..selection import HardViewMixin, pair_index
+from ..selection import HardViewMixin, exact_fp32, pair_index
 from .base import SSLMethod
 
 
@@ -31,7 +31,7 @@ def simsiam_pair_table(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     on that pair. In fp32 even under a low-precision selection autocast: the argmax must rank
     the loss the method computes.
     """
-    with torch.autocast(p.device.type, enabled=False):
+    with exact_fp32(p.device.type):
         cos = torch.einsum("kbd,lbd->bkl", F.normalize(p.float(), dim=-1), F.normalize(z.float(), dim=-1))
     k, l = pair_index(p.shape[0], device=p.device).unbind(1)
     return -0.5 * (cos[:, k, l] + cos[:, l, k])

@@ -21,8 +21,8 @@ the methods' (``hvp_lightning.methods``); this package starts from those values.
 """
 
 from .choice import MODES, choose, stable_seed
-from .forward_pass import (PRECISIONS, STEP_DTYPES, ambient_autocast_dtype, frozen_state, resolve_selection_dtype,
-                           step_autocast_dtype)
+from .forward_pass import (PRECISIONS, STEP_DTYPES, ambient_autocast_dtype, exact_fp32, frozen_state,
+                           resolve_selection_dtype, step_autocast_dtype)
 from .mixin import HardViewMixin
 from .multicrop import CombinationTable, combination_loss, dino_combination_table, gather_combination_views
 from .pairs import GLOBAL_PAIRS, gather_pair_params, gather_pairs, gather_view_params, global_pair_index, pair_index
@@ -32,7 +32,7 @@ from .totals import TOTALS, hvp_summary, summarise_totals
 __all__ = [
     "GLOBAL_PAIRS", "MODES", "PRECISIONS", "STEP_DTYPES", "TOTALS", "CombinationTable", "HVPConfig", "HardViewMixin",
     "ambient_autocast_dtype", "candidate_counts", "choose", "combination_loss", "dino_combination_table",
-    "frozen_state", "gather_combination_views", "gather_pair_params", "gather_pairs", "gather_view_params",
+    "exact_fp32", "frozen_state", "gather_combination_views", "gather_pair_params", "gather_pairs", "gather_view_params",
     "global_pair_index", "hvp_config", "hvp_summary", "num_global_candidates", "pair_index",
     "resolve_selection_dtype", "stable_seed", "step_autocast_dtype", "summarise_totals",
 ]

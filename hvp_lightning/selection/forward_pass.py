@@ -66,6 +66,22 @@ def resolve_selection_dtype(precision: str, device_type: str,
 
 
 @contextmanager
+def exact_fp32(device_type: str) -> Iterator[None]:
+    """Plain fp32 arithmetic for the candidate tables, whatever the step runs at: autocast off
+    and no TF32. ``train.py`` allows TF32 matmuls on GPUs for the networks; in a table's
+    einsum it would round the inputs to 10 mantissa bits and move DINO's cross-entropies by
+    ~1e-3 of their size, enough to reorder near-tied candidates of the loss the method
+    computes (elementwise, in fp32)."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        with torch.autocast(device_type, enabled=False):
+            yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+@contextmanager
 def frozen_state(module: nn.Module, device: torch.device) -> Iterator[None]:
     """No gradients, BatchNorm buffers and RNG streams as they were on entry.
 

@@ -9,6 +9,9 @@
   copy ``checkpoints/epoch=NNN.ckpt`` every ``checkpoint.every_n_epochs`` epochs; its state
   in the checkpoint holds the RNG streams (torch CPU/CUDA, NumPy, Python), which Lightning
   does not save, so a resumed run draws the same augmentations as an uninterrupted one.
+  State that differs between DDP ranks (these RNG streams, HVP's run totals, skipped files)
+  is saved with one entry per rank and each rank takes back its own on resume
+  (:func:`hvp_lightning.distributed.gather_per_rank` / ``rank_entries``).
 * :func:`load_checkpoint` -- ``torch.load(weights_only=True)``: our checkpoints hold only
   tensors and plain containers (the config is stored as a plain dict), so the unpickler
   never has to run arbitrary code. Missing, truncated or foreign files raise
@@ -37,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .atomic import atomic_write
 from .checkpoint_paths import LAST, resolve_checkpoint
+from .distributed import gather_per_rank, rank_and_world
 from .errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -177,7 +181,6 @@ class RunCheckpoint(Checkpoint):
         self.dirpath = Path(dirpath)
         self.every_n_epochs = int(every_n_epochs or 0)
         self.last_path = self.dirpath / LAST
-        self._trainer = None
         self.train_loss: float | None = None  # mean over ranks of the last epoch's train/loss_epoch
 
     @property
@@ -185,7 +188,6 @@ class RunCheckpoint(Checkpoint):
         return "RunCheckpoint"
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        self._trainer = trainer
         if trainer.is_global_zero and self.dirpath.is_dir():  # temporaries of a writer that was killed
             for tmp in self.dirpath.glob(".*.tmp-*"):
                 tmp.unlink(missing_ok=True)
@@ -209,20 +211,12 @@ class RunCheckpoint(Checkpoint):
             atomic_copy(target, self.last_path)  # last.ckpt last: it is what a resume continues from
 
     def state_dict(self) -> dict[str, Any]:
-        own = rng_state()
-        trainer = self._trainer
-        if trainer is not None and trainer.world_size > 1 and torch.distributed.is_initialized():
-            states: list[Any] = [None] * trainer.world_size
-            torch.distributed.all_gather_object(states, own)  # every rank dumps the checkpoint
-        else:
-            states = [own]
-        return {"rng": states, "train_loss": self.train_loss}
+        return {"rng": gather_per_rank(rng_state()), "train_loss": self.train_loss}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.train_loss = state_dict.get("train_loss")
         states = state_dict.get("rng") or []
-        trainer = self._trainer
-        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        rank, world = rank_and_world()
         if len(states) == world:
             set_rng_state(states[rank])
         elif states:

@@ -1,6 +1,7 @@
-"""Synchronised BatchNorm for DDP, on GPUs and on CPUs (gloo).
+"""DDP helpers: synchronised BatchNorm on GPUs and on CPUs (gloo), and per-rank state in
+checkpoints.
 
-Why: SimSiam and SimCLR normalise with the statistics of the *global* batch when they train
+Synchronised BatchNorm. Why: SimSiam and SimCLR normalise with the statistics of the *global* batch when they train
 on several GPUs (SyncBatchNorm, in the backbone and in the heads), and DINO converts every
 BatchNorm of a ResNet student and teacher the same way. HVP's selection pass then normalises
 each candidate view set over the global batch too, exactly as the training step does.
@@ -14,11 +15,15 @@ On GPUs the layers become torch's ``nn.SyncBatchNorm``. torch synchronises GPU i
 (and DDP refuses ``nn.SyncBatchNorm`` in CPU modules), so on CPUs they become
 :class:`CpuSyncBatchNorm` (two differentiable all-reduces per layer): CPU DDP runs -- the
 multi-process runs the tests can afford -- normalise as GPU runs do.
+
+Per-rank state. Each rank has its own RNG streams, HVP run totals and skipped files, but only
+rank 0 writes the checkpoint: :func:`gather_per_rank` saves one entry per rank and
+:func:`rank_entries` hands each rank its own back on resume.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -27,6 +32,8 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .teacher import has_batchnorm
+
+T = TypeVar("T")
 
 
 class CpuSyncBatchNorm(_BatchNorm):
@@ -167,3 +174,32 @@ def sync_batchnorm_plugins(setting: str | bool, model: nn.Module) -> list[SyncBa
     elif not isinstance(setting, bool):
         raise ValueError(f"trainer.sync_batchnorm={setting!r}; allowed: auto, true, false")
     return [SyncBatchNormPlugin()] if setting else []
+
+
+# --- per-rank state in checkpoints ------------------------------------------------------------
+def rank_and_world() -> tuple[int, int]:
+    """This process's rank and the number of processes ((0, 1) without a process group)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def gather_per_rank(value: T) -> list[T]:
+    """Every rank's ``value`` (picklable; tensors on the CPU), in rank order: ``[value]`` in a
+    single process. A collective: every rank must call it, as every rank dumps a checkpoint."""
+    world = rank_and_world()[1]
+    if world == 1:
+        return [value]
+    values: list[Any] = [None] * world
+    dist.all_gather_object(values, value)
+    return values
+
+
+def rank_entries(saved: list[T]) -> list[T]:
+    """The entries of per-rank state (from :func:`gather_per_rank`) this rank takes back: its
+    own when the run has as many processes as the checkpoint; otherwise all of them on rank 0
+    (to merge) and none elsewhere, so a sum or union over the ranks at the end stays whole."""
+    rank, world = rank_and_world()
+    if len(saved) == world:
+        return [saved[rank]]
+    return list(saved) if rank == 0 else []

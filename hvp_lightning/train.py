@@ -19,7 +19,7 @@ from .config import validate
 from .errors import ConfigError
 from .data.datamodule import SSLDataModule
 from .device import device_line
-from .distributed import sync_batchnorm_plugins
+from .distributed import gather_per_rank, sync_batchnorm_plugins
 from .methods import METHODS, SSLMethod
 from .run_logs import RunRecord, continue_csv_log, wandb_resume
 from .selection import hvp_summary
@@ -133,11 +133,7 @@ def _close_logger(trainer: L.Trainer, summary: dict[str, Any]) -> None:
 
 def _summary(cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Path, seconds: float,
              train_loss: float | None) -> dict[str, Any]:
-    skipped = sorted(model.skipped_files)
-    if trainer.world_size > 1:
-        gathered: list[Any] = [None] * trainer.world_size
-        torch.distributed.all_gather_object(gathered, skipped)
-        skipped = sorted({f for part in gathered for f in part})
+    skipped = sorted(set().union(*gather_per_rank(sorted(model.skipped_files))))  # every rank's
     out: dict[str, Any] = {
         "method": cfg.method.name,
         "backbone": cfg.backbone.name,

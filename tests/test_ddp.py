@@ -5,6 +5,7 @@ end to end with ``trainer=ddp`` on 2 CPU processes for every method."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -248,6 +249,57 @@ def test_ddp_presets_are_trainer_arguments(preset: str) -> None:
         assert cfg.trainer.devices == 8 and cfg.trainer.precision == "bf16-mixed" and cfg.trainer.accelerator == "gpu"
 
 
+
+# --- per-rank run state in checkpoints -------------------------------------------------------
+
+
+def _rank_totals(rank: int) -> torch.Tensor:
+    return torch.arange(6, dtype=torch.float64) + 10 * rank
+
+
+def _save_run_state(rank: int, world: int, cfg: DictConfig) -> dict[str, Any]:
+    """The checkpoint dict each rank dumps (rank 0's is the file) of a module whose run totals
+    and skipped files differ per rank."""
+    model = METHODS[cfg.method.name](cfg)
+    model.hvp_totals, model.skipped_files = _rank_totals(rank), {f"bad{rank}.jpg"}
+    ckpt: dict[str, Any] = {}
+    model.on_save_checkpoint(ckpt)
+    return ckpt
+
+
+def _load_run_state(rank: int, world: int, cfg: DictConfig, ckpt: dict[str, Any]) -> tuple[torch.Tensor, set[str]]:
+    model = METHODS[cfg.method.name](cfg)
+    model.on_load_checkpoint(ckpt)
+    return model.hvp_totals, model.skipped_files
+
+
+def _roundtrip(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint as rank 0 writes it and a resumed run reads it (``weights_only=True``)."""
+    buf = io.BytesIO()
+    torch.save(ckpt, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+def test_run_totals_and_skipped_files_are_kept_per_rank() -> None:
+    """HVP's run totals and the skipped files are saved for every rank, not rank 0's alone:
+    each of 2 ranks resumes its own (the summary sums / unites them); a single process
+    resuming a 2-rank run takes the sum and the union; a checkpoint from before per-rank
+    state (one tensor, one list: the writer's) resumes on rank 0, the other rank at zero."""
+    cfg = make_cfg("+hvp=on")
+    ckpt = _roundtrip(run_ranks(_save_run_state, (cfg,), world=WORLD)[0])
+    both = [_rank_totals(r) for r in range(WORLD)]
+    for rank, (totals, skipped) in enumerate(run_ranks(_load_run_state, (cfg, ckpt), world=WORLD)):
+        assert torch.equal(totals, both[rank]) and skipped == {f"bad{rank}.jpg"}
+    totals, skipped = _load_run_state(0, 1, cfg, ckpt)
+    assert torch.equal(totals, sum(both)) and skipped == {"bad0.jpg", "bad1.jpg"}
+
+    old = {"hvp_lightning": {**ckpt["hvp_lightning"], "hvp_totals": both[0], "skipped_files": ["bad0.jpg"]}}
+    (t0, s0), (t1, s1) = run_ranks(_load_run_state, (cfg, _roundtrip(old)), world=WORLD)
+    assert torch.equal(t0, both[0]) and s0 == {"bad0.jpg"}
+    assert torch.equal(t1, torch.zeros(6, dtype=torch.float64)) and s1 == set()
+
+
 # --- train.py end to end: trainer=ddp on 2 CPU processes ------------------------------------------
 
 COMMON = ["trainer=ddp", "trainer.accelerator=cpu", f"trainer.devices={WORLD}", "logger=csv", "+hvp=on",
@@ -333,3 +385,23 @@ def test_ddp_train_with_resident_images(tmp_path: Path) -> None:
              for rank in range(WORLD)}
     assert views[0]["crop_x"] and views[0]["sample"] == views[1]["sample"]
     assert views[0]["crop_x"] != views[1]["crop_x"]  # sample b of a step: other draws on each rank
+
+
+HVP_STATS = ("selection_selected_loss_mean", "selection_candidate_loss_mean", "trained_loss_mean",
+             "nonfinite_candidates", "selected_samples")
+
+
+@pytest.mark.slow  # two DDP runs of 2 processes: ~100 s on a small machine
+def test_ddp_resume_keeps_every_ranks_hvp_totals(tmp_path: Path) -> None:
+    """A 2-process run restarted from its epoch-1 checkpoint ends with the straight 2-epoch
+    run's HVP statistics: each rank resumes its own run totals, which the summary sums over
+    the ranks (rank 0's on every rank would count rank 0's first epoch twice)."""
+    extra = ("eval.at_start=false", "trainer.max_epochs=2", "eval.every_n_epochs=2", "checkpoint.every_n_epochs=1")
+    straight, _ = _ddp_run("simsiam", tmp_path / "straight", *extra)
+    (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "resumed" / "checkpoints" / "last.ckpt").write_bytes(
+        (tmp_path / "straight" / "checkpoints" / "epoch=001.ckpt").read_bytes())
+    resumed, _ = _ddp_run("simsiam", tmp_path / "resumed", *extra)
+    assert resumed["steps"] == straight["steps"] == 4 and resumed["hvp"]["selected_samples"] == 2 * 64
+    for key in HVP_STATS:
+        assert resumed["hvp"][key] == pytest.approx(straight["hvp"][key], rel=1e-6, abs=1e-9), key

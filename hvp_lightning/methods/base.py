@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from ..backbones import build_backbone
+from ..distributed import gather_per_rank, rank_entries
 from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
 from ..data.datasets import note_skipped
@@ -113,10 +114,11 @@ class SSLMethod(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Run counters that are not tensors of the module: they travel in the checkpoint as
         plain values (it still loads with ``torch.load(weights_only=True)``); HVP's run totals
-        are added by :class:`~hvp_lightning.selection.HardViewMixin`."""
+        are added by :class:`~hvp_lightning.selection.HardViewMixin`. Skipped files are kept
+        per rank (each rank reads its own share of the data; the summary unites them)."""
         checkpoint["hvp_lightning"] = {
             "images_seen": int(self.images_seen),
-            "skipped_files": sorted(self.skipped_files),
+            "skipped_files": gather_per_rank(sorted(self.skipped_files)),
             "knn_result": {k: float(v) for k, v in self.knn_result.items()},
             "knn_init": self.knn_init,
             "knn_history": list(self.knn_history),
@@ -127,7 +129,7 @@ class SSLMethod(L.LightningModule):
         if not state:
             return
         self.images_seen = int(state["images_seen"])
-        self.skipped_files = set(state["skipped_files"])
+        self.skipped_files = set().union(*rank_entries(per_rank_files(state["skipped_files"])))
         self.knn_result = {k: (int(v) if k in ("epoch", "step", "queries") else v) for k, v in state["knn_result"].items()}
         self.knn_init = state.get("knn_init")
         self.knn_history = list(state.get("knn_history", []))
@@ -175,3 +177,9 @@ class SSLMethod(L.LightningModule):
         self.log("knn/top1", res["top1"], prog_bar=True, add_dataloader_idx=False)
         self.log("knn/top5", res["top5"], add_dataloader_idx=False)
         self.log("knn/epoch", self.knn_history[-1]["epoch"], add_dataloader_idx=False)  # the curves' x (W&B)
+
+
+def per_rank_files(saved: list[list[str]] | list[str]) -> list[list[str]]:
+    """Skipped files as saved per rank; a checkpoint from before that holds one list, the
+    writer's (rank 0's): the whole run's for a single process, other ranks' never saved."""
+    return [saved] if saved and isinstance(saved[0], str) else saved  # type: ignore[list-item,return-value]

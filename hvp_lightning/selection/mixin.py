@@ -26,6 +26,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from ..distributed import gather_per_rank, rank_entries
 from .choice import choose, stable_seed
 from .forward_pass import ambient_autocast_dtype, frozen_state, resolve_selection_dtype
 from .pairs import gather_pair_params, gather_pairs, pair_index
@@ -156,13 +157,22 @@ class HardViewMixin(L.LightningModule):
 
     # --- run totals in checkpoints (resume) ---------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """The run totals travel with the host's run counters, as a CPU tensor."""
+        """The run totals travel with the host's run counters, as CPU tensors, one per rank:
+        each rank's sums are its own, and the summary adds them up over the ranks."""
         super().on_save_checkpoint(checkpoint)
         totals = getattr(self, "hvp_totals", None)
-        checkpoint.setdefault("hvp_lightning", {})["hvp_totals"] = totals.detach().cpu() if totals is not None else None
+        own = totals.detach().cpu() if totals is not None else None
+        checkpoint.setdefault("hvp_lightning", {})["hvp_totals"] = gather_per_rank(own)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """This rank's totals back (:func:`~hvp_lightning.distributed.rank_entries`): with
+        another number of ranks rank 0 takes the sum of all and the others zeros, so the
+        summary's sum over the ranks still counts every saved step once."""
         super().on_load_checkpoint(checkpoint)
-        totals = (checkpoint.get("hvp_lightning") or {}).get("hvp_totals")
-        if totals is not None:
-            self.hvp_totals = totals.to(self.device)
+        saved = (checkpoint.get("hvp_lightning") or {}).get("hvp_totals")
+        if isinstance(saved, torch.Tensor):  # before per-rank totals: the writer's (rank 0's) only,
+            saved = [saved]  # the whole run's for a single process; other ranks' were never saved
+        parts = [t for t in saved or () if t is not None]
+        if parts:
+            own = [t for t in rank_entries(saved) if t is not None]
+            self.hvp_totals = sum(own, torch.zeros_like(parts[0])).to(self.device)

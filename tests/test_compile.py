@@ -1,14 +1,20 @@
-"""``method.compile``: the compiled backbone gives the eager HVP step, without recompiling."""
+"""``method.compile``: the compiled backbone gives the eager HVP step, without recompiling;
+iBOT's global crops, which bypass the backbone's forward, run compiled transformer blocks."""
 
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
 
 from hvp_lightning.config import ConfigError, validate
 from hvp_lightning.methods import METHODS
+
+IBOT_TINY = ["method=ibot_cifar", "backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32",
+             "+backbone.depth=1", "backbone.drop_path_rate=0.0", "method.out_dim=64", "method.head_hidden_dim=32",
+             "method.bottleneck_dim=16", "logger=csv", "data.num_workers=0", "method.compile=true"]
 
 
 def test_compile_flag_is_validated(cfg_factory) -> None:
@@ -29,7 +35,7 @@ def test_compiled_hvp_step_equals_eager_and_compiles_two_graphs(cfg_factory) -> 
     eager = METHODS["simsiam"](cfg)
     compiled = copy.deepcopy(eager)
     compiled.configure_model()
-    assert compiled.compiled_backbones == ["backbone"]
+    assert compiled.compiled_modules == ["backbone"]
     assert compiled.state_dict().keys() == eager.state_dict().keys()  # checkpoints unchanged
     for step in range(3):
         compiled.load_state_dict(eager.state_dict())  # same weights and BN statistics each step
@@ -55,3 +61,42 @@ def test_compiled_hvp_step_equals_eager_and_compiles_two_graphs(cfg_factory) -> 
                 if p.grad is not None:
                     p -= 0.1 * p.grad
     assert counters["stats"]["unique_graphs"] == 2
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_ibot_global_crops_run_compiled_blocks(cfg_factory, monkeypatch, backend: str) -> None:
+    """iBOT's global crops call the trunk's parts directly (``vit_tokens``), past the backbone's
+    forward: with ``method.compile`` the student's and teacher's blocks still run compiled, in
+    the HVP selection pass and the training pass, and the step equals the eager one.
+    ``aot_eager`` traces as inductor does (dynamo, AOT autograd) without its C++ builds on CPU."""
+    monkeypatch.setattr(torch.nn.Module, "compile", functools.partialmethod(torch.nn.Module.compile, backend=backend))
+    torch._dynamo.reset()
+    cfg = cfg_factory(*IBOT_TINY, "+hvp=on", tiny=False)
+    torch.manual_seed(0)
+    eager = METHODS["ibot"](cfg)
+    compiled = copy.deepcopy(eager)
+    compiled.configure_model()
+    assert compiled.state_dict().keys() == eager.state_dict().keys()  # checkpoints unchanged
+    eager_calls: set[tuple[str, str, int, bool]] = set()  # (model, network, tokens, grad) of eager block calls
+
+    def record_if_eager(model: str, net: str, args: tuple[torch.Tensor, ...]) -> None:
+        # Under compilation the branch is dead, so the hook adds no side effect or guard.
+        if not torch.compiler.is_compiling():
+            eager_calls.add((model, net, args[0].shape[1], torch.is_grad_enabled()))
+
+    for model, m in (("eager", eager), ("compiled", compiled)):
+        for net, backbone in (("student", m.backbone), ("teacher", m.teacher.backbone)):
+            backbone.trunk.blocks[0].register_forward_pre_hook(
+                lambda _m, args, model=model, net=net: record_if_eager(model, net, args))
+    gen = torch.Generator().manual_seed(0)
+    views = [torch.randn(4, 3, a.size, a.size, generator=gen) for a in type(eager).view_augs(cfg)]
+    batch = {"views": views, "label": torch.zeros(4, dtype=torch.long)}
+    losses = [model.training_step(batch, 0) for model in (eager, compiled)]
+    global_tokens = (32 // 8) ** 2 + 1
+    # The eager model shows the calls exist: selection (no grad) and training pass, both networks.
+    assert {("eager", "student", global_tokens, False), ("eager", "student", global_tokens, True),
+            ("eager", "teacher", global_tokens, False)} <= eager_calls
+    assert not {c for c in eager_calls if c[0] == "compiled"}  # every compiled block call, locals too
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(compiled.last_selection["choice"], eager.last_selection["choice"])
+    assert compiled.compiled_modules == ["backbone.trunk.blocks.0", "teacher.backbone.trunk.blocks.0"]

@@ -244,6 +244,13 @@ class IBOT(DINO):
         return teacher_temperature(self.current_epoch, m.teacher_patch_temp, m.warmup_teacher_patch_temp,
                                    int(m.warmup_teacher_temp_epochs))
 
+    def compile_targets(self) -> list[str]:
+        """Each transformer block of every backbone (regional compilation): the global crops
+        call the trunk's parts directly (:func:`vit_tokens`), past a compiled backbone's forward,
+        and one small graph serves every block of a network per crop size and grad mode."""
+        return [f"{name}.trunk.blocks.{i}" for name in super().compile_targets()
+                for i in range(len(self.get_submodule(name).trunk.blocks))]
+
     # --- masks ------------------------------------------------------------------------------
     def make_masks(self, batch: dict[str, Any], batch_idx: int = 0) -> list[torch.Tensor]:
         """One bool ``[B, h, w]`` mask per global view of ``batch`` (h, w: the patch grid).

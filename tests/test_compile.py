@@ -24,7 +24,7 @@ def test_compile_flag_is_validated(cfg_factory) -> None:
 
 @pytest.mark.slow  # inductor compiles two graphs: ~100 s of CPU (9 min wall on a busy 2-core box)
 def test_compiled_hvp_step_equals_eager_and_compiles_two_graphs(cfg_factory) -> None:
-    """Selection pass (no grad, BatchNorm buffers restored after it) and training pass are one
+    """Selection pass (no grad, BatchNorm on copies of its buffers) and training pass are one
     graph each, reused step after step (no recompiles)."""
     from torch._dynamo.utils import counters
 

@@ -86,23 +86,27 @@ def frozen_state(module: nn.Module, device: torch.device) -> Iterator[None]:
     """No gradients, BatchNorm buffers and RNG streams as they were on entry.
 
     BatchNorm runs exactly as in the training step (train mode, batch statistics, running
-    stats tracked) and its buffers (running mean/var, ``num_batches_tracked``) are put back
-    on exit. Turning ``track_running_stats`` off instead would crash torch's SyncBatchNorm on
-    CUDA under bf16/fp16 autocast (without running stats its gather kernel takes the input's
-    dtype and rejects the fp32 sample counts) and would hand ``torch.compile`` a module
-    attribute that flips every step. SyncBatchNorm (DDP) is a ``_BatchNorm`` too: candidates
+    stats tracked), on copies of its buffers (running mean/var, ``num_batches_tracked``); the
+    originals are put back untouched on exit. Not written in place: a graph that saved them
+    for its backward (an earlier micro-batch summed into the same loss) stays valid. Turning
+    ``track_running_stats`` off instead would crash torch's SyncBatchNorm on CUDA under
+    bf16/fp16 autocast (without running stats its gather kernel takes the input's dtype and
+    rejects the fp32 sample counts). SyncBatchNorm (DDP) is a ``_BatchNorm`` too: candidates
     are normalised with the statistics of the global batch of their view set, as the training
     step normalises its views. Forking the RNG means dropout/drop-path in the selection
     forward cannot shift the random streams of the training step or the loader.
     """
-    buffers = [b for m in module.modules() if isinstance(m, _BatchNorm) and m.track_running_stats
-               for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None]
-    saved = [b.clone() for b in buffers]
+    names = ("running_mean", "running_var", "num_batches_tracked")
+    kept = [(m, [getattr(m, n) for n in names]) for m in module.modules()
+            if isinstance(m, _BatchNorm) and m.track_running_stats]
+    for m, buffers in kept:
+        for n, b in zip(names, buffers):
+            setattr(m, n, b.clone())
     devices = [device] if device.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             yield
     finally:
-        with torch.no_grad():
-            for b, s in zip(buffers, saved):
-                b.copy_(s)
+        for m, buffers in kept:
+            for n, b in zip(names, buffers):
+                setattr(m, n, b)

@@ -242,3 +242,54 @@ def test_run_with_resident_images_on_one_gpu(method: str, tmp_path: Path) -> Non
     """``data.on_device=true`` on a GPU: images held there, views cut and coloured there, HVP on."""
     summary = run(gpu_cfg(method, "bf16-mixed", True, "auto", "data.on_device=true"), tmp_path)
     assert_summary(summary, tmp_path, STEPS, True)
+
+
+@pytest.mark.parametrize("method", ["simsiam", "ibot"])
+def test_compiled_hvp_steps_on_gpu(method: str) -> None:
+    """``method.compile=true`` with HVP under bf16 autocast on CUDA: the compiled step gives the
+    eager step's loss, and once warm (selection and training graphs made) further steps
+    compile nothing new (no recompiles that would end in an eager fallback)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    extra = ["backbone.drop_path_rate=0.0"] if method == "ibot" else []
+    cfg = gpu_cfg(method, "bf16-mixed", True, "auto", "method.compile=true", *extra)
+    torch.manual_seed(0)
+    eager = METHODS[method](cfg).cuda().train()
+    compiled = METHODS[method](cfg).cuda().train()
+    compiled.load_state_dict(eager.state_dict())
+    compiled.configure_model()
+    batch = cuda_batch(eager, cfg)
+    graphs = []
+    for step in range(4):
+        losses = []
+        for model in (eager, compiled):
+            model.load_state_dict(eager.state_dict())  # same weights and BatchNorm statistics
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                losses.append(model.training_step(batch, step).detach().float())
+        torch.testing.assert_close(losses[1], losses[0], rtol=5e-2, atol=5e-2)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[1] > 0 and graphs[-1] == graphs[1], graphs
+
+
+def test_candidate_tables_skip_tf32_on_gpu() -> None:
+    """Under train.py's ``set_float32_matmul_precision("high")`` the DINO table is still plain
+    fp32 on the GPU: it matches a float64 reference where a TF32 einsum does not."""
+    from hvp_lightning.methods.dino import dino_ce_table, student_log_probs, teacher_probs
+
+    g = torch.Generator().manual_seed(0)
+    t, s = torch.randn(2, 8, 4096, generator=g).cuda(), torch.randn(5, 8, 4096, generator=g).cuda()
+    center = torch.zeros(4096, device="cuda")
+    q, logp = teacher_probs(t, center, 0.04), student_log_probs(s, 0.1)
+    want = -torch.einsum("gbk,vbk->bgv", q.double(), logp.double())
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        table = dino_ce_table(t, s, center, 0.04, 0.1)
+        tf32 = -torch.einsum("gbk,vbk->bgv", q, logp)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    torch.testing.assert_close(table.double(), want, rtol=1e-5, atol=1e-4)
+    if torch.cuda.get_device_capability() >= (8, 0):  # TF32 exists: the check can tell
+        assert (tf32.double() - want).abs().max() > 1e-3

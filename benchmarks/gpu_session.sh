@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The GPU checks of issue 13 on the device machine (no uv, no network), one stage per call so
+# that each stays under a call's 10-minute limit; logs and results go to $OUT.
+#
+# Here, once (the wheels the machine lacks, and the CIFAR-10 JPEG folder, ~20 MB packed):
+#   printf '/.whl/\n/cifar10.tar.gz\n' >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux2014_x86_64 -d .whl hydra-core==1.3.8 omegaconf==2.3.1
+#   python3 -m pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3
+#   tar czf cifar10.tar.gz -C ../shared/datasets cifar10
+# There, one call per stage, carrying .whl (and cifar10.tar.gz for the cifar stage):
+#   bash benchmarks/gpu_session.sh tests-runs   # test_run_on_one_gpu: every method x precision x HVP
+#   bash benchmarks/gpu_session.sh tests-rest   # the rest of pytest -m gpu
+#   bash benchmarks/gpu_session.sh simsiam      # SimSiam R50 224 px HVP N=4 bf16 compiled: >= 1,300 images/s
+#   bash benchmarks/gpu_session.sh dino         # DINO ViT-S/16 HVP 4+16 crops bf16: >= 500 images/s
+#   bash benchmarks/gpu_session.sh cifar        # CIFAR-10 SimCLR R18 HVP N=4 bf16, 100 epochs: <= 10 min
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stage=${1:?"stage: tests-runs, tests-rest, simsiam, dino or cifar"}
+out=${OUT:-/tmp/gpu_session}
+mkdir -p "$out"
+[ -d /tmp/site/hydra ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site WANDB_MODE=disabled
+{ date -u; nvidia-smi -L || true; python3 -c "import torch, torchvision, lightning; print(torch.__version__, \
+torchvision.__version__, lightning.__version__)"; git log --oneline -1 2>/dev/null || true; } > "$out/$stage.env.txt"
+
+loader() {  # benchmarks/loader.py with the issue's loader settings; table appended to results.md
+    timeout 570 python3 benchmarks/loader.py --crop 224 --views 4 --workers 14 --batches 50 --device cuda \
+        --step --out "$out/results.md" "$@" 2>&1 | tee "$out/$stage.txt"
+}
+
+case "$stage" in
+    tests-runs) timeout 570 python3 -m pytest -m gpu -q -rfE --durations=15 tests/test_gpu.py \
+                    -k test_run_on_one_gpu 2>&1 | tee "$out/$stage.txt" ;;
+    tests-rest) timeout 570 python3 -m pytest -m gpu -q -rfE --durations=15 tests/test_gpu.py \
+                    -k "not test_run_on_one_gpu" 2>&1 | tee "$out/$stage.txt" ;;
+    simsiam) loader --method simsiam --batch-size 128 --backbone resnet50 \
+                 --override trainer.precision=bf16-mixed method.compile=true ;;
+    dino) loader --method dino --batch-size 64 --backbone vit_small --override trainer.precision=bf16-mixed ;;
+    cifar)
+        tar xzf cifar10.tar.gz -C /tmp
+        run=/tmp/cifar_run  # checkpoints stay here; summary and log go back
+        start=$(date +%s)
+        timeout 590 python3 train.py data=imagefolder data.root=/tmp/cifar10 data.on_device=true \
+            method=simclr_cifar backbone=resnet18_cifar +hvp=on trainer=gpu trainer.max_epochs=100 logger=csv \
+            +trainer.enable_progress_bar=false hydra.run.dir="$run" 2>&1 | tail -60 | tee "$out/$stage.txt" \
+            || echo "train.py failed or ran out of time (exit $?)" | tee -a "$out/$stage.txt"
+        echo "wall time: $(( $(date +%s) - start )) s (target <= 600 s)" | tee -a "$out/$stage.txt"
+        cp "$run/summary.json" "$run/train.log" "$out/" 2>/dev/null || true ;;
+    *) echo "unknown stage: $stage" >&2; exit 2 ;;
+esac

@@ -262,8 +262,11 @@ class IBOT(DINO):
         h, w = views[0].shape[-2] // ps, views[0].shape[-1] // ps
         rng = random.Random(stable_seed(self.seed, self.global_step, self.global_rank, 2, batch_idx))
         ratio = (float(m.mask_ratio[0]), float(m.mask_ratio[1]))
-        return [ibot_masks(views[0].shape[0], h, w, ratio, float(m.mask_prob), float(m.mask_min_aspect), rng)
-                .to(views[0].device) for _ in range(self.num_globals)]
+        masks = torch.stack([ibot_masks(views[0].shape[0], h, w, ratio, float(m.mask_prob), float(m.mask_min_aspect), rng)
+                             for _ in range(self.num_globals)])  # drawn on the host, as official iBOT's loader does
+        if views[0].device.type == "cuda":  # a copy from pinned memory does not wait for the GPU's queue
+            masks = masks.pin_memory()
+        return list(masks.to(views[0].device, non_blocking=True).unbind(0))
 
     def _masks(self, batch: dict[str, Any]) -> list[torch.Tensor]:
         masks = batch.get("masks")

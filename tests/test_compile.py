@@ -66,17 +66,13 @@ def test_compiled_hvp_step_equals_eager_and_compiles_two_graphs(cfg_factory) -> 
 @pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_ibot_global_crops_run_compiled_blocks(cfg_factory, monkeypatch, backend: str) -> None:
     """iBOT's global crops call the trunk's parts directly (``vit_tokens``), past the backbone's
-    forward: with ``method.compile`` the student's and teacher's blocks still run compiled, in
-    the HVP selection pass and the training pass, and the step equals the eager one.
-    ``aot_eager`` traces as inductor does (dynamo, AOT autograd) without its C++ builds on CPU."""
-    monkeypatch.setattr(torch.nn.Module, "compile", functools.partialmethod(torch.nn.Module.compile, backend=backend))
+    forward: with ``method.compile`` every block of the student and the teacher still runs
+    compiled, in the HVP selection pass and the training pass, step after step (blocks with
+    their own drop-path rates included: no recompile limit reached, no eager fallback), and
+    the step equals the eager one. ``aot_eager`` traces as inductor does (dynamo, AOT
+    autograd) without its C++ builds on CPU."""
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=backend))
     torch._dynamo.reset()
-    cfg = cfg_factory(*IBOT_TINY, "+hvp=on", tiny=False)
-    torch.manual_seed(0)
-    eager = METHODS["ibot"](cfg)
-    compiled = copy.deepcopy(eager)
-    compiled.configure_model()
-    assert compiled.state_dict().keys() == eager.state_dict().keys()  # checkpoints unchanged
     eager_calls: set[tuple[str, str, int, bool]] = set()  # (model, network, tokens, grad) of eager block calls
 
     def record_if_eager(model: str, net: str, args: tuple[torch.Tensor, ...]) -> None:
@@ -84,13 +80,23 @@ def test_ibot_global_crops_run_compiled_blocks(cfg_factory, monkeypatch, backend
         if not torch.compiler.is_compiling():
             eager_calls.add((model, net, args[0].shape[1], torch.is_grad_enabled()))
 
-    for model, m in (("eager", eager), ("compiled", compiled)):
-        for net, backbone in (("student", m.backbone), ("teacher", m.teacher.backbone)):
-            backbone.trunk.blocks[0].register_forward_pre_hook(
-                lambda _m, args, model=model, net=net: record_if_eager(model, net, args))
-    gen = torch.Generator().manual_seed(0)
-    views = [torch.randn(4, 3, a.size, a.size, generator=gen) for a in type(eager).view_augs(cfg)]
-    batch = {"views": views, "label": torch.zeros(4, dtype=torch.long)}
+    def build(*extra: str) -> tuple[torch.nn.Module, torch.nn.Module, dict]:
+        cfg = cfg_factory(*IBOT_TINY, "+hvp=on", "++backbone.depth=2", *extra, tiny=False)
+        torch.manual_seed(0)
+        eager = METHODS["ibot"](cfg)
+        compiled = copy.deepcopy(eager)
+        compiled.configure_model()
+        for model, m in (("eager", eager), ("compiled", compiled)):
+            for net, backbone in (("student", m.backbone), ("teacher", m.teacher.backbone)):
+                for block in backbone.trunk.blocks:
+                    block.register_forward_pre_hook(lambda _m, args, model=model, net=net: record_if_eager(model, net, args))
+        gen = torch.Generator().manual_seed(0)
+        views = [torch.randn(4, 3, a.size, a.size, generator=gen) for a in type(eager).view_augs(cfg)]
+        return eager, compiled, {"views": views, "label": torch.zeros(4, dtype=torch.long)}
+
+    eager, compiled, batch = build()
+    assert compiled.state_dict().keys() == eager.state_dict().keys()  # checkpoints unchanged
+    assert compiled.compiled_modules == ["backbone", "teacher.backbone", "vit_tokens"]
     losses = [model.training_step(batch, 0) for model in (eager, compiled)]
     global_tokens = (32 // 8) ** 2 + 1
     # The eager model shows the calls exist: selection (no grad) and training pass, both networks.
@@ -99,4 +105,37 @@ def test_ibot_global_crops_run_compiled_blocks(cfg_factory, monkeypatch, backend
     assert not {c for c in eager_calls if c[0] == "compiled"}  # every compiled block call, locals too
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(compiled.last_selection["choice"], eager.last_selection["choice"])
-    assert compiled.compiled_modules == ["backbone.trunk.blocks.0", "teacher.backbone.trunk.blocks.0"]
+    # A drop-path rate per block, as the presets have, and a recompile limit scaled to this
+    # 3-block net: the token path needs 3 graphs at any depth (student with and without grad,
+    # teacher), where compiling block by block needs a graph per rate and grad mode (past the
+    # default limit of 8 at depth 12, and past 3 here), after which Dynamo runs blocks eagerly
+    # inside the compiled call, where no hook sees it: here reaching the limit raises instead.
+    torch._dynamo.reset()  # a run has one model: no graphs of the one above
+    _, compiled, batch = build("++backbone.depth=3", "backbone.drop_path_rate=0.3")
+    with torch._dynamo.config.patch(recompile_limit=3, fail_on_recompile_limit_hit=True):
+        for step in range(3):
+            compiled.training_step(batch, step).backward()
+    assert not {c for c in eager_calls if c[0] == "compiled"}
+
+
+@pytest.mark.parametrize("method", ["dino", "ibot"])
+def test_multicrop_compiles_stay_under_the_recompile_limit(cfg_factory, monkeypatch, method: str) -> None:
+    """Everything a compiled DINO/iBOT run traces (HVP selection and training passes over
+    global and local crops, backward, the teacher, evaluation forwards of two batch sizes,
+    a drop-path rate per block) fits Dynamo's default recompile limit: past it Dynamo would
+    run the backbone eagerly for the rest of the run (here it raises instead)."""
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    torch._dynamo.reset()
+    over = [o.replace("ibot_cifar", f"{method}_cifar") for o in IBOT_TINY]
+    cfg = cfg_factory(*over, "+hvp=on", "++backbone.depth=3", "backbone.drop_path_rate=0.3", tiny=False)
+    model = METHODS[method](cfg)
+    model.configure_model()
+    gen = torch.Generator().manual_seed(0)
+    views = [torch.randn(4, 3, a.size, a.size, generator=gen) for a in type(model).view_augs(cfg)]
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        for step in range(3):
+            model.training_step({"views": views, "label": torch.zeros(4, dtype=torch.long)}, step).backward()
+        model.eval()
+        with torch.inference_mode():
+            for n in (4, 3):  # the k-NN's full and last batches
+                model.eval_backbone(views[0][:n])

@@ -244,7 +244,7 @@ def test_run_with_resident_images_on_one_gpu(method: str, tmp_path: Path) -> Non
     assert_summary(summary, tmp_path, STEPS, True)
 
 
-@pytest.mark.parametrize("method", ["simsiam", "ibot"])
+@pytest.mark.parametrize("method", ["simsiam", "dino", "ibot"])
 def test_compiled_hvp_steps_on_gpu(method: str) -> None:
     """``method.compile=true`` with HVP under bf16 autocast on CUDA: the compiled step gives the
     eager step's loss, and once warm (selection and training graphs made) further steps
@@ -253,7 +253,7 @@ def test_compiled_hvp_steps_on_gpu(method: str) -> None:
 
     torch._dynamo.reset()
     counters.clear()
-    extra = ["backbone.drop_path_rate=0.0"] if method == "ibot" else []
+    extra = ["backbone.drop_path_rate=0.0"] if method in ("dino", "ibot") else []
     cfg = gpu_cfg(method, "bf16-mixed", True, "auto", "method.compile=true", *extra)
     torch.manual_seed(0)
     eager = METHODS[method](cfg).cuda().train()
@@ -266,7 +266,8 @@ def test_compiled_hvp_steps_on_gpu(method: str) -> None:
         losses = []
         for model in (eager, compiled):
             model.load_state_dict(eager.state_dict())  # same weights and BatchNorm statistics
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.autocast("cuda", dtype=torch.bfloat16), \
+                    torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):  # no silent eager fallback
                 losses.append(model.training_step(batch, step).detach().float())
         torch.testing.assert_close(losses[1], losses[0], rtol=5e-2, atol=5e-2)
         graphs.append(counters["stats"]["unique_graphs"])

@@ -58,21 +58,17 @@ class SSLMethod(L.LightningModule):
     def param_groups(self) -> list[dict[str, Any]]:
         return [{"params": [p for p in self.parameters() if p.requires_grad]}]
 
-    def compile_targets(self) -> list[str]:
-        """Names of the submodules ``method.compile`` compiles: every backbone (student, and
-        teacher where there is one), whose forward every crop goes through."""
-        return [name for name, _ in self.named_modules() if name.split(".")[-1] == "backbone"]
-
     def configure_model(self) -> None:
-        """``method.compile``: ``torch.compile`` each of :meth:`compile_targets` in place, so
-        state-dict keys and checkpoints stay as without it. Done here, once the model is
-        complete, not in ``__init__``: DINO/iBOT deep-copy the student into the teacher there,
-        and a copied compiled module would call the original."""
+        """``method.compile``: ``torch.compile`` every backbone (student, and teacher where
+        there is one) in place, so state-dict keys and checkpoints stay as without it. Done
+        here, once the model is complete, not in ``__init__``: DINO/iBOT deep-copy the student
+        into the teacher there, and a copied compiled module would call the original."""
         if not self.cfg.method.get("compile", False) or self.compiled_modules:
             return
-        for name in self.compile_targets():
-            self.get_submodule(name).compile()
-            self.compiled_modules.append(name)
+        for name, module in self.named_modules():
+            if name.split(".")[-1] == "backbone":
+                module.compile()
+                self.compiled_modules.append(name)
 
     @property
     def eval_backbone(self) -> torch.nn.Module:

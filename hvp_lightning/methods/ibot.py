@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -216,6 +216,7 @@ class IBOT(DINO):
                               "it selects exactly over the global pairs (leave it null)")
         self.patch_centering = Centering(self.patch_dim, m.center_momentum2)
         self.mask_token = nn.Parameter(torch.zeros(1, self.backbone.feature_dim))  # zero-init, as iBOT
+        self.token_path: Callable[..., tuple[torch.Tensor, torch.Tensor]] = vit_tokens  # compiled by configure_model
 
     @property
     def patch_dim(self) -> int:
@@ -244,12 +245,17 @@ class IBOT(DINO):
         return teacher_temperature(self.current_epoch, m.teacher_patch_temp, m.warmup_teacher_patch_temp,
                                    int(m.warmup_teacher_temp_epochs))
 
-    def compile_targets(self) -> list[str]:
-        """Each transformer block of every backbone (regional compilation): the global crops
-        call the trunk's parts directly (:func:`vit_tokens`), past a compiled backbone's forward,
-        and one small graph serves every block of a network per crop size and grad mode."""
-        return [f"{name}.trunk.blocks.{i}" for name in super().compile_targets()
-                for i in range(len(self.get_submodule(name).trunk.blocks))]
+    def configure_model(self) -> None:
+        """With ``method.compile`` the backbones are compiled (the local crops' path) and so is
+        :func:`vit_tokens`, the global crops' path: it calls the ViT's parts directly for masked
+        image modelling, past a compiled backbone's forward. One graph per network, grad mode
+        and mask/no mask; compiling the blocks one by one instead would need a graph per
+        block (each has its own drop-path rate) and run past Dynamo's recompile limit."""
+        compiled = bool(self.compiled_modules)
+        super().configure_model()
+        if self.compiled_modules and not compiled:
+            self.token_path = torch.compile(vit_tokens)
+            self.compiled_modules.append("vit_tokens")
 
     # --- masks ------------------------------------------------------------------------------
     def make_masks(self, batch: dict[str, Any], batch_idx: int = 0) -> list[torch.Tensor]:
@@ -282,8 +288,11 @@ class IBOT(DINO):
     def _token_forward(self, backbone: nn.Module, head: IBOTHead, crops: Sequence[torch.Tensor],
                        masks: Sequence[torch.Tensor] | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """CLS and patch logits per crop; the crops (same size) share one forward."""
-        mask = torch.cat(list(masks)) if masks is not None else None
-        cls, patches = vit_tokens(backbone, torch.cat(list(crops)), mask, self.mask_token if mask is not None else None)
+        images, mask = torch.cat(list(crops)), torch.cat(list(masks)) if masks is not None else None
+        for t in (images, mask):  # compiled: one graph for the 2 views of a step and the N candidates
+            if t is not None:
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+        cls, patches = self.token_path(backbone, images, mask, self.mask_token if mask is not None else None)
         c, p = head.forward_tokens(cls, patches)
         return list(c.chunk(len(crops))), list(p.chunk(len(crops)))
 

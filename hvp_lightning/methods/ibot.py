@@ -289,7 +289,7 @@ class IBOT(DINO):
                        masks: Sequence[torch.Tensor] | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """CLS and patch logits per crop; the crops (same size) share one forward."""
         images, mask = torch.cat(list(crops)), torch.cat(list(masks)) if masks is not None else None
-        for t in (images, mask):  # compiled: one graph for the 2 views of a step and the N candidates
+        for t in (images, mask) if self.compiled_modules else ():  # one graph for a step's 2 views and N candidates
             if t is not None:
                 torch._dynamo.maybe_mark_dynamic(t, 0)
         cls, patches = self.token_path(backbone, images, mask, self.mask_token if mask is not None else None)

@@ -99,14 +99,14 @@ def frozen_state(module: nn.Module, device: torch.device) -> Iterator[None]:
     names = ("running_mean", "running_var", "num_batches_tracked")
     kept = [(m, [getattr(m, n) for n in names]) for m in module.modules()
             if isinstance(m, _BatchNorm) and m.track_running_stats]
-    for m, buffers in kept:
-        for n, b in zip(names, buffers):
-            setattr(m, n, b.clone())
     devices = [device] if device.type == "cuda" else []
     try:
+        for m, buffers in kept:
+            for n, b in zip(names, buffers):
+                setattr(m, n, b.clone())
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             yield
-    finally:
+    finally:  # every original back, also after a failed clone
         for m, buffers in kept:
             for n, b in zip(names, buffers):
                 setattr(m, n, b)

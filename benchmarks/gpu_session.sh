@@ -35,8 +35,8 @@ case "$stage" in
                     -k test_run_on_one_gpu 2>&1 | tee "$out/$stage.txt" ;;
     tests-compile) timeout 570 python3 -m pytest -m gpu -q -rfE --durations=15 tests/test_gpu.py \
                     -k compiled 2>&1 | tee "$out/$stage.txt" ;;
-    tests-rest) timeout 570 python3 -m pytest -m gpu -q -rfE --durations=15 tests/test_gpu.py \
-                    -k "not test_run_on_one_gpu and not compiled" 2>&1 | tee "$out/$stage.txt" ;;
+    tests-rest) timeout 570 python3 -m pytest -m gpu -q -rfE --durations=15 \
+                    -k "not test_run_on_one_gpu and not compiled" 2>&1 | tee "$out/$stage.txt" ;;  # every file
     simsiam) loader --method simsiam --batch-size 128 --backbone resnet50 \
                  --override trainer.precision=bf16-mixed method.compile=true ;;
     dino) loader --method dino --batch-size 64 --backbone vit_small --override trainer.precision=bf16-mixed ;;

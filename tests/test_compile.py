@@ -1,5 +1,6 @@
 """``method.compile``: the compiled backbone gives the eager HVP step, without recompiling;
-iBOT's global crops, which bypass the backbone's forward, run compiled transformer blocks."""
+iBOT's global crops, which bypass the backbone's forward, run compiled too (its token path);
+compiled DINO/iBOT runs stay under Dynamo's recompile limit."""
 
 from __future__ import annotations
 
@@ -12,9 +13,16 @@ import torch
 from hvp_lightning.config import ConfigError, validate
 from hvp_lightning.methods import METHODS
 
-IBOT_TINY = ["method=ibot_cifar", "backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32",
-             "+backbone.depth=1", "backbone.drop_path_rate=0.0", "method.out_dim=64", "method.head_hidden_dim=32",
-             "method.bottleneck_dim=16", "logger=csv", "data.num_workers=0", "method.compile=true"]
+VIT_TINY = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32", "+backbone.depth=1",
+            "backbone.drop_path_rate=0.0", "method.out_dim=64", "method.head_hidden_dim=32", "method.bottleneck_dim=16",
+            "logger=csv", "data.num_workers=0", "method.compile=true"]  # DINO/iBOT presets: add method=<name>_cifar
+
+
+def random_batch(model: torch.nn.Module, cfg, n: int = 4) -> dict:
+    """A seeded batch of random views at ``model``'s crop sizes."""
+    gen = torch.Generator().manual_seed(0)
+    views = [torch.randn(n, 3, a.size, a.size, generator=gen) for a in type(model).view_augs(cfg)]
+    return {"views": views, "label": torch.zeros(n, dtype=torch.long)}
 
 
 def test_compile_flag_is_validated(cfg_factory) -> None:
@@ -81,7 +89,7 @@ def test_ibot_global_crops_run_compiled_blocks(cfg_factory, monkeypatch, backend
             eager_calls.add((model, net, args[0].shape[1], torch.is_grad_enabled()))
 
     def build(*extra: str) -> tuple[torch.nn.Module, torch.nn.Module, dict]:
-        cfg = cfg_factory(*IBOT_TINY, "+hvp=on", "++backbone.depth=2", *extra, tiny=False)
+        cfg = cfg_factory("method=ibot_cifar", *VIT_TINY, "+hvp=on", "++backbone.depth=2", *extra, tiny=False)
         torch.manual_seed(0)
         eager = METHODS["ibot"](cfg)
         compiled = copy.deepcopy(eager)
@@ -90,9 +98,7 @@ def test_ibot_global_crops_run_compiled_blocks(cfg_factory, monkeypatch, backend
             for net, backbone in (("student", m.backbone), ("teacher", m.teacher.backbone)):
                 for block in backbone.trunk.blocks:
                     block.register_forward_pre_hook(lambda _m, args, model=model, net=net: record_if_eager(model, net, args))
-        gen = torch.Generator().manual_seed(0)
-        views = [torch.randn(4, 3, a.size, a.size, generator=gen) for a in type(eager).view_augs(cfg)]
-        return eager, compiled, {"views": views, "label": torch.zeros(4, dtype=torch.long)}
+        return eager, compiled, random_batch(eager, cfg)
 
     eager, compiled, batch = build()
     assert compiled.state_dict().keys() == eager.state_dict().keys()  # checkpoints unchanged
@@ -126,16 +132,15 @@ def test_multicrop_compiles_stay_under_the_recompile_limit(cfg_factory, monkeypa
     run the backbone eagerly for the rest of the run (here it raises instead)."""
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     torch._dynamo.reset()
-    over = [o.replace("ibot_cifar", f"{method}_cifar") for o in IBOT_TINY]
-    cfg = cfg_factory(*over, "+hvp=on", "++backbone.depth=3", "backbone.drop_path_rate=0.3", tiny=False)
+    cfg = cfg_factory(f"method={method}_cifar", *VIT_TINY, "+hvp=on", "++backbone.depth=3",
+                      "backbone.drop_path_rate=0.3", tiny=False)
     model = METHODS[method](cfg)
     model.configure_model()
-    gen = torch.Generator().manual_seed(0)
-    views = [torch.randn(4, 3, a.size, a.size, generator=gen) for a in type(model).view_augs(cfg)]
+    batch = random_batch(model, cfg)
     with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
         for step in range(3):
-            model.training_step({"views": views, "label": torch.zeros(4, dtype=torch.long)}, step).backward()
+            model.training_step(batch, step).backward()
         model.eval()
         with torch.inference_mode():
             for n in (4, 3):  # the k-NN's full and last batches
-                model.eval_backbone(views[0][:n])
+                model.eval_backbone(batch["views"][0][:n])

@@ -274,9 +274,11 @@ def test_compiled_hvp_steps_on_gpu(method: str) -> None:
     assert graphs[1] > 0 and graphs[-1] == graphs[1], graphs
 
 
-def test_candidate_tables_skip_tf32_on_gpu() -> None:
-    """Under train.py's ``set_float32_matmul_precision("high")`` the DINO table is still plain
-    fp32 on the GPU: it matches a float64 reference where a TF32 einsum does not."""
+@pytest.mark.parametrize("api", ["legacy", "new"])
+def test_candidate_tables_skip_tf32_on_gpu(api: str) -> None:
+    """Under train.py's ``set_float32_matmul_precision("high")``, or TF32 allowed through the
+    newer ``torch.backends.fp32_precision``, the DINO table is still plain fp32 on the GPU (it
+    matches a float64 reference where a TF32 einsum does not) and cuBLAS accepts the settings."""
     from hvp_lightning.methods.dino import dino_ce_table, student_log_probs, teacher_probs
 
     g = torch.Generator().manual_seed(0)
@@ -284,13 +286,21 @@ def test_candidate_tables_skip_tf32_on_gpu() -> None:
     center = torch.zeros(4096, device="cuda")
     q, logp = teacher_probs(t, center, 0.04), student_log_probs(s, 0.1)
     want = -torch.einsum("gbk,vbk->bgv", q.double(), logp.double())
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
+    legacy, generic = torch.get_float32_matmul_precision(), torch.backends.fp32_precision
+    flags = (torch.backends.cuda.matmul, torch.backends.mkldnn.matmul)
+    previous = [f.fp32_precision for f in flags]
+    if api == "legacy":
+        torch.set_float32_matmul_precision("high")
+    else:
+        torch.backends.fp32_precision = "tf32"
     try:
         table = dino_ce_table(t, s, center, 0.04, 0.1)
         tf32 = -torch.einsum("gbk,vbk->bgv", q, logp)
     finally:
-        torch.set_float32_matmul_precision(previous)
+        torch.set_float32_matmul_precision(legacy)
+        torch.backends.fp32_precision = generic
+        for f, p in zip(flags, previous):
+            f.fp32_precision = p
     torch.testing.assert_close(table.double(), want, rtol=1e-5, atol=1e-4)
     if torch.cuda.get_device_capability() >= (8, 0):  # TF32 exists: the check can tell
         assert (tf32.double() - want).abs().max() > 1e-3

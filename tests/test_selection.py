@@ -234,26 +234,59 @@ def _tf32(x: torch.Tensor) -> torch.Tensor:
     return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
 
 
-@pytest.fixture
-def tf32_matmuls(monkeypatch):
-    """CPU stand-in for a GPU under ``set_float32_matmul_precision("high")`` (train.py's
-    setting): einsum and ``@`` read TF32-rounded inputs unless the precision is "highest"."""
+# Every fp32_precision flag torch has; the generic one first (setting it cascades to the rest).
+_PRECISION_FLAGS = ("", "cuda.matmul", "mkldnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn", "cudnn", "cudnn.conv",
+                    "cudnn.rnn")
+
+
+def _flag(path: str):
+    obj = torch.backends
+    for part in filter(None, path.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _precision_flags() -> dict[str, str]:
+    return {path: _flag(path).fp32_precision for path in _PRECISION_FLAGS}
+
+
+@pytest.fixture(params=["legacy", "new"])
+def tf32_matmuls(request, monkeypatch):
+    """CPU stand-in for a GPU that may use TF32: einsum and ``@`` read TF32-rounded inputs
+    while CUDA's matmul flag says "tf32" (and the stand-in is on). Where it says otherwise,
+    what cuBLAS is told (``allow_tf32``, torch's check that the legacy and the new API agree)
+    must be readable and agree. TF32 is allowed the two ways torch offers: the legacy
+    ``set_float32_matmul_precision("high")`` (train.py's) and the ``fp32_precision`` API
+    (``torch.backends.fp32_precision = "tf32"``, after which the legacy getter raises)."""
     einsum, matmul = torch.einsum, torch.Tensor.__matmul__
+    stand_in = {"on": True}
 
     def rounded() -> bool:
-        return torch.get_float32_matmul_precision() != "highest"
+        if not stand_in["on"]:
+            return False
+        if torch.backends.cuda.matmul.fp32_precision == "tf32":
+            return True
+        assert not torch.backends.cuda.matmul.allow_tf32  # raises on a mix of the two APIs
+        return False
 
     monkeypatch.setattr(torch, "einsum", lambda eq, *ops: einsum(eq, *(_tf32(o) if rounded() else o for o in ops)))
     monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: matmul(_tf32(a), _tf32(b)) if rounded() else matmul(a, b))
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
-    yield
-    torch.set_float32_matmul_precision(previous)
+    legacy, flags = torch.get_float32_matmul_precision(), _precision_flags()
+    if request.param == "legacy":
+        torch.set_float32_matmul_precision("high")
+    else:
+        torch.backends.fp32_precision = "tf32"
+    yield stand_in
+    torch.set_float32_matmul_precision(legacy)
+    for path, value in flags.items():
+        _flag(path).fp32_precision = value
+    assert torch.get_float32_matmul_precision() == legacy
 
 
 def test_candidate_tables_are_exact_fp32_where_tf32_is_allowed(tf32_matmuls):
     """The tables rank the loss each method computes, in fp32, even where the networks' matmuls
-    may use TF32 (whose rounding moves DINO's cross-entropies by ~1e-3 of their size)."""
+    may use TF32 (whose rounding moves DINO's cross-entropies by ~1e-3 of their size), and
+    leave both precision APIs as they found them."""
     from hvp_lightning.methods.dino import dino_ce_table, student_log_probs, teacher_probs
     from hvp_lightning.methods.simclr import simclr_pair_table
 
@@ -262,11 +295,18 @@ def test_candidate_tables_are_exact_fp32_where_tf32_is_allowed(tf32_matmuls):
     p, z = torch.randn(4, 8, 256, generator=g), torch.randn(4, 8, 256, generator=g)
     tables = {"dino": lambda: dino_ce_table(t, s, center, 0.04, 0.1), "simsiam": lambda: simsiam_pair_table(p, z),
               "simclr": lambda: simclr_pair_table(z, 0.1)}
-    torch.set_float32_matmul_precision("highest")  # the references: plain fp32
+    tf32_matmuls["on"] = False  # the references: plain fp32
     want = {name: table() for name, table in tables.items()}
     q, logp = teacher_probs(t, center, 0.04), student_log_probs(s, 0.1)
-    torch.set_float32_matmul_precision("high")
+    tf32_matmuls["on"] = True
     assert (-torch.einsum("gbk,vbk->bgv", q, logp) - want["dino"]).abs().max() > 1e-3  # the stand-in rounds
+    allowed = _precision_flags()
+    try:
+        legacy = torch.get_float32_matmul_precision()
+    except RuntimeError:  # the new API was used: the legacy getter cannot name the state
+        legacy = None
     for name, table in tables.items():
         torch.testing.assert_close(table(), want[name], rtol=0, atol=0, msg=name)
-        assert torch.get_float32_matmul_precision() == "high", name  # restored after the table
+        assert _precision_flags() == allowed, name  # both APIs restored after the table
+        if legacy is not None:
+            assert torch.get_float32_matmul_precision() == legacy, name

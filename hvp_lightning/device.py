@@ -19,9 +19,13 @@ def runs_on_cpu(accelerator: str) -> bool:
 
 
 def auto_precision(accelerator: str) -> str:
-    """The precision ``auto`` stands for on this machine with this ``trainer.accelerator``."""
+    """The precision ``auto`` stands for on this machine with this ``trainer.accelerator``.
+
+    bf16 only where the GPU computes it natively (compute capability 8.0+): torch's
+    ``is_bf16_supported()`` also says yes on a V100 or T4, where bf16 is emulated and runs
+    slower than fp32."""
     on_cuda = accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()
-    return "bf16-mixed" if on_cuda and torch.cuda.is_bf16_supported() else "32-true"
+    return "bf16-mixed" if on_cuda and torch.cuda.is_bf16_supported(including_emulation=False) else "32-true"
 
 
 def device_line(device: torch.device, precision: str, world_size: int = 1) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -22,6 +24,20 @@ def test_auto_precision(monkeypatch, cuda, bf16, accelerator, expected):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
     assert auto_precision(accelerator) == expected
+
+
+def test_auto_precision_is_fp32_on_a_gpu_that_only_emulates_bf16(monkeypatch):
+    """A V100 (compute capability 7.0) through torch's own ``is_bf16_supported``: it answers yes
+    there (a bf16 tensor can be made: emulation), yet bf16 runs slower than fp32 on it."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(major=7, minor=0))
+    monkeypatch.setattr(torch.cuda, "_check_bf16_tensor_supported", lambda device: True)  # allocation works
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert torch.cuda.is_bf16_supported()  # the emulated answer the choice must not follow
+    assert auto_precision("auto") == "32-true"
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(major=8, minor=0))
+    assert auto_precision("auto") == "bf16-mixed"  # an A100 / H100
 
 
 def test_default_trainer_is_auto_and_validate_resolves_precision():

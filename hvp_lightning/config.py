@@ -136,6 +136,7 @@ def validate(cfg: DictConfig, options_checked: bool = False) -> None:
         check_options(cfg)
     _validate_trainer_keys(cfg)
     _validate_precision(cfg)
+    _validate_deterministic(cfg)
     _warn_upsampled_crops(cfg.data)
 
 
@@ -330,6 +331,41 @@ def _validate_trainer_keys(cfg: DictConfig) -> None:
     for key in cfg.trainer:
         if key not in allowed:
             fail(f"trainer.{key}", cfg.trainer[key], "not a lightning.Trainer argument")
+
+
+def _validate_deterministic(cfg: DictConfig) -> None:
+    """``trainer.deterministic=true`` on a GPU: Lightning turns on
+    ``torch.use_deterministic_algorithms``, under which torch raises at the first backward of an
+    op without a deterministic CUDA kernel (its list: ``AdaptiveAvgPool2d``, bilinear/bicubic
+    ``interpolate``). The CPU kernels are deterministic, so CPU runs (the tests' resumes) pass;
+    a GPU run would fail after start-up. ``warn`` keeps those ops, with a warning."""
+    from .device import runs_on_cpu
+
+    t = cfg.trainer
+    if t.get("deterministic") is not True or runs_on_cpu(str(t.get("accelerator", "auto"))):
+        return
+    blocker = nondeterministic_cuda_backward(cfg)
+    if blocker is not None:
+        fail("trainer.deterministic", True, f"false or warn on a GPU: {blocker} has no deterministic CUDA "
+             "backward, so torch would raise at the first training step")
+
+
+def nondeterministic_cuda_backward(cfg: DictConfig) -> str | None:
+    """The first op of this run's network whose CUDA backward torch refuses in deterministic
+    mode, or None: a ResNet's global average pooling (``nn.AdaptiveAvgPool2d``), or a ViT's
+    bicubic resize of its position embedding for crops of another size than ``backbone.img_size``
+    (timm skips it at that size)."""
+    b, m = cfg.backbone, cfg.method
+    if BACKBONE_FAMILIES.get(b.name) == "resnet":
+        return f"{b.name}'s average pooling (nn.AdaptiveAvgPool2d)"
+    sizes = [cfg.data.crop_size]
+    if m.name in ("dino", "ibot") and int(m.get("num_local_crops") or 0) > 0:
+        sizes.append(m.local_crop_size)
+    other = [s for s in sizes if isinstance(s, int) and s != b.get("img_size")]
+    if other:
+        return (f"the position-embedding resize of {b.name} (F.interpolate, bicubic) for {other[0]} px crops "
+                f"(backbone.img_size={b.get('img_size')})")
+    return None
 
 
 def _validate_precision(cfg: DictConfig) -> None:

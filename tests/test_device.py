@@ -7,11 +7,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import hvp_lightning.device
 from hvp_lightning.config import validate
+from hvp_lightning.errors import ConfigError
 from hvp_lightning.device import auto_precision, device_line
 from hvp_lightning.train import final_line
 
 from .conftest import make_cfg
+
+VIT = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=16"]
 
 
 @pytest.mark.parametrize(("cuda", "bf16", "accelerator", "expected"), [
@@ -46,6 +50,26 @@ def test_default_trainer_is_auto_and_validate_resolves_precision():
     cfg = make_cfg("trainer=auto", "trainer.accelerator=cpu")
     validate(cfg)
     assert cfg.trainer.precision == "32-true"
+
+
+@pytest.mark.parametrize(("overrides", "refused"), [
+    ([], "AdaptiveAvgPool2d"),  # every ResNet
+    (["method=dino_cifar", *VIT, "method.local_crop_size=8"], "8 px crops"),  # the ViT resizes for locals
+    (["method=simclr_cifar", *VIT], None),  # a ViT at its own size: nothing resized
+])
+def test_deterministic_true_is_refused_where_a_gpu_run_would_raise(monkeypatch, overrides, refused):
+    """``trainer.deterministic=true`` passes on CPU (the resume tests use it) but makes torch
+    raise at a GPU run's first backward through an op without a deterministic CUDA kernel:
+    refused at start-up there, naming the op; ``warn`` stays allowed."""
+    validate(make_cfg(*overrides, "+trainer.deterministic=true"))  # CPU kernels are deterministic
+    monkeypatch.setattr(hvp_lightning.device, "runs_on_cpu", lambda accelerator: False)  # a GPU run
+    validate(make_cfg(*overrides, "+trainer.deterministic=warn"))
+    cfg = make_cfg(*overrides, "+trainer.deterministic=true")
+    if refused is None:
+        validate(cfg)
+    else:
+        with pytest.raises(ConfigError, match=rf"trainer\.deterministic.*{refused}"):
+            validate(cfg)
 
 
 def test_device_line_names_device_and_precision():

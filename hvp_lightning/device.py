@@ -28,6 +28,14 @@ def auto_precision(accelerator: str) -> str:
     return "bf16-mixed" if on_cuda and torch.cuda.is_bf16_supported(including_emulation=False) else "32-true"
 
 
+def set_matmul_precision() -> None:
+    """TF32 for the networks' fp32 matmuls on GPUs (no effect on CPUs), in training and in
+    evaluation alike: ``eval.py``'s k-NN then computes the features and similarities the run's
+    k-NN monitor computed (the same numbers, as on CPU), and ViT evaluation gets the Tensor Cores
+    training had. The candidate tables opt out themselves (``selection.exact_fp32``)."""
+    torch.set_float32_matmul_precision("high")
+
+
 def device_line(device: torch.device, precision: str, world_size: int = 1) -> str:
     """One start-up line, e.g. ``device: cuda:0 (NVIDIA H100 80GB HBM3) | precision: bf16-mixed``."""
     if device.type == "cuda":

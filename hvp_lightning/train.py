@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .analysis.callback import analysis_callbacks
@@ -18,7 +17,7 @@ from .checkpoint import AtomicCheckpointIO, RunCheckpoint, resume_checkpoint
 from .config import validate
 from .errors import ConfigError
 from .data.datamodule import SSLDataModule
-from .device import device_line
+from .device import device_line, set_matmul_precision
 from .distributed import gather_per_rank, sync_batchnorm_plugins
 from .methods import METHODS, SSLMethod
 from .run_logs import RunRecord, continue_csv_log, wandb_resume
@@ -61,7 +60,7 @@ def run(cfg: DictConfig, run_dir: Path, options_checked: bool = False) -> dict[s
     ckpt_path, resume_step = resume_checkpoint(cfg, run_dir)  # (None, 0): a fresh run
     record = RunRecord(run_dir)  # this session's clock starts
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    torch.set_float32_matmul_precision("high")
+    set_matmul_precision()
     method_cls = METHODS[cfg.method.name]
     dm = SSLDataModule(cfg.data, method_cls.view_augs(cfg), cfg.method.batch_size, cfg.data.num_workers, cfg.seed)
     dm.setup("fit")

@@ -27,7 +27,7 @@ from ..backbones import Backbone
 from ..checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
 from ..config import check_eval_options, fail
 from ..data.datamodule import EvalDataset
-from ..device import runs_on_cpu
+from ..device import runs_on_cpu, set_matmul_precision
 from ..errors import ConfigError
 from ..knn import knn_accuracies
 from .data import EvalData, TrainTransform, eval_data, eval_data_cfg, eval_loader, eval_transform
@@ -118,6 +118,7 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     which = "student backbone" if cfg.student and backbone is not model.eval_backbone else (
         "teacher backbone" if backbone is not model.backbone else "backbone")
     L.seed_everything(cfg.seed, workers=True, verbose=False)
+    set_matmul_precision()  # as in training: the run's k-NN monitor and this one agree on GPUs too
     data = eval_data(data_cfg)
     if len(data.train) == 0 or len(data.test) == 0:
         raise ConfigError(f"data.name={data_cfg.name!r} is not allowed: its train or test split is empty")

@@ -335,10 +335,11 @@ def _validate_trainer_keys(cfg: DictConfig) -> None:
 
 def _validate_deterministic(cfg: DictConfig) -> None:
     """``trainer.deterministic=true`` on a GPU: Lightning turns on
-    ``torch.use_deterministic_algorithms``, under which torch raises at the first backward of an
-    op without a deterministic CUDA kernel (its list: ``AdaptiveAvgPool2d``, bilinear/bicubic
-    ``interpolate``). The CPU kernels are deterministic, so CPU runs (the tests' resumes) pass;
-    a GPU run would fail after start-up. ``warn`` keeps those ops, with a warning."""
+    ``torch.use_deterministic_algorithms``, under which torch raises at the first backward
+    through an op without a deterministic CUDA kernel. The CPU kernels are deterministic, so a
+    CPU run (the tests' resumes) cannot show it; refused at start-up instead of after it.
+    ``warn`` keeps those ops, with a warning. (A ResNet's global average pooling is fine: at
+    output size 1 torch computes it as a mean.)"""
     from .device import runs_on_cpu
 
     t = cfg.trainer
@@ -351,13 +352,13 @@ def _validate_deterministic(cfg: DictConfig) -> None:
 
 
 def nondeterministic_cuda_backward(cfg: DictConfig) -> str | None:
-    """The first op of this run's network whose CUDA backward torch refuses in deterministic
-    mode, or None: a ResNet's global average pooling (``nn.AdaptiveAvgPool2d``), or a ViT's
-    bicubic resize of its position embedding for crops of another size than ``backbone.img_size``
-    (timm skips it at that size)."""
+    """The op of this run's network whose CUDA backward torch refuses in deterministic mode, or
+    None: a ViT's antialiased bicubic resize of its position embedding
+    (``_upsample_bicubic2d_aa_backward``), which timm runs for crops of another size than
+    ``backbone.img_size`` (DINO/iBOT's local crops, or global crops resized)."""
     b, m = cfg.backbone, cfg.method
-    if BACKBONE_FAMILIES.get(b.name) == "resnet":
-        return f"{b.name}'s average pooling (nn.AdaptiveAvgPool2d)"
+    if BACKBONE_FAMILIES.get(b.name) != "vit":
+        return None
     sizes = [cfg.data.crop_size]
     if m.name in ("dino", "ibot") and int(m.get("num_local_crops") or 0) > 0:
         sizes.append(m.local_crop_size)

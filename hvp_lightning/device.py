@@ -29,11 +29,17 @@ def auto_precision(accelerator: str) -> str:
 
 
 def set_matmul_precision() -> None:
-    """TF32 for the networks' fp32 matmuls on GPUs (no effect on CPUs), in training and in
-    evaluation alike: ``eval.py``'s k-NN then computes the features and similarities the run's
-    k-NN monitor computed (the same numbers, as on CPU), and ViT evaluation gets the Tensor Cores
-    training had. The candidate tables opt out themselves (``selection.exact_fp32``)."""
+    """TF32 for the networks' fp32 matmuls on GPUs, in training and in evaluation alike:
+    ``eval.py``'s k-NN then computes the features and similarities the run's k-NN monitor
+    computed (the same numbers, as on CPU), and ViT evaluation gets the Tensor Cores training
+    had. The candidate tables opt out themselves (``selection.exact_fp32``).
+
+    Through the legacy call, which Lightning's CUDA start-up check reads back (a TF32 flag set
+    only through ``torch.backends.cuda.matmul.fp32_precision`` makes that read raise). The
+    legacy "high" also lets oneDNN use TF32 on CPUs that have it; CPUs stay exact fp32, as the
+    tests and the README's numbers assume."""
     torch.set_float32_matmul_precision("high")
+    torch.backends.mkldnn.matmul.fp32_precision = "ieee"
 
 
 def device_line(device: torch.device, precision: str, world_size: int = 1) -> str:

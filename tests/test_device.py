@@ -53,7 +53,7 @@ def test_default_trainer_is_auto_and_validate_resolves_precision():
 
 
 @pytest.mark.parametrize(("overrides", "refused"), [
-    ([], "AdaptiveAvgPool2d"),  # every ResNet
+    ([], None),  # a ResNet: its global average pooling is a mean, deterministic on CUDA
     (["method=dino_cifar", *VIT, "method.local_crop_size=8"], "8 px crops"),  # the ViT resizes for locals
     (["method=simclr_cifar", *VIT], None),  # a ViT at its own size: nothing resized
 ])
@@ -70,6 +70,65 @@ def test_deterministic_true_is_refused_where_a_gpu_run_would_raise(monkeypatch, 
     else:
         with pytest.raises(ConfigError, match=rf"trainer\.deterministic.*{refused}"):
             validate(cfg)
+
+
+# Backward ops whose CUDA kernels call ``alertNotDeterministic`` (torch's
+# ``use_deterministic_algorithms`` list: pooling, interpolation, padding, sampling).
+CUDA_NONDETERMINISTIC_BACKWARD = (
+    "_adaptive_avg_pool2d_backward", "adaptive_max_pool2d_backward", "avg_pool3d_backward",
+    "upsample_linear1d_backward", "upsample_bilinear2d_backward", "_upsample_bilinear2d_aa_backward",
+    "upsample_bicubic2d_backward", "_upsample_bicubic2d_aa_backward", "upsample_trilinear3d_backward",
+    "reflection_pad1d_backward", "reflection_pad2d_backward", "grid_sampler_2d_backward",
+)
+
+
+@pytest.mark.parametrize("overrides", [
+    [],  # ResNet
+    ["method=dino_cifar", *VIT, "method.local_crop_size=8"],  # ViT with local crops
+    ["method=simclr_cifar", *VIT],  # ViT at its own size
+])
+def test_deterministic_rule_matches_the_ops_the_network_runs(overrides):
+    """The start-up rule (refuse ``deterministic=true`` on a GPU) against the aten ops one
+    forward/backward of the run's backbone at every view size really dispatches on CPU
+    (the same composite decisions as on CUDA, e.g. a 1x1 adaptive pool becomes a mean)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hvp_lightning.config import nondeterministic_cuda_backward
+    from hvp_lightning.methods import METHODS
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    cfg = make_cfg(*overrides)
+    model = METHODS[cfg.method.name](cfg)
+    with Ops() as ops:
+        for aug in type(model).view_augs(cfg):
+            model.backbone(torch.randn(2, 3, aug.size, aug.size)).float().sum().backward()
+    hits = sorted(ops.names & set(CUDA_NONDETERMINISTIC_BACKWARD))
+    assert bool(hits) == (nondeterministic_cuda_backward(cfg) is not None), hits
+
+
+def test_matmul_precision_is_tf32_on_gpus_and_exact_on_cpus():
+    """train.py/eval.py's setting: TF32 for cuBLAS, readable through the legacy getter
+    (Lightning's CUDA start-up check reads it) and through ``allow_tf32`` (torch's check that
+    both APIs agree), while oneDNN keeps plain fp32 on CPUs."""
+    from hvp_lightning.device import set_matmul_precision
+
+    legacy, cpu = torch.get_float32_matmul_precision(), torch.backends.mkldnn.matmul.fp32_precision
+    try:
+        set_matmul_precision()
+        assert torch.get_float32_matmul_precision() == "high"
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cuda.matmul.fp32_precision == "tf32"
+        assert torch.backends.mkldnn.matmul.fp32_precision == "ieee"
+    finally:
+        torch.set_float32_matmul_precision(legacy)
+        torch.backends.mkldnn.matmul.fp32_precision = cpu
 
 
 def test_device_line_names_device_and_precision():

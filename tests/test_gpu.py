@@ -277,8 +277,9 @@ def test_compiled_hvp_steps_on_gpu(method: str) -> None:
 @pytest.mark.parametrize("api", ["legacy", "new"])
 def test_candidate_tables_skip_tf32_on_gpu(api: str) -> None:
     """Under train.py's ``set_float32_matmul_precision("high")``, or TF32 allowed through the
-    newer ``torch.backends.fp32_precision``, the DINO table is still plain fp32 on the GPU (it
-    matches a float64 reference where a TF32 einsum does not) and cuBLAS accepts the settings."""
+    newer ``torch.backends.cuda.matmul.fp32_precision``, the DINO table is still plain fp32 on
+    the GPU (it matches a float64 reference where a TF32 einsum does not) and cuBLAS accepts the
+    settings."""
     from hvp_lightning.methods.dino import dino_ce_table, student_log_probs, teacher_probs
 
     g = torch.Generator().manual_seed(0)
@@ -291,8 +292,9 @@ def test_candidate_tables_skip_tf32_on_gpu(api: str) -> None:
     previous = [f.fp32_precision for f in flags]
     if api == "legacy":
         torch.set_float32_matmul_precision("high")
-    else:
-        torch.backends.fp32_precision = "tf32"
+    else:  # from torch's default, as in a fresh process
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
     try:
         table = dino_ce_table(t, s, center, 0.04, 0.1)
         tf32 = -torch.einsum("gbk,vbk->bgv", q, logp)

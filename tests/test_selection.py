@@ -257,7 +257,8 @@ def tf32_matmuls(request, monkeypatch):
     what cuBLAS is told (``allow_tf32``, torch's check that the legacy and the new API agree)
     must be readable and agree. TF32 is allowed the two ways torch offers: the legacy
     ``set_float32_matmul_precision("high")`` (train.py's) and the ``fp32_precision`` API
-    (``torch.backends.fp32_precision = "tf32"``, after which the legacy getter raises)."""
+    (``torch.backends.cuda.matmul.fp32_precision = "tf32"``, after which the legacy getter
+    raises)."""
     einsum, matmul = torch.einsum, torch.Tensor.__matmul__
     stand_in = {"on": True}
 
@@ -274,8 +275,11 @@ def tf32_matmuls(request, monkeypatch):
     legacy, flags = torch.get_float32_matmul_precision(), _precision_flags()
     if request.param == "legacy":
         torch.set_float32_matmul_precision("high")
-    else:
-        torch.backends.fp32_precision = "tf32"
+    else:  # from torch's default, as in a fresh process
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
+            torch.get_float32_matmul_precision()
     yield stand_in
     torch.set_float32_matmul_precision(legacy)
     for path, value in flags.items():

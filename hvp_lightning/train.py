@@ -18,7 +18,7 @@ from .checkpoint import AtomicCheckpointIO, RunCheckpoint, resume_checkpoint
 from .config import validate
 from .errors import ConfigError
 from .data.datamodule import SSLDataModule
-from .device import device_line
+from .device import check_accelerator, device_line
 from .distributed import gather_per_rank, sync_batchnorm_plugins
 from .methods import METHODS, SSLMethod
 from .run_logs import RunRecord, continue_csv_log, wandb_resume
@@ -57,6 +57,7 @@ def run(cfg: DictConfig, run_dir: Path, options_checked: bool = False) -> dict[s
     ``options_checked``: :func:`hvp_lightning.config.check_options` has passed on ``cfg`` (the CLI)."""
     silence_known_warnings()
     validate(cfg, options_checked)
+    check_accelerator("trainer.accelerator", str(cfg.trainer.get("accelerator", "auto")))
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path, resume_step = resume_checkpoint(cfg, run_dir)  # (None, 0): a fresh run
     record = RunRecord(run_dir)  # this session's clock starts

@@ -27,7 +27,7 @@ from ..backbones import Backbone
 from ..checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
 from ..config import check_eval_options, fail
 from ..data.datamodule import EvalDataset
-from ..device import runs_on_cpu
+from ..device import check_accelerator, runs_on_cpu
 from ..errors import ConfigError
 from ..knn import knn_accuracies
 from .data import EvalData, TrainTransform, eval_data, eval_data_cfg, eval_loader, eval_transform
@@ -103,6 +103,7 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     start = time.time()
     if not options_checked:
         check_eval_options(cfg)
+    check_accelerator("accelerator", str(cfg.accelerator))
     protocol = cfg.protocol.name
     ckpt_path, run_dir = resolve_checkpoint(cfg.ckpt)
     ckpt = load_checkpoint(ckpt_path)

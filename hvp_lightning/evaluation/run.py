@@ -29,6 +29,7 @@ from ..config import check_eval_options, fail
 from ..data.datamodule import EvalDataset
 from ..device import check_accelerator, runs_on_cpu
 from ..errors import ConfigError
+from ..warning_filters import one_console_copy_of_lightning_logs, silence_known_warnings
 from ..knn import knn_accuracies
 from .data import EvalData, TrainTransform, eval_data, eval_data_cfg, eval_loader, eval_transform
 from .features import FeatureNet, extract, forward_seconds
@@ -101,6 +102,8 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     ``options_checked``: :func:`hvp_lightning.config.check_eval_options` has passed on ``cfg``
     (the CLI runs it before the heavy imports; callers of this API need not)."""
     start = time.time()
+    silence_known_warnings()
+    one_console_copy_of_lightning_logs()
     if not options_checked:
         check_eval_options(cfg)
     check_accelerator("accelerator", str(cfg.accelerator))

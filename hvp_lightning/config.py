@@ -258,6 +258,12 @@ def _warn_upsampled_crops(d: DictConfig) -> None:
 
 def _validate_hvp(cfg: DictConfig) -> None:
     h = cfg.get("hvp")
+    if h is not None and "enabled" not in h and len(h) > 0:
+        # `+hvp.num_views=8` (Hydra's advice for `hvp.num_views=8` without `+hvp=on`) makes an hvp
+        # node without conf/hvp/on.yaml: it would train a baseline without a word.
+        key = next(iter(h))
+        fail(f"hvp.{key}", h[key], "set only with +hvp=on (HVP is off without it): "
+             f"add +hvp=on and write hvp.{key}=... without the +")
     if h is None or not h.get("enabled", False):
         return
     int_at_least(cfg, "hvp.num_views", 2)

@@ -56,6 +56,7 @@ def test_the_start_up_check_imports_no_torch():
     ("train.py", ["seed=-5"], "seed"),
     ("train.py", ["method.name=nope"], "method.name"),
     ("train.py", ["+hvp=on", "hvp.mode=bad"], "hvp.mode"),
+    ("train.py", ["+hvp.num_views=8"], "hvp.num_views"),  # Hydra's advice without +hvp=on: would train a baseline
     ("train.py", ["data.name=bad"], "data.name"),
     ("train.py", ["data.on_device=maybe"], "data.on_device"),
     ("train.py", ["method.optimizer.name=adam"], "method.optimizer.name"),

@@ -107,6 +107,8 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     if not options_checked:
         check_eval_options(cfg)
     check_accelerator("accelerator", str(cfg.accelerator))
+    if cfg.get("precision") == "16-mixed" and runs_on_cpu(str(cfg.accelerator)):  # Lightning: bf16 without a word
+        fail("precision", cfg.precision, "on CPU one of 32-true, bf16-mixed (no fp16 mixed precision on CPU)")
     protocol = cfg.protocol.name
     ckpt_path, run_dir = resolve_checkpoint(cfg.ckpt)
     ckpt = load_checkpoint(ckpt_path)

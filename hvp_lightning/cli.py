@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import sweep  # noqa: F401  registers ${hvp_dirname:...} (hydra.sweep.subdir)
 from .checkpoint_paths import resolve_checkpoint
 from .config import check_eval_options, check_options
-from .errors import ConfigError
+from .errors import CheckpointError, ConfigError
 
 # Nothing here imports torch, Lightning or the model code at module level: the commands check
 # their config first (hvp_lightning/config.py) and import those only for a config that passed.
@@ -47,8 +47,37 @@ def config_dir() -> str:
 
 CONFIG_DIR = config_dir()
 
+def _resume_run_dir(resume: str) -> str:
+    """The run dir that ``resume=`` names: the path itself, or for a checkpoint file the run dir
+    holding it (``<run_dir>/checkpoints/<file>``), so that Hydra never tries to make a folder
+    at a file's path."""
+    p = Path(str(resume)).expanduser()
+    if p.is_file() or p.suffix == ".ckpt":
+        return str(p.parent.parent if p.parent.name == "checkpoints" else p.parent)
+    return str(resume)
+
+
 # hydra.run.dir: the run dir being resumed, else a new timestamped one (conf/config.yaml).
-OmegaConf.register_new_resolver("hvp_resume_or", lambda resume, new: str(resume) if resume else new, replace=True)
+OmegaConf.register_new_resolver("hvp_resume_or", lambda resume, new: _resume_run_dir(resume) if resume else new,
+                                replace=True)
+
+
+def _checked_resume(resume: str, run_dir: Path, fresh: bool) -> str:
+    """``resume=``'s run dir, or a :class:`CheckpointError` that says what is wrong with it: a
+    run resumes from its own ``checkpoints/last.ckpt``, so that file (= its run dir) is accepted
+    and any other checkpoint file is not; a path where Hydra has just made the run dir held
+    no run."""
+    p = Path(str(resume)).expanduser()
+    if p.is_file():
+        if p.name == "last.ckpt" and p.parent.name == "checkpoints":
+            return str(p.parent.parent)
+        raise CheckpointError(f"resume={str(resume)!r} is not allowed: a run dir (it continues from its "
+                              "checkpoints/last.ckpt; to restart from another checkpoint, copy it to "
+                              "checkpoints/last.ckpt of a new run dir and resume that)")
+    if fresh and (p.resolve() == run_dir.resolve() or p.suffix == ".ckpt"):
+        raise CheckpointError(f"resume={str(resume)!r} is not allowed: a run dir holding checkpoints/last.ckpt "
+                              "(no run at that path)")
+    return str(resume)
 
 
 class SweepConfigError(CompactHydraException):
@@ -99,6 +128,7 @@ def train(cfg: DictConfig) -> float | None:
     try:
         checked = False  # a resumed run's config is checked by run(), once it is composed
         if cfg.get("resume"):  # continue that run with its own config (+ what the command line changes)
+            cfg.resume = _checked_resume(cfg.resume, run_dir, fresh)
             resolve_checkpoint(cfg.resume, key="resume")  # the path, before the heavy imports
             from .checkpoint import resume_config
 

@@ -149,6 +149,8 @@ def check_eval_options(cfg: DictConfig) -> None:
         fail("protocol.name", cfg.protocol.name, f"one of {', '.join(PROTOCOLS)}")
     if cfg.devices != 1:
         fail("devices", cfg.devices, "1 (evaluation runs on one device)")
+    if cfg.get("precision", "32-true") not in TRAINER_PRECISIONS:
+        fail("precision", cfg.precision, f"one of {', '.join(TRAINER_PRECISIONS)}")
     _int_in(cfg, "seed", 0, 2**32 - 1)
     if cfg.get("num_workers") is not None:
         int_at_least(cfg, "num_workers", 0)
@@ -259,6 +261,12 @@ def _warn_upsampled_crops(d: DictConfig) -> None:
 
 def _validate_hvp(cfg: DictConfig) -> None:
     h = cfg.get("hvp")
+    if h is not None and "enabled" not in h and len(h) > 0:
+        # `+hvp.num_views=8` (Hydra's advice for `hvp.num_views=8` without `+hvp=on`) makes an hvp
+        # node without conf/hvp/on.yaml: it would train a baseline without a word.
+        key = next(iter(h))
+        fail(f"hvp.{key}", h[key], "set only with +hvp=on (HVP is off without it): "
+             f"add +hvp=on and write hvp.{key}=... without the +")
     if h is None or not h.get("enabled", False):
         return
     int_at_least(cfg, "hvp.num_views", 2)

@@ -11,11 +11,23 @@ from __future__ import annotations
 
 import torch
 
+from .errors import ConfigError
+
+
 def runs_on_cpu(accelerator: str) -> bool:
     """Whether a Trainer with this ``accelerator`` ends up on the CPU on this machine."""
     if accelerator != "auto":
         return accelerator == "cpu"
     return not (torch.cuda.is_available() or torch.backends.mps.is_available())
+
+
+def check_accelerator(key: str, accelerator: str) -> None:
+    """A GPU asked for on a machine where torch finds none: one line naming the key and value
+    (Lightning's own error, "No supported gpu backend found!", names neither)."""
+    wants_cuda = accelerator == "cuda" or (accelerator == "gpu" and not torch.backends.mps.is_available())
+    if wants_cuda and not torch.cuda.is_available():
+        raise ConfigError(f"{key}={accelerator!r} is not allowed: cpu or auto on this machine (torch finds no CUDA GPU; "
+                          "trainer=gpu, ddp_8gpu and the multi-GPU commands need one)")
 
 
 def auto_precision(accelerator: str) -> str:

@@ -17,12 +17,12 @@ from .checkpoint import AtomicCheckpointIO, RunCheckpoint, resume_checkpoint
 from .config import validate
 from .errors import ConfigError
 from .data.datamodule import SSLDataModule
-from .device import device_line, set_matmul_precision
+from .device import check_accelerator, device_line, set_matmul_precision
 from .distributed import gather_per_rank, sync_batchnorm_plugins
 from .methods import METHODS, SSLMethod
 from .run_logs import RunRecord, continue_csv_log, wandb_resume
 from .selection import hvp_summary
-from .warning_filters import silence_known_warnings
+from .warning_filters import one_console_copy_of_lightning_logs, silence_known_warnings
 from .wandb_logging import WandbCharts, current_sweep_dir, run_names
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,9 @@ def run(cfg: DictConfig, run_dir: Path, options_checked: bool = False) -> dict[s
     """Pretrain as configured and return the summary (also written to run_dir/summary.json).
     ``options_checked``: :func:`hvp_lightning.config.check_options` has passed on ``cfg`` (the CLI)."""
     silence_known_warnings()
+    one_console_copy_of_lightning_logs()
     validate(cfg, options_checked)
+    check_accelerator("trainer.accelerator", str(cfg.trainer.get("accelerator", "auto")))
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path, resume_step = resume_checkpoint(cfg, run_dir)  # (None, 0): a fresh run
     record = RunRecord(run_dir)  # this session's clock starts

@@ -1,8 +1,10 @@
 """Warnings a run cannot act on, silenced at start-up: each would otherwise print on every run
-(or once per process in DDP) and bury the ones that matter."""
+(or once per process in DDP) and bury the ones that matter; and one console copy of each of
+Lightning's log messages."""
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 KNOWN = (
@@ -21,3 +23,17 @@ KNOWN = (
 def silence_known_warnings() -> None:
     for pattern in KNOWN:
         warnings.filterwarnings("ignore", message=pattern)
+
+
+def one_console_copy_of_lightning_logs() -> None:
+    """The ``lightning`` logger prints to the console with a handler of its own and also passes
+    each message on to the root logger, to which Hydra gives a console handler (and the file
+    handler of ``train.log``): every Lightning message ("GPU available ...", the model summary)
+    printed twice. Where the root logger already writes to the console, Lightning's own console
+    handler goes; the messages still reach the console and ``train.log`` through the root's."""
+    if not any(type(h) is logging.StreamHandler for h in logging.getLogger().handlers):
+        return
+    lightning_logger = logging.getLogger("lightning")
+    for handler in list(lightning_logger.handlers):
+        if type(handler) is logging.StreamHandler:
+            lightning_logger.removeHandler(handler)

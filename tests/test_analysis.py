@@ -248,3 +248,18 @@ def test_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     header = (tmp_path / "hvp" / "csv" / "metrics.csv").read_text().splitlines()[0]
     assert "analysis/lowest_iou_share_epoch" in header
     assert np.isfinite(result["selected_iou_mean"])
+
+
+def test_cli_missing_run_dir_says_so_and_makes_nothing(tmp_path: Path) -> None:
+    """A typo'd run dir: one line naming it, and no ``<typo>/analysis/`` folder left behind."""
+    from hvp_lightning.analysis.__main__ import main
+
+    missing = tmp_path / "no_such_run"
+    with pytest.raises(SystemExit, match="no such run dir"):
+        main([str(missing)])
+    assert not missing.exists()
+    empty = tmp_path / "empty_run"  # a folder without the analysis logs: nothing written into it either
+    empty.mkdir()
+    with pytest.raises(SystemExit, match="steps-r"):
+        main([str(empty)])
+    assert list(empty.iterdir()) == []

@@ -145,3 +145,22 @@ def test_final_line_is_one_line_with_init_chance_run_dir_and_hvp_gap():
     assert "\n" not in line and "| HVP selected - candidate loss: +0.2500 |" in line
     assert line.endswith("| run dir: runs/x")
     assert "at init" not in final_line(dict(summary, knn_top1_init=None))
+
+
+def test_a_gpu_accelerator_without_a_gpu_is_one_line_naming_the_key(monkeypatch) -> None:
+    """trainer=gpu (or eval's accelerator=gpu) on a machine without CUDA: the key and value,
+    not Lightning's "No supported gpu backend found!"."""
+    import torch
+
+    from hvp_lightning.device import check_accelerator
+    from hvp_lightning.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    for accelerator in ("gpu", "cuda"):
+        with pytest.raises(ConfigError, match=rf"^trainer.accelerator='{accelerator}' is not allowed: cpu or auto"):
+            check_accelerator("trainer.accelerator", accelerator)
+    for accelerator in ("cpu", "auto"):
+        check_accelerator("trainer.accelerator", accelerator)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    check_accelerator("accelerator", "gpu")

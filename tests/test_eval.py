@@ -190,6 +190,8 @@ def test_eval_config_errors(simsiam_run, tmp_path):
         ([f"ckpt={run_dir}", "protocol=knn", "protocol.ks=[0,20]"], r"protocol.ks=\[0, 20\] is not allowed"),
         ([f"ckpt={run_dir}", "protocol=finetune", "protocol.table_row=imagenet"], r"protocol.table_row='imagenet'"),
         ([f"ckpt={run_dir}", "data=cifar10", "data.root=/nonexistent"], r"data.root='/nonexistent' is not allowed"),
+        ([f"ckpt={run_dir}", "precision=bf16"], r"precision='bf16' is not allowed: one of 32-true, bf16-mixed"),
+        ([f"ckpt={run_dir}", "accelerator=cpu", "precision=16-mixed"], r"precision='16-mixed' is not allowed: on CPU"),
     ]
     for overrides, match in cases:
         with pytest.raises(ConfigError, match=match):

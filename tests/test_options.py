@@ -56,10 +56,12 @@ def test_the_start_up_check_imports_no_torch():
     ("train.py", ["seed=-5"], "seed"),
     ("train.py", ["method.name=nope"], "method.name"),
     ("train.py", ["+hvp=on", "hvp.mode=bad"], "hvp.mode"),
+    ("train.py", ["+hvp.num_views=8"], "hvp.num_views"),  # Hydra's advice without +hvp=on: would train a baseline
     ("train.py", ["data.name=bad"], "data.name"),
     ("train.py", ["data.on_device=maybe"], "data.on_device"),
     ("train.py", ["method.optimizer.name=adam"], "method.optimizer.name"),
     ("train.py", ["resume=nowhere"], "resume"),
+    ("train.py", ["resume=nowhere/checkpoints/last.ckpt"], "resume"),  # a checkpoint file's path: no folder made there
     ("train.py", ["method=dino_cifar", "backbone=vit_tiny", "backbone.patch_size=4", "method.local_crop_size=18"],
      "method.local_crop_size"),  # a method's own check (config.check_multicrop)
     ("train.py", ["method=ibot_cifar", "backbone=resnet18_narrow"], "backbone.name"),  # iBOT needs a ViT
@@ -79,3 +81,30 @@ def test_a_bad_config_is_one_line_before_the_heavy_imports_and_leaves_nothing(tm
     assert len(said) == 1 and said[0].startswith(f"config error: {key}="), said
     assert _heavy(imported) == []
     assert list(tmp_path.iterdir()) == []
+
+
+def test_resume_takes_a_run_dir_or_its_last_ckpt_and_refuses_other_checkpoint_files(tmp_path):
+    """resume=<run>/checkpoints/last.ckpt is that run dir; another .ckpt file is refused in one
+    line (a run continues from its own last.ckpt) instead of Hydra's traceback from making a
+    run dir at the file's path."""
+    from hvp_lightning.cli import _checked_resume, _resume_run_dir
+    from hvp_lightning.errors import CheckpointError
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    (run / "checkpoints" / "other.ckpt").write_bytes(b"x")
+    assert _resume_run_dir(str(run)) == str(run)
+    assert _resume_run_dir(str(run / "checkpoints" / "last.ckpt")) == str(run)
+    assert _resume_run_dir(str(run / "checkpoints" / "other.ckpt")) == str(run)
+    assert _checked_resume(str(run / "checkpoints" / "last.ckpt"), run, fresh=False) == str(run)
+    assert _checked_resume(str(run), run, fresh=False) == str(run)
+    with pytest.raises(CheckpointError, match=r"resume='.*other.ckpt' is not allowed: a run dir"):
+        _checked_resume(str(run / "checkpoints" / "other.ckpt"), run, fresh=False)
+    with pytest.raises(CheckpointError, match=r"no run at that path"):
+        _checked_resume(str(tmp_path / "new"), tmp_path / "new", fresh=True)
+
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), f"resume={run / 'checkpoints' / 'other.ckpt'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("config error: resume=") and "Traceback" not in proc.stderr

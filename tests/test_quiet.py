@@ -25,3 +25,33 @@ def test_num_workers_beyond_the_cores_are_capped_with_one_warning(cfg_factory, c
     assert [r.getMessage() for r in caplog.records] == [
         f"data.num_workers={cores + 3} is more than the {cores} CPU cores this process may use: using {cores} "
         "loader workers"]
+
+
+def test_lightning_messages_print_once_under_hydras_console_handler(capsys):
+    """Under Hydra the root logger has a console handler; Lightning's own one printed every
+    message a second time. It goes, and the messages still reach the root's handlers."""
+    import lightning  # noqa: F401  (adds its console handler to the "lightning" logger)
+
+    from hvp_lightning.warning_filters import one_console_copy_of_lightning_logs
+
+    root, lightning_logger = logging.getLogger(), logging.getLogger("lightning")
+    saved_root, saved_lightning = list(root.handlers), list(lightning_logger.handlers)
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):  # stands in for Hydra's train.log handler
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    try:
+        root.handlers[:] = []
+        one_console_copy_of_lightning_logs()  # no root console: Lightning's handler is the only one, kept
+        assert any(type(h) is logging.StreamHandler for h in lightning_logger.handlers)
+        root.handlers[:] = [logging.StreamHandler(), Keep()]
+        one_console_copy_of_lightning_logs()
+        assert not any(type(h) is logging.StreamHandler for h in lightning_logger.handlers)
+        lightning_logger.info("GPU available: once")
+        assert [r.getMessage() for r in records] == ["GPU available: once"]
+        assert capsys.readouterr().err.count("GPU available: once") == 1
+    finally:
+        root.handlers[:] = saved_root
+        lightning_logger.handlers[:] = saved_lightning

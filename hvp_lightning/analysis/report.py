@@ -71,12 +71,14 @@ def analyse(run_dir: Path | str, baseline_dir: Path | str | None = None, out_dir
     """Write the figures and ``analysis.json`` (in ``out_dir``, default ``<run_dir>/analysis``)."""
     run_dir = Path(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir / "analysis"
-    out.mkdir(parents=True, exist_ok=True)
+    if not run_dir.is_dir():  # a typo'd path: say so, and make no folder there
+        raise SystemExit(f"{run_dir}: no such run dir")
     steps = load_steps(run_dir)
     if steps is None:
         raise SystemExit(f"{run_dir}/analysis/steps-r*.csv not found: was the run trained with analysis.online=true?")
     if not steps["hvp"].any():
         raise SystemExit(f"{run_dir} has no HVP selection steps: pass the HVP run first, the baseline second")
+    out.mkdir(parents=True, exist_ok=True)  # only for a run that can be analysed
     base = load_steps(Path(baseline_dir)) if baseline_dir is not None else None
     if baseline_dir is not None and base is None:
         warnings.warn(f"{baseline_dir} has no analysis/steps-r*.csv; plotting without the baseline", stacklevel=2)

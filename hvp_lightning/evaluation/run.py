@@ -27,9 +27,10 @@ from ..backbones import Backbone
 from ..checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
 from ..config import check_eval_options, fail
 from ..data.datamodule import EvalDataset
-from ..device import runs_on_cpu, set_matmul_precision
+from ..device import check_accelerator, runs_on_cpu, set_matmul_precision
 from ..errors import ConfigError
 from ..knn import knn_accuracies
+from ..warning_filters import one_console_copy_of_lightning_logs, silence_known_warnings
 from .data import EvalData, TrainTransform, eval_data, eval_data_cfg, eval_loader, eval_transform
 from .features import FeatureNet, extract, forward_seconds
 from .loggers import eval_logger, finish_logger
@@ -101,8 +102,13 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     ``options_checked``: :func:`hvp_lightning.config.check_eval_options` has passed on ``cfg``
     (the CLI runs it before the heavy imports; callers of this API need not)."""
     start = time.time()
+    silence_known_warnings()
+    one_console_copy_of_lightning_logs()
     if not options_checked:
         check_eval_options(cfg)
+    check_accelerator("accelerator", str(cfg.accelerator))
+    if cfg.get("precision") == "16-mixed" and runs_on_cpu(str(cfg.accelerator)):  # Lightning: bf16 without a word
+        fail("precision", cfg.precision, "on CPU one of 32-true, bf16-mixed (no fp16 mixed precision on CPU)")
     protocol = cfg.protocol.name
     ckpt_path, run_dir = resolve_checkpoint(cfg.ckpt)
     ckpt = load_checkpoint(ckpt_path)

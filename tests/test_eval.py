@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -19,7 +20,8 @@ from hvp_lightning.backbones import build_resnet, build_vit
 from hvp_lightning.config import ConfigError
 from hvp_lightning.evaluation import evaluate
 from hvp_lightning.evaluation.features import FeatureNet
-from hvp_lightning.evaluation.probe import Classifier, fit_classifier, probe_batch_size
+from hvp_lightning.evaluation.probe import (Classifier, fit_classifier, lars_growth_bound, probe_batch_size,
+                                           warn_if_lars_cannot_fit)
 from hvp_lightning.knn import knn_accuracies, knn_accuracy
 from hvp_lightning.train import run
 
@@ -166,6 +168,51 @@ def test_probe_batch_gives_every_epoch_at_least_16_steps():
         assert b == 16 or n >= 16 * b  # at least 16 optimiser steps an epoch
         assert b == recipe or n < 16 * 2 * b  # and not smaller than that needs
     assert probe_batch_size(4096, 3072) == 128 and probe_batch_size(4096, 1_281_167) == 4096
+
+
+@pytest.mark.parametrize("lr", [0.05, 2.0])
+def test_lars_growth_bound_holds_and_is_nearly_reached(lr):
+    """LARS on a linear head whose gradient always points outwards (the worst case): the
+    weight norm grows by no more than the bound, and by most of it -- a bound without momentum's
+    1/(1 - momentum) would be exceeded."""
+    from hvp_lightning.optim import make_optimizer, warmup_cosine
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(32, 4, bias=False)
+    torch.nn.init.normal_(head.weight, std=0.01)
+    w0 = head.weight.detach().clone()
+    opt = make_optimizer("lars", [{"params": [head.weight]}], lr, 0.0, 0.9)
+    total, warmup = 300, 30
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: warmup_cosine(t, total, warmup))
+    for _ in range(total):
+        opt.zero_grad()
+        (-(head.weight * w0).sum()).backward()  # gradient -w0: every step outwards, the same way
+        opt.step()
+        sched.step()
+    bound = lars_growth_bound(lr, total, warmup, 0.9)
+    w = head.weight.detach()
+    growth = float(w.norm() / w0.norm())
+    assert growth <= bound * (1 + 1e-4)
+    assert float((w - w0).norm() / w0.norm()) <= bound - 1 + 1e-4
+    assert growth > bound ** 0.8  # nearly reached: the bound is the right one, not just a loose one
+
+
+def test_lars_probe_warns_where_it_cannot_fit_the_head(caplog):
+    """The SimSiam recipe (LARS, base lr 0.1 per 256) scaled to a few thousand images cannot
+    move the head off its init: a warning. Its own scale, or a CIFAR GPU run, or SGD: none."""
+    import logging
+
+    def settings(optimizer: str, batch: int) -> dict:
+        return {"optimizer": optimizer, "batch_size": batch, "lr": 0.1 * batch / 256, "epochs": 90, "momentum": 0.9}
+
+    assert lars_growth_bound(1.6, 90 * 312, 0, 0.9) > math.exp(200)  # ImageNet, batch 4,096
+    with caplog.at_level(logging.WARNING, logger="hvp_lightning.evaluation.probe"):
+        warn_if_lars_cannot_fit(settings("lars", 4096), 312)
+        warn_if_lars_cannot_fit(settings("lars", 512), 98)  # CIFAR-10's 50k images
+        warn_if_lars_cannot_fit(settings("sgd", 128), 24)
+        assert not caplog.records
+        warn_if_lars_cannot_fit(settings("lars", 128), 24)  # 3,072 images (the demo)
+    assert len(caplog.records) == 1 and "protocol.optimizer=sgd" in caplog.records[0].getMessage()
 
 
 def test_eval_dino_uses_the_teacher_and_last_blocks(dino_run):

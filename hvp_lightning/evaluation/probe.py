@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 import warnings
 from typing import Any
@@ -119,6 +120,35 @@ def probe_batch_size(recipe_batch: int, num_train: int, min_steps: int = 16) -> 
     while batch > 16 and num_train < min_steps * batch:
         batch //= 2
     return batch
+
+
+def lars_growth_bound(lr: float, total_steps: int, warmup_steps: int, momentum: float, eta: float = 1e-3) -> float:
+    """The most LARS can grow a weight matrix's norm over a run, as a factor (>= 1).
+
+    Why: LARS moves a matrix by at most ``lr_t * eta * ||w||`` per step (its trust ratio), and
+    momentum adds that up to ``1 / (1 - momentum)`` times, so ``||w||`` grows at most
+    ``exp(eta / (1 - momentum) * sum_t lr_t)``-fold, and moves at most (that - 1) times its
+    initial norm. The SimSiam recipe at its own scale (lr 1.6 at batch 4,096, 90 ImageNet
+    epochs: 28k steps) allows about e^225; its linear scaling down to a small dataset's batch
+    and step count can allow under 2x, and the head then stays near its init (std 0.01).
+    ``total_steps`` / ``warmup_steps``: the probe's schedule (linear warm-up, cosine to 0)."""
+    total_lr = lr * sum(warmup_cosine(t, total_steps, warmup_steps) for t in range(total_steps))
+    return math.exp(min(700.0, eta * total_lr / (1.0 - momentum)))
+
+
+def warn_if_lars_cannot_fit(s: dict[str, Any], steps_per_epoch: int) -> None:
+    """A warning when the LARS recipe, at this batch and step count, cannot even double the
+    head's weight norm: the probe would report an untrained classifier, not the features."""
+    if s["optimizer"] != "lars":
+        return
+    total = s["epochs"] * steps_per_epoch
+    growth = lars_growth_bound(s["lr"], total, int(s.get("warmup_epochs", 0) * steps_per_epoch), s.get("momentum", 0.9))
+    if growth < 2.0:
+        log.warning("protocol.optimizer=lars at batch %d (lr %.3g) for %d steps can grow the linear head's weights "
+                    "at most %.2fx from their init (std 0.01): too little to fit it; its accuracy would measure the "
+                    "optimiser, not the features. The recipe's own scale (batch 4,096, 90 ImageNet epochs) allows "
+                    "e^225. Use protocol.optimizer=sgd here, or raise protocol.base_lr / protocol.epochs.",
+                    s["batch_size"], s["lr"], total, growth)
 
 
 def fit_classifier(cfg: DictConfig, model: Classifier, train_loader: DataLoader, test_loader: DataLoader,

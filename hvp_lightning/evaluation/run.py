@@ -34,7 +34,7 @@ from ..warning_filters import one_console_copy_of_lightning_logs, silence_known_
 from .data import EvalData, TrainTransform, eval_data, eval_data_cfg, eval_loader, eval_transform
 from .features import FeatureNet, extract, forward_seconds
 from .loggers import eval_logger, finish_logger
-from .probe import Classifier, fit_classifier, probe_batch_size
+from .probe import Classifier, fit_classifier, probe_batch_size, warn_if_lars_cannot_fit
 from .protocols import protocol_settings, validate_settings
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,7 @@ def run_classifier(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[
         train_loader = eval_loader(EvalDataset(data.train, train_tf), s["batch_size"], d.num_workers, True,
                                drop_last=finetune and len(data.train) > s["batch_size"])
         test_loader = eval_loader(test_ds, s["batch_size"], d.num_workers, False)
+    warn_if_lars_cannot_fit(s, len(train_loader))
     return fit_classifier(cfg, model, train_loader, test_loader, s["epochs"], logger)
 
 

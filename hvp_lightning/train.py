@@ -116,7 +116,15 @@ def final_line(summary: dict[str, Any]) -> str:
     if hvp.get("selection_selected_loss_mean") is not None:
         gap = hvp["selection_selected_loss_mean"] - hvp["selection_candidate_loss_mean"]
         line += f" | HVP selected - candidate loss: {gap:+.4f}"
-    return f"{line} | run dir: {summary['run_dir']}"
+    return f"{line} | run dir: {shown_path(summary['run_dir'])}"
+
+
+def shown_path(path: str) -> str:
+    """``path`` relative to the working directory where it lies under it (as the user typed it
+    and the README shows it: ``runs/<date>/...``; Hydra hands a fresh run's dir over absolute,
+    a resumed one as given), else absolute."""
+    p = Path(path).resolve()
+    return os.path.relpath(p) if p.is_relative_to(Path.cwd().resolve()) else str(p)
 
 
 def _close_logger(trainer: L.Trainer, summary: dict[str, Any]) -> None:

@@ -147,6 +147,17 @@ def test_final_line_is_one_line_with_init_chance_run_dir_and_hvp_gap():
     assert "at init" not in final_line(dict(summary, knn_top1_init=None))
 
 
+def test_final_line_shows_the_run_dir_as_the_readme_does(tmp_path, monkeypatch):
+    """Under the working directory, relative, whether Hydra gave it absolute (a fresh run) or
+    the user typed it relative (resume=); elsewhere absolute."""
+    monkeypatch.chdir(tmp_path)
+    summary = {"knn_top1": 0.5, "knn_chance": 0.1}
+    for given in (str(tmp_path / "runs" / "x"), "runs/x", "./runs/x"):
+        assert final_line(dict(summary, run_dir=given)).endswith("| run dir: runs/x"), given
+    outside = tmp_path.parent / "elsewhere"
+    assert final_line(dict(summary, run_dir=str(outside))).endswith(f"| run dir: {outside.resolve()}")
+
+
 def test_a_gpu_accelerator_without_a_gpu_is_one_line_naming_the_key(monkeypatch) -> None:
     """trainer=gpu (or eval's accelerator=gpu) on a machine without CUDA: the key and value,
     not Lightning's "No supported gpu backend found!"."""

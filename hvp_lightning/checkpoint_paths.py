@@ -25,5 +25,10 @@ def resolve_checkpoint(path: str | Path, key: str = "ckpt") -> tuple[Path, Path]
                               f"(no checkpoints/{LAST} in that folder)")
     if not p.is_file():
         raise CheckpointError(f"{key}={str(path)!r} is not allowed: a run dir or a .ckpt file (nothing at that path)")
-    run_dir = p.parent.parent if p.parent.name == "checkpoints" else p.parent
-    return p, run_dir
+    return p, run_dir_of(p)
+
+
+def run_dir_of(ckpt_file: Path) -> Path:
+    """The run dir a checkpoint file belongs to: the folder above ``checkpoints/`` (a file
+    elsewhere: its own folder)."""
+    return ckpt_file.parent.parent if ckpt_file.parent.name == "checkpoints" else ckpt_file.parent

@@ -29,7 +29,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from . import sweep  # noqa: F401  registers ${hvp_dirname:...} (hydra.sweep.subdir)
-from .checkpoint_paths import resolve_checkpoint
+from .checkpoint_paths import LAST, resolve_checkpoint, run_dir_of
 from .config import check_eval_options, check_options
 from .errors import CheckpointError, ConfigError
 
@@ -47,14 +47,13 @@ def config_dir() -> str:
 
 CONFIG_DIR = config_dir()
 
+
 def _resume_run_dir(resume: str) -> str:
     """The run dir that ``resume=`` names: the path itself, or for a checkpoint file the run dir
     holding it (``<run_dir>/checkpoints/<file>``), so that Hydra never tries to make a folder
     at a file's path."""
     p = Path(str(resume)).expanduser()
-    if p.is_file() or p.suffix == ".ckpt":
-        return str(p.parent.parent if p.parent.name == "checkpoints" else p.parent)
-    return str(resume)
+    return str(run_dir_of(p)) if p.is_file() or p.suffix == ".ckpt" else str(resume)
 
 
 # hydra.run.dir: the run dir being resumed, else a new timestamped one (conf/config.yaml).
@@ -69,8 +68,8 @@ def _checked_resume(resume: str, run_dir: Path, fresh: bool) -> str:
     no run."""
     p = Path(str(resume)).expanduser()
     if p.is_file():
-        if p.name == "last.ckpt" and p.parent.name == "checkpoints":
-            return str(p.parent.parent)
+        if p.name == LAST and p.parent.name == "checkpoints":
+            return str(run_dir_of(p))
         raise CheckpointError(f"resume={str(resume)!r} is not allowed: a run dir (it continues from its "
                               "checkpoints/last.ckpt; to restart from another checkpoint, copy it to "
                               "checkpoints/last.ckpt of a new run dir and resume that)")

@@ -380,10 +380,19 @@ def nondeterministic_cuda_backward(cfg: DictConfig) -> str | None:
 def _validate_precision(cfg: DictConfig) -> None:
     """Lightning has no fp16 AMP on CPU: it would silently train in bf16-mixed instead.
     Resolves ``auto`` (bf16-mixed on a bf16-capable GPU, else 32-true: hvp_lightning/device.py)."""
-    from .device import auto_precision, runs_on_cpu
+    from .device import auto_precision
 
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
     precision = cfg.trainer.get("precision", "32-true")
     if precision == "auto":
-        precision = cfg.trainer.precision = auto_precision(str(cfg.trainer.get("accelerator", "auto")))
-    if precision == "16-mixed" and runs_on_cpu(str(cfg.trainer.get("accelerator", "auto"))):
-        fail("trainer.precision", precision, "on CPU one of 32-true, bf16-mixed (no fp16 mixed precision on CPU)")
+        precision = cfg.trainer.precision = auto_precision(accelerator)
+    check_cpu_precision("trainer.precision", precision, accelerator)
+
+
+def check_cpu_precision(key: str, precision: str, accelerator: str) -> None:
+    """Lightning has no fp16 AMP on CPU: ``16-mixed`` there would silently run bf16-mixed.
+    Training (``trainer.precision``) and evaluation (``precision``) both refuse it."""
+    from .device import runs_on_cpu
+
+    if precision == "16-mixed" and runs_on_cpu(accelerator):
+        fail(key, precision, "on CPU one of 32-true, bf16-mixed (no fp16 mixed precision on CPU)")

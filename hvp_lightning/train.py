@@ -22,7 +22,7 @@ from .distributed import gather_per_rank, sync_batchnorm_plugins
 from .methods import METHODS, SSLMethod
 from .run_logs import RunRecord, continue_csv_log, wandb_resume
 from .selection import hvp_summary
-from .warning_filters import one_console_copy_of_lightning_logs, silence_known_warnings
+from .warning_filters import quiet_console
 from .wandb_logging import WandbCharts, current_sweep_dir, run_names
 
 log = logging.getLogger(__name__)
@@ -54,8 +54,7 @@ def wandb_logged_in() -> bool:
 def run(cfg: DictConfig, run_dir: Path, options_checked: bool = False) -> dict[str, Any]:
     """Pretrain as configured and return the summary (also written to run_dir/summary.json).
     ``options_checked``: :func:`hvp_lightning.config.check_options` has passed on ``cfg`` (the CLI)."""
-    silence_known_warnings()
-    one_console_copy_of_lightning_logs()
+    quiet_console()
     validate(cfg, options_checked)
     check_accelerator("trainer.accelerator", str(cfg.trainer.get("accelerator", "auto")))
     run_dir.mkdir(parents=True, exist_ok=True)

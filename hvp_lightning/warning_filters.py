@@ -37,3 +37,9 @@ def one_console_copy_of_lightning_logs() -> None:
     for handler in list(lightning_logger.handlers):
         if type(handler) is logging.StreamHandler:
             lightning_logger.removeHandler(handler)
+
+
+def quiet_console() -> None:
+    """What ``train.py`` and ``eval.py`` do at start-up: both of the above."""
+    silence_known_warnings()
+    one_console_copy_of_lightning_logs()

@@ -25,12 +25,12 @@ from torch.utils.data import DataLoader, TensorDataset
 from ..atomic import atomic_write_text
 from ..backbones import Backbone
 from ..checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
-from ..config import check_eval_options, fail
+from ..config import check_cpu_precision, check_eval_options, fail
 from ..data.datamodule import EvalDataset
 from ..device import check_accelerator, runs_on_cpu, set_matmul_precision
 from ..errors import ConfigError
 from ..knn import knn_accuracies
-from ..warning_filters import one_console_copy_of_lightning_logs, silence_known_warnings
+from ..warning_filters import quiet_console
 from .data import EvalData, TrainTransform, eval_data, eval_data_cfg, eval_loader, eval_transform
 from .features import FeatureNet, extract, forward_seconds
 from .loggers import eval_logger, finish_logger
@@ -103,13 +103,11 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     ``options_checked``: :func:`hvp_lightning.config.check_eval_options` has passed on ``cfg``
     (the CLI runs it before the heavy imports; callers of this API need not)."""
     start = time.time()
-    silence_known_warnings()
-    one_console_copy_of_lightning_logs()
+    quiet_console()
     if not options_checked:
         check_eval_options(cfg)
     check_accelerator("accelerator", str(cfg.accelerator))
-    if cfg.get("precision") == "16-mixed" and runs_on_cpu(str(cfg.accelerator)):  # Lightning: bf16 without a word
-        fail("precision", cfg.precision, "on CPU one of 32-true, bf16-mixed (no fp16 mixed precision on CPU)")
+    check_cpu_precision("precision", str(cfg.get("precision", "32-true")), str(cfg.accelerator))
     protocol = cfg.protocol.name
     ckpt_path, run_dir = resolve_checkpoint(cfg.ckpt)
     ckpt = load_checkpoint(ckpt_path)

@@ -180,3 +180,31 @@ def official_pairs(G: int, rule: str = "cross") -> list[tuple[int, int]]:
     if rule == "cross":
         return list(itertools.product(range(0, G, 2), range(1, G, 2)))
     return list(itertools.combinations(range(G), 2))
+
+
+# Every fp32_precision flag torch has; the generic one first (setting it cascades to the rest).
+PRECISION_FLAGS = ("", "cuda.matmul", "mkldnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn", "cudnn", "cudnn.conv",
+                   "cudnn.rnn")
+
+
+def _precision_flag(path: str):
+    obj = torch.backends
+    for part in filter(None, path.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+def precision_flags() -> dict[str, str]:
+    """torch's newer float32 precision API, every flag (``{"": generic, "cuda.matmul": ...}``)."""
+    return {path: _precision_flag(path).fp32_precision for path in PRECISION_FLAGS}
+
+
+@pytest.fixture
+def matmul_precision_restored():
+    """A test that changes torch's float32 precision (either API) leaves it as it found it."""
+    legacy, flags = torch.get_float32_matmul_precision(), precision_flags()
+    yield
+    torch.set_float32_matmul_precision(legacy)  # first: it rewrites the matmul flags
+    for path, value in flags.items():
+        _precision_flag(path).fp32_precision = value
+    assert torch.get_float32_matmul_precision() == legacy

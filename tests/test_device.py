@@ -114,21 +114,16 @@ def test_deterministic_rule_matches_the_ops_the_network_runs(overrides):
     assert bool(hits) == (nondeterministic_cuda_backward(cfg) is not None), hits
 
 
-def test_matmul_precision_is_tf32_on_gpus_and_exact_on_cpus():
+def test_matmul_precision_is_tf32_on_gpus_and_exact_on_cpus(matmul_precision_restored):
     """train.py/eval.py's setting: TF32 for cuBLAS, readable through the legacy getter
     (Lightning's CUDA start-up check reads it) and through ``allow_tf32`` (torch's check that
     both APIs agree), while oneDNN keeps plain fp32 on CPUs."""
     from hvp_lightning.device import set_matmul_precision
 
-    legacy, cpu = torch.get_float32_matmul_precision(), torch.backends.mkldnn.matmul.fp32_precision
-    try:
-        set_matmul_precision()
-        assert torch.get_float32_matmul_precision() == "high"
-        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cuda.matmul.fp32_precision == "tf32"
-        assert torch.backends.mkldnn.matmul.fp32_precision == "ieee"
-    finally:
-        torch.set_float32_matmul_precision(legacy)
-        torch.backends.mkldnn.matmul.fp32_precision = cpu
+    set_matmul_precision()
+    assert torch.get_float32_matmul_precision() == "high"
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cuda.matmul.fp32_precision == "tf32"
+    assert torch.backends.mkldnn.matmul.fp32_precision == "ieee"
 
 
 def test_device_line_names_device_and_precision():

@@ -45,7 +45,7 @@ def dino_run(tmp_path_factory) -> Path:
     return run_dir
 
 
-def test_evaluation_runs_at_the_training_matmul_precision(simsiam_run, monkeypatch):
+def test_evaluation_runs_at_the_training_matmul_precision(simsiam_run, monkeypatch, matmul_precision_restored):
     """eval.py computes features under train.py's float32 matmul precision (TF32 on GPUs), so
     its k-NN repeats the run's monitor there too; a fresh eval process starts at "highest"."""
     run_dir, _ = simsiam_run
@@ -56,12 +56,8 @@ def test_evaluation_runs_at_the_training_matmul_precision(simsiam_run, monkeypat
         return {"top1": 0.0, "top5": 0.0, "k_for_top1": 20}
 
     monkeypatch.setattr("hvp_lightning.evaluation.run.run_knn", spy)
-    previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")  # torch's default, as in a new eval.py process
-    try:
-        evaluate(eval_cfg(f"ckpt={run_dir}", "protocol=knn", f"out_dir={run_dir / 'eval_precision'}"))
-    finally:
-        torch.set_float32_matmul_precision(previous)
+    evaluate(eval_cfg(f"ckpt={run_dir}", "protocol=knn", f"out_dir={run_dir / 'eval_precision'}"))
     assert seen == ["high"]
 
 

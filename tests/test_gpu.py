@@ -275,7 +275,7 @@ def test_compiled_hvp_steps_on_gpu(method: str) -> None:
 
 
 @pytest.mark.parametrize("api", ["legacy", "new"])
-def test_candidate_tables_skip_tf32_on_gpu(api: str) -> None:
+def test_candidate_tables_skip_tf32_on_gpu(api: str, matmul_precision_restored) -> None:
     """Under train.py's ``set_float32_matmul_precision("high")``, or TF32 allowed through the
     newer ``torch.backends.cuda.matmul.fp32_precision``, the DINO table is still plain fp32 on
     the GPU (it matches a float64 reference where a TF32 einsum does not) and cuBLAS accepts the
@@ -287,22 +287,13 @@ def test_candidate_tables_skip_tf32_on_gpu(api: str) -> None:
     center = torch.zeros(4096, device="cuda")
     q, logp = teacher_probs(t, center, 0.04), student_log_probs(s, 0.1)
     want = -torch.einsum("gbk,vbk->bgv", q.double(), logp.double())
-    legacy, generic = torch.get_float32_matmul_precision(), torch.backends.fp32_precision
-    flags = (torch.backends.cuda.matmul, torch.backends.mkldnn.matmul)
-    previous = [f.fp32_precision for f in flags]
     if api == "legacy":
         torch.set_float32_matmul_precision("high")
     else:  # from torch's default, as in a fresh process
         torch.set_float32_matmul_precision("highest")
         torch.backends.cuda.matmul.fp32_precision = "tf32"
-    try:
-        table = dino_ce_table(t, s, center, 0.04, 0.1)
-        tf32 = -torch.einsum("gbk,vbk->bgv", q, logp)
-    finally:
-        torch.set_float32_matmul_precision(legacy)
-        torch.backends.fp32_precision = generic
-        for f, p in zip(flags, previous):
-            f.fp32_precision = p
+    table = dino_ce_table(t, s, center, 0.04, 0.1)
+    tf32 = -torch.einsum("gbk,vbk->bgv", q, logp)
     torch.testing.assert_close(table.double(), want, rtol=1e-5, atol=1e-4)
     if torch.cuda.get_device_capability() >= (8, 0):  # TF32 exists: the check can tell
         assert (tf32.double() - want).abs().max() > 1e-3

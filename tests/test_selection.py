@@ -11,7 +11,7 @@ from hvp_lightning.methods.simsiam import SimSiam, simsiam_loss, simsiam_pair_ta
 from hvp_lightning.selection import (ambient_autocast_dtype, choose, frozen_state, gather_pairs, global_pair_index,
                                      pair_index, resolve_selection_dtype, step_autocast_dtype, summarise_totals)
 
-from .conftest import official_pairs
+from .conftest import official_pairs, precision_flags
 
 
 def test_pair_index_order_and_baseline_pair():
@@ -234,24 +234,8 @@ def _tf32(x: torch.Tensor) -> torch.Tensor:
     return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
 
 
-# Every fp32_precision flag torch has; the generic one first (setting it cascades to the rest).
-_PRECISION_FLAGS = ("", "cuda.matmul", "mkldnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn", "cudnn", "cudnn.conv",
-                    "cudnn.rnn")
-
-
-def _flag(path: str):
-    obj = torch.backends
-    for part in filter(None, path.split(".")):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _precision_flags() -> dict[str, str]:
-    return {path: _flag(path).fp32_precision for path in _PRECISION_FLAGS}
-
-
 @pytest.fixture(params=["legacy", "new"])
-def tf32_matmuls(request, monkeypatch):
+def tf32_matmuls(request, monkeypatch, matmul_precision_restored):
     """CPU stand-in for a GPU that may use TF32: einsum and ``@`` read TF32-rounded inputs
     while CUDA's matmul flag says "tf32" (and the stand-in is on). Where it says otherwise,
     what cuBLAS is told (``allow_tf32``, torch's check that the legacy and the new API agree)
@@ -272,7 +256,6 @@ def tf32_matmuls(request, monkeypatch):
 
     monkeypatch.setattr(torch, "einsum", lambda eq, *ops: einsum(eq, *(_tf32(o) if rounded() else o for o in ops)))
     monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: matmul(_tf32(a), _tf32(b)) if rounded() else matmul(a, b))
-    legacy, flags = torch.get_float32_matmul_precision(), _precision_flags()
     if request.param == "legacy":
         torch.set_float32_matmul_precision("high")
     else:  # from torch's default, as in a fresh process
@@ -281,10 +264,6 @@ def tf32_matmuls(request, monkeypatch):
         with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
             torch.get_float32_matmul_precision()
     yield stand_in
-    torch.set_float32_matmul_precision(legacy)
-    for path, value in flags.items():
-        _flag(path).fp32_precision = value
-    assert torch.get_float32_matmul_precision() == legacy
 
 
 def test_candidate_tables_are_exact_fp32_where_tf32_is_allowed(tf32_matmuls):
@@ -304,13 +283,13 @@ def test_candidate_tables_are_exact_fp32_where_tf32_is_allowed(tf32_matmuls):
     q, logp = teacher_probs(t, center, 0.04), student_log_probs(s, 0.1)
     tf32_matmuls["on"] = True
     assert (-torch.einsum("gbk,vbk->bgv", q, logp) - want["dino"]).abs().max() > 1e-3  # the stand-in rounds
-    allowed = _precision_flags()
+    allowed = precision_flags()
     try:
         legacy = torch.get_float32_matmul_precision()
     except RuntimeError:  # the new API was used: the legacy getter cannot name the state
         legacy = None
     for name, table in tables.items():
         torch.testing.assert_close(table(), want[name], rtol=0, atol=0, msg=name)
-        assert _precision_flags() == allowed, name  # both APIs restored after the table
+        assert precision_flags() == allowed, name  # both APIs restored after the table
         if legacy is not None:
             assert torch.get_float32_matmul_precision() == legacy, name

@@ -36,15 +36,16 @@ def test_rows_show_the_selected_pair_beside_the_easiest_finite_pair():
         (a, b), (e, f) = pairs[c].tolist(), pairs[r].tolist()
         assert caption.startswith(f"image {idx} | selected views {a},{b}: loss {float(table[idx - 11, c]):.3f}")
         assert f"easiest views {e},{f}" in caption and f"IoU {float(iou[idx - 11, r]):.2f}" in caption
-        assert img.shape == (6, 4 * 6 + 4 * 4, 3)  # four views, gaps 1 + 2 + 1
-        columns = [0, 10, 24, 34]  # left edge of each view in the strip
+        assert img.shape == (96, 4 * 96 + 4 * 4, 3)  # four views enlarged 16x, gaps 1 + 2 + 1
+        columns = [0, 100, 204, 304]  # left edge of each view in the strip
         red = [int(img[0, x, 0]) - 10 * (idx - 11) for x in columns]
         assert red == [a, b, e, f]  # the right views, in the right order
 
 
 def test_strip_and_histogram_shapes():
-    v = np.zeros((3, 2, 3), np.uint8)
-    assert pair_strip([v, v]).shape == (3, 2 + 4 + 2, 3)
+    v = np.zeros((100, 2, 3), np.uint8)
+    assert pair_strip([v, v]).shape == (100, 2 + 4 + 2, 3)  # large enough: not enlarged
+    assert pair_strip([v[:32], v[:32]]).shape == (96, 6 + 4 + 6, 3)
     fig = iou_histogram(np.array([0.1, 0.2]), np.array([0.1, 0.5, 0.9, 0.2]), step=7)
     assert "step 7" in fig.axes[0].get_title()
 

@@ -29,6 +29,7 @@ from .callback import head_views, pair_table
 from .metrics import crop_iou
 
 MAX_IOU_STEPS = 512  # IoU tables kept between two passes (the most recent ones)
+MIN_SHOWN_PX = 96  # smaller views (CIFAR's 32 px) are enlarged by whole pixels to be visible on the dashboard
 
 
 def to_display(view: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
@@ -41,7 +42,10 @@ def to_display(view: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ..
 
 
 def pair_strip(views: list[np.ndarray], gap: int = 4) -> np.ndarray:
-    """Views side by side with white gaps: ``[a1 | b1 || a2 | b2]`` (a double gap between pairs)."""
+    """Views side by side with white gaps: ``[a1 | b1 || a2 | b2]`` (a double gap between pairs),
+    enlarged by an integer factor (nearest neighbour) to at least ``MIN_SHOWN_PX`` rows."""
+    scale = max(1, -(-MIN_SHOWN_PX // views[0].shape[0]))
+    views = [v.repeat(scale, axis=0).repeat(scale, axis=1) for v in views]
     h = views[0].shape[0]
     white = np.full((h, gap, 3), 255, np.uint8)
     parts: list[np.ndarray] = []

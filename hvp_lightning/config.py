@@ -165,6 +165,9 @@ def _check_logger(lc: DictConfig) -> None:
         fail("logger.name", lc.name, f"one of {', '.join(LOGGERS)}")
     if lc.name == "wandb" and lc.mode not in WANDB_MODES:
         fail("logger.mode", lc.mode, f"one of {', '.join(WANDB_MODES)}")
+    gallery = lc.get("gallery_images", 0)
+    if lc.name == "wandb" and (isinstance(gallery, bool) or not isinstance(gallery, int) or gallery < 0):
+        fail("logger.gallery_images", gallery, "expected an integer >= 0 (0: no live HVP gallery)")
 
 
 def validate_backbone(cfg: DictConfig) -> None:

@@ -56,9 +56,21 @@ def _resume_run_dir(resume: str) -> str:
     return str(run_dir_of(p)) if p.is_file() or p.suffix == ".ckpt" else str(resume)
 
 
-# hydra.run.dir: the run dir being resumed, else a new timestamped one (conf/config.yaml).
+def hydra_files_subdir(resume: str | None, output_dir: str) -> str | None:
+    """``hydra.output_subdir`` of a job: ``.hydra`` for a new run, None (Hydra writes no files) for
+    a session that continues a run -- ``resume=`` given, or a run dir that already holds
+    ``checkpoints/last.ckpt`` -- so that the run dir's ``.hydra/`` keeps describing the command that
+    started the run (a sweep job's row keeps its overrides), and a refused resume, which Hydra
+    would otherwise have rewritten them for before our checks run, leaves the run dir as it was."""
+    continues = bool(resume) or (Path(output_dir) / "checkpoints" / LAST).is_file()
+    return None if continues else ".hydra"
+
+
+# hydra.run.dir: the run dir being resumed, else a new timestamped one; hydra.output_subdir:
+# hydra_files_subdir (conf/config.yaml).
 OmegaConf.register_new_resolver("hvp_resume_or", lambda resume, new: _resume_run_dir(resume) if resume else new,
                                 replace=True)
+OmegaConf.register_new_resolver("hvp_hydra_files", hydra_files_subdir, replace=True)
 
 
 def _checked_resume(resume: str, run_dir: Path, fresh: bool) -> str:
@@ -121,7 +133,8 @@ def _remove_run_dir(run_dir: Path) -> None:
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
-def train(cfg: DictConfig) -> float | None:
+def train_job(cfg: DictConfig) -> float | None:
+    """One training job under Hydra (a run, or one job of a ``-m`` sweep); :func:`train` starts it."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     fresh = _fresh(run_dir)
     try:
@@ -153,6 +166,19 @@ def train(cfg: DictConfig) -> float | None:
     if rank_zero_only.rank == 0:  # DDP: one final line per run, not one per process
         print(final_line(summary))
     return summary["knn_top1"]  # lets Hydra sweepers optimise it
+
+
+def train() -> None:
+    """``hvp-train`` / ``python train.py``: :func:`train_job` through Hydra. A sweep in which a job
+    stopped on a config error ends the same way whether or not ``HYDRA_FULL_ERROR`` is set: that
+    job's ``config error: ...`` line and exit code 1, as Hydra ends any sweep with a failed job
+    (with ``HYDRA_FULL_ERROR=1`` Hydra would re-raise it: a traceback for a user error). A single
+    run refused for its settings exits with 2 (:func:`train_job`); crashes keep Hydra's handling."""
+    try:
+        train_job()
+    except SweepConfigError as err:  # only reaches here when Hydra re-raises (HYDRA_FULL_ERROR=1)
+        print(err, file=sys.stderr)
+        sys.exit(1)
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="eval", version_base="1.3")

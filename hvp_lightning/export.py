@@ -1,6 +1,6 @@
 """Export a checkpoint's backbone as a plain state_dict with torchvision / timm key names.
 
-    uv run python -m hvp_lightning.export <run_dir or .ckpt> out.pth [--student]
+    hvp-export <run_dir or .ckpt> out.pth [--student]       # = python -m hvp_lightning.export ...
 
 The exported backbone is the one evaluation uses: the EMA teacher's for DINO/iBOT (the
 student's with ``--student``), the backbone otherwise. Keys are the trunk's own
@@ -42,8 +42,9 @@ def backbone_state_dict(ckpt: dict, student: bool = False) -> tuple[dict[str, to
     return state, info
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hvp_lightning.export", description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "hvp-export") -> int:
+    """The ``hvp-export`` console command; ``prog``: the command name its usage line shows."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("ckpt", help="a run dir (its checkpoints/last.ckpt) or a .ckpt file")
     ap.add_argument("out", help="output .pth file (a plain state_dict)")
     ap.add_argument("--student", action="store_true", help="DINO/iBOT: export the student backbone, not the teacher")
@@ -76,4 +77,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m hvp_lightning.export"))

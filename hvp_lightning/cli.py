@@ -112,15 +112,30 @@ def _fresh(run_dir: Path) -> bool:
             and (not log_file.exists() or log_file.stat().st_size == 0))
 
 
+def _close_log_files(run_dir: Path) -> None:
+    """Close Hydra's log file handlers that write into ``run_dir`` (``train.log``)."""
+    for handler in list(logging.root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
+            logging.root.removeHandler(handler)
+            handler.close()
+
+
+def _leave_as_it_was(run_dir: Path) -> None:
+    """After a refused continuation of the run in ``run_dir``: Hydra wrote no ``.hydra/`` files
+    (:func:`hydra_files_subdir`) but opened ``train.log``, creating it empty where the run had none;
+    that empty file goes (a run that trained has always logged to it)."""
+    _close_log_files(run_dir)
+    log_file = run_dir / "train.log"
+    if log_file.is_file() and log_file.stat().st_size == 0:
+        log_file.unlink()
+
+
 def _remove_run_dir(run_dir: Path) -> None:
     """Delete a run dir made for a run that never started (close Hydra's log file in it first),
     and the folders above it that are left empty, up to the working directory (the default
     ``runs/<date>/``), so that a rejected command leaves nothing behind."""
     run_dir = run_dir.resolve()
-    for handler in list(logging.root.handlers):
-        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir:
-            logging.root.removeHandler(handler)
-            handler.close()
+    _close_log_files(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     cwd = Path.cwd().resolve()
     for parent in run_dir.parents:
@@ -156,8 +171,11 @@ def train_job(cfg: DictConfig) -> float | None:
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # this job fails, the sweep goes on
             raise SweepConfigError(f"config error: {err}") from err
         print(f"config error: {err}", file=sys.stderr)
+        output_dir = Path(HydraConfig.get().runtime.output_dir)
         if fresh:  # a rejected command leaves nothing behind
-            _remove_run_dir(run_dir)
+            _remove_run_dir(output_dir)
+        else:  # nor does a refused resume change the run's dir
+            _leave_as_it_was(output_dir)
         sys.exit(2)
     from lightning.pytorch.utilities import rank_zero_only
 

@@ -20,16 +20,22 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from .checkpoint import atomic_save, build_method, load_checkpoint
 from .checkpoint_paths import resolve_checkpoint
 from .errors import CheckpointError
+
+if TYPE_CHECKING:
+    import torch
+
+# torch and the model code are imported once the arguments and the checkpoint path passed, so that
+# --help and a wrong path answer in a second (as train.py's config check does).
 
 
 def backbone_state_dict(ckpt: dict, student: bool = False) -> tuple[dict[str, torch.Tensor], dict]:
     """(trunk state_dict with the ``<module>.trunk.`` prefix stripped, description)."""
+    from .checkpoint import build_method
+
     model = build_method(ckpt)
     backbone = model.backbone if student else model.eval_backbone
     prefix = next(name for name, m in model.named_modules() if m is backbone) + ".trunk."
@@ -51,6 +57,8 @@ def main(argv: list[str] | None = None, prog: str = "hvp-export") -> int:
     args = ap.parse_args(argv)
     try:
         path, _ = resolve_checkpoint(args.ckpt)
+        from .checkpoint import atomic_save, load_checkpoint
+
         state, info = backbone_state_dict(load_checkpoint(path), args.student)
     except CheckpointError as err:
         print(f"config error: {err}", file=sys.stderr)

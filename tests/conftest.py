@@ -27,6 +27,11 @@ for _key in list(os.environ):
 os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
 REPO = Path(__file__).resolve().parents[1]
+# Every subprocess of the default suite is a command's start-up or a tiny run: seconds on an idle
+# 2-core machine, a few minutes at worst beside other CPU-bound work. Its timeout is no budget for
+# that work, only the guard that turns a hung subprocess into a failure (pytest has no timeout of
+# its own here), so it is set far above it rather than near it.
+SUBPROCESS_TIMEOUT_S = 600
 SHARED_CIFAR = REPO.parent / "shared" / "datasets" / "cifar10"
 
 # Small enough for a few seconds on 2 CPU cores.

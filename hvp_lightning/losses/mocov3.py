@@ -20,8 +20,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..methods.simclr import gather_with_grad
-from ..selection import exact_fp32, pair_index
+from .pairs import pair_index
+from .precision import exact_fp32
+from .simclr import gather_with_grad
 
 
 def mocov3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, temperature: float,

@@ -12,13 +12,12 @@ sample on every rank, as SimCLR's selection takes its negatives.
 
 from __future__ import annotations
 
+import torch
 from omegaconf import DictConfig
 
-import torch
-
 from ..losses.mocov3 import mocov3_loss, mocov3_pair_table
+from ..losses.simclr import gather_with_grad
 from .momentum import OnlineTargetMethod
-from .simclr import gather_with_grad
 
 
 class MoCoV3(OnlineTargetMethod):

@@ -1,4 +1,4 @@
-"""BYOL (Grill et al., NeurIPS 2020) with Hard View Pretraining.
+"""BYOL (Grill et al., NeurIPS 2020, https://arxiv.org/abs/2006.07733) with Hard View Pretraining.
 
 Online network (backbone, projector, predictor) and an EMA target network (backbone,
 projector) with momentum ``tau`` rising from ``method.base_momentum`` (0.996) to 1 on a

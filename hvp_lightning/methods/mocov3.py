@@ -1,4 +1,4 @@
-"""MoCo v3 (Chen, Xie & He, ICCV 2021) with Hard View Pretraining.
+"""MoCo v3 (Chen, Xie & He, ICCV 2021, https://arxiv.org/abs/2104.02057) with Hard View Pretraining.
 
 Base encoder (backbone, projector) with a predictor on the query side and a momentum
 encoder (backbone, projector) moved once per optimiser step with momentum rising from

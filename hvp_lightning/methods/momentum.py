@@ -41,7 +41,8 @@ class OnlineTargetMethod(MomentumTargetMixin, HardViewMixin, SSLMethod):
         self.predictor = mlp(m.proj_dim, m.pred_hidden_dim, m.proj_dim, m.pred_layers,
                              last_bn=bool(m.pred_last_bn), last_bn_affine=False)
         # Target initialised as a copy of the online network (both papers).
-        self.target = nn.ModuleDict({"backbone": make_teacher(self.backbone), "projector": make_teacher(self.projector)})
+        self.target = nn.ModuleDict({"backbone": make_teacher(self.backbone),
+                                     "projector": make_teacher(self.projector)})
 
     # --- hooks for the two methods -------------------------------------------------------------
     def pair_loss(self, p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor,

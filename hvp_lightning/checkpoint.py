@@ -191,6 +191,7 @@ class RunCheckpoint(Checkpoint):
         self.last_path = self.dirpath / LAST
         self.train_loss: float | None = None  # mean over ranks of the last epoch's train/loss_epoch
         self._rng: dict[str, Any] | None = None  # the RNG state save_step writes instead of the current one
+        self._due_rng: dict[str, Any] | None = None  # an every_n_steps save due at the next batch's start
 
     @property
     def state_key(self) -> str:
@@ -202,13 +203,20 @@ class RunCheckpoint(Checkpoint):
                 tmp.unlink(missing_ok=True)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        """``every_n_steps``: at a batch end that completed an optimiser step (no gradients are
-        accumulating, which no checkpoint holds) and is not the epoch's last (whose end writes
-        its own checkpoint, after the k-NN)."""
+        """``every_n_steps``: due at a batch end that completed an optimiser step (no gradients
+        are accumulating, which no checkpoint holds) and is not the epoch's last (whose end
+        writes its own checkpoint, after the k-NN). Written at the next batch's start, as a
+        pre-emption's (:meth:`save_step`): callbacks run before the module's own batch-end hook
+        (EMA teacher, centres, counters) and the step's log rows."""
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         if (self.every_n_steps and not trainer.fast_dev_run and trainer.global_step % self.every_n_steps == 0
                 and done % trainer.accumulate_grad_batches == 0 and done < trainer.num_training_batches):
-            self.save_step(trainer)
+            self._due_rng = rng_state()  # the streams at the step's end
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if self._due_rng is not None:
+            rng, self._due_rng = self._due_rng, None
+            self.save_step(trainer, rng)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:

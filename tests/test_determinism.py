@@ -87,7 +87,6 @@ def test_worker_views_equal_resident_views_in_any_batch() -> None:
     assert not torch.equal(worker(imgs[0], 0, 0)[1]["crop_x"], worker(imgs[0], 1, 0)[1]["crop_x"])
 
 
-@pytest.mark.slow
 def test_same_weights_with_0_1_and_2_workers(tmp_path) -> None:
     """The same run with data.num_workers 0, 1 and 2 ends with the same weights, bit for bit."""
     weights = []

@@ -59,6 +59,7 @@ sys.path.insert(0, str(REPO))
 from hvp_lightning.data.augment import ViewAug, augment, to_uint8_tensor  # noqa: E402
 from hvp_lightning.data.datamodule import MultiViewDataset, SSLDataModule  # noqa: E402
 from hvp_lightning.data.datasets import SafeImageFolder, load_image  # noqa: E402
+from hvp_lightning.data.seeds import view_key  # noqa: E402
 from hvp_lightning.methods import METHODS  # noqa: E402
 
 METHOD_PRESETS = sorted(p.stem for p in (REPO / "conf" / "method").glob("*.yaml"))  # simsiam, simsiam_cifar, ...
@@ -146,9 +147,9 @@ class ReferenceViews:
 
     augs: tuple[ViewAug, ...]
 
-    def __call__(self, img) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    def __call__(self, img, epoch: int, index: int) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
         img = to_uint8_tensor(img)
-        views, plist = zip(*(augment(img, a) for a in self.augs))
+        views, plist = zip(*(augment(img, a, view_key(0, epoch, index, slot)) for slot, a in enumerate(self.augs)))
         return list(views), {k: torch.stack([p[k] for p in plist]) for k in plist[0]}
 
 

@@ -24,7 +24,7 @@ from torchvision.transforms.v2 import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hvp_lightning.data.augment import ViewAug, crop_flip, draw_params  # noqa: E402
+from hvp_lightning.data.augment import UNIFORMS, ViewAug, crop_flip, draw_params  # noqa: E402
 from hvp_lightning.data.datasets import SafeImageFolder  # noqa: E402
 from hvp_lightning.data.layout import split_dir  # noqa: E402
 from hvp_lightning.data.resident import crop_flip_batch, stack_images  # noqa: E402
@@ -46,7 +46,7 @@ def pixel_table(n: int) -> None:
     for h, w, size, scale in CASES:
         torch.manual_seed(0)
         imgs = photos(n, h, w)
-        p = draw_params(n, h, w, ViewAug(size=size, scale=scale))
+        p = draw_params(torch.rand(n, UNIFORMS, dtype=torch.float64), h, w, ViewAug(size=size, scale=scale))
         out = crop_flip_batch(imgs, p, size).int()
         rows = [{k: v[i] for k, v in p.items()} for i in range(n)]
         uint8 = torch.stack([crop_flip(img, r, size) for img, r in zip(imgs, rows)]).int()

@@ -42,6 +42,7 @@ from hvp_lightning.data.augment import (  # noqa: E402
 )
 from hvp_lightning.data.batched import JITTER_KEYS, colour  # noqa: E402
 from hvp_lightning.data.datasets import read_image  # noqa: E402
+from hvp_lightning.data.seeds import view_key, view_keys  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     k = aug.blur_kernel
     torch.manual_seed(0)
     imgs = [to_uint8_tensor(Image.open(f)) for f in files]
-    plist = [sample_params(img, aug) for img in imgs for _ in range(args.views)]
+    plist = [sample_params(img, aug, view_key(0, 0, i, v)) for i, img in enumerate(imgs) for v in range(args.views)]
     crops = torch.stack([crop_flip(img, p, aug.size) for img, p in zip([i for i in imgs for _ in range(args.views)],
                                                                         plist)])
     params = {key: torch.stack([p[key] for p in plist]) for key in plist[0]}
@@ -122,10 +123,12 @@ def main(argv: list[str] | None = None) -> None:
         "decode (PIL open + RGB tensor), per image": (lambda: [to_uint8_tensor(Image.open(f)) for f in files], len(files)),
         "decode (read_image: torchvision's JPEG decoder), per image": (
             lambda: [to_uint8_tensor(read_image(str(f))) for f in files], len(files)),
-        "sample_params (torchvision's samplers, per view)": (
-            lambda: [sample_params(img, aug) for img in imgs for _ in range(args.views)], n),
+        "sample_params (torchvision's samplers' algorithms, counter-based uniforms, per view)": (
+            lambda: [sample_params(img, aug, view_key(0, 0, i, v)) for i, img in enumerate(imgs)
+                     for v in range(args.views)], n),
         "draw_view_params (one vectorised draw per image; data.on_device draws per batch)": (
-            lambda: [draw_view_params((aug,) * args.views, img.shape[1], img.shape[2]) for img in imgs], n),
+            lambda: [draw_view_params((aug,) * args.views, img.shape[1], img.shape[2],
+                                      view_keys(0, 0, torch.tensor([i]), args.views)) for i, img in enumerate(imgs)], n),
         "crop_flip (resized_crop antialias + flip)": (lambda: [crop_flip(img, p, aug.size) for img, p in zip(
             [i for i in imgs for _ in range(args.views)], plist)], n),
         "collate (default_collate)": (lambda: default_collate(items), n),

@@ -5,10 +5,14 @@
   while writing leaves the previous ``last.ckpt`` intact, never a truncated one. (Lightning's
   own writer stages the bytes in ``/tmp`` and copies them over, which is not atomic across
   file systems.)
-* :class:`RunCheckpoint` -- ``checkpoints/last.ckpt`` after every training epoch and a kept
-  copy ``checkpoints/epoch=NNN.ckpt`` every ``checkpoint.every_n_epochs`` epochs; its state
-  in the checkpoint holds the RNG streams (torch CPU/CUDA, NumPy, Python), which Lightning
-  does not save, so a resumed run draws the same augmentations as an uninterrupted one.
+* :class:`RunCheckpoint` -- ``checkpoints/last.ckpt`` after every training epoch, every
+  ``checkpoint.every_n_steps`` optimiser steps inside an epoch (and at the step where a
+  pre-emption signal stops a run: hvp_lightning/preemption.py), and a kept copy
+  ``checkpoints/epoch=NNN.ckpt`` every ``checkpoint.every_n_epochs`` epochs; its state in the
+  checkpoint holds the training process's RNG streams (torch CPU/CUDA, NumPy, Python), which
+  Lightning does not save. With the views functions of (seed, epoch, index, slot) and the
+  training position in the data module's state (hvp_lightning/data/sampler.py), a run resumed
+  from any of these continues exactly as the uninterrupted run went on.
   State that differs between DDP ranks (these RNG streams, HVP's run totals, skipped files)
   is saved with one entry per rank and each rank takes back its own on resume
   (:func:`hvp_lightning.distributed.gather_per_rank` / ``rank_entries``).
@@ -166,9 +170,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 class RunCheckpoint(Checkpoint):
-    """``last.ckpt`` after every training epoch (after that epoch's k-NN, if any) and a kept
-    ``epoch=NNN.ckpt`` every ``every_n_epochs`` epochs (0/None: last only). Writes go through
-    the trainer, so with :class:`AtomicCheckpointIO` as plugin each file appears atomically.
+    """``last.ckpt`` after every training epoch (after that epoch's k-NN, if any), after every
+    ``every_n_steps``-th optimiser step inside an epoch (0/None: never; through
+    :meth:`save_step`) and a kept ``epoch=NNN.ckpt`` every ``every_n_epochs`` epochs (0/None:
+    last only). Writes go through the trainer, so with :class:`AtomicCheckpointIO` as plugin
+    each file appears atomically.
 
     Its checkpoint state is the RNG streams of every rank, restored on resume, and the last
     epoch's training loss (mean over ranks), which the run's summary reports -- a resumed run
@@ -176,12 +182,16 @@ class RunCheckpoint(Checkpoint):
     time over all sessions is :class:`hvp_lightning.run_logs.RunRecord`'s: a session killed
     after its last checkpoint has spent time no checkpoint knows of.)"""
 
-    def __init__(self, dirpath: str | Path, every_n_epochs: int | None = None) -> None:
+    def __init__(self, dirpath: str | Path, every_n_epochs: int | None = None,
+                 every_n_steps: int | None = None) -> None:
         super().__init__()
         self.dirpath = Path(dirpath)
         self.every_n_epochs = int(every_n_epochs or 0)
+        self.every_n_steps = int(every_n_steps or 0)
         self.last_path = self.dirpath / LAST
         self.train_loss: float | None = None  # mean over ranks of the last epoch's train/loss_epoch
+        self._rng: dict[str, Any] | None = None  # the RNG state save_step writes instead of the current one
+        self._due_rng: dict[str, Any] | None = None  # an every_n_steps save due at the next batch's start
 
     @property
     def state_key(self) -> str:
@@ -191,6 +201,22 @@ class RunCheckpoint(Checkpoint):
         if trainer.is_global_zero and self.dirpath.is_dir():  # temporaries of a writer that was killed
             for tmp in self.dirpath.glob(".*.tmp-*"):
                 tmp.unlink(missing_ok=True)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        """``every_n_steps``: due at a batch end that completed an optimiser step (no gradients
+        are accumulating, which no checkpoint holds) and is not the epoch's last (whose end
+        writes its own checkpoint, after the k-NN). Written at the next batch's start, as a
+        pre-emption's (:meth:`save_step`): callbacks run before the module's own batch-end hook
+        (EMA teacher, centres, counters) and the step's log rows."""
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        if (self.every_n_steps and not trainer.fast_dev_run and trainer.global_step % self.every_n_steps == 0
+                and done % trainer.accumulate_grad_batches == 0 and done < trainer.num_training_batches):
+            self._due_rng = rng_state()  # the streams at the step's end
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if self._due_rng is not None:
+            rng, self._due_rng = self._due_rng, None
+            self.save_step(trainer, rng)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
@@ -210,8 +236,32 @@ class RunCheckpoint(Checkpoint):
         if keep and trainer.is_global_zero:
             atomic_copy(target, self.last_path)  # last.ckpt last: it is what a resume continues from
 
+    def save_step(self, trainer, rng: dict[str, Any] | None = None) -> None:
+        """``last.ckpt`` in the middle of an epoch, between two steps (``every_n_steps``, or a
+        pre-emption: hvp_lightning/preemption.py), with ``rng`` -- this rank's streams at the end
+        of the step just trained; None: the current ones -- as its RNG state. A collective, like
+        every checkpoint."""
+        for logger in trainer.loggers:  # the step's rows reach the disk with the checkpoint
+            logger.save()
+        self._rng = rng
+        try:
+            trainer.save_checkpoint(self.last_path, weights_only=False)
+        finally:
+            self._rng = None
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        """A save between two batches (:meth:`save_step`, from the next batch's start: that batch
+        is fetched, not begun) is marked as taken before the fetch. Lightning then resumes it as
+        a checkpoint between batches. Counted as fetched, it would take it for one made at a
+        batch end, before the logger's step counter moved, and move that counter once more (one
+        step missing from the log)."""
+        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+        if progress and progress["current"]["ready"] > progress["current"]["started"]:
+            for counts in (progress["total"], progress["current"]):
+                counts["ready"] = counts["started"]
+
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": gather_per_rank(rng_state()), "train_loss": self.train_loss}
+        return {"rng": gather_per_rank(self._rng or rng_state()), "train_loss": self.train_loss}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.train_loss = state_dict.get("train_loss")

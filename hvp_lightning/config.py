@@ -138,6 +138,8 @@ def check_options(cfg: DictConfig) -> None:
     int_at_least(cfg, "eval.every_n_epochs", 1)
     if OmegaConf.select(cfg, "checkpoint.every_n_epochs") is not None:
         int_at_least(cfg, "checkpoint.every_n_epochs", 1)
+    if OmegaConf.select(cfg, "checkpoint.every_n_steps") is not None:
+        int_at_least(cfg, "checkpoint.every_n_steps", 1)
     int_at_least(cfg, "eval.knn_k", 1)
     if not isinstance(cfg.eval.at_start, bool):
         fail("eval.at_start", cfg.eval.at_start, "true or false")

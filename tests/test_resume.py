@@ -255,6 +255,8 @@ def test_checkpoint_settings_are_validated():
         validate(make_cfg("+trainer.enable_checkpointing=false"))
     with pytest.raises(ConfigError, match=r"checkpoint.every_n_epochs=0 is not allowed"):
         validate(make_cfg("checkpoint.every_n_epochs=0"))
+    with pytest.raises(ConfigError, match=r"checkpoint.every_n_steps=0 is not allowed"):
+        validate(make_cfg("checkpoint.every_n_steps=0"))
 
 
 def test_resume_with_resident_images_matches_straight_run(tmp_path):

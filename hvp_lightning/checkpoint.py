@@ -5,7 +5,8 @@
   while writing leaves the previous ``last.ckpt`` intact, never a truncated one. (Lightning's
   own writer stages the bytes in ``/tmp`` and copies them over, which is not atomic across
   file systems.)
-* :class:`RunCheckpoint` -- ``checkpoints/last.ckpt`` after every training epoch and a kept
+* :class:`RunCheckpoint` -- ``checkpoints/last.ckpt`` after every training epoch (and at the
+  step where a pre-emption signal stops a run: hvp_lightning/preemption.py) and a kept
   copy ``checkpoints/epoch=NNN.ckpt`` every ``checkpoint.every_n_epochs`` epochs; its state
   in the checkpoint holds the RNG streams (torch CPU/CUDA, NumPy, Python), which Lightning
   does not save, so a resumed run draws the same augmentations as an uninterrupted one.
@@ -182,6 +183,7 @@ class RunCheckpoint(Checkpoint):
         self.every_n_epochs = int(every_n_epochs or 0)
         self.last_path = self.dirpath / LAST
         self.train_loss: float | None = None  # mean over ranks of the last epoch's train/loss_epoch
+        self._rng: dict[str, Any] | None = None  # the RNG state save_step writes instead of the current one
 
     @property
     def state_key(self) -> str:
@@ -210,8 +212,20 @@ class RunCheckpoint(Checkpoint):
         if keep and trainer.is_global_zero:
             atomic_copy(target, self.last_path)  # last.ckpt last: it is what a resume continues from
 
+    def save_step(self, trainer, rng: dict[str, Any] | None = None) -> None:
+        """``last.ckpt`` in the middle of an epoch, between two steps (a pre-emption:
+        hvp_lightning/preemption.py), with ``rng`` -- this rank's streams at the end of the step
+        just trained -- as its RNG state. A collective, like every checkpoint."""
+        for logger in trainer.loggers:  # the step's rows reach the disk with the checkpoint
+            logger.save()
+        self._rng = rng
+        try:
+            trainer.save_checkpoint(self.last_path, weights_only=False)
+        finally:
+            self._rng = None
+
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": gather_per_rank(rng_state()), "train_loss": self.train_loss}
+        return {"rng": gather_per_rank(self._rng or rng_state()), "train_loss": self.train_loss}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.train_loss = state_dict.get("train_loss")

@@ -17,6 +17,7 @@ from hvp_lightning.analysis.metrics import color_distance, crop_iou, pair_metric
 from hvp_lightning.analysis.gallery import replay_view
 from hvp_lightning.analysis.logs import load_steps, load_table
 from hvp_lightning.data.augment import PARAM_NAMES, ViewAug, augment, normalize
+from hvp_lightning.data.seeds import view_key
 from hvp_lightning.selection import HVPConfig, pair_index
 
 from .conftest import make_cfg
@@ -166,7 +167,7 @@ def test_callback_baseline_and_multicrop_globals(tmp_path: Path) -> None:
 def _random_params(b: int, n: int, seed: int) -> dict[str, torch.Tensor]:
     torch.manual_seed(seed)
     img = torch.randint(0, 255, (3, 32, 32), dtype=torch.uint8)
-    plist = [augment(img, ViewAug(size=8))[1] for _ in range(b * n)]
+    plist = [augment(img, ViewAug(size=8), view_key(seed, 0, i, 0))[1] for i in range(b * n)]
     return {k: torch.stack([q[k] for q in plist]).reshape(b, n, *plist[0][k].shape) for k in plist[0]}
 
 
@@ -192,8 +193,8 @@ def test_replay_matches_augment() -> None:
     torch.manual_seed(3)
     img = torch.randint(0, 255, (3, 40, 36), dtype=torch.uint8)
     aug = ViewAug(size=16, jitter_p=1.0, gray_p=0.5, blur_p=1.0, solarize_p=0.5, mean=(0.5,) * 3, std=(0.25,) * 3)
-    for _ in range(6):
-        out, p = augment(img, aug)
+    for i in range(6):
+        out, p = augment(img, aug, view_key(3, 0, i, 0))
         row = {k: (v.numpy() if k == "jitter_order" else v.item()) for k, v in p.items()}
         torch.testing.assert_close(normalize(replay_view(img, row, 16, aug.blur_kernel), aug.mean, aug.std), out)
 

@@ -203,12 +203,12 @@ def test_overhead_benchmark_on_gpu(precision: str) -> None:
 def test_resident_crops_on_gpu_match_the_cpu() -> None:
     """``data.on_device``'s crops cut on the GPU equal the CPU's for the same parameters (one
     level at most: float64 sums in another order may round differently at a boundary)."""
-    from hvp_lightning.data.augment import ViewAug, draw_params
+    from hvp_lightning.data.augment import UNIFORMS, ViewAug, draw_params
     from hvp_lightning.data.resident import crop_flip_batch
 
     g = torch.Generator().manual_seed(0)
     imgs = torch.randint(0, 256, (64, 3, 40, 36), generator=g, dtype=torch.uint8)
-    params = draw_params(64, 40, 36, ViewAug(size=24), device="cuda")
+    params = draw_params(torch.rand(64, UNIFORMS, dtype=torch.float64, device="cuda"), 40, 36, ViewAug(size=24))
     gpu = crop_flip_batch(imgs.cuda(), params, 24)
     cpu = crop_flip_batch(imgs, {k: v.cpu() for k, v in params.items()}, 24)
     assert gpu.device.type == "cuda" and (gpu.cpu().int() - cpu.int()).abs().max() <= 1

@@ -3,11 +3,12 @@
 HVP's analysis (paper section 6) needs, for every candidate view, the crop box in
 source-image pixels, the flip, the colour-jitter factors and their order, grayscale, blur
 sigma and solarize. torchvision's composed transforms hide those, so this module samples
-them explicitly: :func:`sample_params` with torchvision's own samplers, one view at a time
-(loader workers: the distributions and the RNG stream of the reference pipeline), and
-:func:`draw_params`, the same distributions for a whole batch of views in a few vectorised
-draws on its device (images held there, :mod:`.resident`; the tests compare both with
-torchvision).
+them explicitly: :func:`sample_params` with the algorithms of torchvision's samplers, one view
+at a time in Python (loader workers), and :func:`draw_params`, the same values for a whole
+batch of views in a few vectorised operations on its device (images held there,
+:mod:`.resident`; the tests compare both with torchvision's distributions and with each other).
+Both read a view's random numbers from its counter-based key (seed, epoch, image index, view
+slot; :mod:`.seeds`), never from a generator's state.
 
 Training splits a view in two: loader workers crop and flip uint8 images
 (:class:`MultiViewTransform`), and the colour ops run batched on the batch's device
@@ -22,10 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import torch
-from torchvision import transforms as T
 from torchvision.transforms.v2 import functional as F
 
 from .datasets import to_rgb8
+from .seeds import key_uniform, key_uniforms, view_key
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -74,56 +75,82 @@ def to_uint8_tensor(img) -> torch.Tensor:
     return F.pil_to_tensor(to_rgb8(img))  # one mode conversion for every path (datasets.to_rgb8)
 
 
-def _rand() -> float:
-    return torch.rand(()).item()
+# Where each draw of a view sits among its uniforms (:func:`.seeds.key_uniform`): one counter
+# per draw, so a view reads only the ones it uses, and both samplers below read the same ones.
+U_AREA, U_ASPECT = 0, CROP_TRIES  # the crop's tries: CROP_TRIES areas, then CROP_TRIES log aspects
+U_TOP, U_LEFT = 2 * CROP_TRIES, 2 * CROP_TRIES + 1
+U_FLIP, U_JITTER, U_ORDER, U_FACTORS = 2 * CROP_TRIES + 2, 2 * CROP_TRIES + 3, 2 * CROP_TRIES + 4, 2 * CROP_TRIES + 8
+U_GRAY, U_BLUR, U_SIGMA, U_SOLARIZE = 2 * CROP_TRIES + 12, 2 * CROP_TRIES + 13, 2 * CROP_TRIES + 14, 2 * CROP_TRIES + 15
+UNIFORMS = 2 * CROP_TRIES + 16  # per view
 
 
-def sample_params(img: torch.Tensor, aug: ViewAug) -> dict[str, torch.Tensor]:
-    """Draw every parameter of one view, in the order (and with the samplers) of the composed
-    torchvision pipeline: crop box, flip, jitter (order and factors), grayscale, blur sigma,
-    solarize. Uses the global torch RNG (seeded per DataLoader worker)."""
+def sample_params(img: torch.Tensor, aug: ViewAug, key: int) -> dict[str, torch.Tensor]:
+    """Every parameter of one view, with the algorithms of torchvision's samplers
+    (``RandomResizedCrop.get_params``: up to 10 tries, the first that fits, else the centre
+    crop; ``ColorJitter.get_params``: a uniformly random order of the 4 ops and a uniform
+    factor each; the coins), in Python scalars from the view's counter-based uniforms
+    (:func:`.seeds.key_uniform` of ``key``, :func:`.seeds.view_key`): no generator state, so the
+    view is the same in any worker, process or order. Loader workers call this per view;
+    :func:`draw_params` computes the same values from the same uniforms for whole batches on a
+    device (tests check both against each other and torchvision's distributions)."""
+    def u(j: int) -> float:
+        return key_uniform(key, j)
+
     _, h_src, w_src = img.shape
-    top, left, h, w = T.RandomResizedCrop.get_params(img, list(aug.scale), list(aug.ratio))
-    flip = _rand() < aug.flip_p
-    jitter = _rand() < aug.jitter_p
+    area = float(h_src * w_src)
+    lo, hi = aug.scale
+    log_lo, log_hi = math.log(aug.ratio[0]), math.log(aug.ratio[1])
+    for t in range(CROP_TRIES):
+        target = area * (lo + (hi - lo) * u(U_AREA + t))
+        aspect = math.exp(log_lo + (log_hi - log_lo) * u(U_ASPECT + t))
+        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < w <= w_src and 0 < h <= h_src:
+            top, left = math.floor(u(U_TOP) * (h_src - h + 1)), math.floor(u(U_LEFT) * (w_src - w + 1))
+            break
+    else:
+        w, h = centre_crop_size(h_src, w_src, aug.ratio)
+        top, left = (h_src - h) // 2, (w_src - w) // 2
+    flip = u(U_FLIP) < aug.flip_p
+    jitter = u(U_JITTER) < aug.jitter_p
     factors = (1.0, 1.0, 1.0, 0.0)
-    order = torch.full((4,), -1)
+    order = [-1] * 4
     if jitter:
-        order, b, c, s, hue = T.ColorJitter.get_params(
-            [max(0.0, 1 - aug.brightness), 1 + aug.brightness], [max(0.0, 1 - aug.contrast), 1 + aug.contrast],
-            [max(0.0, 1 - aug.saturation), 1 + aug.saturation], [-aug.hue, aug.hue])
-        factors = (float(b), float(c), float(s), float(hue))  # type: ignore[arg-type]
-    gray = _rand() < aug.gray_p
+        order = sorted(range(4), key=lambda k: u(U_ORDER + k))  # a uniformly random permutation, as randperm
+        ranges = [(max(0.0, 1 - r), 1 + r) for r in (aug.brightness, aug.contrast, aug.saturation)]
+        ranges.append((-aug.hue, aug.hue))
+        factors = tuple(a + (b - a) * u(U_FACTORS + k) for k, (a, b) in enumerate(ranges))  # type: ignore[assignment]
+    gray = u(U_GRAY) < aug.gray_p
     sigma = 0.0
-    if aug.blur_p > 0 and _rand() < aug.blur_p:
-        sigma = aug.blur_sigma[0] + _rand() * (aug.blur_sigma[1] - aug.blur_sigma[0])
-    solarize = aug.solarize_p > 0 and _rand() < aug.solarize_p
+    if u(U_BLUR) < aug.blur_p:
+        sigma = aug.blur_sigma[0] + (aug.blur_sigma[1] - aug.blur_sigma[0]) * u(U_SIGMA)
+    solarize = u(U_SOLARIZE) < aug.solarize_p
     values = (left, top, w, h, w_src, h_src, flip, jitter, *factors, gray, sigma, solarize)
     params = dict(zip(PARAM_NAMES, torch.tensor([float(v) for v in values]).unbind()))  # one tensor, not 15
-    params["jitter_order"] = order.clone()
+    params["jitter_order"] = torch.tensor(order)
     return params
 
 
-def draw_params(n: int, src_h: int, src_w: int, aug: ViewAug, device: torch.device | str = "cpu",
-                generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-    """Every parameter of ``n`` views of one ``src_h`` x ``src_w`` image size at once: the
-    distributions of :func:`sample_params` (torchvision's samplers, which tests compare this
-    with), drawn with a few vectorised calls instead of ~10 scalar draws per view, on ``device``
-    (where the views will be cut). Returns ``[n]`` per scalar and ``jitter_order`` ``[n, 4]``
-    (-1 where jitter is off).
+def draw_params(uniforms: torch.Tensor, src_h: int, src_w: int, aug: ViewAug) -> dict[str, torch.Tensor]:
+    """Every parameter of ``n`` views of one ``src_h`` x ``src_w`` image size at once, from
+    their uniforms (float64 ``[n, UNIFORMS]``, :func:`.seeds.key_uniforms`, on the device where
+    the views will be cut): the values :func:`sample_params` computes from the same uniforms,
+    with a few vectorised operations instead of Python per view. Returns ``[n]`` per scalar and
+    ``jitter_order`` ``[n, 4]`` (-1 where jitter is off).
 
     The crop is ``RandomResizedCrop.get_params``: up to 10 tries of area ~ U(scale) x image and
     log aspect ~ U(log ratio), rounded, the first that fits; else the centre crop with the ratio
     clamped to its range. Jitter draws a uniform random order (the argsort of 4 uniforms, as
     ``randperm``) and each factor uniformly in its range."""
-    def u(*shape: int) -> torch.Tensor:
-        return torch.rand(*shape, device=device, generator=generator, dtype=torch.float64)
+    n, device = uniforms.shape[0], uniforms.device
+
+    def u(j: int, k: int = 0) -> torch.Tensor:
+        return uniforms[:, j:j + k] if k else uniforms[:, j]
 
     area = float(src_h * src_w)
     lo, hi = aug.scale
     log_lo, log_hi = math.log(aug.ratio[0]), math.log(aug.ratio[1])
-    target = area * (lo + (hi - lo) * u(n, CROP_TRIES))
-    aspect = torch.exp(log_lo + (log_hi - log_lo) * u(n, CROP_TRIES))
+    target = area * (lo + (hi - lo) * u(U_AREA, CROP_TRIES))
+    aspect = torch.exp(log_lo + (log_hi - log_lo) * u(U_ASPECT, CROP_TRIES))
     tries_w, tries_h = (target * aspect).sqrt().round(), (target / aspect).sqrt().round()
     fits = (tries_w > 0) & (tries_w <= src_w) & (tries_h > 0) & (tries_h <= src_h)
     first = fits.to(torch.uint8).argmax(1, keepdim=True)  # the first try that fits (0 if none)
@@ -131,25 +158,25 @@ def draw_params(n: int, src_h: int, src_w: int, aug: ViewAug, device: torch.devi
     fb_w, fb_h = centre_crop_size(src_h, src_w, aug.ratio)
     any_fit = fits.any(1)
     cw, ch = torch.where(any_fit, cw, float(fb_w)), torch.where(any_fit, ch, float(fb_h))
-    top = torch.where(any_fit, (u(n) * (src_h - ch + 1)).floor(), float((src_h - fb_h) // 2))
-    left = torch.where(any_fit, (u(n) * (src_w - cw + 1)).floor(), float((src_w - fb_w) // 2))
+    top = torch.where(any_fit, (u(U_TOP) * (src_h - ch + 1)).floor(), float((src_h - fb_h) // 2))
+    left = torch.where(any_fit, (u(U_LEFT) * (src_w - cw + 1)).floor(), float((src_w - fb_w) // 2))
 
-    def bernoulli(p: float) -> torch.Tensor:
-        return (u(n) < p).to(torch.float32)
+    def bernoulli(j: int, p: float) -> torch.Tensor:
+        return (u(j) < p).to(torch.float32)
 
-    def uniform(a: float, b: float) -> torch.Tensor:
-        return (a + (b - a) * u(n)).to(torch.float32)
+    def uniform(j: int, a: float, b: float) -> torch.Tensor:
+        return (a + (b - a) * u(j)).to(torch.float32)
 
-    flip = bernoulli(aug.flip_p)
-    jitter = bernoulli(aug.jitter_p)
-    order = u(n, 4).argsort(dim=1)
+    flip = bernoulli(U_FLIP, aug.flip_p)
+    jitter = bernoulli(U_JITTER, aug.jitter_p)
+    order = u(U_ORDER, 4).argsort(dim=1)
     on = jitter > 0
-    factors = [torch.where(on, uniform(max(0.0, 1 - r), 1 + r), 1.0)
-               for r in (aug.brightness, aug.contrast, aug.saturation)]
-    hue = torch.where(on, uniform(-aug.hue, aug.hue), 0.0)
-    gray = bernoulli(aug.gray_p)
-    sigma = uniform(*aug.blur_sigma) * bernoulli(aug.blur_p)
-    solarize = bernoulli(aug.solarize_p)
+    factors = [torch.where(on, uniform(U_FACTORS + k, max(0.0, 1 - r), 1 + r), 1.0)
+               for k, r in enumerate((aug.brightness, aug.contrast, aug.saturation))]
+    hue = torch.where(on, uniform(U_FACTORS + 3, -aug.hue, aug.hue), 0.0)
+    gray = bernoulli(U_GRAY, aug.gray_p)
+    sigma = uniform(U_SIGMA, *aug.blur_sigma) * bernoulli(U_BLUR, aug.blur_p)
+    solarize = bernoulli(U_SOLARIZE, aug.solarize_p)
     f32 = torch.float32
     values = (left.to(f32), top.to(f32), cw.to(f32), ch.to(f32), torch.full((n,), float(src_w), device=device),
               torch.full((n,), float(src_h), device=device), flip, jitter, *factors, hue, gray, sigma, solarize)
@@ -193,10 +220,11 @@ def reference_colour(x: torch.Tensor, params: Mapping[str, Any], blur_kernel: in
     return x
 
 
-def augment(img: torch.Tensor, aug: ViewAug) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Sample and apply one whole view per image with torchvision (the reference pipeline;
-    training runs :class:`MultiViewTransform` + :func:`.batched.finish_views` instead)."""
-    params = sample_params(img, aug)
+def augment(img: torch.Tensor, aug: ViewAug, key: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Sample (the view with ``key``, :func:`.seeds.view_key`) and apply one whole view per
+    image with torchvision (the reference pipeline; training runs :class:`MultiViewTransform`
+    + :func:`.batched.finish_views` instead)."""
+    params = sample_params(img, aug, key)
     x = reference_colour(crop_flip(img, params, aug.size), params, aug.blur_kernel)
     return normalize(x, aug.mean, aug.std), params
 
@@ -218,37 +246,40 @@ class MultiViewTransform:
     view's parameters, crop and flip. Colour ops and normalisation run later on the whole batch,
     on its device (:func:`.batched.finish_views`, called by the data module after transfer).
 
+    View ``slot`` of image ``index`` in ``epoch`` draws from ``view_key(seed, epoch, index,
+    slot)`` alone (:mod:`.seeds`), so it is the same in any worker and after any resume.
     Returns ``(views, params)``: a list of uint8 ``[3, S, S]`` crops and a dict of parameters
     stacked over views (``[V]`` per scalar, ``[V, 4]`` for ``jitter_order``).
     """
 
     augs: tuple[ViewAug, ...] = field(default_factory=tuple)
+    seed: int = 0
 
-    def __call__(self, img) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    def __call__(self, img, epoch: int, index: int) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
         img = to_uint8_tensor(img)
-        plist = [sample_params(img, a) for a in self.augs]  # per view: ~0.1 ms, 1.5x faster than draw_params here
+        plist = [sample_params(img, a, view_key(self.seed, epoch, index, slot)) for slot, a in enumerate(self.augs)]
         views = [crop_flip(img, p, a.size) for p, a in zip(plist, self.augs)]
         params = {k: torch.stack([p[k] for p in plist]) for k in plist[0]}
         return views, params
 
 
-def draw_view_params(augs: Sequence[ViewAug], src_h: int, src_w: int, n: int | None = None,
-                     device: torch.device | str = "cpu", generator: torch.Generator | None = None
-                     ) -> dict[str, torch.Tensor]:
-    """:func:`draw_params` for the views ``augs`` of one image (``n=None``: ``[V]`` per scalar,
-    ``jitter_order`` ``[V, 4]``) or of ``n`` images of one size (``[n, V]``, ``[n, V, 4]``):
-    one vectorised draw per distinct augmentation (DINO: global 1, global 2, local)."""
+def draw_view_params(augs: Sequence[ViewAug], src_h: int, src_w: int, keys: torch.Tensor) -> dict[str, torch.Tensor]:
+    """:func:`draw_params` for the views ``augs`` of ``n`` images of one size, from the views'
+    keys (int64 ``[n, V]``, :func:`.seeds.view_keys`, on the device to draw on): ``[n, V]`` per
+    scalar, ``[n, V, 4]`` for ``jitter_order``; one vectorised draw per distinct augmentation
+    (DINO: global 1, global 2, local)."""
+    uniforms = key_uniforms(keys, UNIFORMS)  # [n, V, UNIFORMS]
+    n = keys.shape[0]
     groups: dict[ViewAug, list[int]] = {}
     for i, a in enumerate(augs):
         groups.setdefault(a, []).append(i)
-    count = 1 if n is None else n
-    parts = {a: draw_params(count * len(idx), src_h, src_w, a, device, generator) for a, idx in groups.items()}
+    parts = {a: draw_params(torch.stack([uniforms[:, i] for i in idx], 1).view(-1, UNIFORMS), src_h, src_w, a)
+             for a, idx in groups.items()}  # image-major: [n * len(idx)]
     slot = {i: (a, k) for a, idx in groups.items() for k, i in enumerate(idx)}  # view -> (its draw, position)
     out: dict[str, torch.Tensor] = {}
     for key in parts[augs[0]]:
-        per_group = {a: p[key].view(count, len(groups[a]), *p[key].shape[1:]) for a, p in parts.items()}
-        full = torch.stack([per_group[slot[i][0]][:, slot[i][1]] for i in range(len(augs))], dim=1)  # no index tensors
-        out[key] = full[0] if n is None else full
+        per_group = {a: p[key].view(n, len(groups[a]), *p[key].shape[1:]) for a, p in parts.items()}
+        out[key] = torch.stack([per_group[slot[i][0]][:, slot[i][1]] for i in range(len(augs))], dim=1)
     return out
 
 

@@ -18,6 +18,7 @@ from .datasets import SafeImageFolder
 from ..options import DATASETS
 from .layout import split_dir
 from .resident import IndexDataset, ResidentImages, stack_images
+from .sampler import EpochSampler, ResumableLoader
 from .textures import SyntheticTextures
 
 log = logging.getLogger(__name__)
@@ -35,9 +36,12 @@ class MultiViewDataset(Dataset):
     def __len__(self) -> int:
         return len(self.raw)  # type: ignore[arg-type]
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
+    def __getitem__(self, key: tuple[int, int] | int) -> dict[str, Any]:
+        """Item ``(epoch, index)`` (what :class:`.sampler.EpochSampler` yields; a bare index is
+        epoch 0): the views of image ``index`` as that epoch draws them."""
+        epoch, i = key if isinstance(key, tuple) else (0, key)
         img, label, bad = _unpack(self.raw[i])
-        views, params = self.transform(img)
+        views, params = self.transform(img, epoch, i)
         return {"views": views, "params": params, "label": label, "index": i, "bad_file": bad}
 
 
@@ -74,8 +78,8 @@ class FinishedViews(Dataset):
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        item = self.items[i]
+    def __getitem__(self, key: tuple[int, int] | int) -> dict[str, Any]:
+        item = self.items[key]
         views = finish_views([v[None] for v in item["views"]], {k: v[None] for k, v in item["params"].items()}, self.augs)
         return dict(item, views=[v[0] for v in views])
 
@@ -174,7 +178,7 @@ class SSLDataModule(L.LightningDataModule):
             self.resident = ResidentImages(*stack_images(pre, self.num_workers), self.views, self.seed)
             self.train_set: Dataset = IndexDataset(len(self.resident))
         else:
-            self.train_set = MultiViewDataset(pre, MultiViewTransform(self.views))
+            self.train_set = MultiViewDataset(pre, MultiViewTransform(self.views, self.seed))
         evaluate = EvalTransform(self.cfg.crop_size, self.cfg.eval_crop_ratio, tuple(self.cfg.mean), tuple(self.cfg.std))
         self.bank_set = EvalDataset(bank, evaluate)
         self.test_set = EvalDataset(test, evaluate)
@@ -183,11 +187,20 @@ class SSLDataModule(L.LightningDataModule):
     def num_classes(self) -> int:
         return len(self.class_names)
 
-    def _loader(self, ds: Dataset, train: bool) -> DataLoader:
-        return DataLoader(
-            ds, batch_size=self.batch_size, shuffle=train, drop_last=train, num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available(),
-        )
+    def _loader_options(self) -> dict[str, Any]:
+        # A generator of its own: each iterator draws its workers' base seed from it, not from
+        # the training process's global RNG (whose state a checkpoint restores at the step).
+        return dict(batch_size=self.batch_size, num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+                    pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(self.seed))
+
+    def trained_position(self) -> tuple[int, int]:
+        """(epoch, batches of it trained) at this moment of the fit: where a run resumed from a
+        checkpoint written now continues (a finished epoch: the next one, from its start).
+        Lightning counts a batch as processed once its training step has run."""
+        trainer = self.trainer
+        assert trainer is not None
+        epoch, done = trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return (epoch + 1, 0) if done >= trainer.num_training_batches else (epoch, done)
 
     def _workers_colour(self) -> bool:
         if self.colour_in_workers is not None:
@@ -198,16 +211,24 @@ class SSLDataModule(L.LightningDataModule):
         """Finish the uint8 training views on their device (evaluation batches pass through);
         with resident images, a batch of indices becomes its views here first."""
         if self.resident is not None and isinstance(batch, torch.Tensor):
-            trainer = self.trainer  # None outside a fit (tests, benchmarks): one process, epoch 0
-            batch = self.resident.views(batch, epoch=trainer.current_epoch if trainer is not None else 0,
-                                        rank=trainer.global_rank if trainer is not None else 0)
+            trainer = self.trainer  # None outside a fit (tests, benchmarks): epoch 0
+            batch = self.resident.views(batch, epoch=trainer.current_epoch if trainer is not None else 0)
         return finish_batch(batch, self.views)
 
     def train_dataloader(self) -> DataLoader:
+        """The epoch's order is a function of (seed, epoch), this rank's share of it
+        (:class:`.sampler.EpochSampler`); the loader resumes at the batch a checkpoint was
+        written at (:class:`.sampler.ResumableLoader`)."""
+        trainer = self.trainer  # None outside a fit (tests, benchmarks): one process
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        options = self._loader_options()
         if self.resident is not None:  # indices only: no worker processes needed
-            return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True,
-                              pin_memory=torch.cuda.is_available())  # a truly asynchronous copy of the indices
-        return self._loader(FinishedViews(self.train_set, self.views) if self._workers_colour() else self.train_set, train=True)
+            ds: Dataset = self.train_set
+            options.update(num_workers=0, persistent_workers=False)  # pinned: a truly asynchronous copy
+        else:
+            ds = FinishedViews(self.train_set, self.views) if self._workers_colour() else self.train_set
+        sampler = EpochSampler(ds, self.batch_size, self.seed, rank, world)
+        return ResumableLoader(ds, sampler, self.trained_position, drop_last=True, **options)
 
     def val_dataloader(self) -> list[DataLoader]:
-        return [self._loader(self.bank_set, train=False), self._loader(self.test_set, train=False)]
+        return [DataLoader(ds, shuffle=False, **self._loader_options()) for ds in (self.bank_set, self.test_set)]

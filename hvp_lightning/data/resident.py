@@ -33,12 +33,12 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from .augment import ViewAug, draw_view_params, to_uint8_tensor
+from .seeds import view_keys
 from .textures import SyntheticTextures
 
 BOX_KEYS = ("crop_x", "crop_y", "crop_w", "crop_h", "flip")  # the parameters a crop needs
 log = logging.getLogger(__name__)
 MAX_RESIDENT_BYTES = 16 * 2**30  # STL-10 with its unlabelled split is 2.9 GB; ImageNet at 224 px ~190 GB
-SEED_STRIDE = 1_000_003  # generator seed = (seed * stride + rank) * stride + epoch: distinct for any run
 
 
 def resample_weights(start: torch.Tensor, length: torch.Tensor, in_size: int, out_size: int) -> torch.Tensor:
@@ -145,8 +145,8 @@ def held_arrays(raw: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 class IndexDataset(Dataset):
-    """Training items that are indices alone: the loader batches and shuffles them (and
-    Lightning's distributed sampler splits them across ranks) with no worker processes."""
+    """Training items that are indices alone: the loader batches them in the sampler's order
+    (:class:`.sampler.EpochSampler`, this rank's share) with no worker processes."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -154,45 +154,34 @@ class IndexDataset(Dataset):
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i: int) -> int:
-        return i
+    def __getitem__(self, key: tuple[int, int] | int) -> int:
+        return key[1] if isinstance(key, tuple) else key  # (epoch, index): the epoch is the trainer's
 
 
 class ResidentImages:
     """A training set held as one uint8 tensor, moved to the device of the first batch of
     indices it serves; :meth:`views` makes a training batch there.
 
-    Parameters come from a generator on that device, seeded from ``seed``, the process's
-    ``rank`` and the epoch at the first batch of each epoch: ranks draw differently, and a run
-    resumed from an epoch-end checkpoint draws what the uninterrupted run drew (the shuffle
-    order comes from the restored global RNG). The rank is the caller's at each batch: the
-    set is read before the Trainer (and so the rank) exists."""
+    The parameters of view ``slot`` of image ``index`` in ``epoch`` come from the counter-based
+    key ``(seed, epoch, index, slot)`` (:func:`.seeds.view_keys`, computed on the device): the
+    same numbers a loader worker draws for that view (:func:`.augment.sample_params`), whatever
+    the batch, the rank or the step a run resumed at."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor, augs: Sequence[ViewAug], seed: int) -> None:
         self.images, self.labels, self.augs = images, labels, tuple(augs)
         self.seed = seed
-        self.generator: torch.Generator | None = None
-        self.stream: tuple[int, int] = (-1, -1)  # (rank, epoch) the generator was seeded for
 
     def __len__(self) -> int:
         return self.images.shape[0]
 
-    def _on(self, device: torch.device, rank: int, epoch: int) -> None:
-        if self.images.device != device:
-            self.images, self.labels = self.images.to(device), self.labels.to(device)
-        if self.generator is None or self.generator.device != device or (rank, epoch) != self.stream:
-            seed = (self.seed * SEED_STRIDE + rank) * SEED_STRIDE + epoch
-            self.generator = torch.Generator(device=device).manual_seed(seed)
-            self.stream = (rank, epoch)
-
-    def views(self, index: torch.Tensor, epoch: int = 0, rank: int = 0) -> dict[str, Any]:
-        """The batch a loader would have made for images ``index`` ``[B]`` in ``epoch`` on
-        process ``rank``: uint8 views ``[B, 3, S, S]`` per view, ``params`` ``{name: [B, V, ...]}``,
-        labels and indices."""
-        self._on(index.device, rank, epoch)
+    def views(self, index: torch.Tensor, epoch: int = 0) -> dict[str, Any]:
+        """The batch a loader would have made for images ``index`` ``[B]`` in ``epoch``: uint8
+        views ``[B, 3, S, S]`` per view, ``params`` ``{name: [B, V, ...]}``, labels and indices."""
+        if self.images.device != index.device:
+            self.images, self.labels = self.images.to(index.device), self.labels.to(index.device)
         images = self.images[index]
-        b, (_, _, h, w) = index.shape[0], images.shape
-        params = draw_view_params(self.augs, h, w, n=b, device=index.device, generator=self.generator)
+        h, w = images.shape[-2:]
+        params = draw_view_params(self.augs, h, w, view_keys(self.seed, epoch, index, len(self.augs)))
         by_size: dict[int, list[int]] = {}
         for v, aug in enumerate(self.augs):
             by_size.setdefault(aug.size, []).append(v)

@@ -12,10 +12,12 @@ from torchvision import transforms as T
 from torchvision.transforms.v2 import functional as F
 
 from hvp_lightning.data.augment import (
-    PARAM_NAMES, MultiViewTransform, ViewAug, augment, crop_flip, draw_params, reference_colour, sample_params,
+    PARAM_NAMES, UNIFORMS, MultiViewTransform, ViewAug, augment, crop_flip, draw_params, reference_colour,
+    sample_params,
 )
 from hvp_lightning.data.batched import colour, finish_views, gaussian_blur, hue
 from hvp_lightning.data.datamodule import SSLDataModule, finish_batch
+from hvp_lightning.data.seeds import key_uniforms, view_key, view_keys
 
 # Every photometric op is drawn often, and jitter always (its 24 orders all occur).
 ALL_OPS = ViewAug(size=24, jitter_p=1.0, gray_p=0.3, blur_p=0.5, solarize_p=0.3)
@@ -29,7 +31,7 @@ def _photo(h: int = 60, w: int = 52, seed: int = 0) -> torch.Tensor:
 
 
 def _draw(img: torch.Tensor, aug: ViewAug, n: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[dict]]:
-    plist = [sample_params(img, aug) for _ in range(n)]
+    plist = [sample_params(img, aug, view_key(0, 0, i, 0)) for i in range(n)]
     crops = torch.stack([crop_flip(img, p, aug.size) for p in plist])
     return crops, {k: torch.stack([p[k] for p in plist]) for k in plist[0]}, plist
 
@@ -123,10 +125,8 @@ def test_finish_views_equals_the_reference_pipeline_under_one_seed() -> None:
     augs = (ALL_OPS, ALL_OPS, ViewAug(size=12, scale=(0.05, 0.4), jitter_p=1.0, blur_p=1.0, mean=(0.5,) * 3,
                                       std=(0.25,) * 3))
     imgs = [_photo(seed=s) for s in range(6)]
-    torch.manual_seed(7)
-    ref = [[augment(img, a) for a in augs] for img in imgs]
-    torch.manual_seed(7)
-    items = [MultiViewTransform(augs)(img) for img in imgs]
+    ref = [[augment(img, a, view_key(7, 2, b, v)) for v, a in enumerate(augs)] for b, img in enumerate(imgs)]
+    items = [MultiViewTransform(augs, seed=7)(img, 2, b) for b, img in enumerate(imgs)]
     views = [torch.stack([it[0][v] for it in items]) for v in range(len(augs))]
     params = {k: torch.stack([it[1][k] for it in items]) for k in items[0][1]}
     assert all(v.dtype == torch.uint8 for v in views)
@@ -139,13 +139,14 @@ def test_finish_views_equals_the_reference_pipeline_under_one_seed() -> None:
 
 
 def _per_view(img: torch.Tensor, aug: ViewAug, n: int) -> dict[str, torch.Tensor]:
-    draws = [sample_params(img, aug) for _ in range(n)]
+    draws = [sample_params(img, aug, view_key(0, 0, i, 0)) for i in range(n)]
     return {k: torch.stack([d[k] for d in draws]) for k in (*PARAM_NAMES, "jitter_order")}
 
 
 SAMPLERS = {  # torchvision's samplers one view at a time (workers), and the vectorised draw (data.on_device)
     "per_view": _per_view,
-    "vectorised": lambda img, aug, n: draw_params(n, img.shape[1], img.shape[2], aug),
+    "vectorised": lambda img, aug, n: draw_params(key_uniforms(view_keys(1, 0, torch.arange(n), 1)[:, 0], UNIFORMS),
+                                                  img.shape[1], img.shape[2], aug),
 }
 
 

@@ -13,6 +13,7 @@ from hvp_lightning.config import validate
 from hvp_lightning.data.augment import PARAM_NAMES, MultiViewTransform, ViewAug, augment
 from hvp_lightning.data.datamodule import SSLDataModule
 from hvp_lightning.data.datasets import SafeImageFolder, note_skipped
+from hvp_lightning.data.seeds import view_key
 from hvp_lightning.data.textures import SyntheticTextures
 
 from ..conftest import SHARED_CIFAR
@@ -24,7 +25,7 @@ def test_augment_records_crop_box_in_source_pixels():
     aug = ViewAug(size=16, scale=(0.05, 0.3), jitter_p=0, gray_p=0, blur_p=0, flip_p=0)
     torch.manual_seed(0)
     for _ in range(20):
-        view, p = augment(img, aug)
+        view, p = augment(img, aug, view_key(0, 0, _, 0))
         x, y, w, h = (int(p[k]) for k in ("crop_x", "crop_y", "crop_w", "crop_h"))
         assert (p["src_w"], p["src_h"]) == (60, 40) and 0 <= x and x + w <= 60 and 0 <= y and y + h <= 40
         inside = img[0, y:y + h, x:x + w].float().mean() / 255  # share of white pixels in the box
@@ -35,7 +36,7 @@ def test_augment_records_crop_box_in_source_pixels():
 def test_augment_parameters_are_consistent():
     torch.manual_seed(1)
     img = torch.randint(0, 255, (3, 32, 32), dtype=torch.uint8)
-    views, params = MultiViewTransform((ViewAug(size=32, blur_p=0.5, solarize_p=0.5),) * 200)(img)
+    views, params = MultiViewTransform((ViewAug(size=32, blur_p=0.5, solarize_p=0.5),) * 200)(img, 0, 0)
     assert set(params) == {*PARAM_NAMES, "jitter_order"} and params["jitter_order"].shape == (200, 4)
     jit = params["jitter"].bool()
     assert 0.65 < jit.float().mean() < 0.95  # p = 0.8

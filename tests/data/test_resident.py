@@ -13,10 +13,11 @@ import torch.nn.functional as tF
 from torch.utils.data import Dataset, Subset
 from torchvision.transforms.v2 import functional as F
 
-from hvp_lightning.data.augment import PARAM_NAMES, ViewAug, crop_flip, draw_params, draw_view_params, to_uint8_tensor
+from hvp_lightning.data.augment import PARAM_NAMES, UNIFORMS, ViewAug, crop_flip, draw_params, draw_view_params, to_uint8_tensor
 from hvp_lightning.data.batched import finish_views
 from hvp_lightning.data.datamodule import SSLDataModule
 from hvp_lightning.data.resident import ResidentImages, crop_flip_batch, resample_weights, stack_images
+from hvp_lightning.data.seeds import view_keys
 from hvp_lightning.data.textures import SyntheticTextures
 
 
@@ -41,7 +42,7 @@ def test_batched_crops_match_torchvision(h: int, w: int, size: int, scale: tuple
     within one level."""
     torch.manual_seed(0)
     imgs = _photos(48, h, w)
-    p = draw_params(48, h, w, ViewAug(size=size, scale=scale))
+    p = draw_params(torch.rand(48, UNIFORMS, dtype=torch.float64), h, w, ViewAug(size=size, scale=scale))
     out = crop_flip_batch(imgs, p, size)
     assert out.dtype == torch.uint8 and out.shape == (48, 3, size, size)
     rows = [{k: v[i] for k, v in p.items()} for i in range(48)]
@@ -93,20 +94,19 @@ def test_resident_batch_is_the_loader_batch_of_its_images() -> None:
     assert not torch.equal(batch["params"]["crop_x"], other["params"]["crop_x"])
 
 
-def test_resident_draws_repeat_after_a_resume() -> None:
-    """Epoch e's draws depend on (seed, epoch) alone: a run that served epochs 0..e-1 and one
-    resumed at epoch e (a fresh object, as after loading an epoch-end checkpoint) draw the same
-    parameters; consecutive batches and epochs differ."""
+def test_resident_draws_are_functions_of_seed_epoch_index_slot() -> None:
+    """A view's parameters depend on (seed, epoch, image index, slot) alone: the same image in
+    another batch, at another position, or after a resume (a fresh object, as after loading a
+    checkpoint) gets the same parameters; other epochs, images and slots differ."""
     imgs, labels = _photos(16, 24, 24), torch.arange(16)
     augs = (ViewAug(size=16),) * 2
-    index = torch.arange(8)
     running = ResidentImages(imgs, labels, augs, seed=3)
-    first = [running.views(index, epoch=0)["params"]["crop_x"] for _ in range(2)]
-    epoch1 = [running.views(index, epoch=1)["params"]["crop_x"] for _ in range(2)]
+    batch = running.views(torch.arange(8), epoch=1)["params"]["crop_x"]
     resumed = ResidentImages(imgs, labels, augs, seed=3)
-    again = [resumed.views(index, epoch=1)["params"]["crop_x"] for _ in range(2)]
-    assert all(torch.equal(a, b) for a, b in zip(epoch1, again))
-    assert not torch.equal(first[0], first[1]) and not torch.equal(first[0], epoch1[0])
+    other_batch = resumed.views(torch.tensor([12, 5, 2]), epoch=1)["params"]["crop_x"]
+    assert torch.equal(other_batch[1:], batch[[5, 2]])
+    assert not torch.equal(running.views(torch.arange(8), epoch=2)["params"]["crop_x"], batch)
+    assert not torch.equal(batch[:, 0], batch[:, 1]) and len(set(batch[:, 0].tolist())) > 1
 
 
 def test_run_dirs_from_before_the_key_still_resume() -> None:
@@ -125,13 +125,10 @@ def test_draw_view_params_keeps_each_views_distribution() -> None:
     """Views of different augmentations (DINO's globals and locals) each get their own: local
     crops small, global crops large, in the views' order, for one image or for n."""
     augs = (ViewAug(size=24, scale=(0.4, 1.0)), ViewAug(size=12, scale=(0.05, 0.1)), ViewAug(size=24, scale=(0.4, 1.0)))
-    torch.manual_seed(0)
-    p = draw_view_params(augs, 100, 100, n=400)
+    p = draw_view_params(augs, 100, 100, view_keys(0, 0, torch.arange(400), 3))
     area = p["crop_w"] * p["crop_h"] / 1e4
     assert p["crop_w"].shape == (400, 3) and p["jitter_order"].shape == (400, 3, 4)
     assert (area[:, 1] <= 0.12).all() and (area[:, [0, 2]] >= 0.38).all()
-    one = draw_view_params(augs, 100, 100)
-    assert one["crop_w"].shape == (3,) and one["jitter_order"].shape == (3, 4)
 
 
 class _CifarLike(Dataset):
@@ -231,23 +228,23 @@ def test_datamodule_on_device_yields_indices_and_finishes_them_after_transfer(cf
     assert dm.on_after_batch_transfer(evaluation, 0) is evaluation
 
 
-def test_ranks_draw_their_own_views(cfg_factory) -> None:
-    """DDP: each rank (its own process, its own data module) cuts views for its images with
-    its own draws. ``train.py`` reads the set before the Trainer (and so the rank) exists, so
-    the rank is taken at each batch; the same rank at the same epoch draws the same again."""
+def test_views_do_not_depend_on_the_rank(cfg_factory) -> None:
+    """DDP: each rank (its own process, its own data module) cuts the views of an image with the
+    draws of (seed, epoch, index, slot): the same on every rank, so the process layout does
+    not change a view. (Ranks see different images: the sampler splits the order.)"""
     from types import SimpleNamespace
 
     cfg, index = cfg_factory("data.on_device=true"), torch.arange(8)
 
-    def crops(rank: int) -> torch.Tensor:
+    def crops(rank: int, epoch: int = 0) -> torch.Tensor:
         dm = SSLDataModule(cfg.data, (ViewAug(size=16),) * 2, batch_size=8, num_workers=0)
         dm.setup("fit")  # no trainer yet, as in train.py
-        dm.trainer = SimpleNamespace(global_rank=rank, current_epoch=0)
+        dm.trainer = SimpleNamespace(global_rank=rank, current_epoch=epoch)
         return dm.on_after_batch_transfer(index, 0)["params"]["crop_x"]
 
     rank0 = crops(0)
-    assert not torch.equal(crops(1), rank0)
-    assert torch.equal(crops(0), rank0)
+    assert torch.equal(crops(1), rank0)
+    assert not torch.equal(crops(0, epoch=1), rank0)
 
 
 def test_run_with_resident_images_trains_and_logs_views(cfg_factory, tmp_path: Path) -> None:

@@ -138,8 +138,11 @@ class StopOnSignal(L.Callback):
         self.record.note_checkpoint_step(trainer)  # W&B rewind point, this session's time
         if trainer.is_global_zero:
             log.warning("%s: stopped after step %d with checkpoint %s; the run continues from there "
-                        "(requeued by submitit, or resume=<run dir>)", self.signum.name, trainer.global_step,
+                        "(requeued by submitit, or the same command again)", self.signum.name, trainer.global_step,
                         self.checkpointer.last_path)
+        else:  # each task's log says why it ended
+            log.warning("%s: stopped after step %d (rank %d)", self.signum.name, trainer.global_step,
+                        trainer.global_rank)
         mark_wandb_preempting(trainer)
         outcome: BaseException = SystemExit(128 + self.signum)
         if callable(self.previous):

@@ -146,3 +146,41 @@ def test_lightning_auto_requeue_is_off_under_slurm(monkeypatch):
     assert env.auto_requeue is False
     monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "TERM")
     assert preempt_signal() == signal.SIGTERM
+
+
+DDP = [*(o for o in RUN if o not in ("trainer=cpu", "data.train_size=64")), "trainer=ddp", "trainer.accelerator=cpu",
+       "trainer.devices=2", "data.train_size=128"]  # 128 images, 2 x 16 per step: 4 steps per epoch
+
+
+def _train(run_dir: Path, *extra: str, env: dict | None = None, module: str = "tests._preempt_job"):
+    return subprocess.Popen([sys.executable, "-m", module, *DDP, *extra, f"hydra.run.dir={run_dir}"], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow  # three runs of 2 processes: minutes on a small machine
+def test_ddp_signal_on_one_rank_stops_both_at_the_same_step(tmp_path):
+    """trainer=ddp, 2 CPU processes, SIGUSR2 to rank 1 only (mid-step): both ranks stop after the same
+    step, one checkpoint at it; the continuation ends bit for bit as the uninterrupted 2-process run."""
+    straight = _train(tmp_path / "straight", env=dict(os.environ, PREEMPT_AT_STEP="-1", PREEMPT_MARKER="-"))
+    out, err = straight.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    assert straight.returncode == 0, err[-3000:]
+
+    run_dir, marker = tmp_path / "preempted", tmp_path / "marker"
+    proc = _train(run_dir, env=dict(os.environ, PREEMPT_AT_STEP=str(MID), PREEMPT_RANK="1", PREEMPT_MARKER=str(marker)))
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), proc.communicate()[1][-3000:]
+    assert int(marker.read_text()) != proc.pid  # rank 1 is a process of its own
+    os.kill(int(marker.read_text()), signal.SIGUSR2)
+    out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    assert proc.returncode == 128 + signal.SIGUSR2, err[-3000:]
+    assert f"SIGUSR2: stopped after step {MID + 1} with checkpoint" in out + err  # rank 0
+    assert f"SIGUSR2: stopped after step {MID + 1} (rank 1)" in out + err
+    assert _ckpt(run_dir)["global_step"] == MID + 1
+
+    resumed = _train(run_dir, env=dict(os.environ, PREEMPT_AT_STEP="-1", PREEMPT_MARKER="-"))
+    out, err = resumed.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    assert resumed.returncode == 0, err[-3000:]
+    _assert_same_run(run_dir, tmp_path / "straight")
+    assert len(read_record(run_dir)["sessions_s"]) == 2

@@ -224,6 +224,17 @@ class RunCheckpoint(Checkpoint):
         finally:
             self._rng = None
 
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        """A save between two batches (:meth:`save_step`, from the next batch's start: that batch
+        is fetched, not begun) is marked as taken before the fetch. Lightning then resumes it as
+        a checkpoint between batches. Counted as fetched, it would take it for one made at a
+        batch end, before the logger's step counter moved, and move that counter once more (one
+        step missing from the log)."""
+        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+        if progress and progress["current"]["ready"] > progress["current"]["started"]:
+            for counts in (progress["total"], progress["current"]):
+                counts["ready"] = counts["started"]
+
     def state_dict(self) -> dict[str, Any]:
         return {"rng": gather_per_rank(self._rng or rng_state()), "train_loss": self.train_loss}
 

@@ -9,7 +9,7 @@ the same). submitit handles that signal in every task it starts: rank 0 re-dumps
 alone, that handler runs wherever the signal lands, in the middle of a step, and the requeued
 job continues from the last epoch-end checkpoint.
 
-:class:`StopOnSignal` puts a handler of its own in front of it for the duration of the fit:
+:class:`StopOnSignal` puts a handler of its own in front of it while the run trains:
 
 1. the handler only notes that the signal came (nothing else is safe in the middle of a step);
 2. at every training batch end where the optimiser stepped, the ranks agree whether any of
@@ -92,15 +92,26 @@ class StopOnSignal(L.Callback):
     def _note(self, signum: int, frame: FrameType | None) -> None:
         self.received = True
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "fit" and threading.current_thread() is threading.main_thread():
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Take the signal once training starts: after Lightning has noted the handlers in place
+        (its own teardown puts them back, on every path). Before that, nothing is trained that
+        the last checkpoint lacks, and the previous handler acts at once."""
+        if threading.current_thread() is threading.main_thread():
             self.previous = signal.signal(self.signum, self._note)
             self.installed = True
 
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+    def give_back(self) -> None:
+        """Put the previous handler back (Lightning runs ``teardown`` only when the fit ends
+        normally: a stop or a failure ends it with an exception)."""
         if self.installed:
             signal.signal(self.signum, self.previous if self.previous is not None else signal.SIG_DFL)
             self.installed = False
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.give_back()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.give_back()
         if self.received and not self.pending:  # the fit ended before a batch end could act on it
             log.warning("%s came after the last training step; the run finishes instead of stopping",
                         self.signum.name)
@@ -119,17 +130,6 @@ class StopOnSignal(L.Callback):
             self.checkpointer.save_step(trainer, self.rng)
             self._stop(trainer)
 
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        """The stop's checkpoint is written between two steps: the next batch is fetched
-        ("ready") but not begun. Saved as not fetched, Lightning resumes it as a checkpoint taken
-        between batches; counted as fetched, it would take the save for one made at a batch end,
-        before the logger's step counter moved, and move that counter once more (one step
-        missing from the log)."""
-        if self.pending:
-            progress = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]
-            for counts in (progress["total"], progress["current"]):
-                counts["ready"] = counts["started"]
-
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.pending:  # agreed at an epoch's last step: its epoch-end checkpoint is this step's
             self._stop(trainer)
@@ -144,6 +144,7 @@ class StopOnSignal(L.Callback):
             log.warning("%s: stopped after step %d (rank %d)", self.signum.name, trainer.global_step,
                         trainer.global_rank)
         mark_wandb_preempting(trainer)
+        self.give_back()
         outcome: BaseException = SystemExit(128 + self.signum)
         if callable(self.previous):
             try:

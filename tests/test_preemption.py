@@ -141,6 +141,7 @@ def test_lightning_auto_requeue_is_off_under_slurm(monkeypatch):
         monkeypatch.delenv(key)
     assert cluster_plugins() == []
     monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2")
     monkeypatch.setenv("SLURM_JOB_NAME", "train")
     (env,) = cluster_plugins()
     assert env.auto_requeue is False
@@ -184,3 +185,33 @@ def test_ddp_signal_on_one_rank_stops_both_at_the_same_step(tmp_path):
     assert resumed.returncode == 0, err[-3000:]
     _assert_same_run(run_dir, tmp_path / "straight")
     assert len(read_record(run_dir)["sessions_s"]) == 2
+
+
+def test_wandb_rewind_point_is_noted_at_the_stop(tmp_path, monkeypatch):
+    """The stop notes, in sessions.json, the W&B step of the first row after its checkpoint: the
+    requeued job continues the same W&B run (same id) rewound to exactly the rows before it."""
+    import json
+
+    import wandb
+
+    from hvp_lightning.run_logs import wandb_resume, wandb_run_id
+
+    from .conftest import wandb_records
+
+    def on_before_optimizer_step(self, optimizer):
+        if self.trainer.global_step == MID:
+            os.kill(os.getpid(), signal.SIGUSR2)
+
+    monkeypatch.setattr(SSLMethod, "on_before_optimizer_step", on_before_optimizer_step)
+    with pytest.raises(SystemExit) as stop:
+        run(make_cfg("logger=wandb", "trainer.max_epochs=2", "trainer.log_every_n_steps=1"), tmp_path)
+    wandb.finish(exit_code=stop.value.code)  # what the process's exit does
+    assert stop.value.code == 128 + signal.SIGUSR2
+    noted = read_record(tmp_path)["wandb_steps"]
+    rows = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+            for r in wandb_records(tmp_path) if r.HasField("history")]
+    n = noted[str(MID + 1)]
+    assert n == len(rows) and {r["trainer/global_step"] for r in rows} == set(range(MID + 1))
+    run_id = wandb_run_id(tmp_path)
+    assert wandb_resume(tmp_path, MID + 1, "online") == {"id": run_id, "resume": None,
+                                                         "resume_from": f"{run_id}?_step={n}"}

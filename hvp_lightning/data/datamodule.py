@@ -165,6 +165,7 @@ class SSLDataModule(L.LightningDataModule):
         self.colour_in_workers = colour_in_workers
         self.class_names: list[str] = []
         self.resident: ResidentImages | None = None
+        self.resume_position: list[int] | None = None  # (epoch, batches trained) of the checkpoint resumed
 
     def setup(self, stage: str | None = None) -> None:
         if hasattr(self, "train_set"):
@@ -202,6 +203,17 @@ class SSLDataModule(L.LightningDataModule):
         epoch, done = trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed
         return (epoch + 1, 0) if done >= trainer.num_training_batches else (epoch, done)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where training stands (:meth:`trained_position`), in every checkpoint. Lightning
+        restores a data module before the model's ``configure_optimizers``, whose
+        ``estimated_stepping_batches`` builds the training loader and starts iterating it; the
+        fit loop's own loader state (:class:`.sampler.ResumableLoader`) is loaded after that
+        start, too late to move it."""
+        return {"train_position": list(self.trained_position())} if self.trainer is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.resume_position = state_dict.get("train_position")
+
     def _workers_colour(self) -> bool:
         if self.colour_in_workers is not None:
             return self.colour_in_workers
@@ -228,6 +240,9 @@ class SSLDataModule(L.LightningDataModule):
         else:
             ds = FinishedViews(self.train_set, self.views) if self._workers_colour() else self.train_set
         sampler = EpochSampler(ds, self.batch_size, self.seed, rank, world)
+        if self.resume_position:  # the first loader of a resumed fit starts where the checkpoint stood
+            sampler.resume_at(*self.resume_position)
+            self.resume_position = None
         return ResumableLoader(ds, sampler, self.trained_position, drop_last=True, **options)
 
     def val_dataloader(self) -> list[DataLoader]:

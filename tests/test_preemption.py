@@ -73,6 +73,7 @@ def straight(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # a train.py subprocess: 20-40 s on a small shared machine (the in-process tests below stay)
 def test_usr2_mid_step_checkpoints_that_step_and_the_continuation_is_the_same_run(straight, tmp_path):
     """SIGUSR2 from outside in the middle of a step, no handler installed before (a local run): the
     step is finished, last.ckpt is written at it, the process exits with 128 + USR2. Run again in
@@ -133,6 +134,7 @@ def test_the_previous_handler_runs_after_the_checkpoint(straight, tmp_path, monk
     assert len(read_record(run_dir)["sessions_s"]) == 2
 
 
+@pytest.mark.filterwarnings("ignore:The `srun` command is available")  # SLURM's variables, set by the test
 def test_lightning_auto_requeue_is_off_under_slurm(monkeypatch):
     """One mechanism: under SLURM the trainer gets Lightning's SLURM environment without its
     auto-requeue (its SIGUSR1 handler would save mid-step and requeue on its own); elsewhere

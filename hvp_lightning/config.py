@@ -57,6 +57,22 @@ def _get(cfg: DictConfig, key: str) -> Any:
     return node
 
 
+def check_online_target(cfg: DictConfig) -> None:
+    """BYOL/MoCo v3: head sizes, the base momentum of the target and MoCo v3's temperature."""
+    for key in ("proj_hidden_dim", "proj_dim", "pred_hidden_dim"):
+        int_at_least(cfg, f"method.{key}", 1)
+    for key in ("proj_layers", "pred_layers"):
+        int_at_least(cfg, f"method.{key}", 1)
+    for key in ("proj_last_bn", "pred_last_bn"):
+        if not isinstance(_get(cfg, f"method.{key}"), bool):
+            fail(f"method.{key}", _get(cfg, f"method.{key}"), "true or false")
+    _prob(cfg, "method.base_momentum")
+    if cfg.method.name == "mocov3":
+        t = _get(cfg, "method.temperature")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+            fail("method.temperature", t, "expected a number > 0")
+
+
 def check_multicrop(cfg: DictConfig) -> None:
     """DINO/iBOT multi-crop settings (``method.*`` crops and scales against the backbone)."""
     m = cfg.method
@@ -113,6 +129,8 @@ def check_options(cfg: DictConfig) -> None:
         check_multicrop(cfg)
     if cfg.method.name == "ibot":
         check_ibot(cfg)
+    if cfg.method.name in ("byol", "mocov3"):
+        check_online_target(cfg)
     check_candidate_counts(cfg)
     _check_trainer(cfg)
     _validate_distributed(cfg)

@@ -202,3 +202,23 @@ def test_multirun_writes_one_row_per_job_and_a_failed_job_says_so(tmp_path, full
     assert float(ok["wall_time_s"]) > 0 and ok["run_dir"] == str(sweep / dirs[0])
     assert failed["status"] == "failed" and failed["hvp.num_views"] == "1" and failed["knn_top1"] == ""
     assert failed["error"].startswith("ConfigError: hvp.num_views=1 is not allowed")
+
+
+def test_multirun_over_byol_and_mocov3_fills_the_table(tmp_path):
+    """``train.py -m method=byol_cifar,mocov3_cifar +hvp=on``: a row per method with its results and
+    HVP's statistics (the table needs nothing method-specific; this checks the new methods give it all)."""
+    write_tiny_experiment(tmp_path / "conf")
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        [sys.executable, "train.py", "-m", "--config-dir", str(tmp_path / "conf"), "method=byol_cifar,mocov3_cifar",
+         "+experiment=tiny", "logger=csv", "+hvp=on", f"hydra.sweep.dir={sweep}"],
+        cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    columns, rows = rows_of((sweep / FILENAME).read_text())
+    assert columns[:2] == ["method", "experiment"] and [r["method"] for r in rows] == ["byol_cifar", "mocov3_cifar"]
+    for row in rows:
+        summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
+        assert summary["method"] == row["method"].removesuffix("_cifar") and row["status"] == "ok"
+        assert float(row["knn_top1"]) == summary["knn_top1"] and row["hvp_mode"] == "hard"
+        assert float(row["hvp_selection_selected_loss_mean"]) >= float(row["hvp_selection_candidate_loss_mean"])

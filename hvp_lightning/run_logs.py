@@ -75,12 +75,18 @@ class RunRecord(L.Callback):
             atomic_write_text(self.path, text)
             self.last_write = now
 
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def note_checkpoint_step(self, trainer: L.Trainer) -> None:
+        """Note the W&B step of the next row as the rewind point of a checkpoint at this global
+        step (an epoch's start, or a pre-empted session's stop: hvp_lightning/preemption.py),
+        and write the record."""
         from lightning.pytorch.loggers import WandbLogger
 
         if trainer.is_global_zero and isinstance(trainer.logger, WandbLogger):
             self.record["wandb_steps"][str(trainer.global_step)] = int(trainer.logger.experiment.step)
         self.beat(trainer, force=True)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.note_checkpoint_step(trainer)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         self.beat(trainer)
@@ -93,6 +99,9 @@ class RunRecord(L.Callback):
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.beat(trainer, force=True)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.beat(trainer, force=True)  # a session that stops (pre-emption) or fails counts in full
 
 
 def wandb_run_id(run_dir: str | Path) -> str:

@@ -21,6 +21,7 @@ from .data.datamodule import SSLDataModule
 from .device import check_accelerator, device_line, set_matmul_precision
 from .distributed import gather_per_rank, sync_batchnorm_plugins
 from .methods import METHODS, SSLMethod
+from .preemption import StopOnSignal, cluster_plugins
 from .run_logs import RunRecord, continue_csv_log, wandb_resume
 from .selection import hvp_summary
 from .warning_filters import quiet_console
@@ -80,8 +81,9 @@ def run(cfg: DictConfig, run_dir: Path, options_checked: bool = False) -> dict[s
         **trainer_kwargs,
         default_root_dir=str(run_dir),
         logger=build_logger(cfg, run_dir, resume_step),
-        plugins=[AtomicCheckpointIO(), *sync_bn],
-        callbacks=[checkpointer, record, *analysis_callbacks(cfg, run_dir), *live_gallery_callbacks(cfg),
+        plugins=[AtomicCheckpointIO(), *sync_bn, *cluster_plugins()],
+        callbacks=[checkpointer, record, StopOnSignal(checkpointer, record), *analysis_callbacks(cfg, run_dir),
+                   *live_gallery_callbacks(cfg),
                    WandbCharts()],
         check_val_every_n_epoch=cfg.eval.every_n_epochs,
         num_sanity_val_steps=0,

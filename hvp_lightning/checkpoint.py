@@ -34,7 +34,7 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 import torch
@@ -183,8 +183,9 @@ class RunCheckpoint(Checkpoint):
     after its last checkpoint has spent time no checkpoint knows of.)"""
 
     def __init__(self, dirpath: str | Path, every_n_epochs: int | None = None,
-                 every_n_steps: int | None = None) -> None:
+                 every_n_steps: int | None = None, on_step_save: Callable[[Any], None] | None = None) -> None:
         super().__init__()
+        self.on_step_save = on_step_save  # after an every_n_steps save: e.g. note the W&B rewind point
         self.dirpath = Path(dirpath)
         self.every_n_epochs = int(every_n_epochs or 0)
         self.every_n_steps = int(every_n_steps or 0)
@@ -217,6 +218,8 @@ class RunCheckpoint(Checkpoint):
         if self._due_rng is not None:
             rng, self._due_rng = self._due_rng, None
             self.save_step(trainer, rng)
+            if self.on_step_save is not None:
+                self.on_step_save(trainer)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:

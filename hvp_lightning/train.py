@@ -76,7 +76,7 @@ def run(cfg: DictConfig, run_dir: Path, options_checked: bool = False) -> dict[s
     trainer_kwargs: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
     sync_bn = sync_batchnorm_plugins(trainer_kwargs.pop("sync_batchnorm", "auto"), model)  # DDP only
     checkpointer = RunCheckpoint(run_dir / "checkpoints", OmegaConf.select(cfg, "checkpoint.every_n_epochs"),
-                                 OmegaConf.select(cfg, "checkpoint.every_n_steps"))
+                                 OmegaConf.select(cfg, "checkpoint.every_n_steps"), record.note_checkpoint_step)
     trainer = L.Trainer(
         **trainer_kwargs,
         default_root_dir=str(run_dir),

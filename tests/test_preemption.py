@@ -217,3 +217,24 @@ def test_wandb_rewind_point_is_noted_at_the_stop(tmp_path, monkeypatch):
     run_id = wandb_run_id(tmp_path)
     assert wandb_resume(tmp_path, MID + 1, "online") == {"id": run_id, "resume": None,
                                                          "resume_from": f"{run_id}?_step={n}"}
+
+
+def test_wandb_rewind_point_is_noted_at_every_n_steps_checkpoints(tmp_path):
+    """A checkpoint written every N steps inside an epoch notes its W&B rewind point too: a run
+    killed after it and resumed rewinds the W&B run to exactly the rows before that checkpoint."""
+    import json
+
+    import wandb
+
+    from .conftest import wandb_records
+
+    run(make_cfg("logger=wandb", "trainer.max_epochs=1", "trainer.log_every_n_steps=1", "checkpoint.every_n_steps=2"),
+        tmp_path)
+    wandb.finish()
+    noted = read_record(tmp_path)["wandb_steps"]
+    rows = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+            for r in wandb_records(tmp_path) if r.HasField("history")]
+    steps = [r.get("trainer/global_step") for r in rows]
+    assert "2" in noted, noted  # the first every_n_steps checkpoint, mid-epoch
+    n = noted["2"]
+    assert all(s < 2 for s in steps[:n]) and steps[n] >= 2, (n, steps)

@@ -6,14 +6,15 @@ The public API, importable from the top level::
     from hvp_lightning import simsiam_pair_table, choose, pair_index
 
 Methods (LightningModules, equal to the original methods with HVP off): :class:`SimSiam`,
-:class:`SimCLR`, :class:`DINO`, :class:`IBOT`. Selection: :class:`HardViewMixin` (a host
+:class:`SimCLR`, :class:`DINO`, :class:`IBOT`, :class:`VICReg`, :class:`BarlowTwins`. Selection: :class:`HardViewMixin` (a host
 provides ``candidate_scores``, ``ssl_step`` and, for non-pair batches, ``select_views``),
 :class:`HVPConfig`, :func:`choose`, :func:`pair_index`, :func:`global_pair_index`,
 :func:`gather_pairs`, :func:`frozen_state`, :func:`dino_combination_table` (the multi-crop
 search over a DINO cross-entropy table); all in :mod:`hvp_lightning.selection`. Per-sample
 losses and candidate tables (pure functions): :func:`simsiam_loss`, :func:`simsiam_pair_table`,
 :func:`nt_xent_loss`, :func:`simclr_pair_table`, :func:`dino_loss`, :func:`dino_ce_table`,
-:func:`ibot_loss`, :func:`ibot_pair_table`. Errors:
+:func:`ibot_loss`, :func:`ibot_pair_table`, :func:`vicreg_loss`, :func:`vicreg_pair_table`,
+:func:`barlow_twins_loss`, :func:`barlow_twins_pair_table` (batch losses: leave-one-out tables). Errors:
 :class:`ConfigError`. See ``examples/custom_method.py`` for the mixin on your own module.
 
 Names are imported on first use, so ``import hvp_lightning`` stays cheap (no torch import).
@@ -32,6 +33,8 @@ _EXPORTS = {
     "SimCLR": "hvp_lightning.methods.simclr",
     "DINO": "hvp_lightning.methods.dino",
     "IBOT": "hvp_lightning.methods.ibot",
+    "VICReg": "hvp_lightning.methods.vicreg",
+    "BarlowTwins": "hvp_lightning.methods.barlow_twins",
     "SSLMethod": "hvp_lightning.methods.base",
     "METHODS": "hvp_lightning.methods",
     "HardViewMixin": "hvp_lightning.selection",
@@ -50,6 +53,10 @@ _EXPORTS = {
     "dino_combination_table": "hvp_lightning.selection",
     "ibot_loss": "hvp_lightning.methods.ibot",
     "ibot_pair_table": "hvp_lightning.methods.ibot",
+    "vicreg_loss": "hvp_lightning.losses.vicreg",
+    "vicreg_pair_table": "hvp_lightning.losses.vicreg",
+    "barlow_twins_loss": "hvp_lightning.losses.barlow_twins",
+    "barlow_twins_pair_table": "hvp_lightning.losses.barlow_twins",
     "ConfigError": "hvp_lightning.errors",
 }
 

@@ -2,13 +2,15 @@
 
 from .barlow_twins import BarlowTwins
 from .base import SSLMethod
+from .byol import BYOL
 from .dino import DINO
 from .ibot import IBOT
+from .mocov3 import MoCoV3
 from .simclr import SimCLR
 from .simsiam import SimSiam
 from .vicreg import VICReg
 
 METHODS: dict[str, type[SSLMethod]] = {"dino": DINO, "ibot": IBOT, "simsiam": SimSiam, "simclr": SimCLR,
-                                       "vicreg": VICReg, "barlow_twins": BarlowTwins}
+                                     "byol": BYOL, "mocov3": MoCoV3, "vicreg": VICReg, "barlow_twins": BarlowTwins}
 
-__all__ = ["DINO", "IBOT", "METHODS", "BarlowTwins", "SSLMethod", "SimCLR", "SimSiam", "VICReg"]
+__all__ = ["BYOL", "DINO", "IBOT", "METHODS", "BarlowTwins", "MoCoV3", "SSLMethod", "SimCLR", "SimSiam", "VICReg"]

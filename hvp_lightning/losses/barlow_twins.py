@@ -50,7 +50,8 @@ def standardise(z: torch.Tensor, eps: float = BN_EPS) -> torch.Tensor:
     return (z - mean) / torch.sqrt(var + eps)
 
 
-def barlow_twins_loss_terms(z1: torch.Tensor, z2: torch.Tensor, eps: float = BN_EPS) -> tuple[torch.Tensor, torch.Tensor]:
+def barlow_twins_loss_terms(z1: torch.Tensor, z2: torch.Tensor,
+                            eps: float = BN_EPS) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sum_i (1 - C_ii)^2, sum_{i != j} C_ij^2)`` of projector outputs ``z1``, ``z2`` ``[B, D]``,
     in fp32, over the global batch (the same values on every rank)."""
     with torch.autocast(z1.device.type, enabled=False):

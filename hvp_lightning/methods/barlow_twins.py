@@ -1,4 +1,4 @@
-"""Barlow Twins (Zbontar et al., ICML 2021) with Hard View Pretraining.
+"""Barlow Twins (Zbontar et al., ICML 2021, https://arxiv.org/abs/2103.03230) with Hard View Pretraining.
 
 The loss (:func:`~hvp_lightning.losses.barlow_twins.barlow_twins_loss`) is the official one:
 cross-correlation of per-feature standardised embeddings over the global batch. The

@@ -1,4 +1,4 @@
-"""VICReg (Bardes, Ponce and LeCun, ICLR 2022) with Hard View Pretraining.
+"""VICReg (Bardes, Ponce and LeCun, ICLR 2022, https://arxiv.org/abs/2105.04906) with Hard View Pretraining.
 
 The loss (:func:`~hvp_lightning.losses.vicreg.vicreg_loss`) is the official one: MSE invariance,
 variance hinge and covariance penalty, the last two over every rank's embeddings. Candidate

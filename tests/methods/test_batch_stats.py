@@ -1,23 +1,17 @@
 """VICReg and Barlow Twins LightningModules (hvp_lightning/methods/batch_stats.py and its two
 subclasses): HVP off = the official loss, the selection pass leaves state untouched, presets,
-config errors, and a tiny Hydra run with ``+hvp=on`` with hvp-export and eval.py (k-NN, linear
-probe) on its checkpoint."""
+config errors. The tiny ``+hvp=on`` runs are in test_tiny_runs.py."""
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from hvp_lightning import export
-from hvp_lightning.backbones import build_resnet
-from hvp_lightning.evaluation import evaluate
 from hvp_lightning.losses.barlow_twins import barlow_twins_pair_table
 
-from ..conftest import eval_cfg, make_cfg, score_and_assert_stateless
+from ..conftest import make_cfg, score_and_assert_stateless
 from ..losses.test_batch_losses import LOSSES, loop_vicreg, official_barlow
 
 # --- the LightningModules ---------------------------------------------------------------------
@@ -63,31 +57,6 @@ def test_selection_leaves_state_untouched_and_equals_table(method: str) -> None:
     expected = LOSSES[method][2](z) if method == "vicreg" else barlow_twins_pair_table(z, 0.0051)
     torch.testing.assert_close(table, expected)
     assert table.shape == (8, 3)
-
-
-@pytest.mark.parametrize("method", list(TINY))
-def test_tiny_train_with_hvp(method: str, tmp_path: Path) -> None:
-    from hvp_lightning.train import run
-
-    summary = run(make_cfg(*TINY[method], "+hvp=on", "data.image_size=16"), tmp_path)
-    assert summary["method"] == method and summary["hvp_enabled"] is True and summary["steps"] == 4
-    assert summary["train_loss"] is not None and math.isfinite(summary["train_loss"])
-    assert summary["hvp"]["selected_samples"] == 64
-    # Hard choice: the selected pair's score is at least the candidates' mean.
-    assert summary["hvp"]["selection_selected_loss_mean"] >= summary["hvp"]["selection_candidate_loss_mean"]
-    assert summary["knn_top1"] is not None
-    # The console commands on that checkpoint: hvp-export writes the backbone (the projector is
-    # dropped, as both papers evaluate), eval.py's k-NN repeats the run's final monitor, the linear
-    # probe takes the method's own recipe (conf/protocol/linear.yaml).
-    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
-    assert export.main([str(tmp_path), str(tmp_path / "backbone.pth")]) == 0
-    exported = torch.load(tmp_path / "backbone.pth", weights_only=True)
-    build_resnet("resnet18", width=8, cifar_stem=True).trunk.load_state_dict(exported, strict=True)
-    torch.testing.assert_close(exported["conv1.weight"], state["backbone.trunk.conv1.weight"])
-    knn = evaluate(eval_cfg(f"ckpt={tmp_path}", "protocol=knn"))
-    assert knn["features"] == "backbone" and knn["metrics"]["k20"]["top1"] == summary["knn_top1"]
-    linear = evaluate(eval_cfg(f"ckpt={tmp_path}", "protocol=linear", "protocol.epochs=1", "protocol.batch_size=32"))
-    assert linear["settings"]["recipe"] == method and 0 <= linear["metrics"]["top1"] <= 1
 
 
 PRESETS = {"vicreg": 8192, "vicreg_cifar": 2048, "barlow_twins": 8192, "barlow_twins_cifar": 2048}

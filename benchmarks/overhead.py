@@ -10,6 +10,7 @@ no-grad forwards that make up the selection pass, from which the compute bound f
 * SimSiam/SimCLR: ``bound = (baseline_step + N * F) / baseline_step`` with ``F`` the no-grad
   forward of one candidate batch of B through backbone + heads; plus per-view (N forwards
   of B, what the selection does) vs stacked (one forward of N*B) selection forwards.
+  VICReg/Barlow Twins (batch-statistics losses): also the leave-one-out table alone.
 * DINO: the selection forwards G global candidates through teacher and student (in pairs)
   and Lc local candidates through the student (in groups of L); with teacher reuse the
   training step skips its own teacher forward of the 2 chosen globals. iBOT: the same with
@@ -246,8 +247,12 @@ def pair_extras(r: Runner, hvp_batch: Batch, n: int) -> dict[str, float]:
         f = timed(dev, lambda: fwd(views[0]))
         per_view = timed(dev, lambda: [fwd(v) for v in views])
         stacked = timed(dev, lambda: fwd(torch.cat(views)))
-    return {"F (1 view, no grad)": f, f"select fwd: {n} x B per view": per_view,
-            f"select fwd: 1 x {n}B stacked": stacked}
+        out = {"F (1 view, no grad)": f, f"select fwd: {n} x B per view": per_view,
+               f"select fwd: 1 x {n}B stacked": stacked}
+        if hasattr(m, "pair_table"):  # VICReg/Barlow Twins: the leave-one-out table alone, after the forwards
+            z = torch.stack([fwd(v) for v in views])
+            out["select table: leave-one-out [B, C]"] = timed(dev, lambda: m.pair_table(z, (z[0], z[1]), 0))
+    return out
 
 
 def multicrop_extras(r: Runner, hvp_batch: Batch, g: int) -> dict[str, float]:
@@ -391,6 +396,9 @@ def main(argv: list[str] | None = None) -> None:
         ratios = [h / a for h, a in zip(r.times["step"], a_step)]
         add(f"{r.name}/baseline step (paired)", ratios, "median of per-round ratios", "{:.3f}x")
         rows.append((f"{r.name}/baseline (ratio of medians)", f"{med(r.times['step']) / med(a_step):.3f}x", "", ""))
+        if "select" in r.times:  # the selection pass against the ordinary training step, per round
+            add(f"{r.name} select / baseline step (paired)", [s / a for s, a in zip(r.times["select"], a_step)],
+                "median of per-round ratios", "{:.3f}x")
     for r in runners:
         if r.peak_mem:
             peak, resident = max(r.peak_mem)

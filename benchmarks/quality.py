@@ -92,6 +92,12 @@ SCALES: dict[str, Scale] = {
                      "method.pred_hidden_dim=512", "method.optimizer.warmup_epochs=2"],
             "mocov3": ["method=mocov3_cifar", "method.proj_hidden_dim=512", "method.proj_dim=128",
                        "method.pred_hidden_dim=512", "method.optimizer.warmup_epochs=2"],
+            # VICReg and Barlow Twins: their CIFAR presets with the 3-layer projector narrowed from 2048 to
+            # 1024 (still 16x the width-8 backbone's 64 features; these losses want a wide projector).
+            "vicreg": ["method=vicreg_cifar", "method.proj_hidden_dim=1024", "method.proj_dim=1024",
+                       "method.optimizer.warmup_epochs=2"],
+            "barlow_twins": ["method=barlow_twins_cifar", "method.proj_hidden_dim=1024", "method.proj_dim=1024",
+                             "method.optimizer.warmup_epochs=2"],
         },
         threads_per_job=1,
         jobs=2,
@@ -112,6 +118,8 @@ SCALES: dict[str, Scale] = {
             "simsiam": ["method=simsiam_cifar"],
             "byol": ["method=byol_cifar"],
             "mocov3": ["method=mocov3_cifar"],
+            "vicreg": ["method=vicreg_cifar"],
+            "barlow_twins": ["method=barlow_twins_cifar"],
         },
         threads_per_job=8,
         jobs=1,

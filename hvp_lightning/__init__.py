@@ -6,7 +6,8 @@ The public API, importable from the top level::
     from hvp_lightning import simsiam_pair_table, choose, pair_index
 
 Methods (LightningModules, equal to the original methods with HVP off): :class:`SimSiam`,
-:class:`SimCLR`, :class:`DINO`, :class:`IBOT`, :class:`BYOL`, :class:`MoCoV3`. Selection:
+:class:`SimCLR`, :class:`DINO`, :class:`IBOT`, :class:`BYOL`, :class:`MoCoV3`, :class:`VICReg`,
+:class:`BarlowTwins`. Selection:
 :class:`HardViewMixin` (a host provides ``candidate_scores``, ``ssl_step`` and, for non-pair batches, ``select_views``),
 :class:`HVPConfig`, :func:`choose`, :func:`pair_index`, :func:`global_pair_index`,
 :func:`gather_pairs`, :func:`frozen_state`, :func:`dino_combination_table` (the multi-crop
@@ -15,7 +16,8 @@ losses and candidate tables (pure functions of torch tensors, :mod:`hvp_lightnin
 :func:`simsiam_loss`, :func:`simsiam_pair_table`, :func:`nt_xent_loss`,
 :func:`simclr_pair_table`, :func:`dino_loss`, :func:`dino_ce_table`, :func:`ibot_loss`,
 :func:`ibot_pair_table`, :func:`byol_loss`, :func:`byol_pair_table`, :func:`mocov3_loss`,
-:func:`mocov3_pair_table`. Errors:
+:func:`mocov3_pair_table`, :func:`vicreg_loss`, :func:`vicreg_pair_table`, :func:`barlow_twins_loss`,
+:func:`barlow_twins_pair_table` (batch losses: leave-one-out tables, docs/DESIGN.md). Errors:
 :class:`ConfigError`. See ``examples/custom_method.py`` for the mixin on your own module.
 
 Names are imported on first use, so ``import hvp_lightning`` stays cheap (no torch import).
@@ -36,6 +38,8 @@ _EXPORTS = {
     "IBOT": "hvp_lightning.methods.ibot",
     "BYOL": "hvp_lightning.methods.byol",
     "MoCoV3": "hvp_lightning.methods.mocov3",
+    "VICReg": "hvp_lightning.methods.vicreg",
+    "BarlowTwins": "hvp_lightning.methods.barlow_twins",
     "SSLMethod": "hvp_lightning.methods.base",
     "METHODS": "hvp_lightning.methods",
     "HardViewMixin": "hvp_lightning.selection",
@@ -58,6 +62,10 @@ _EXPORTS = {
     "byol_pair_table": "hvp_lightning.losses",
     "mocov3_loss": "hvp_lightning.losses",
     "mocov3_pair_table": "hvp_lightning.losses",
+    "vicreg_loss": "hvp_lightning.losses",
+    "vicreg_pair_table": "hvp_lightning.losses",
+    "barlow_twins_loss": "hvp_lightning.losses",
+    "barlow_twins_pair_table": "hvp_lightning.losses",
     "ConfigError": "hvp_lightning.errors",
 }
 

@@ -89,6 +89,19 @@ def check_multicrop(cfg: DictConfig) -> None:
             fail(f"method.{key}", list(m[key]), "two numbers 0 < min <= max <= 1")
 
 
+def check_batch_loss(cfg: DictConfig) -> None:
+    """VICReg's loss weights and Barlow Twins' lambda and biases' learning rate: numbers in range."""
+    keys = {"vicreg": ("sim_coeff", "std_coeff", "cov_coeff"), "barlow_twins": ("lambd",)}[cfg.method.name]
+    for key in keys:
+        value = _get(cfg, f"method.{key}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            fail(f"method.{key}", value, "expected a number >= 0")
+    if cfg.method.name == "barlow_twins":
+        value = _get(cfg, "method.optimizer.base_lr_biases")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            fail("method.optimizer.base_lr_biases", value, "expected a number > 0")
+
+
 def check_ibot(cfg: DictConfig) -> None:
     """iBOT's own settings: a ViT backbone (patch tokens) and the masking and loss weights."""
     m, b = cfg.method, cfg.backbone
@@ -131,6 +144,8 @@ def check_options(cfg: DictConfig) -> None:
         check_ibot(cfg)
     if cfg.method.name in ("byol", "mocov3"):
         check_online_target(cfg)
+    if cfg.method.name in ("vicreg", "barlow_twins"):
+        check_batch_loss(cfg)
     check_candidate_counts(cfg)
     _check_trainer(cfg)
     _validate_distributed(cfg)

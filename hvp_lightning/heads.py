@@ -10,11 +10,13 @@ from torch import nn
 
 
 def mlp(in_dim: int, hidden_dim: int, out_dim: int, num_layers: int, last_bn: bool = True,
-        last_bn_affine: bool = True) -> nn.Sequential:
+        last_bn_affine: bool = True, last_bias: bool | None = None) -> nn.Sequential:
     """``num_layers`` Linear layers with BN+ReLU between them (SimSiam/SimCLR/BYOL style).
 
     ``last_bn`` appends a BatchNorm after the output layer (SimSiam's projector ends in BN
-    without affine parameters in the official code; its predictor does not).
+    without affine parameters in the official code; its predictor does not). The output layer
+    has a bias unless it is followed by BN or ``last_bias=False`` (VICReg and Barlow Twins,
+    whose losses centre the embeddings: a bias there would get no gradient).
     """
     if num_layers < 1:
         raise ValueError(f"num_layers must be >= 1, got {num_layers}")
@@ -23,7 +25,7 @@ def mlp(in_dim: int, hidden_dim: int, out_dim: int, num_layers: int, last_bn: bo
     for _ in range(num_layers - 1):
         layers += [nn.Linear(dim, hidden_dim, bias=False), nn.BatchNorm1d(hidden_dim), nn.ReLU(inplace=True)]
         dim = hidden_dim
-    layers.append(nn.Linear(dim, out_dim, bias=not last_bn))
+    layers.append(nn.Linear(dim, out_dim, bias=not last_bn if last_bias is None else last_bias))
     if last_bn:
         layers.append(nn.BatchNorm1d(out_dim, affine=last_bn_affine))
     return nn.Sequential(*layers)

@@ -63,7 +63,7 @@ def _one_step(cfg: DictConfig, state: dict[str, torch.Tensor], batch: dict[str, 
     """One training step (selection + loss + backward + DINO's centre step) of this rank's
     share; with world > 1 the model has synchronised BatchNorm (as train.py's plugin converts
     it) and DDP averages the gradients."""
-    model = METHODS[cfg.method.name](cfg)
+    model = METHODS[cfg.method.name](cfg).to(batch["views"][0].dtype)  # fp64 cases: see CASES
     model.load_state_dict(state)
     model.train()
     if world > 1:
@@ -91,11 +91,12 @@ def _steps(rank: int, world: int, cases: dict[str, tuple]) -> dict[str, dict[str
     return {name: _one_step(*case, rank, world) for name, case in cases.items()}
 
 
-def _case(cfg: DictConfig, b: int, seed: int) -> tuple[DictConfig, dict[str, torch.Tensor], dict[str, Any]]:
+def _case(cfg: DictConfig, b: int, seed: int,
+          dtype: torch.dtype = torch.float32) -> tuple[DictConfig, dict[str, torch.Tensor], dict[str, Any]]:
     torch.manual_seed(seed)
-    model = METHODS[cfg.method.name](cfg)
+    model = METHODS[cfg.method.name](cfg).to(dtype)
     g = torch.Generator().manual_seed(seed)
-    views = [torch.randn(b, 3, a.size, a.size, generator=g) for a in type(model).view_augs(cfg)]
+    views = [torch.randn(b, 3, a.size, a.size, generator=g).to(dtype) for a in type(model).view_augs(cfg)]
     batch = {"views": views, "label": torch.zeros(b, dtype=torch.long), "index": torch.arange(b)}
     return cfg, model.state_dict(), batch
 
@@ -112,6 +113,16 @@ CASES = {
     "byol": lambda: _case(make_cfg("method=byol_cifar", "+hvp=on", *RESNET, "method.pred_hidden_dim=32"), b=8, seed=3),
     "mocov3": lambda: _case(make_cfg("method=mocov3_cifar", "+hvp=on", *RESNET, "method.pred_hidden_dim=32"), b=8,
                             seed=4),
+    # Batch losses: the statistics are those of the global batch of 2B on every rank. VICReg
+    # gathers both ranks' embeddings (all_gather with gradient) for variance and covariance, its
+    # invariance is the rank's own mean (DDP's gradient average makes it the global one); Barlow
+    # Twins all-reduces the per-feature sums for the standardisation and the cross-correlation
+    # sum. The leave-one-out tables score against both ranks' reference pairs. SyncBatchNorm as
+    # for SimSiam. VICReg in fp64: at this random init its gradient is ill-conditioned (one
+    # process with 1 vs 2 intra-op threads already differs by ~1% in fp32), which would hide a
+    # real mismatch; in fp64 the comparison is tight.
+    "vicreg": lambda: _case(make_cfg("method=vicreg_cifar", "+hvp=on", *RESNET), b=8, seed=3, dtype=torch.float64),
+    "barlow_twins": lambda: _case(make_cfg("method=barlow_twins_cifar", "+hvp=on", *RESNET), b=8, seed=4),
 }
 
 
@@ -139,6 +150,9 @@ def test_ddp_step_equals_single_process_with_global_batch(ddp_vs_single, case: s
     single, ranks = ddp_vs_single[case]
     assert torch.equal(torch.cat([r["choice"] for r in ranks]), single["choice"])
     torch.testing.assert_close(torch.stack([r["loss"] for r in ranks]).mean(), single["loss"], rtol=1e-5, atol=1e-6)
+    if case == "barlow_twins":  # every term is a statistic of the global batch: each rank's loss is the 2B loss
+        for r in ranks:
+            torch.testing.assert_close(r["loss"], single["loss"], rtol=1e-5, atol=1e-6)
     assert single["grads"].keys() == ranks[0]["grads"].keys() and single["grads"]
     for name, grad in single["grads"].items():
         for r in ranks:  # DDP leaves the same averaged gradient on every rank
@@ -196,7 +210,8 @@ def test_sync_batchnorm_single_process_is_batchnorm() -> None:
 # --- learning rate: base_lr x global batch / 256 --------------------------------------------------
 
 PRESETS = ["simsiam", "simsiam_cifar", "simclr", "simclr_cifar", "dino", "dino_cifar", "ibot", "ibot_cifar",
-           "byol", "byol_cifar", "mocov3", "mocov3_cifar", "mocov3_vit"]
+           "byol", "byol_cifar", "mocov3", "mocov3_cifar", "mocov3_vit", "vicreg",
+           "vicreg_cifar", "barlow_twins", "barlow_twins_cifar"]
 
 
 def _small(preset: str) -> list[str]:
@@ -225,8 +240,10 @@ def test_lr_scales_with_global_batch(preset: str) -> None:
     end = o.min_lr if o.get("min_lr") is not None else o.final_lr_ratio * peak
     assert (o.get("min_lr") is not None) == preset.startswith(("dino", "ibot"))
     groups, lambdas = out["optimizer"].param_groups, out["lr_scheduler"]["scheduler"].lr_lambdas
-    for group, schedule in zip(groups, lambdas):
-        assert group["initial_lr"] == pytest.approx(peak)
+    scales = [1.0, o.base_lr_biases / o.base_lr] if preset.startswith("barlow_twins") else [1.0] * len(groups)
+    assert len(groups) == len(scales)
+    for group, schedule, scale in zip(groups, lambdas, scales):  # Barlow Twins: biases/BN at their own lr
+        assert group["initial_lr"] == pytest.approx(peak * scale)
         fixed = group.get("fixed_lr", False)  # SimSiam's predictor (fix_pred_lr) keeps the peak lr
         assert schedule(1000) * peak == pytest.approx(peak if fixed else end, abs=1e-12)
 
@@ -320,6 +337,8 @@ METHOD_OVERRIDES = {
     "ibot": ["method=ibot_cifar", *VIT, "method.patch_out_dim=64"],
     "byol": ["method=byol_cifar", *RESNET, "method.pred_hidden_dim=16"],
     "mocov3": ["method=mocov3_cifar", *RESNET, "method.pred_hidden_dim=16"],
+    "vicreg": ["method=vicreg_cifar", *RESNET],
+    "barlow_twins": ["method=barlow_twins_cifar", *RESNET],
 }
 
 
@@ -368,11 +387,12 @@ def test_ddp_train_simsiam_resnet_sync_batchnorm(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["simclr", "dino", "ibot", "byol", "mocov3"])
+@pytest.mark.parametrize("method", ["simclr", "dino", "ibot", "byol", "mocov3", "vicreg", "barlow_twins"])
 def test_ddp_train_every_method(method: str, tmp_path: Path) -> None:
     """SimCLR (ResNet, synchronised BatchNorm, negatives from both ranks), DINO and iBOT (ViT:
     nothing to synchronise, all-reduced centres), BYOL and MoCo v3 (ResNet, target included in
-    the synchronised BatchNorm; MoCo v3's keys from both ranks)."""
+    the synchronised BatchNorm; MoCo v3's keys from both ranks), VICReg and Barlow Twins (ResNet,
+    synchronised BatchNorm, batch statistics over both ranks)."""
     summary, stdout = _ddp_run(method, tmp_path, "eval.at_start=false")
     _check_world_size_two(method, summary, stdout)
     vit = method in ("dino", "ibot")

@@ -204,19 +204,21 @@ def test_multirun_writes_one_row_per_job_and_a_failed_job_says_so(tmp_path, full
     assert failed["error"].startswith("ConfigError: hvp.num_views=1 is not allowed")
 
 
-def test_multirun_over_byol_and_mocov3_fills_the_table(tmp_path):
-    """``train.py -m method=byol_cifar,mocov3_cifar +hvp=on``: a row per method with its results and
-    HVP's statistics (the table needs nothing method-specific; this checks the new methods give it all)."""
+@pytest.mark.parametrize("methods", [("byol_cifar", "mocov3_cifar"), ("vicreg_cifar", "barlow_twins_cifar")])
+def test_multirun_over_new_methods_fills_the_table(tmp_path, methods):
+    """``train.py -m method=byol_cifar,mocov3_cifar +hvp=on`` (and VICReg, Barlow Twins): a row per
+    method with its results and HVP's statistics (the table needs nothing method-specific; this
+    checks the new methods give it all)."""
     write_tiny_experiment(tmp_path / "conf")
     sweep = tmp_path / "sweep"
     proc = subprocess.run(
-        [sys.executable, "train.py", "-m", "--config-dir", str(tmp_path / "conf"), "method=byol_cifar,mocov3_cifar",
+        [sys.executable, "train.py", "-m", "--config-dir", str(tmp_path / "conf"), f"method={','.join(methods)}",
          "+experiment=tiny", "logger=csv", "+hvp=on", f"hydra.sweep.dir={sweep}"],
         cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     columns, rows = rows_of((sweep / FILENAME).read_text())
-    assert columns[:2] == ["method", "experiment"] and [r["method"] for r in rows] == ["byol_cifar", "mocov3_cifar"]
+    assert columns[:2] == ["method", "experiment"] and [r["method"] for r in rows] == list(methods)
     for row in rows:
         summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
         assert summary["method"] == row["method"].removesuffix("_cifar") and row["status"] == "ok"

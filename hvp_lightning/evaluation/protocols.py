@@ -11,7 +11,7 @@ from ..options import OPTIMIZERS
 
 # Finetune tables: which one a method's checkpoint uses (the paper has DINO ViT-S and SimSiam RN50).
 FINETUNE_TABLE = {"dino": "dino", "ibot": "dino", "simsiam": "simsiam", "simclr": "simsiam",
-                 "byol": "simsiam", "mocov3": "simsiam"}
+                  "byol": "simsiam", "mocov3": "simsiam", "vicreg": "simsiam", "barlow_twins": "simsiam"}
 
 
 def protocol_settings(p: DictConfig, method: str, dataset: str) -> dict[str, Any]:

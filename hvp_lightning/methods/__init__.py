@@ -1,5 +1,6 @@
 """Method registry: ``METHODS[name]`` is the LightningModule class for ``method.name``."""
 
+from .barlow_twins import BarlowTwins
 from .base import SSLMethod
 from .byol import BYOL
 from .dino import DINO
@@ -7,8 +8,9 @@ from .ibot import IBOT
 from .mocov3 import MoCoV3
 from .simclr import SimCLR
 from .simsiam import SimSiam
+from .vicreg import VICReg
 
 METHODS: dict[str, type[SSLMethod]] = {"dino": DINO, "ibot": IBOT, "simsiam": SimSiam, "simclr": SimCLR,
-                                     "byol": BYOL, "mocov3": MoCoV3}
+                                     "byol": BYOL, "mocov3": MoCoV3, "vicreg": VICReg, "barlow_twins": BarlowTwins}
 
-__all__ = ["BYOL", "DINO", "IBOT", "METHODS", "MoCoV3", "SSLMethod", "SimCLR", "SimSiam"]
+__all__ = ["BYOL", "DINO", "IBOT", "METHODS", "BarlowTwins", "MoCoV3", "SSLMethod", "SimCLR", "SimSiam", "VICReg"]

@@ -56,6 +56,8 @@ class SSLMethod(L.LightningModule):
         return self.ssl_step(batch, batch_idx)
 
     def param_groups(self) -> list[dict[str, Any]]:
+        """Optimiser parameter groups; a group may carry ``fixed_lr`` (no schedule) or ``lr_scale``
+        (its peak lr relative to the scaled ``base_lr``)."""
         return [{"params": [p for p in self.parameters() if p.requires_grad]}]
 
     def configure_model(self) -> None:
@@ -89,6 +91,9 @@ class SSLMethod(L.LightningModule):
         # DINO/iBOT end the cosine at an absolute min_lr (1e-6) whatever the batch; the others at a ratio (0).
         final_ratio = opt_cfg.min_lr / lr if opt_cfg.get("min_lr") is not None else opt_cfg.final_lr_ratio
         groups = self.param_groups()
+        for g in groups:  # a group's own lr relative to the others' (Barlow Twins' biases)
+            if "lr_scale" in g:
+                g["lr"] = lr * g.pop("lr_scale")
         if opt_cfg.name not in OPTIMIZERS:
             raise ValueError(f"method.optimizer.name={opt_cfg.name!r}; allowed: {', '.join(OPTIMIZERS)}")
         opt = make_optimizer(opt_cfg.name, groups, lr, opt_cfg.weight_decay, opt_cfg.get("momentum", 0.9),

@@ -1,14 +1,12 @@
 """BYOL and MoCo v3's shared online/target module (methods/momentum.py): the target starts as a
 frozen copy and is not optimised, the selection pass leaves every parameter, buffer (target
 included) and the RNG untouched, one baseline step equals a hand-written official step (loss,
-SGD update, momentum target), and a tiny ``+hvp=on`` run of each method with hvp-export and
-eval.py (k-NN, linear probe) on its checkpoint."""
+SGD update, momentum target). The tiny ``+hvp=on`` runs are in test_tiny_runs.py."""
 
 from __future__ import annotations
 
 import copy
 import math
-from pathlib import Path
 
 import lightning as L
 import pytest
@@ -16,12 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hvp_lightning import export
-from hvp_lightning.backbones import build_resnet
-from hvp_lightning.evaluation import evaluate
 from hvp_lightning.methods import METHODS
 
-from ..conftest import eval_cfg, make_cfg, score_and_assert_stateless
+from ..conftest import make_cfg, score_and_assert_stateless
 
 # Tiny networks: ResNet-18 CIFAR stem at width 8, 16 px crops, small heads.
 SMALL = ["backbone.width=8", "data.crop_size=16", "method.proj_hidden_dim=32", "method.proj_dim=16",
@@ -132,36 +127,6 @@ def test_baseline_step_equals_hand_written_official_step(method: str) -> None:
         for (n, got), want in zip(model.target[name].named_parameters(), target[name].parameters()):
             torch.testing.assert_close(got, want, msg=f"target.{name}.{n}")
         assert not torch.equal(next(model.target[name].parameters()), next(getattr(model, name).parameters()))
-
-
-@pytest.mark.parametrize("method", ["byol", "mocov3"])
-def test_tiny_train_with_hvp(method: str, tmp_path: Path) -> None:
-    """``+hvp=on`` on the built-in data for one epoch; the hard choice's loss is at least the
-    candidates' mean; the target moved and is in the checkpoint."""
-    from hvp_lightning.train import run
-
-    summary = run(make_cfg(f"method={method}_cifar", "+hvp=on", "data.image_size=16", "method.pred_hidden_dim=32"),
-                  tmp_path)
-    assert summary["method"] == method and summary["hvp_enabled"] is True and summary["steps"] == 4
-    assert summary["train_loss"] is not None and math.isfinite(summary["train_loss"])
-    assert summary["hvp"]["selected_samples"] == 64
-    assert summary["hvp"]["selection_selected_loss_mean"] >= summary["hvp"]["selection_candidate_loss_mean"]
-    assert summary["knn_top1"] is not None
-    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
-    w, t = state["projector.0.weight"], state["target.projector.0.weight"]
-    assert w.shape == t.shape and not torch.equal(w, t)
-    # The console commands on that checkpoint: hvp-export writes the online backbone (what both
-    # papers evaluate), eval.py's k-NN repeats the run's final monitor, the linear probe takes
-    # the method's own recipe (conf/protocol/linear.yaml).
-    assert export.main([str(tmp_path), str(tmp_path / "backbone.pth")]) == 0
-    exported = torch.load(tmp_path / "backbone.pth", weights_only=True)
-    build_resnet("resnet18", width=8, cifar_stem=True).trunk.load_state_dict(exported, strict=True)
-    torch.testing.assert_close(exported["conv1.weight"], state["backbone.trunk.conv1.weight"])
-    assert not torch.equal(exported["conv1.weight"], state["target.backbone.trunk.conv1.weight"])
-    knn = evaluate(eval_cfg(f"ckpt={tmp_path}", "protocol=knn"))
-    assert knn["features"] == "backbone" and knn["metrics"]["k20"]["top1"] == summary["knn_top1"]
-    linear = evaluate(eval_cfg(f"ckpt={tmp_path}", "protocol=linear", "protocol.epochs=1", "protocol.batch_size=32"))
-    assert linear["settings"]["recipe"] == method and 0 <= linear["metrics"]["top1"] <= 1
 
 
 def build_preset(preset: str) -> nn.Module:

@@ -1,0 +1,28 @@
+"""VICReg (Bardes, Ponce and LeCun, ICLR 2022, https://arxiv.org/abs/2105.04906) with Hard View Pretraining.
+
+The loss (:func:`~hvp_lightning.losses.vicreg.vicreg_loss`) is the official one: MSE invariance,
+variance hinge and covariance penalty, the last two over every rank's embeddings. Candidate
+pairs are scored by the leave-one-out increase of that batch loss (docs/DESIGN.md, section 3).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..losses.vicreg import vicreg_loss_terms, vicreg_pair_table
+from .batch_stats import BatchLossMethod
+
+
+class VICReg(BatchLossMethod):
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        m = self.cfg.method
+        self.coeffs = (float(m.sim_coeff), float(m.std_coeff), float(m.cov_coeff))
+
+    def batch_loss(self, z1: torch.Tensor, z2: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        terms = vicreg_loss_terms(z1, z2, gather=True)
+        loss = sum(c * t for c, t in zip(self.coeffs, terms))
+        return loss, dict(zip(("invariance", "variance", "covariance"), terms))  # type: ignore[return-value]
+
+    def pair_table(self, z: torch.Tensor, reference: tuple[torch.Tensor, torch.Tensor], offset: int) -> torch.Tensor:
+        return vicreg_pair_table(z, *self.coeffs, reference=reference, offset=offset)

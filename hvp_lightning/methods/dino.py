@@ -1,4 +1,4 @@
-"""DINO (Caron et al., ICCV 2021), multi-crop, with exact Hard View Pretraining.
+"""DINO (Caron et al., ICCV 2021, https://arxiv.org/abs/2104.14294), multi-crop, with exact Hard View Pretraining.
 
 Loss (official, per sample): :mod:`hvp_lightning.losses.dino`.
 

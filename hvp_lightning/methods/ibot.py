@@ -1,5 +1,5 @@
-"""iBOT (Zhou et al., ICLR 2022): DINO's CLS self-distillation plus masked image modelling
-on patch tokens, with exact Hard View Pretraining over the global views.
+"""iBOT (Zhou et al., ICLR 2022, https://arxiv.org/abs/2111.07832): DINO's CLS self-distillation plus
+masked image modelling on patch tokens, with exact Hard View Pretraining over the global views.
 
 Loss (official ``iBOTLoss``): the student sees its two global crops with blockwise masks
 (masked patch embeddings replaced by a learned token) and its L local crops unmasked; the

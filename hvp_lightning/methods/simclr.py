@@ -1,4 +1,4 @@
-"""SimCLR (Chen et al., ICML 2020) with Hard View Pretraining.
+"""SimCLR (Chen et al., ICML 2020, https://arxiv.org/abs/2002.05709) with Hard View Pretraining.
 
 Loss (official NT-Xent): every L2-normalised embedding is an anchor whose positive is the
 other view of its image and whose negatives are the other 2B-2 embeddings of the batch

@@ -1,4 +1,4 @@
-"""SimSiam (Chen & He, CVPR 2021) with Hard View Pretraining.
+"""SimSiam (Chen & He, CVPR 2021, https://arxiv.org/abs/2011.10566) with Hard View Pretraining.
 
 The loss and the candidate pair table: :mod:`hvp_lightning.losses.simsiam`.
 """

@@ -82,7 +82,7 @@ def frozen_state(module: nn.Module, device: torch.device) -> Iterator[None]:
 
     Args:
         module: The host module whose forward scores the candidates.
-        device: Device whose RNG is forked with the CPU's (the data's device).
+        device: The data's device; a CUDA device's RNG is forked along with the CPU's.
 
     Returns:
         A context manager (generator-based); the selection forward runs inside it.

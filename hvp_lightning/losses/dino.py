@@ -42,7 +42,7 @@ def dino_loss(teacher_out: Sequence[torch.Tensor], student_out: Sequence[torch.T
     Args:
         teacher_out: Teacher logits of the 2 global crops, each ``(B, K)``.
         student_out: Student logits of the 2 globals then the L locals, each ``(B, K)``.
-        center: Teacher centre ``(1, K)`` or ``(K,)``, subtracted before the teacher softmax.
+        center: Teacher centre ``(1, K)``, subtracted before the teacher softmax.
         tau_t: Teacher temperature.
         tau_s: Student temperature.
 
@@ -72,7 +72,7 @@ def dino_ce_table(teacher: torch.Tensor, student: torch.Tensor, center: torch.Te
     Args:
         teacher: Teacher logits of the G candidate globals, ``(G, B, K)``.
         student: Student logits of the G globals then the local crops, ``(V, B, K)``.
-        center: Teacher centre, broadcastable to ``(K,)``.
+        center: Teacher centre ``(1, K)``.
         tau_t: Teacher temperature.
         tau_s: Student temperature.
 

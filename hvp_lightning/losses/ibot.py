@@ -61,8 +61,8 @@ def ibot_loss(teacher_cls: Sequence[torch.Tensor], student_cls: Sequence[torch.T
         teacher_patch: Teacher patch logits of the globals, each ``(B, N, K2)`` (N patch tokens).
         student_patch: Student patch logits of the (masked) globals, each ``(B, N, K2)``.
         masks: One boolean mask per global, ``(B, N)`` or ``(B, h, w)``; True = masked token.
-        center: CLS teacher centre, broadcastable to ``(K,)``.
-        center2: Patch teacher centre, broadcastable to ``(K2,)``.
+        center: CLS teacher centre ``(1, K)``.
+        center2: Patch teacher centre ``(1, K2)``.
         tau_t: CLS teacher temperature.
         tau_t2: Patch teacher temperature.
         tau_s: Student temperature.

@@ -4,7 +4,11 @@ importing the config validation (which imports the method registry)."""
 
 class ConfigError(ValueError):
     """A config value (or a checkpoint it names) is not allowed; the message is meant for the
-    user as is: the key, the bad value and what is allowed."""
+    user as is: the key, the bad value and what is allowed.
+
+    Args:
+        *args: The message (as for :class:`ValueError`).
+    """
 
 
 class CheckpointError(ConfigError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
 import subprocess
 import sys
 import zipfile
@@ -146,3 +147,24 @@ def test_design_module_map_names_files_that_exist() -> None:
     assert len(named) > 30
     missing = sorted(p for p in named if not (REPO / "hvp_lightning" / p).exists())
     assert missing == []
+
+
+def test_every_public_name_documents_its_arguments_and_result() -> None:
+    # The rule for the public API (issue 27): a docstring on every exported function and class,
+    # with "Args:" and "Returns:" for functions that take parameters, "Args:" for classes --
+    # checked over the public listing, so a newly exported name must follow it too.
+    missing = []
+    for name in hvp_lightning.__all__:
+        obj = getattr(hvp_lightning, name)
+        if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+            continue  # __version__, METHODS: data, not API with a signature
+        doc = inspect.getdoc(obj) or ""
+        if not doc:
+            missing.append(f"{name}: no docstring")
+            continue
+        if inspect.isclass(obj):
+            needed = ["Args:"]
+        else:
+            needed = ["Args:", "Returns:"] if inspect.signature(obj).parameters else []
+        missing += [f"{name}: no {section!r} section" for section in needed if section not in doc]
+    assert not missing, missing

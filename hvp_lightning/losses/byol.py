@@ -19,7 +19,17 @@ from .precision import exact_fp32
 def byol_loss(p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     """Per-sample symmetrised BYOL loss ``[B]`` of online predictions ``p1``, ``p2`` and target
     projections ``z1``, ``z2`` ``[B, D]`` (detached here); its mean is the official loss.
-    In fp32 under mixed precision (cosines of bf16 vectors carry ~1e-2 error)."""
+    In fp32 under mixed precision (cosines of bf16 vectors carry ~1e-2 error).
+
+    Args:
+        p1: Online prediction of view 1, ``(B, D)``.
+        p2: Online prediction of view 2, ``(B, D)``.
+        z1: Target projection of view 1, ``(B, D)``; detached here.
+        z2: Target projection of view 2, ``(B, D)``; detached here.
+
+    Returns:
+        ``(B,)`` float32 on the inputs' device.
+    """
     p1, p2, z1, z2 = p1.float(), p2.float(), z1.detach().float(), z2.detach().float()
     return 4 - 2 * (F.cosine_similarity(p1, z2, dim=-1) + F.cosine_similarity(p2, z1, dim=-1))
 
@@ -31,6 +41,13 @@ def byol_pair_table(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     Column c is pair ``pair_index(N)[c]``; entry (b, c) equals ``byol_loss`` of sample b on
     that pair. In fp32 even under a low-precision selection autocast: the argmax must rank
     the loss the method computes.
+
+    Args:
+        p: Online predictions of the N candidate views, ``(N, B, D)``.
+        z: Target projections of the same views, ``(N, B, D)``.
+
+    Returns:
+        ``(B, N(N-1)/2)`` float32 on ``p``'s device, columns in ``pair_index(N)`` order.
     """
     with exact_fp32(p.device.type):
         cos = torch.einsum("kbd,lbd->bkl", F.normalize(p.float(), dim=-1), F.normalize(z.float(), dim=-1))

@@ -37,7 +37,18 @@ def dino_loss(teacher_out: Sequence[torch.Tensor], student_out: Sequence[torch.T
               tau_t: float, tau_s: float) -> torch.Tensor:
     """Official DINO loss per sample ``[B]``: teacher crop i against every student crop
     j != i (student crops 0, 1 are the same globals as the teacher's), averaged over the
-    ``2 * (2 + L) - 2 = 2L + 2`` terms. ``.mean()`` of it is the official batch loss."""
+    ``2 * (2 + L) - 2 = 2L + 2`` terms. ``.mean()`` of it is the official batch loss.
+
+    Args:
+        teacher_out: Teacher logits of the 2 global crops, each ``(B, K)``.
+        student_out: Student logits of the 2 globals then the L locals, each ``(B, K)``.
+        center: Teacher centre ``(1, K)``, subtracted before the teacher softmax.
+        tau_t: Teacher temperature.
+        tau_s: Student temperature.
+
+    Returns:
+        ``(B,)`` float32 on the logits' device.
+    """
     qs = [teacher_probs(t, center, tau_t) for t in teacher_out]
     logps = [student_log_probs(s, tau_s) for s in student_out]
     total: torch.Tensor | float = 0.0
@@ -56,7 +67,18 @@ def dino_loss(teacher_out: Sequence[torch.Tensor], student_out: Sequence[torch.T
 def dino_ce_table(teacher: torch.Tensor, student: torch.Tensor, center: torch.Tensor, tau_t: float,
                   tau_s: float) -> torch.Tensor:
     """Every teacher/student cross-entropy at once: ``teacher [G, B, K]``, ``student [V, B, K]``
-    -> ``[B, G, V]`` with entry (b, g, v) = ``CE_b(g -> v)``."""
+    -> ``[B, G, V]`` with entry (b, g, v) = ``CE_b(g -> v)``.
+
+    Args:
+        teacher: Teacher logits of the G candidate globals, ``(G, B, K)``.
+        student: Student logits of the G globals then the local crops, ``(V, B, K)``.
+        center: Teacher centre ``(1, K)``.
+        tau_t: Teacher temperature.
+        tau_s: Student temperature.
+
+    Returns:
+        ``(B, G, V)`` float32 on ``teacher``'s device (computed in fp32 even under autocast).
+    """
     # fp32 even under mixed precision: the argmax must rank the loss the method computes.
     with exact_fp32(teacher.device.type):
         q = teacher_probs(teacher, center, tau_t)

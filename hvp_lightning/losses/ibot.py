@@ -53,7 +53,28 @@ def ibot_loss(teacher_cls: Sequence[torch.Tensor], student_cls: Sequence[torch.T
               masks: Sequence[torch.Tensor], center: torch.Tensor, center2: torch.Tensor, tau_t: float,
               tau_t2: float, tau_s: float, lambda1: float = 1.0, lambda2: float = 1.0) -> torch.Tensor:
     """Official iBOT loss per sample ``[B]``: ``lambda1 * CLS_b + lambda2 * mean_i M_b(i)``;
-    its ``.mean()`` is the official batch loss (CLS over ``2L + 2`` terms, patch over 2)."""
+    its ``.mean()`` is the official batch loss (CLS over ``2L + 2`` terms, patch over 2).
+
+    Args:
+        teacher_cls: Teacher CLS logits of the 2 globals, each ``(B, K)``.
+        student_cls: Student CLS logits of the 2 globals then the L locals, each ``(B, K)``.
+        teacher_patch: Teacher patch logits of the globals, each ``(B, N, K2)`` (N patch tokens).
+        student_patch: Student patch logits of the (masked) globals, each ``(B, N, K2)``.
+        masks: One boolean mask per global, ``(B, N)`` or ``(B, h, w)``; True = masked token.
+        center: CLS teacher centre ``(1, K)``.
+        center2: Patch teacher centre ``(1, K2)``.
+        tau_t: CLS teacher temperature.
+        tau_t2: Patch teacher temperature.
+        tau_s: Student temperature.
+        lambda1: Weight of the CLS term.
+        lambda2: Weight of the masked-patch term.
+
+    Returns:
+        ``(B,)`` float32 on the logits' device.
+
+    Raises:
+        ValueError: If the teacher/student patch outputs, masks and teacher CLS outputs differ in number.
+    """
     cls, patch = ibot_loss_terms(teacher_cls, student_cls, teacher_patch, student_patch, masks, center, center2,
                                  tau_t, tau_t2, tau_s)
     return lambda1 * cls + lambda2 * patch
@@ -67,7 +88,18 @@ def ibot_pair_table(ce: torch.Tensor, patch_terms: torch.Tensor, pairs: torch.Te
     ``ce`` ``[B, G, G + L]`` is DINO's CLS cross-entropy table (teacher global -> student
     global/local, :func:`dino_ce_table`), ``patch_terms`` ``[B, G]`` the ``M_b(g)``. Entry
     (b, (g1, g2)) = ``lambda1 * CLS bracket / (2L + 2) + lambda2 * (M_b(g1) + M_b(g2)) / 2``
-    = :func:`ibot_loss` of that pair."""
+    = :func:`ibot_loss` of that pair.
+
+    Args:
+        ce: CLS cross-entropy table ``(B, G, G + L)`` from :func:`dino_ce_table`.
+        patch_terms: Masked-patch term of each global ``(B, G)``.
+        pairs: Candidate global pairs ``(P, 2)`` (int64, any device; moved to ``ce``'s).
+        lambda1: Weight of the CLS term.
+        lambda2: Weight of the masked-patch term.
+
+    Returns:
+        ``(B, P)`` on ``ce``'s device, one column per row of ``pairs``.
+    """
     bsz, g, v = ce.shape
     pairs = pairs.to(ce.device)
     locals_ = torch.arange(v - g, device=ce.device).expand(bsz, pairs.shape[0], v - g)

@@ -29,7 +29,19 @@ def mocov3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.
                 gather: bool = False) -> torch.Tensor:
     """Per-sample symmetrised MoCo v3 loss ``[B]`` for queries ``q1``, ``q2`` and keys ``k1``,
     ``k2`` ``[B, D]`` (keys detached here); its mean is the official loss. ``gather=True``
-    takes the keys of every rank (local ones at this rank's offset), as the official code."""
+    takes the keys of every rank (local ones at this rank's offset), as the official code.
+
+    Args:
+        q1: Queries of view 1, ``(B, D)``.
+        q2: Queries of view 2, ``(B, D)``.
+        k1: Momentum-encoder keys of view 1, ``(B, D)``.
+        k2: Momentum-encoder keys of view 2, ``(B, D)``.
+        temperature: Softmax temperature (> 0).
+        gather: Keys from all DDP ranks (every rank must pass the same ``B``).
+
+    Returns:
+        ``(B,)`` float32 on the inputs' device.
+    """
     q1, q2 = F.normalize(q1.float(), dim=-1), F.normalize(q2.float(), dim=-1)
     k1, k2 = F.normalize(k1.detach().float(), dim=-1), F.normalize(k2.detach().float(), dim=-1)
     offset = 0
@@ -51,6 +63,15 @@ def mocov3_pair_table(q: torch.Tensor, keys: torch.Tensor, temperature: float, o
     Column c is pair ``(k, l) = pair_index(N)[c]``; entry (b, c) equals
     ``mocov3_loss(q[k], q[l], keys[k], keys[l], gather=True)[b]``. One ``[N*B, N*M]``
     similarity matrix and one log-sum-exp per (query set, key set) give all pairs.
+
+    Args:
+        q: Queries of the N candidate views, ``(N, B, D)``.
+        keys: Keys of the N candidate views, ``(N, M, D)``.
+        temperature: Softmax temperature (> 0).
+        offset: Index of this rank's first sample in ``keys``' batch dimension.
+
+    Returns:
+        ``(B, N(N-1)/2)`` float32 on ``q``'s device, columns in ``pair_index(N)`` order.
     """
     n, b, _ = q.shape
     qn = F.normalize(q.float(), dim=-1)

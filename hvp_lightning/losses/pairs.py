@@ -11,5 +11,12 @@ def pair_index(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     The order is row-major (``(0,1), (0,2), ..., (n-2,n-1)``), so with ``n == 2`` the only
     pair is ``(0, 1)`` -- the baseline's pair. Inside a step pass ``device``: that of the
     choice or table it meets (a CPU pair table indexed by a GPU choice fails on GPU).
+
+    Args:
+        n: Number of candidate views (>= 2 for a non-empty result).
+        device: Device of the result.
+
+    Returns:
+        int64 ``(n(n-1)/2, 2)`` on ``device``.
     """
     return torch.triu_indices(n, n, offset=1, device=device).T.contiguous()

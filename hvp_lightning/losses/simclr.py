@@ -41,6 +41,15 @@ def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float, gather:
     Sample b's value is the mean of the anchor terms ``z1_b -> z2_b`` and ``z2_b -> z1_b``,
     each a cross-entropy against all other 2B-1 embeddings. ``gather=True`` takes the keys
     from every rank (see :func:`gather_with_grad`), so negatives span the global batch.
+
+    Args:
+        z1: Projections of view 1, ``(B, D)``, any float dtype (computed in fp32).
+        z2: Projections of view 2, ``(B, D)``.
+        temperature: Softmax temperature ``tau`` (> 0).
+        gather: Take negatives from all DDP ranks (every rank must pass the same ``B``).
+
+    Returns:
+        ``(B,)`` float32 on the inputs' device.
     """
     q1, q2 = F.normalize(z1.float(), dim=-1), F.normalize(z2.float(), dim=-1)
     if gather:
@@ -73,6 +82,15 @@ def simclr_pair_table(z: torch.Tensor, temperature: float, keys: torch.Tensor | 
     ``z_j^c`` (self masked), the denominator of anchor ``a`` in pair ``{a, c}`` is
     ``logaddexp(lse_j S[a,b,a,j], lse_j S[a,b,c,j])``, so one ``[N*B, N*M]`` matrix and one
     log-sum-exp per (anchor set, key set) give all pairs -- no loop over pairs or samples.
+
+    Args:
+        z: Projections of the N candidate views, ``(N, B, D)``.
+        temperature: Softmax temperature ``tau`` (> 0).
+        keys: Optional all-rank candidates ``(N, M, D)``, ``M = world_size * B``; ``None``: ``z`` itself.
+        offset: Index of this rank's first sample in ``keys``' batch dimension.
+
+    Returns:
+        ``(B, N(N-1)/2)`` float32 on ``z``'s device, columns in ``pair_index(N)`` order.
     """
     n, b, _ = z.shape
     q = F.normalize(z.float(), dim=-1)

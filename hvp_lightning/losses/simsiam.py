@@ -16,7 +16,17 @@ from .precision import exact_fp32
 
 def simsiam_loss(p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
     """Per-sample SimSiam loss ``[B]``; the mean over the batch is the official loss.
-    In fp32 under mixed precision (cosines of bf16 vectors carry ~1e-2 error)."""
+    In fp32 under mixed precision (cosines of bf16 vectors carry ~1e-2 error).
+
+    Args:
+        p1: Predictor output of view 1, ``(B, D)``, any float dtype.
+        p2: Predictor output of view 2, ``(B, D)``.
+        z1: Projector output of view 1, ``(B, D)``; detached (stop-gradient) here.
+        z2: Projector output of view 2, ``(B, D)``; detached here.
+
+    Returns:
+        ``(B,)`` float32 on the inputs' device, ``-(cos(p1, z2) + cos(p2, z1)) / 2`` per sample.
+    """
     p1, p2, z1, z2 = p1.float(), p2.float(), z1.detach().float(), z2.detach().float()
     return -0.5 * (F.cosine_similarity(p1, z2, dim=-1) + F.cosine_similarity(p2, z1, dim=-1))
 
@@ -27,6 +37,13 @@ def simsiam_pair_table(p: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     Column c is pair ``pair_index(N)[c]``; entry (b, c) equals ``simsiam_loss`` of sample b
     on that pair. In fp32 even under a low-precision selection autocast: the argmax must rank
     the loss the method computes.
+
+    Args:
+        p: Predictor outputs of the N candidate views, ``(N, B, D)``.
+        z: Projector outputs of the same views, ``(N, B, D)`` (the caller passes them without gradient).
+
+    Returns:
+        ``(B, N(N-1)/2)`` float32 on ``p``'s device, columns in ``pair_index(N)`` order.
     """
     with exact_fp32(p.device.type):
         cos = torch.einsum("kbd,lbd->bkl", F.normalize(p.float(), dim=-1), F.normalize(z.float(), dim=-1))

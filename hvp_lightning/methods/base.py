@@ -23,7 +23,11 @@ from ..selection import hvp_config
 
 class SSLMethod(L.LightningModule):
     """Everything a method needs that is not its loss. Subclasses implement ``ssl_step``
-    and may override ``param_groups`` (e.g. SimSiam's fixed-LR predictor)."""
+    and may override ``param_groups`` (e.g. SimSiam's fixed-LR predictor).
+
+    Args:
+        cfg: The run config (``DictConfig`` or plain dict); a plain dict is converted.
+    """
 
     def __init__(self, cfg: DictConfig | dict) -> None:
         super().__init__()

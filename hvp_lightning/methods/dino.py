@@ -1,4 +1,4 @@
-"""DINO (Caron et al., ICCV 2021), multi-crop, with exact Hard View Pretraining.
+"""DINO (Caron et al., ICCV 2021, https://arxiv.org/abs/2104.14294), multi-crop, with exact Hard View Pretraining.
 
 Loss (official, per sample): :mod:`hvp_lightning.losses.dino`.
 
@@ -64,6 +64,16 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
 
     EMA teacher, temperature and weight-decay schedules, clipping, last-layer freeze and
     their behaviour under gradient accumulation: :class:`~hvp_lightning.teacher.TeacherStudentMixin`.
+
+    Config keys read (``method.*``): head (``out_dim``, ``head_hidden_dim``, ``bottleneck_dim``,
+    ``head_layers``, ``use_bn_in_head``, ``norm_last_layer``), teacher (``momentum_teacher``,
+    ``teacher_temp``, ``warmup_teacher_temp``, ``warmup_teacher_temp_epochs``, ``center_momentum``,
+    ``teacher_reuse``), ``student_temp``, ``freeze_last_layer``, ``clip_grad``, multi-crop
+    (``num_local_crops``, ``local_crop_size``, ``global_scale``, ``local_scale``, blur/solarize
+    probabilities), plus :class:`SSLMethod`'s (``batch_size``, ``optimizer``).
+
+    Args:
+        cfg: The run config (``DictConfig`` or plain dict): ``method``, ``backbone``, ``hvp``, ...
     """
 
     def __init__(self, cfg: DictConfig | dict) -> None:

@@ -1,5 +1,5 @@
-"""iBOT (Zhou et al., ICLR 2022): DINO's CLS self-distillation plus masked image modelling
-on patch tokens, with exact Hard View Pretraining over the global views.
+"""iBOT (Zhou et al., ICLR 2022, https://arxiv.org/abs/2111.07832): DINO's CLS self-distillation plus
+masked image modelling on patch tokens, with exact Hard View Pretraining over the global views.
 
 Loss (official ``iBOTLoss``): the student sees its two global crops with blockwise masks
 (masked patch embeddings replaced by a learned token) and its L local crops unmasked; the
@@ -67,6 +67,16 @@ class IBOT(DINO):
     the mixin chooses a column; :meth:`select_views` gathers that pair's crops *and masks*
     (and, with teacher reuse, the selection's teacher CLS/patch logits); the L locals pass
     through unchanged. The off-step combination (column 0) is globals 0 and 1, the baseline.
+
+    Config keys read (``method.*``): DINO's (see :class:`DINO`) plus ``patch_out_dim``,
+    ``shared_head``, ``lambda1``, ``lambda2``, ``teacher_patch_temp``, ``warmup_teacher_patch_temp``,
+    ``center_momentum2`` and the masks' ``mask_prob``, ``mask_ratio``, ``mask_min_aspect``.
+
+    Args:
+        cfg: The run config (``DictConfig`` or plain dict): ``method``, ``backbone``, ``hvp``, ...
+
+    Raises:
+        ConfigError: If HVP is on with ``hvp.max_combinations`` set (iBOT selects exactly).
     """
 
     def __init__(self, cfg: DictConfig | dict) -> None:

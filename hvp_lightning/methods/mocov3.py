@@ -21,6 +21,20 @@ from .momentum import OnlineTargetMethod
 
 
 class MoCoV3(OnlineTargetMethod):
+    """MoCo v3 as a LightningModule: queries against a momentum encoder's keys of the whole
+    batch (see module docstring); with HVP off it is the original method.
+
+    Config keys read (``method.*``): ``proj_hidden_dim``, ``proj_dim``, ``proj_layers``,
+    ``proj_last_bn``, ``pred_hidden_dim``, ``pred_layers``, ``pred_last_bn``, ``base_momentum``, ``temperature``,
+    plus :class:`SSLMethod`'s (``batch_size``, ``optimizer``).
+
+    What HVP scores: ``(B, N(N-1)/2)``, the per-sample MoCo v3 loss of every pair of the N
+    candidate views with all ranks' candidate keys (:func:`mocov3_pair_table`).
+
+    Args:
+        cfg: The run config (``DictConfig`` or plain dict): ``method``, ``backbone``, ``hvp``, ...
+    """
+
     momentum_lag = 0  # the official update happens at the start of the step, with that step's momentum
 
     def __init__(self, cfg: DictConfig | dict) -> None:

@@ -1,4 +1,4 @@
-"""SimCLR (Chen et al., ICML 2020) with Hard View Pretraining.
+"""SimCLR (Chen et al., ICML 2020, https://arxiv.org/abs/2002.05709) with Hard View Pretraining.
 
 Loss (official NT-Xent): every L2-normalised embedding is an anchor whose positive is the
 other view of its image and whose negatives are the other 2B-2 embeddings of the batch
@@ -23,6 +23,20 @@ from .base import SSLMethod
 
 
 class SimCLR(HardViewMixin, SSLMethod):
+    """SimCLR as a LightningModule: backbone -> projector, NT-Xent with negatives from the
+    global batch (all DDP ranks); with HVP off it is the original method.
+
+    Config keys read (``method.*``): ``temperature``, ``proj_hidden_dim``, ``proj_dim``,
+    ``proj_layers``, plus :class:`SSLMethod`'s (``batch_size``, ``optimizer``).
+
+    What HVP scores: :meth:`candidate_scores` returns ``(B, N(N-1)/2)``, the per-sample NT-Xent
+    of every pair of the N candidate views with all ranks' candidates as keys
+    (:func:`simclr_pair_table`); the mixin's default ``select_views`` gathers the chosen pair.
+
+    Args:
+        cfg: The run config (``DictConfig`` or plain dict): ``method``, ``backbone``, ``hvp``, ...
+    """
+
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         m = self.cfg.method

@@ -1,4 +1,4 @@
-"""SimSiam (Chen & He, CVPR 2021) with Hard View Pretraining.
+"""SimSiam (Chen & He, CVPR 2021, https://arxiv.org/abs/2011.10566) with Hard View Pretraining.
 
 The loss and the candidate pair table: :mod:`hvp_lightning.losses.simsiam`.
 """
@@ -17,6 +17,21 @@ from .base import SSLMethod
 
 
 class SimSiam(HardViewMixin, SSLMethod):
+    """SimSiam as a LightningModule: backbone -> projector -> predictor, symmetric negative
+    cosine with stop-gradient; with HVP off it is the original method.
+
+    Config keys read (``method.*``): ``proj_hidden_dim``, ``proj_dim``, ``proj_layers``,
+    ``pred_hidden_dim``, ``fix_pred_lr`` (predictor at a constant learning rate, as the paper),
+    plus :class:`SSLMethod`'s (``batch_size``, ``optimizer``).
+
+    What HVP scores: :meth:`candidate_scores` returns ``(B, N(N-1)/2)``, the per-sample SimSiam
+    loss of every pair of the N candidate views (:func:`simsiam_pair_table`); the mixin's
+    default ``select_views`` gathers the chosen pair.
+
+    Args:
+        cfg: The run config (``DictConfig`` or plain dict): ``method``, ``backbone``, ``hvp``, ...
+    """
+
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         m = self.cfg.method

@@ -20,6 +20,18 @@ def choose(table: torch.Tensor, mode: str, generator: torch.Generator | None = N
     forward) are never chosen, in any mode -- unmasked, a NaN would win both argmax and
     argmin. A sample with no finite entry at all raises :class:`FloatingPointError`: there
     is nothing sound to train on (this check costs one host sync).
+
+    Args:
+        table: Per-sample loss of each candidate, ``(B, C)``, any float dtype and device.
+        mode: ``"hard"``, ``"easy"`` or ``"random"`` (``hvp.mode``).
+        generator: CPU generator for ``random`` (HVP's private stream); ignored otherwise.
+
+    Returns:
+        Column index per sample, int64 ``(B,)`` on ``table``'s device.
+
+    Raises:
+        ValueError: If ``mode`` is not one of the three.
+        FloatingPointError: If a sample has no finite entry.
     """
     if mode not in MODES:
         raise ValueError(f"hvp.mode={mode!r}; allowed: {', '.join(MODES)}")

@@ -79,6 +79,13 @@ def frozen_state(module: nn.Module, device: torch.device) -> Iterator[None]:
     are normalised with the statistics of the global batch of their view set, as the training
     step normalises its views. Forking the RNG means dropout/drop-path in the selection
     forward cannot shift the random streams of the training step or the loader.
+
+    Args:
+        module: The host module whose forward scores the candidates.
+        device: The data's device; a CUDA device's RNG is forked along with the CPU's.
+
+    Returns:
+        A context manager (generator-based); the selection forward runs inside it.
     """
     names = ("running_mean", "running_var", "num_batches_tracked")
     kept = [(m, [getattr(m, n) for n in names]) for m in module.modules()

@@ -43,6 +43,21 @@ class HardViewMixin(L.LightningModule):
     (``global_step``, ``global_rank``, ``device``, ``log``), hence that base: a type checker
     sees every member the mixin uses, and a host written ``class Mine(HardViewMixin,
     L.LightningModule)`` keeps working.
+
+    Host contract (B samples, N candidate views, C candidate combinations):
+
+    - ``candidate_scores(batch) -> (B, C)``: per-sample loss of every candidate, from a forward
+      over all candidates; runs inside :func:`frozen_state` (no gradient, no state change).
+    - ``ssl_step(batch, batch_idx) -> ()``: the method's unchanged step on the chosen batch,
+      returning the scalar loss.
+    - ``select_views(batch, choice) -> batch``: ``choice`` is int64 ``(B,)`` (a column of the
+      table); returns an ordinary batch of the chosen views. The default serves pair methods
+      whose ``batch["views"]`` is a list of N tensors ``(B, ...)``: it returns two, plus the
+      chosen ``batch["params"]`` (augmentation parameters) if present.
+
+    Args:
+        *args: Passed on to the host's LightningModule base (methods take ``cfg``).
+        **kwargs: Likewise.
     """
 
     hvp: HVPConfig

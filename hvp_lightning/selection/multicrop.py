@@ -52,6 +52,22 @@ def dino_combination_table(ce: torch.Tensor, num_globals: int, num_local: int, m
     combination). Non-finite local terms rank last, so a pair's column is finite whenever L
     of its local terms are. Sampled (the paper's fidelity setting): ``max_combinations``
     columns, each an independently drawn uniform combination (with replacement) per sample.
+
+    Args:
+        ce: DINO cross-entropy table ``(B, G, G + Lc)`` from :func:`~hvp_lightning.losses.dino_ce_table`.
+        num_globals: G, the global candidates (>= 2).
+        num_local: L, the locals kept per combination (``0 <= L <= Lc``).
+        mode: ``"hard"``, ``"easy"`` or ``"random"``.
+        max_combinations: Column budget; ``None`` or at least the number of combinations: exact.
+        generator: CPU generator for the random draws.
+        global_pairs: ``"cross"`` or ``"all"`` (see :func:`~hvp_lightning.selection.global_pair_index`).
+
+    Returns:
+        :class:`CombinationTable` with ``loss`` ``(B, C)``, ``pairs`` ``(B, C, 2)``, ``locals`` ``(B, C, L)``,
+        all on ``ce``'s device.
+
+    Raises:
+        ValueError: If G < 2, L is out of range, or ``mode``/``global_pairs`` is unknown.
     """
     bsz, g, v = ce.shape
     lc = v - num_globals

@@ -21,6 +21,17 @@ def global_pair_index(g: int, rule: str, device: torch.device | str = "cpu") -> 
     does (``itertools.product(range(0, G, 2), range(1, G, 2))``, in that order: pipeline-1
     crop first); ``all`` is :func:`pair_index`. Either way column 0 is ``(0, 1)``, the
     baseline's pair.
+
+    Args:
+        g: Number of global candidates G.
+        rule: ``"cross"`` or ``"all"`` (``hvp.global_pairs``).
+        device: Device of the result.
+
+    Returns:
+        int64 ``(P, 2)`` on ``device``: ``P = ceil(G/2) * floor(G/2)`` (cross) or ``G(G-1)/2`` (all).
+
+    Raises:
+        ValueError: If ``rule`` is not ``cross`` or ``all``.
     """
     if rule == "all":
         return pair_index(g, device)
@@ -34,7 +45,15 @@ def global_pair_index(g: int, rule: str, device: torch.device | str = "cpu") -> 
 def gather_pairs(views: torch.Tensor, pairs: torch.Tensor, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick each sample's chosen pair from stacked candidates ``views`` ``[N, B, ...]``.
 
-    Returns the two view batches ``[B, ...]`` -- vectorised, no loop over samples.
+    Vectorised, no loop over samples.
+
+    Args:
+        views: Stacked candidate views ``(N, B, ...)`` (images or embeddings).
+        pairs: Candidate pairs ``(C, 2)``, e.g. :func:`pair_index`; moved to ``views``' device.
+        choice: Chosen column per sample, int64 ``(B,)`` (from :func:`choose`).
+
+    Returns:
+        The two chosen view batches, each ``(B, ...)``, on ``views``' device.
     """
     b = torch.arange(views.shape[1], device=views.device)
     k, l = pairs[choice].to(views.device).unbind(1)

@@ -12,7 +12,17 @@ from ..config import check_candidate_counts
 
 @dataclass(frozen=True)
 class HVPConfig:
-    """What the paper varies: number of views, choice rule, frequency, selection precision."""
+    """What the paper varies: number of views, choice rule, frequency, selection precision.
+
+    Args:
+        enabled: HVP on; off, a method is the original one (2 views per image).
+        num_views: Candidate views per image N (``hvp.num_views``).
+        mode: ``"hard"``, ``"easy"`` or ``"random"`` (see :func:`choose`).
+        every_n_steps: Select on every n-th optimiser step; other steps train on candidate column 0.
+        selection_precision: Precision of the selection forward (``auto``: the step's; fp32 on CPU).
+        max_combinations: Multi-crop only: score K random combinations; ``None`` = exact.
+        global_pairs: Multi-crop only: ``"cross"`` or ``"all"`` (see :func:`global_pair_index`).
+    """
 
     enabled: bool = False
     num_views: int = 4

@@ -64,7 +64,17 @@ def barlow_twins_loss_terms(z1: torch.Tensor, z2: torch.Tensor,
 
 
 def barlow_twins_loss(z1: torch.Tensor, z2: torch.Tensor, lambd: float = 0.0051, eps: float = BN_EPS) -> torch.Tensor:
-    """The official Barlow Twins batch loss (a scalar): ``on_diag + lambd * off_diag``."""
+    """The official Barlow Twins batch loss: ``on_diag + lambd * off_diag``.
+
+    Args:
+        z1, z2: projector outputs of the two views, ``(B, D)``, any float dtype (computed in fp32 at least);
+            under DDP the cross-correlation is summed over the ranks.
+        lambd: the weight of the off-diagonal (redundancy) term (paper: 0.0051).
+        eps: the standardisation's epsilon (``BatchNorm1d``'s).
+
+    Returns:
+        The loss, a scalar tensor on ``z1``'s device, the same value on every rank.
+    """
     on_diag, off_diag = barlow_twins_loss_terms(z1, z2, eps)
     return on_diag + lambd * off_diag
 
@@ -86,6 +96,15 @@ def barlow_twins_pair_table(z: torch.Tensor, lambd: float = 0.0051, eps: float =
     so ``sum_ij p_i q_j K'_ij^2 = p^T (K*K) q + 2 sum_r s_r (p*u_r)^T K (q*v_r) + sum_rt s_r s_t
     (p.u_r u_t)(q.v_r v_t)`` over R's three rank-one terms: four ``[B*N, D] x [D, D]`` products.
     The first term is taken as its change from the reference (no cancellation of large sums).
+
+    Args:
+        z: candidate embeddings ``(N, B, D)``: N views of this rank's B samples.
+        lambd, eps: as in :func:`barlow_twins_loss`.
+        reference: under DDP, all ranks' pair-(0, 1) embeddings ``((M, D), (M, D))``; None: ``z[0], z[1]`` (M = B).
+        offset: the row of this rank's first sample in ``reference``.
+
+    Returns:
+        ``(B, N(N-1)/2)`` scores in fp32 (fp64 for fp64 input), columns in :func:`pair_index` order.
     """
     n, b, _ = z.shape
     with exact_fp32(z.device.type):

@@ -55,7 +55,17 @@ def vicreg_loss_terms(z1: torch.Tensor, z2: torch.Tensor, gather: bool = False) 
 
 def vicreg_loss(z1: torch.Tensor, z2: torch.Tensor, sim_coeff: float = 25.0, std_coeff: float = 25.0,
                 cov_coeff: float = 1.0, gather: bool = False) -> torch.Tensor:
-    """The official VICReg batch loss (a scalar) of views ``z1``, ``z2`` ``[B, D]``."""
+    """The official VICReg batch loss of two views.
+
+    Args:
+        z1, z2: expander outputs of the two views, ``(B, D)``, any float dtype (computed in fp32 at least).
+        sim_coeff, std_coeff, cov_coeff: the weights lambda, mu, nu of the invariance, variance
+            and covariance terms (paper: 25, 25, 1).
+        gather: take variance and covariance over the embeddings of every rank (DDP).
+
+    Returns:
+        The loss, a scalar tensor on ``z1``'s device.
+    """
     inv, var, cov = vicreg_loss_terms(z1, z2, gather)
     return sim_coeff * inv + std_coeff * var + cov_coeff * cov
 
@@ -98,6 +108,15 @@ def vicreg_pair_table(z: torch.Tensor, sim_coeff: float = 25.0, std_coeff: float
 
     Exact, vectorised: the invariance change is per sample; each branch's variance and
     covariance change depends only on the candidate in that branch (:func:`branch_increase`).
+
+    Args:
+        z: candidate embeddings ``(N, B, D)``: N views of this rank's B samples.
+        sim_coeff, std_coeff, cov_coeff: the loss weights of :func:`vicreg_loss`.
+        reference: under DDP, all ranks' pair-(0, 1) embeddings ``((M, D), (M, D))``; None: ``z[0], z[1]`` (M = B).
+        offset: the row of this rank's first sample in ``reference``.
+
+    Returns:
+        ``(B, N(N-1)/2)`` scores in fp32 (fp64 for fp64 input), columns in :func:`pair_index` order.
     """
     n, b, _ = z.shape
     with exact_fp32(z.device.type):

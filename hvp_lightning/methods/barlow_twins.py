@@ -20,6 +20,17 @@ from .batch_stats import BatchLossMethod
 
 
 class BarlowTwins(BatchLossMethod):
+    """Barlow Twins: backbone + 3-layer projector, trained with
+    :func:`~hvp_lightning.losses.barlow_twins.barlow_twins_loss` over the global batch. Reads
+    ``method.lambd`` and ``method.optimizer.base_lr_biases`` besides the keys of
+    :class:`~hvp_lightning.methods.batch_stats.BatchLossMethod`. HVP scores each candidate pair by
+    the leave-one-out increase of the batch loss
+    (:func:`~hvp_lightning.losses.barlow_twins.barlow_twins_pair_table`).
+
+    Args:
+        cfg: the run's config (``method``, ``backbone``, ``hvp``, ``data`` groups).
+    """
+
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.lambd = float(self.cfg.method.lambd)

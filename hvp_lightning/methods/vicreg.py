@@ -14,6 +14,16 @@ from .batch_stats import BatchLossMethod
 
 
 class VICReg(BatchLossMethod):
+    """VICReg: backbone + 3-layer expander, trained with :func:`~hvp_lightning.losses.vicreg.vicreg_loss`
+    over the global batch. Reads ``method.sim_coeff``, ``std_coeff``, ``cov_coeff`` besides the
+    projector and optimiser keys of :class:`~hvp_lightning.methods.batch_stats.BatchLossMethod`.
+    HVP scores each candidate pair by the leave-one-out increase of the batch loss
+    (:func:`~hvp_lightning.losses.vicreg.vicreg_pair_table`).
+
+    Args:
+        cfg: the run's config (``method``, ``backbone``, ``hvp``, ``data`` groups).
+    """
+
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         m = self.cfg.method

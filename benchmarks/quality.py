@@ -87,6 +87,11 @@ SCALES: dict[str, Scale] = {
                        "method.optimizer.warmup_epochs=2"],
             # No SimSiam at this budget: its baseline ended below its own random-init k-NN in every
             # seed (RESULTS.md, 2026-11-22), so its arms could not say whether HVP helps.
+            # BYOL and MoCo v3: their CIFAR presets with the heads narrowed like SimCLR's above.
+            "byol": ["method=byol_cifar", "method.proj_hidden_dim=512", "method.proj_dim=128",
+                     "method.pred_hidden_dim=512", "method.optimizer.warmup_epochs=2"],
+            "mocov3": ["method=mocov3_cifar", "method.proj_hidden_dim=512", "method.proj_dim=128",
+                       "method.pred_hidden_dim=512", "method.optimizer.warmup_epochs=2"],
         },
         threads_per_job=1,
         jobs=2,
@@ -105,6 +110,8 @@ SCALES: dict[str, Scale] = {
         per_method={
             "simclr": ["method=simclr_cifar"],
             "simsiam": ["method=simsiam_cifar"],
+            "byol": ["method=byol_cifar"],
+            "mocov3": ["method=mocov3_cifar"],
         },
         threads_per_job=8,
         jobs=1,

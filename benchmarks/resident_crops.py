@@ -1,5 +1,5 @@
 """``data.on_device``'s batched crops against torchvision, and the start-up cost of holding a
-folder (a benchmark, not a test; ``tests/test_resident.py`` asserts the bounds).
+folder (a benchmark, not a test; ``tests/data/test_resident.py`` asserts the bounds).
 
 For a few source sizes, 64 random views (half smooth, half noise images) are cut by
 :func:`hvp_lightning.data.resident.crop_flip_batch` and by torchvision's ``resized_crop`` +

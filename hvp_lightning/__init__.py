@@ -6,14 +6,16 @@ The public API, importable from the top level::
     from hvp_lightning import simsiam_pair_table, choose, pair_index
 
 Methods (LightningModules, equal to the original methods with HVP off): :class:`SimSiam`,
-:class:`SimCLR`, :class:`DINO`, :class:`IBOT`. Selection: :class:`HardViewMixin` (a host
-provides ``candidate_scores``, ``ssl_step`` and, for non-pair batches, ``select_views``),
+:class:`SimCLR`, :class:`DINO`, :class:`IBOT`, :class:`BYOL`, :class:`MoCoV3`. Selection:
+:class:`HardViewMixin` (a host provides ``candidate_scores``, ``ssl_step`` and, for non-pair batches, ``select_views``),
 :class:`HVPConfig`, :func:`choose`, :func:`pair_index`, :func:`global_pair_index`,
 :func:`gather_pairs`, :func:`frozen_state`, :func:`dino_combination_table` (the multi-crop
 search over a DINO cross-entropy table); all in :mod:`hvp_lightning.selection`. Per-sample
-losses and candidate tables (pure functions): :func:`simsiam_loss`, :func:`simsiam_pair_table`,
-:func:`nt_xent_loss`, :func:`simclr_pair_table`, :func:`dino_loss`, :func:`dino_ce_table`,
-:func:`ibot_loss`, :func:`ibot_pair_table`. Errors:
+losses and candidate tables (pure functions of torch tensors, :mod:`hvp_lightning.losses`):
+:func:`simsiam_loss`, :func:`simsiam_pair_table`, :func:`nt_xent_loss`,
+:func:`simclr_pair_table`, :func:`dino_loss`, :func:`dino_ce_table`, :func:`ibot_loss`,
+:func:`ibot_pair_table`, :func:`byol_loss`, :func:`byol_pair_table`, :func:`mocov3_loss`,
+:func:`mocov3_pair_table`. Errors:
 :class:`ConfigError`. See ``examples/custom_method.py`` for the mixin on your own module.
 
 Names are imported on first use, so ``import hvp_lightning`` stays cheap (no torch import).
@@ -32,6 +34,8 @@ _EXPORTS = {
     "SimCLR": "hvp_lightning.methods.simclr",
     "DINO": "hvp_lightning.methods.dino",
     "IBOT": "hvp_lightning.methods.ibot",
+    "BYOL": "hvp_lightning.methods.byol",
+    "MoCoV3": "hvp_lightning.methods.mocov3",
     "SSLMethod": "hvp_lightning.methods.base",
     "METHODS": "hvp_lightning.methods",
     "HardViewMixin": "hvp_lightning.selection",
@@ -41,15 +45,19 @@ _EXPORTS = {
     "global_pair_index": "hvp_lightning.selection",
     "gather_pairs": "hvp_lightning.selection",
     "frozen_state": "hvp_lightning.selection",
-    "simsiam_loss": "hvp_lightning.methods.simsiam",
-    "simsiam_pair_table": "hvp_lightning.methods.simsiam",
-    "nt_xent_loss": "hvp_lightning.methods.simclr",
-    "simclr_pair_table": "hvp_lightning.methods.simclr",
-    "dino_loss": "hvp_lightning.methods.dino",
-    "dino_ce_table": "hvp_lightning.methods.dino",
+    "simsiam_loss": "hvp_lightning.losses",
+    "simsiam_pair_table": "hvp_lightning.losses",
+    "nt_xent_loss": "hvp_lightning.losses",
+    "simclr_pair_table": "hvp_lightning.losses",
+    "dino_loss": "hvp_lightning.losses",
+    "dino_ce_table": "hvp_lightning.losses",
     "dino_combination_table": "hvp_lightning.selection",
-    "ibot_loss": "hvp_lightning.methods.ibot",
-    "ibot_pair_table": "hvp_lightning.methods.ibot",
+    "ibot_loss": "hvp_lightning.losses",
+    "ibot_pair_table": "hvp_lightning.losses",
+    "byol_loss": "hvp_lightning.losses",
+    "byol_pair_table": "hvp_lightning.losses",
+    "mocov3_loss": "hvp_lightning.losses",
+    "mocov3_pair_table": "hvp_lightning.losses",
     "ConfigError": "hvp_lightning.errors",
 }
 

@@ -123,3 +123,26 @@ def build_backbone(cfg) -> Backbone:
         return build_resnet(name, width=cfg.width, cifar_stem=cfg.cifar_stem, channels_last=cfg.channels_last)
     return build_vit(name, img_size=cfg.img_size, patch_size=cfg.patch_size,
                      drop_path_rate=cfg.drop_path_rate, depth=cfg.get("depth"))
+
+
+def vit_tokens(backbone: nn.Module, images: torch.Tensor, mask: torch.Tensor | None = None,
+               mask_token: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """CLS ``[B, D]`` and patch tokens ``[B, N, D]`` of a timm ViT (or a :class:`Backbone`
+    wrapping one), after the final norm: timm's ``forward_features`` with masked image
+    modelling. ``mask`` (bool ``[B, h, w]`` on the patch grid) replaces the masked patch
+    embeddings by ``mask_token`` before the position embedding is added (iBOT's
+    ``mask_model``), so a masked patch keeps its position but loses its content. Without a
+    mask, the CLS output equals the backbone's ordinary forward."""
+    vit = getattr(backbone, "trunk", backbone)
+    x = vit.patch_embed(images)  # [B, h, w, D] with dynamic_img_size, else [B, N, D]
+    if mask is not None:
+        if mask_token is None:
+            raise ValueError("a mask needs a mask_token")
+        grid = x.shape[1:3] if x.ndim == 4 else (x.shape[1],)
+        m = mask if x.ndim == 4 else mask.flatten(1)
+        if tuple(m.shape[1:]) != tuple(grid):
+            raise ValueError(f"mask grid {tuple(mask.shape[1:])} does not match the patch grid {tuple(grid)}")
+        x = torch.where(m[..., None], mask_token.to(x.dtype), x)
+    x = vit.norm_pre(vit.patch_drop(vit._pos_embed(x)))
+    x = vit.norm(vit.blocks(x))
+    return x[:, 0], x[:, vit.num_prefix_tokens:]

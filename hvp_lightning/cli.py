@@ -56,9 +56,21 @@ def _resume_run_dir(resume: str) -> str:
     return str(run_dir_of(p)) if p.is_file() or p.suffix == ".ckpt" else str(resume)
 
 
-# hydra.run.dir: the run dir being resumed, else a new timestamped one (conf/config.yaml).
+def hydra_files_subdir(resume: str | None, output_dir: str) -> str | None:
+    """``hydra.output_subdir`` of a job: ``.hydra`` for a new run, None (Hydra writes no files) for
+    a session that continues a run -- ``resume=`` given, or a run dir that already holds
+    ``checkpoints/last.ckpt`` -- so that the run dir's ``.hydra/`` keeps describing the command that
+    started the run (a sweep job's row keeps its overrides), and a refused resume, which Hydra
+    would otherwise have rewritten them for before our checks run, leaves the run dir as it was."""
+    continues = bool(resume) or (Path(output_dir) / "checkpoints" / LAST).is_file()
+    return None if continues else ".hydra"
+
+
+# hydra.run.dir: the run dir being resumed, else a new timestamped one; hydra.output_subdir:
+# hydra_files_subdir (conf/config.yaml).
 OmegaConf.register_new_resolver("hvp_resume_or", lambda resume, new: _resume_run_dir(resume) if resume else new,
                                 replace=True)
+OmegaConf.register_new_resolver("hvp_hydra_files", hydra_files_subdir, replace=True)
 
 
 def _checked_resume(resume: str, run_dir: Path, fresh: bool) -> str:
@@ -100,15 +112,30 @@ def _fresh(run_dir: Path) -> bool:
             and (not log_file.exists() or log_file.stat().st_size == 0))
 
 
+def _close_log_files(run_dir: Path) -> None:
+    """Close Hydra's log file handlers that write into ``run_dir`` (``train.log``)."""
+    for handler in list(logging.root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
+            logging.root.removeHandler(handler)
+            handler.close()
+
+
+def _leave_as_it_was(run_dir: Path) -> None:
+    """After a refused continuation of the run in ``run_dir``: Hydra wrote no ``.hydra/`` files
+    (:func:`hydra_files_subdir`) but opened ``train.log``, creating it empty where the run had none;
+    that empty file goes (a run that trained has always logged to it)."""
+    _close_log_files(run_dir)
+    log_file = run_dir / "train.log"
+    if log_file.is_file() and log_file.stat().st_size == 0:
+        log_file.unlink()
+
+
 def _remove_run_dir(run_dir: Path) -> None:
     """Delete a run dir made for a run that never started (close Hydra's log file in it first),
     and the folders above it that are left empty, up to the working directory (the default
     ``runs/<date>/``), so that a rejected command leaves nothing behind."""
     run_dir = run_dir.resolve()
-    for handler in list(logging.root.handlers):
-        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir:
-            logging.root.removeHandler(handler)
-            handler.close()
+    _close_log_files(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     cwd = Path.cwd().resolve()
     for parent in run_dir.parents:
@@ -121,7 +148,8 @@ def _remove_run_dir(run_dir: Path) -> None:
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
-def train(cfg: DictConfig) -> float | None:
+def train_job(cfg: DictConfig) -> float | None:
+    """One training job under Hydra (a run, or one job of a ``-m`` sweep); :func:`train` starts it."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     fresh = _fresh(run_dir)
     try:
@@ -143,8 +171,11 @@ def train(cfg: DictConfig) -> float | None:
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # this job fails, the sweep goes on
             raise SweepConfigError(f"config error: {err}") from err
         print(f"config error: {err}", file=sys.stderr)
+        output_dir = Path(HydraConfig.get().runtime.output_dir)
         if fresh:  # a rejected command leaves nothing behind
-            _remove_run_dir(run_dir)
+            _remove_run_dir(output_dir)
+        else:  # nor does a refused resume change the run's dir
+            _leave_as_it_was(output_dir)
         sys.exit(2)
     from lightning.pytorch.utilities import rank_zero_only
 
@@ -153,6 +184,19 @@ def train(cfg: DictConfig) -> float | None:
     if rank_zero_only.rank == 0:  # DDP: one final line per run, not one per process
         print(final_line(summary))
     return summary["knn_top1"]  # lets Hydra sweepers optimise it
+
+
+def train() -> None:
+    """``hvp-train`` / ``python train.py``: :func:`train_job` through Hydra. A sweep in which a job
+    stopped on a config error ends the same way whether or not ``HYDRA_FULL_ERROR`` is set: that
+    job's ``config error: ...`` line and exit code 1, as Hydra ends any sweep with a failed job
+    (with ``HYDRA_FULL_ERROR=1`` Hydra would re-raise it: a traceback for a user error). A single
+    run refused for its settings exits with 2 (:func:`train_job`); crashes keep Hydra's handling."""
+    try:
+        train_job()
+    except SweepConfigError as err:  # only reaches here when Hydra re-raises (HYDRA_FULL_ERROR=1)
+        print(err, file=sys.stderr)
+        sys.exit(1)
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="eval", version_base="1.3")

@@ -57,6 +57,22 @@ def _get(cfg: DictConfig, key: str) -> Any:
     return node
 
 
+def check_online_target(cfg: DictConfig) -> None:
+    """BYOL/MoCo v3: head sizes, the base momentum of the target and MoCo v3's temperature."""
+    for key in ("proj_hidden_dim", "proj_dim", "pred_hidden_dim"):
+        int_at_least(cfg, f"method.{key}", 1)
+    for key in ("proj_layers", "pred_layers"):
+        int_at_least(cfg, f"method.{key}", 1)
+    for key in ("proj_last_bn", "pred_last_bn"):
+        if not isinstance(_get(cfg, f"method.{key}"), bool):
+            fail(f"method.{key}", _get(cfg, f"method.{key}"), "true or false")
+    _prob(cfg, "method.base_momentum")
+    if cfg.method.name == "mocov3":
+        t = _get(cfg, "method.temperature")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+            fail("method.temperature", t, "expected a number > 0")
+
+
 def check_multicrop(cfg: DictConfig) -> None:
     """DINO/iBOT multi-crop settings (``method.*`` crops and scales against the backbone)."""
     m = cfg.method
@@ -113,6 +129,8 @@ def check_options(cfg: DictConfig) -> None:
         check_multicrop(cfg)
     if cfg.method.name == "ibot":
         check_ibot(cfg)
+    if cfg.method.name in ("byol", "mocov3"):
+        check_online_target(cfg)
     check_candidate_counts(cfg)
     _check_trainer(cfg)
     _validate_distributed(cfg)
@@ -138,6 +156,7 @@ def validate(cfg: DictConfig, options_checked: bool = False) -> None:
     _validate_precision(cfg)
     _validate_deterministic(cfg)
     _warn_upsampled_crops(cfg.data)
+    _warn_cpu_oversubscription(cfg.trainer)
 
 
 def check_eval_options(cfg: DictConfig) -> None:
@@ -165,6 +184,9 @@ def _check_logger(lc: DictConfig) -> None:
         fail("logger.name", lc.name, f"one of {', '.join(LOGGERS)}")
     if lc.name == "wandb" and lc.mode not in WANDB_MODES:
         fail("logger.mode", lc.mode, f"one of {', '.join(WANDB_MODES)}")
+    gallery = lc.get("gallery_images", 0)
+    if lc.name == "wandb" and (isinstance(gallery, bool) or not isinstance(gallery, int) or gallery < 0):
+        fail("logger.gallery_images", gallery, "expected an integer >= 0 (0: no live HVP gallery)")
 
 
 def validate_backbone(cfg: DictConfig) -> None:
@@ -257,6 +279,20 @@ def _warn_upsampled_crops(d: DictConfig) -> None:
     if side is not None and d.crop_size > side and rank_zero_only.rank == 0:
         log.warning("data.crop_size=%s is larger than the images (shorter side %s px): every crop is upsampled",
                     d.crop_size, side)
+
+
+def _warn_cpu_oversubscription(t: DictConfig) -> None:
+    """``trainer.devices=N`` on CPU starts N processes: more than there are cores is allowed (the
+    results are those of N devices) but they take turns on the cores, so each step is slower than
+    with one process per core. Said once at start-up, with the key and the core count."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from .device import cpu_processes, runs_on_cpu, usable_cpu_cores
+
+    n, cores = cpu_processes(t.get("devices", 1)), usable_cpu_cores()
+    if runs_on_cpu(str(t.get("accelerator", "auto"))) and n is not None and n > cores and rank_zero_only.rank == 0:
+        log.warning("trainer.devices=%s starts %s CPU processes on %s usable cores: allowed, but they share the "
+                    "cores, so each step is slower than with trainer.devices<=%s", n, n, cores, cores)
 
 
 def _validate_hvp(cfg: DictConfig) -> None:

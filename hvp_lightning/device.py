@@ -9,6 +9,8 @@ bf16 convolutions were measured 30-37x slower (docs/DESIGN.md).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .errors import ConfigError
@@ -19,6 +21,22 @@ def runs_on_cpu(accelerator: str) -> bool:
     if accelerator != "auto":
         return accelerator == "cpu"
     return not (torch.cuda.is_available() or torch.backends.mps.is_available())
+
+
+def usable_cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask: a SLURM or container limit), else all."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+
+
+def cpu_processes(devices: object) -> int | None:
+    """The number of CPU processes a ``trainer.devices`` value starts (an int or its string, as
+    Lightning's CPU accelerator takes), or None for values it reads otherwise (``auto``: one)."""
+    if isinstance(devices, bool):
+        return None
+    if isinstance(devices, int):
+        return devices
+    return int(devices) if isinstance(devices, str) and devices.strip().isdigit() else None
 
 
 def check_accelerator(key: str, accelerator: str) -> None:

@@ -1,6 +1,6 @@
 """Export a checkpoint's backbone as a plain state_dict with torchvision / timm key names.
 
-    uv run python -m hvp_lightning.export <run_dir or .ckpt> out.pth [--student]
+    hvp-export <run_dir or .ckpt> out.pth [--student]       # = python -m hvp_lightning.export ...
 
 The exported backbone is the one evaluation uses: the EMA teacher's for DINO/iBOT (the
 student's with ``--student``), the backbone otherwise. Keys are the trunk's own
@@ -20,16 +20,22 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from .checkpoint import atomic_save, build_method, load_checkpoint
 from .checkpoint_paths import resolve_checkpoint
 from .errors import CheckpointError
+
+if TYPE_CHECKING:
+    import torch
+
+# torch and the model code are imported once the arguments and the checkpoint path passed, so that
+# --help and a wrong path answer in a second (as train.py's config check does).
 
 
 def backbone_state_dict(ckpt: dict, student: bool = False) -> tuple[dict[str, torch.Tensor], dict]:
     """(trunk state_dict with the ``<module>.trunk.`` prefix stripped, description)."""
+    from .checkpoint import build_method
+
     model = build_method(ckpt)
     backbone = model.backbone if student else model.eval_backbone
     prefix = next(name for name, m in model.named_modules() if m is backbone) + ".trunk."
@@ -42,14 +48,17 @@ def backbone_state_dict(ckpt: dict, student: bool = False) -> tuple[dict[str, to
     return state, info
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hvp_lightning.export", description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "hvp-export") -> int:
+    """The ``hvp-export`` console command; ``prog``: the command name its usage line shows."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("ckpt", help="a run dir (its checkpoints/last.ckpt) or a .ckpt file")
     ap.add_argument("out", help="output .pth file (a plain state_dict)")
     ap.add_argument("--student", action="store_true", help="DINO/iBOT: export the student backbone, not the teacher")
     args = ap.parse_args(argv)
     try:
         path, _ = resolve_checkpoint(args.ckpt)
+        from .checkpoint import atomic_save, load_checkpoint
+
         state, info = backbone_state_dict(load_checkpoint(path), args.student)
     except CheckpointError as err:
         print(f"config error: {err}", file=sys.stderr)
@@ -76,4 +85,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m hvp_lightning.export"))

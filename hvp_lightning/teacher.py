@@ -8,8 +8,11 @@
   to one dimension); it is updated *after* the loss of a step, once per optimiser step, from
   the teacher outputs of all that step's micro-batches, averaged over all ranks;
 * :func:`clip_gradients_per_parameter`: DINO's clipping, each parameter on its own;
-* :class:`TeacherStudentMixin`: the LightningModule side of all this -- teacher built from
-  the student, EMA and centres once per optimiser step, weight-decay schedule, clipping and
+* :class:`MomentumTargetMixin`: the LightningModule side of any momentum (EMA) target --
+  DINO/iBOT's teacher, BYOL's target network, MoCo v3's momentum encoder: moved once per
+  optimiser step on the cosine momentum schedule;
+* :class:`TeacherStudentMixin`: DINO's self-distillation on top of it -- teacher built from
+  the student, centres once per optimiser step, weight-decay schedule, clipping and
   last-layer freeze, evaluation of the teacher.
 """
 
@@ -141,7 +144,56 @@ def clip_gradients_per_parameter(params: Sequence[nn.Parameter], clip: float) ->
     torch._foreach_mul_(grads, scale)
 
 
-class TeacherStudentMixin(L.LightningModule):
+class MomentumTargetMixin(L.LightningModule):
+    """Momentum (EMA) targets moved once per optimiser step: ``target <- m target + (1 - m) online``
+    for each pair of :meth:`momentum_pairs`, ``m`` rising from ``method.<momentum_key>`` to 1
+    on a cosine over training (:func:`cosine_momentum`; DINO sec. 3.1, BYOL sec. 3.2, MoCo v3
+    ``--moco-m-cos``).
+
+    Once per optimiser step, not per micro-batch: under ``trainer.accumulate_grad_batches=k``
+    every micro-batch of a step sees the same target (Lightning has just stepped iff
+    ``global_step`` moved, checked in :meth:`on_train_batch_end`). HVP's selection pass never
+    moves it (only this hook does). Put the mixin before ``HardViewMixin, SSLMethod``.
+    """
+
+    cfg: DictConfig
+    momentum_key = "momentum_teacher"  # method.<key>: the base momentum
+    momentum_log = "train/teacher_momentum"
+    # Which step's momentum the update after optimiser step s (0-based) uses: that step's own
+    # (lag 1: DINO, BYOL update the target after the online step with tau of that step), or the
+    # next step's (lag 0: MoCo v3 moves its momentum encoder at the start of each step).
+    momentum_lag = 1
+
+    def momentum_pairs(self) -> list[tuple[nn.Module, nn.Module]]:  # pragma: no cover
+        """``(target, online)`` module pairs with the same parameter order."""
+        raise NotImplementedError(f"{type(self).__name__} must provide momentum_pairs()")
+
+    def momentum_at(self, step: int) -> float:
+        """EMA momentum of the update made once ``step`` optimiser steps are done."""
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        return cosine_momentum(step - self.momentum_lag, total, float(self.cfg.method[self.momentum_key]))
+
+    def on_optimizer_step_done(self, step: int) -> None:
+        """Once per optimiser step, ``step`` = steps done: move every target."""
+        momentum = self.momentum_at(step)
+        for target, online in self.momentum_pairs():
+            ema_update(target, online, momentum)
+        self.log(self.momentum_log, momentum, on_step=True, on_epoch=False, batch_size=1)
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        self._ema_step = self.trainer.global_step
+
+    def on_train_batch_end(self, outputs: Any, batch: dict[str, Any], batch_idx: int) -> None:
+        super().on_train_batch_end(outputs, batch, batch_idx)
+        step = self.trainer.global_step
+        if step == getattr(self, "_ema_step", 0):
+            return
+        self._ema_step = step
+        self.on_optimizer_step_done(step)
+
+
+class TeacherStudentMixin(MomentumTargetMixin):
     """Self-distillation around a method's loss, written once for DINO and iBOT.
 
     The host has a student ``backbone`` and ``head`` and a ``cfg`` with DINO's ``method``
@@ -172,7 +224,6 @@ class TeacherStudentMixin(L.LightningModule):
         batch they were normalised with."""
         self.teacher = nn.ModuleDict({"backbone": make_teacher(self.backbone), "head": make_teacher(self.head)})
         self.teacher_reuse = bool(self.cfg.method.get("teacher_reuse", True)) and not has_batchnorm(self.teacher)
-        self._ema_step = 0
 
     def teacher_temp(self) -> float:
         m = self.cfg.method
@@ -184,9 +235,6 @@ class TeacherStudentMixin(L.LightningModule):
         """Student parameters; biases and norm weights without weight decay (as DINO)."""
         reg, no_reg = split_weight_decay((n, p) for n, p in self.named_parameters() if not n.startswith("teacher."))
         return [{"params": reg, "wd_schedule": True}, {"params": no_reg, "weight_decay": 0.0}]
-
-    def on_train_start(self) -> None:
-        self._ema_step = self.trainer.global_step
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """Cosine weight-decay schedule ``weight_decay -> weight_decay_end`` (DINO), per step."""
@@ -218,21 +266,14 @@ class TeacherStudentMixin(L.LightningModule):
                 if name.startswith("last_layer"):
                     p.grad = None
 
-    def on_train_batch_end(self, outputs: Any, batch: dict[str, Any], batch_idx: int) -> None:
-        """Centres and EMA teacher once per optimiser step (not per micro-batch under
-        accumulation): Lightning has just stepped iff ``global_step`` moved."""
-        super().on_train_batch_end(outputs, batch, batch_idx)
-        step = self.trainer.global_step
-        if step == self._ema_step:
-            return
-        self._ema_step = step
+    def momentum_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
+        return [(self.teacher["backbone"], self.backbone), (self.teacher["head"], self.head)]
+
+    def on_optimizer_step_done(self, step: int) -> None:
+        """Centres first (from all of this step's micro-batches), then the EMA teacher."""
         for centering in (m for m in self.modules() if isinstance(m, Centering)):  # iBOT: patch centre too
             centering.step()
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        momentum = cosine_momentum(step - 1, total, self.cfg.method.momentum_teacher)
-        ema_update(self.teacher["backbone"], self.backbone, momentum)
-        ema_update(self.teacher["head"], self.head, momentum)
-        self.log("train/teacher_momentum", momentum, on_step=True, on_epoch=False, batch_size=1)
+        super().on_optimizer_step_done(step)
 
     @property
     def eval_backbone(self) -> nn.Module:

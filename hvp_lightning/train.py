@@ -12,6 +12,7 @@ import lightning as L
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .analysis.callback import analysis_callbacks
+from .analysis.live import live_gallery_callbacks
 from .atomic import atomic_write_text
 from .checkpoint import AtomicCheckpointIO, RunCheckpoint, resume_checkpoint
 from .config import validate
@@ -81,7 +82,8 @@ def run(cfg: DictConfig, run_dir: Path, options_checked: bool = False) -> dict[s
         default_root_dir=str(run_dir),
         logger=build_logger(cfg, run_dir, resume_step),
         plugins=[AtomicCheckpointIO(), *sync_bn],
-        callbacks=[checkpointer, record, *analysis_callbacks(cfg, run_dir), WandbCharts()],
+        callbacks=[checkpointer, record, *analysis_callbacks(cfg, run_dir), *live_gallery_callbacks(cfg),
+                   WandbCharts()],
         check_val_every_n_epoch=cfg.eval.every_n_epochs,
         num_sanity_val_steps=0,
     )

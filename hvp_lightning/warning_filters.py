@@ -5,6 +5,7 @@ Lightning's log messages."""
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 
 KNOWN = (
@@ -20,9 +21,18 @@ KNOWN = (
 )
 
 
+# Lightning's hint on any machine with SLURM's client tools (srun on PATH) when a run was not
+# started by srun. Inside a SLURM job it matters (a multi-process run there needs srun), so it is
+# silenced only outside one (no SLURM_JOB_ID: a login node, a workstation): there a run is local
+# by intent, and the hint would print on every run.
+SRUN_HINT = r"The `srun` command is available on your system but is not used"
+
+
 def silence_known_warnings() -> None:
     for pattern in KNOWN:
         warnings.filterwarnings("ignore", message=pattern)
+    if "SLURM_JOB_ID" not in os.environ:
+        warnings.filterwarnings("ignore", message=SRUN_HINT)
 
 
 def one_console_copy_of_lightning_logs() -> None:

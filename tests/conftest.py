@@ -12,10 +12,26 @@ from hydra import compose, initialize_config_dir
 import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-os.environ.setdefault("WANDB_MODE", "offline")
-os.environ.setdefault("WANDB_SILENT", "true")
+# The suite checks the library in one fixed environment, whatever the user's shell has set for
+# their own runs: HYDRA_FULL_ERROR (Hydra re-raises errors itself), WANDB_* (mode, project, run id,
+# directory), SLURM_* and torchrun's process variables (another cluster environment and rank).
+# They go for this process and every subprocess it starts; the tests about them set them
+# themselves. W&B runs offline and quietly. Subprocesses compute on one thread, as this process
+# does (the _one_thread fixture): intra-op threads spinning against other busy processes on a
+# small machine slow a run down many times over.
+PROCESS_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+                     "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
+for _key in list(os.environ):
+    if _key == "HYDRA_FULL_ERROR" or _key.startswith(("WANDB_", "SLURM_")) or _key in PROCESS_VARIABLES:
+        del os.environ[_key]
+os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
 REPO = Path(__file__).resolve().parents[1]
+# Every subprocess of the default suite is a command's start-up or a tiny run: seconds on an idle
+# 2-core machine, a few minutes at worst beside other CPU-bound work. Its timeout is no budget for
+# that work, only the guard that turns a hung subprocess into a failure (pytest has no timeout of
+# its own here), so it is set far above it rather than near it.
+SUBPROCESS_TIMEOUT_S = 600
 SHARED_CIFAR = REPO.parent / "shared" / "datasets" / "cifar10"
 
 # Small enough for a few seconds on 2 CPU cores.

@@ -25,8 +25,8 @@ from hvp_lightning.config import ConfigError, validate
 from hvp_lightning.methods import METHODS, SSLMethod
 from hvp_lightning import teacher as teacher_module
 from hvp_lightning.optim import warmup_cosine
+from hvp_lightning.losses import nt_xent_loss
 from hvp_lightning.methods.dino import DINO
-from hvp_lightning.methods.simclr import nt_xent_loss
 from hvp_lightning.methods.simsiam import SimSiam
 from hvp_lightning.teacher import cosine_momentum, teacher_temperature
 from hvp_lightning.train import run

@@ -185,7 +185,7 @@ def test_parquet_log_bounded_and_readable(tmp_path: Path) -> None:
     assert len(views["step"]) == steps * b * n and len(pairs["step"]) == steps * b * 6
     assert (pairs["selected"][pairs["step"] == 40].reshape(b, 6)[:, 0]).all()  # the newest step-40 rows won
     per_image = sum(f.stat().st_size for f in files) / ((steps + 1) * b)
-    assert per_image < 1200, f"{per_image:.0f} bytes per image per logged step"  # ~330 B at B=256 (README)
+    assert per_image < 1200, f"{per_image:.0f} bytes per image per logged step"  # ~330 B at B=256 (docs/analysis.md)
 
 
 def test_replay_matches_augment() -> None:

@@ -108,6 +108,10 @@ CASES = {
     # NT-Xent negatives from both ranks (selection table and training loss), gradients back to
     # the local keys only; SyncBatchNorm as for SimSiam.
     "simclr": lambda: _case(make_cfg("method=simclr_cifar", "+hvp=on", *RESNET), b=8, seed=2),
+    # Momentum targets with BatchNorm (synchronised too); MoCo v3's keys from both ranks.
+    "byol": lambda: _case(make_cfg("method=byol_cifar", "+hvp=on", *RESNET, "method.pred_hidden_dim=32"), b=8, seed=3),
+    "mocov3": lambda: _case(make_cfg("method=mocov3_cifar", "+hvp=on", *RESNET, "method.pred_hidden_dim=32"), b=8,
+                            seed=4),
 }
 
 
@@ -130,8 +134,8 @@ def ddp_vs_single() -> dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]:
 def test_ddp_step_equals_single_process_with_global_batch(ddp_vs_single, case: str) -> None:
     """Per-rank batch B on 2 gloo processes vs batch 2B in one: the same hard choice per
     sample, loss (mean of the ranks' means), DDP-averaged gradients, centre and BatchNorm
-    statistics (SimSiam/SimCLR: SyncBatchNorm in backbone and heads, SimCLR's negatives from both
-    ranks; DINO: BN-free ViT)."""
+    statistics (SimSiam/SimCLR/BYOL/MoCo v3: SyncBatchNorm in backbone, heads and target,
+    SimCLR's negatives and MoCo v3's keys from both ranks; DINO: BN-free ViT)."""
     single, ranks = ddp_vs_single[case]
     assert torch.equal(torch.cat([r["choice"] for r in ranks]), single["choice"])
     torch.testing.assert_close(torch.stack([r["loss"] for r in ranks]).mean(), single["loss"], rtol=1e-5, atol=1e-6)
@@ -191,13 +195,16 @@ def test_sync_batchnorm_single_process_is_batchnorm() -> None:
 
 # --- learning rate: base_lr x global batch / 256 --------------------------------------------------
 
-PRESETS = ["simsiam", "simsiam_cifar", "simclr", "simclr_cifar", "dino", "dino_cifar", "ibot", "ibot_cifar"]
+PRESETS = ["simsiam", "simsiam_cifar", "simclr", "simclr_cifar", "dino", "dino_cifar", "ibot", "ibot_cifar",
+           "byol", "byol_cifar", "mocov3", "mocov3_cifar", "mocov3_vit"]
 
 
 def _small(preset: str) -> list[str]:
     """The preset with a tiny network: the schedule does not depend on it."""
     if preset.startswith(("dino", "ibot")):
         return [*VIT, "method.num_local_crops=2", *(["method.patch_out_dim=64"] if preset.startswith("ibot") else [])]
+    if preset.endswith("vit"):
+        return VIT[:6]  # backbone and crop size only (no multi-crop head)
     return ["backbone=resnet18_narrow", "backbone.width=4"]
 
 
@@ -311,6 +318,8 @@ METHOD_OVERRIDES = {
     "simclr": ["method=simclr_cifar", *RESNET],
     "dino": ["method=dino_cifar", *VIT],
     "ibot": ["method=ibot_cifar", *VIT, "method.patch_out_dim=64"],
+    "byol": ["method=byol_cifar", *RESNET, "method.pred_hidden_dim=16"],
+    "mocov3": ["method=mocov3_cifar", *RESNET, "method.pred_hidden_dim=16"],
 }
 
 
@@ -359,14 +368,16 @@ def test_ddp_train_simsiam_resnet_sync_batchnorm(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["simclr", "dino", "ibot"])
+@pytest.mark.parametrize("method", ["simclr", "dino", "ibot", "byol", "mocov3"])
 def test_ddp_train_every_method(method: str, tmp_path: Path) -> None:
     """SimCLR (ResNet, synchronised BatchNorm, negatives from both ranks), DINO and iBOT (ViT:
-    nothing to synchronise, all-reduced centres)."""
+    nothing to synchronise, all-reduced centres), BYOL and MoCo v3 (ResNet, target included in
+    the synchronised BatchNorm; MoCo v3's keys from both ranks)."""
     summary, stdout = _ddp_run(method, tmp_path, "eval.at_start=false")
     _check_world_size_two(method, summary, stdout)
-    assert summary["sync_batchnorm_layers"] == (_bn_layers(method) if method == "simclr" else 0)
-    if method != "simclr":
+    vit = method in ("dino", "ibot")
+    assert summary["sync_batchnorm_layers"] == (0 if vit else _bn_layers(method))
+    if vit:
         state = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
         assert state["centering.center"].abs().sum() > 0
 

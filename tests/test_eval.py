@@ -25,7 +25,7 @@ from hvp_lightning.evaluation.probe import (Classifier, fit_classifier, lars_gro
 from hvp_lightning.knn import knn_accuracies, knn_accuracy
 from hvp_lightning.train import run
 
-from .conftest import REPO, eval_cfg, make_cfg
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, eval_cfg, make_cfg
 
 DINO = ["method=dino_cifar", "backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32", "+backbone.depth=2",
         "data.crop_size=32", "data.train_size=32", "method.local_crop_size=16", "method.out_dim=256",
@@ -245,7 +245,7 @@ def test_eval_cli(simsiam_run):
     run_dir, _ = simsiam_run
     proc = subprocess.run([sys.executable, "eval.py", "protocol=knn", f"ckpt={run_dir}/checkpoints/last.ckpt",
                            "progress_bar=false", "protocol.ks=[5,20]"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                          timeout=SUBPROCESS_TIMEOUT_S, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "knn top-1:" in proc.stdout and "eval_summary.json" in proc.stdout
     assert set(json.loads((run_dir / "eval" / "knn" / "eval_summary.json").read_text())["metrics"]) >= {"k5", "k20"}

@@ -280,7 +280,7 @@ def test_candidate_tables_skip_tf32_on_gpu(api: str, matmul_precision_restored) 
     newer ``torch.backends.cuda.matmul.fp32_precision``, the DINO table is still plain fp32 on
     the GPU (it matches a float64 reference where a TF32 einsum does not) and cuBLAS accepts the
     settings."""
-    from hvp_lightning.methods.dino import dino_ce_table, student_log_probs, teacher_probs
+    from hvp_lightning.losses import dino_ce_table, student_log_probs, teacher_probs
 
     g = torch.Generator().manual_seed(0)
     t, s = torch.randn(2, 8, 4096, generator=g).cuda(), torch.randn(5, 8, 4096, generator=g).cuda()

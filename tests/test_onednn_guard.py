@@ -2,14 +2,13 @@
 
 The bug corrupts the heap only where oneDNN runs its AVX2 kernel; ``ONEDNN_MAX_CPU_ISA=AVX2``
 forces that kernel on AVX-512 CPUs too, so the subprocess test fails without the guard on
-any x86 machine (abort, segfault or, with threads, a hang caught by the timeout)."""
+any x86 machine (abort, segfault or, with threads, a hang caught by the subprocess timeout)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -17,7 +16,7 @@ from torch import nn
 from hvp_lightning.backbones import build_resnet
 from hvp_lightning.onednn_guard import NCHWOnCPUConv2d, hits_onednn_avx2_bug
 
-REPO = Path(__file__).resolve().parents[1]
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S
 
 # A width-4 CIFAR ResNet-18 (layer2's downsample: 1x1, stride 2, 4 input channels), as the
 # accumulation tests train it; 10 steps of forward + backward.
@@ -35,7 +34,7 @@ print("done")
 def test_narrow_resnet_trains_with_onednn_avx2_kernels() -> None:
     env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2", OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", STEPS], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-2000:]
 
 

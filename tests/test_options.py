@@ -11,7 +11,7 @@ import pytest
 
 from hvp_lightning import options
 
-from .conftest import REPO
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S
 
 HEAVY_PACKAGES = ("torch", "lightning", "torchvision", "timm")
 HEAVY_MODULES = ("hvp_lightning.methods", "hvp_lightning.train", "hvp_lightning.evaluation", "hvp_lightning.checkpoint")
@@ -47,7 +47,8 @@ def test_the_start_up_check_imports_no_torch():
             "from hydra import compose, initialize_config_dir; "
             f"initialize_config_dir(config_dir={str(REPO / 'conf')!r}, version_base='1.3'); "
             "check_options(compose('config', overrides=['logger=csv'])); print(sorted(sys.modules))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert _heavy(eval(proc.stdout)) == []
 
@@ -74,7 +75,7 @@ def test_a_bad_config_is_one_line_before_the_heavy_imports_and_leaves_nothing(tm
     """Run from an empty folder with the default run dir (runs/<date>/<time>_<method>): one
     line naming the key, exit 2, no torch imported, and the folder is as empty as before."""
     proc = subprocess.run([sys.executable, "-X", "importtime", str(REPO / script), *bad], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     imported = [line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")]
     said = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip() and not line.startswith("import time:")]
     assert proc.returncode == 2
@@ -105,6 +106,6 @@ def test_resume_takes_a_run_dir_or_its_last_ckpt_and_refuses_other_checkpoint_fi
         _checked_resume(str(tmp_path / "new"), tmp_path / "new", fresh=True)
 
     proc = subprocess.run([sys.executable, str(REPO / "train.py"), f"resume={run / 'checkpoints' / 'other.ckpt'}"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.startswith("config error: resume=") and "Traceback" not in proc.stderr

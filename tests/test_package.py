@@ -129,8 +129,8 @@ def test_run_totals_survive_a_checkpoint_of_any_mixin_host() -> None:
 
 
 def test_design_module_map_names_files_that_exist() -> None:
-    """docs/DESIGN.md section 9 and the README's layout say where each concern lives: every
-    package path they name must exist, so the map cannot go stale silently."""
+    """docs/DESIGN.md section 9 says where each concern lives: every package path it names must
+    exist, so the map cannot go stale silently."""
     import re
 
     design = (REPO / "docs" / "DESIGN.md").read_text().split("## 9.")[1]
@@ -143,8 +143,6 @@ def test_design_module_map_names_files_that_exist() -> None:
             named |= {f"{head}{n}{tail}" for n in names.split(",")}
         else:
             named.add(cell)
-    readme = (REPO / "README.md").read_text().split("## Layout")[1].split("```")[1]
-    named |= {p.removeprefix("hvp_lightning/") for p in re.findall(r"^(hvp_lightning/\S+)", readme, re.M)}
     assert len(named) > 30
     missing = sorted(p for p in named if not (REPO / "hvp_lightning" / p).exists())
     assert missing == []

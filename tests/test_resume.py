@@ -25,7 +25,7 @@ from hvp_lightning.checkpoint import (
 )
 from hvp_lightning.train import run
 
-from .conftest import REPO, make_cfg
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, make_cfg
 
 # A tiny SimSiam + HVP run, spelled as train.py command-line overrides so that the same
 # config runs in a subprocess (to be killed) and in this process (make_cfg(..., tiny=False)).
@@ -51,7 +51,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     proc = subprocess.Popen([sys.executable, "train.py", *RUN, f"hydra.run.dir={resumed_dir}"], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     last = resumed_dir / "checkpoints" / "last.ckpt"
-    deadline = time.time() + 120
+    deadline = time.time() + SUBPROCESS_TIMEOUT_S
     while not last.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
@@ -205,12 +205,16 @@ def test_cli_checkpoint_errors_are_one_line_exit_2(tiny_ckpt, tmp_path, script):
     bad = tmp_path / "run"
     (bad / "checkpoints").mkdir(parents=True)
     (bad / "checkpoints" / "last.ckpt").write_bytes(tiny_ckpt.read_bytes()[:3000])
+    (bad / ".hydra").mkdir()
+    (bad / ".hydra" / "overrides.yaml").write_text("- seed=3\n")  # the first session's command
+    before = {p: p.read_bytes() for p in bad.rglob("*") if p.is_file()}
     args = ["protocol=knn", f"ckpt={bad}"] if script == "eval.py" else [f"resume={bad}"]
-    proc = subprocess.run([sys.executable, script, *args], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, WANDB_MODE="offline"))
+    proc = subprocess.run([sys.executable, script, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "config error:" in proc.stderr and "truncated or not a PyTorch checkpoint" in proc.stderr
     assert "Traceback" not in proc.stderr
+    assert {p: p.read_bytes() for p in bad.rglob("*") if p.is_file()} == before  # the refused run dir is untouched
 
 
 @pytest.mark.parametrize("method", ["dino", "ibot"])

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.utils import instantiate
@@ -20,7 +21,7 @@ from hvp_lightning.config import ConfigError
 from hvp_lightning.sweep import (DIRNAME_MAX_BYTES, FILENAME, RESULT_COLUMNS, Job, SweepSummary, job_dir_name,
                                  read_jobs, sweep_csv, write_sweep_summary)
 
-from .conftest import REPO, compose_with_hydra, write_tiny_experiment
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, compose_with_hydra, write_tiny_experiment
 
 HVP_SUMMARY = {"method": "simsiam", "hvp_enabled": True, "knn_top1": 0.5, "knn_top1_init": 0.3, "knn_top5": 0.9,
                "wall_time_s": 12.5, "hvp": {"mode": "hard", "num_views": 4, "every_n_steps": 1,
@@ -127,7 +128,7 @@ def test_callback_writes_the_table_after_each_job_and_at_the_end(tmp_path, capsy
 def test_cli_rebuilds_the_table(tmp_path):
     fake_job(tmp_path, "0_seed=0", ["seed=0"], HVP_SUMMARY)
     proc = subprocess.run([sys.executable, "-m", "hvp_lightning.sweep", str(tmp_path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0 and proc.stdout.strip() == str(tmp_path / FILENAME)
 
 
@@ -166,18 +167,29 @@ def test_slurm_launcher_renders_one_task_per_gpu(tmp_path, monkeypatch):
     assert f"{tmp_path / 'sweep'}/.submitit/" in sbatch  # logs beside the jobs' dirs
 
 
-def test_multirun_writes_one_row_per_job_and_a_failed_job_says_so(tmp_path):
+@pytest.mark.parametrize("full_error", [None, "1"], ids=["plain", "HYDRA_FULL_ERROR=1"])
+def test_multirun_writes_one_row_per_job_and_a_failed_job_says_so(tmp_path, full_error):
     """``train.py -m`` with two jobs, one of which stops on a config error: two job dirs, and the
-    table (written after each job: Hydra skips on_multirun_end when a job raised) has both rows."""
+    table (written after each job: Hydra skips on_multirun_end when a job raised) has both rows.
+    The sweep ends alike with HYDRA_FULL_ERROR=1 (Hydra then re-raises instead of printing), and on
+    a machine with SLURM's srun on PATH no hint about it is printed."""
     write_tiny_experiment(tmp_path / "conf")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "bin" / "srun").chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    if full_error:
+        env["HYDRA_FULL_ERROR"] = full_error
     sweep = tmp_path / "sweep"
     proc = subprocess.run(
         [sys.executable, "train.py", "-m", "--config-dir", str(tmp_path / "conf"), "+experiment=tiny", "logger=csv",
          "+hvp=on", "hvp.num_views=3,1", f"hydra.sweep.dir={sweep}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert proc.returncode == 1, proc.stderr[-3000:]  # Hydra reports the failed job after the sweep
-    assert proc.stderr.count("hvp.num_views=1 is not allowed") == 1 and "Traceback" not in proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "hvp.num_views=1 is not allowed" in line]
+    assert said == ["config error: hvp.num_views=1 is not allowed: expected an integer >= 2"], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "srun" not in proc.stderr
     dirs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
     assert dirs == ["0_hvp.num_views=3,+experiment=tiny,+hvp=on,logger=csv",  # the swept key first
                     "1_hvp.num_views=1,+experiment=tiny,+hvp=on,logger=csv"]
@@ -190,3 +202,23 @@ def test_multirun_writes_one_row_per_job_and_a_failed_job_says_so(tmp_path):
     assert float(ok["wall_time_s"]) > 0 and ok["run_dir"] == str(sweep / dirs[0])
     assert failed["status"] == "failed" and failed["hvp.num_views"] == "1" and failed["knn_top1"] == ""
     assert failed["error"].startswith("ConfigError: hvp.num_views=1 is not allowed")
+
+
+def test_multirun_over_byol_and_mocov3_fills_the_table(tmp_path):
+    """``train.py -m method=byol_cifar,mocov3_cifar +hvp=on``: a row per method with its results and
+    HVP's statistics (the table needs nothing method-specific; this checks the new methods give it all)."""
+    write_tiny_experiment(tmp_path / "conf")
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        [sys.executable, "train.py", "-m", "--config-dir", str(tmp_path / "conf"), "method=byol_cifar,mocov3_cifar",
+         "+experiment=tiny", "logger=csv", "+hvp=on", f"hydra.sweep.dir={sweep}"],
+        cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    columns, rows = rows_of((sweep / FILENAME).read_text())
+    assert columns[:2] == ["method", "experiment"] and [r["method"] for r in rows] == ["byol_cifar", "mocov3_cifar"]
+    for row in rows:
+        summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
+        assert summary["method"] == row["method"].removesuffix("_cifar") and row["status"] == "ok"
+        assert float(row["knn_top1"]) == summary["knn_top1"] and row["hvp_mode"] == "hard"
+        assert float(row["hvp_selection_selected_loss_mean"]) >= float(row["hvp_selection_candidate_loss_mean"])

@@ -12,7 +12,7 @@ import pytest
 from hvp_lightning.config import ConfigError, validate
 from hvp_lightning.train import final_line, run
 
-from .conftest import REPO, wandb_records
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, wandb_records
 
 SUMMARY_KEYS = {"method", "hvp_enabled", "num_classes", "knn_top1", "train_loss", "epochs", "images_seen"}
 
@@ -142,7 +142,7 @@ def test_batch_larger_than_dataset_is_a_config_error(cfg_factory, tmp_path):
 def test_cli_reports_config_error_once_in_one_line_and_leaves_no_run_dir(tmp_path, bad):
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "train.py", *bad, "logger=csv", f"hydra.run.dir={run_dir}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 2
     out = proc.stdout + proc.stderr
     assert out.count("config error:") == 1 and "Traceback" not in out, out[-2000:]

@@ -46,6 +46,16 @@ def test_no_group_outside_a_sweep(cfg_factory, tmp_path):
     assert logger._wandb_init["group"] is None and logger._wandb_init["name"] == "10-38-59_simsiam"
 
 
+def test_no_live_gallery_without_wandb_or_without_hvp(cfg_factory):
+    from hvp_lightning.analysis.live import LiveGallery, live_gallery_callbacks
+
+    assert live_gallery_callbacks(cfg_factory("logger=csv", "+hvp=on")) == []
+    assert live_gallery_callbacks(cfg_factory("logger=wandb")) == []  # baseline: nothing is selected
+    assert live_gallery_callbacks(cfg_factory("logger=wandb", "+hvp=on", "logger.gallery_images=0")) == []
+    (cb,) = live_gallery_callbacks(cfg_factory("logger=wandb", "+hvp=on", "logger.gallery_images=2"))
+    assert isinstance(cb, LiveGallery) and cb.num_images == 2
+
+
 def history_rows(records) -> list[dict]:
     """One dict per wandb.log() call."""
     return [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
@@ -73,6 +83,13 @@ def test_offline_run_holds_identity_charts_and_hvp_curves(cfg_factory, tmp_path)
                 "trainer/global_step"):
         assert key in keys, key
     assert [r["knn/epoch"] for r in rows if "knn/top1" in r] == [0.0, 1.0]  # at init, after the one epoch
+    # the live gallery: at the pass after the epoch (not at init: nothing selected yet), 4 images and the histogram
+    (gallery,) = [r for r in rows if "hvp/gallery/_type" in r]  # W&B flattens the media entries' fields
+    assert gallery["hvp/gallery/_type"] == "images/separated" and gallery["hvp/gallery/count"] == 4
+    assert len(gallery["hvp/gallery/captions"]) == 4 and "selected views" in gallery["hvp/gallery/captions"][0]
+    assert gallery["hvp/iou_histogram/_type"] == "image-file"
+    (files,) = tmp_path.glob("wandb/offline-run-*/files/media/images/hvp")
+    assert len(list(files.glob("gallery_*.png"))) == 4 and len(list(files.glob("iou_histogram_*.png"))) == 1
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""``python -m hvp_lightning.analysis RUN_DIR [BASELINE_RUN_DIR]``: hard-view analysis figures
+"""``hvp-analysis RUN_DIR [BASELINE_RUN_DIR]`` (= ``python -m hvp_lightning.analysis ...``): hard-view analysis figures
 and ``analysis.json`` of an HVP run (see :mod:`hvp_lightning.analysis.report`)."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from .report import analyse
 from .upload import log_to_wandb
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hvp_lightning.analysis", description=__doc__)
+def main(argv: list[str] | None = None, prog: str = "hvp-analysis") -> int:
+    """The ``hvp-analysis`` console command; ``prog``: the command name its usage line shows."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__)
     ap.add_argument("run_dir", type=Path, help="the HVP run (trained with +hvp=on)")
     ap.add_argument("baseline_dir", type=Path, nargs="?", help="optional baseline run (HVP off) to compare with")
     ap.add_argument("--out", type=Path, default=None, help="output folder (default: RUN_DIR/analysis)")
@@ -35,4 +36,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(prog="python -m hvp_lightning.analysis"))

@@ -8,7 +8,7 @@ sensor noise. A texture fills the whole image, so it survives the random crops o
 (crops of 50-100 % of the area, `data/aug/textures.yaml`), and colour jitter with the hue range
 widened to the whole circle makes the two colours useless as features. A network at random
 init mostly sees colour and brightness, so its k-NN sits well below what SimCLR learns in a
-few hundred steps (README "The built-in default data").
+few hundred steps (docs/data.md, "The built-in textures").
 
 The orientation is fixed per class because random rotation is not among the SSL
 augmentations: with rotation as a nuisance a network would have to learn rotation invariance

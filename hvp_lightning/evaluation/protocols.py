@@ -10,7 +10,8 @@ from ..config import fail, int_at_least
 from ..options import OPTIMIZERS
 
 # Finetune tables: which one a method's checkpoint uses (the paper has DINO ViT-S and SimSiam RN50).
-FINETUNE_TABLE = {"dino": "dino", "ibot": "dino", "simsiam": "simsiam", "simclr": "simsiam"}
+FINETUNE_TABLE = {"dino": "dino", "ibot": "dino", "simsiam": "simsiam", "simclr": "simsiam",
+                 "byol": "simsiam", "mocov3": "simsiam"}
 
 
 def protocol_settings(p: DictConfig, method: str, dataset: str) -> dict[str, Any]:

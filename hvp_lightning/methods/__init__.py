@@ -1,11 +1,14 @@
 """Method registry: ``METHODS[name]`` is the LightningModule class for ``method.name``."""
 
 from .base import SSLMethod
+from .byol import BYOL
 from .dino import DINO
 from .ibot import IBOT
+from .mocov3 import MoCoV3
 from .simclr import SimCLR
 from .simsiam import SimSiam
 
-METHODS: dict[str, type[SSLMethod]] = {"dino": DINO, "ibot": IBOT, "simsiam": SimSiam, "simclr": SimCLR}
+METHODS: dict[str, type[SSLMethod]] = {"dino": DINO, "ibot": IBOT, "simsiam": SimSiam, "simclr": SimCLR,
+                                     "byol": BYOL, "mocov3": MoCoV3}
 
-__all__ = ["DINO", "IBOT", "METHODS", "SSLMethod", "SimCLR", "SimSiam"]
+__all__ = ["BYOL", "DINO", "IBOT", "METHODS", "MoCoV3", "SSLMethod", "SimCLR", "SimSiam"]

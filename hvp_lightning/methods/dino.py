@@ -1,8 +1,6 @@
 """DINO (Caron et al., ICCV 2021), multi-crop, with exact Hard View Pretraining.
 
-Loss (official): with ``q_i = softmax((T_i - c) / tau_t)`` for the two teacher globals and
-``log p_j = log_softmax(S_j / tau_s)`` for the student's 2 globals + L locals, a sample's
-loss is ``sum_{i, j != i} CE(q_i, p_j) / (2L + 2)``; the batch mean is DINO's loss.
+Loss (official, per sample): :mod:`hvp_lightning.losses.dino`.
 
 Hard views (docs/DESIGN.md; the search is :mod:`hvp_lightning.selection.multicrop`): the
 combination space is (global pair) x (L of Lc local
@@ -21,10 +19,9 @@ baseline); HVP on, ``[G global candidates (pipelines 1,2,1,2,...), Lc local cand
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
@@ -32,101 +29,11 @@ from ..config import check_multicrop
 from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
 from ..heads import DINOHead
-from ..selection import (HardViewMixin, candidate_counts, choose, dino_combination_table, exact_fp32,
-                         gather_combination_views, gather_view_params, stable_seed)
+from ..losses.dino import dino_ce_table, dino_loss
+from ..selection import (HardViewMixin, candidate_counts, chosen_views_batch, dino_combination_table,
+                         gather_combination_views, stable_seed)
 from ..teacher import Centering, TeacherStudentMixin
 from .base import SSLMethod
-
-# --- the loss, per sample ---------------------------------------------------------------------
-
-
-def teacher_probs(t: torch.Tensor, center: torch.Tensor, tau_t: float) -> torch.Tensor:
-    return F.softmax((t.float() - center) / tau_t, dim=-1)
-
-
-def student_log_probs(s: torch.Tensor, tau_s: float) -> torch.Tensor:
-    return F.log_softmax(s.float() / tau_s, dim=-1)
-
-
-def dino_cross_entropy(teacher_logits: torch.Tensor, student_logits: torch.Tensor, center: torch.Tensor,
-                       tau_t: float, tau_s: float) -> torch.Tensor:
-    """Per-sample ``CE(t->s) = -sum_d softmax((t - c)/tau_t)_d log_softmax(s/tau_s)_d``: ``[B]``."""
-    return -(teacher_probs(teacher_logits, center, tau_t) * student_log_probs(student_logits, tau_s)).sum(-1)
-
-
-def dino_loss(teacher_out: Sequence[torch.Tensor], student_out: Sequence[torch.Tensor], center: torch.Tensor,
-              tau_t: float, tau_s: float) -> torch.Tensor:
-    """Official DINO loss per sample ``[B]``: teacher crop i against every student crop
-    j != i (student crops 0, 1 are the same globals as the teacher's), averaged over the
-    ``2 * (2 + L) - 2 = 2L + 2`` terms. ``.mean()`` of it is the official batch loss."""
-    qs = [teacher_probs(t, center, tau_t) for t in teacher_out]
-    logps = [student_log_probs(s, tau_s) for s in student_out]
-    total: torch.Tensor | float = 0.0
-    terms = 0
-    for i, q in enumerate(qs):
-        for j, logp in enumerate(logps):
-            if i == j:
-                continue
-            total = total - (q * logp).sum(-1)
-            terms += 1
-    if terms == 0:
-        raise ValueError("dino_loss needs at least one (teacher, other student crop) term")
-    return total / terms  # type: ignore[return-value]
-
-
-def dino_ce_table(teacher: torch.Tensor, student: torch.Tensor, center: torch.Tensor, tau_t: float,
-                  tau_s: float) -> torch.Tensor:
-    """Every teacher/student cross-entropy at once: ``teacher [G, B, K]``, ``student [V, B, K]``
-    -> ``[B, G, V]`` with entry (b, g, v) = ``CE_b(g -> v)``."""
-    # fp32 even under mixed precision: the argmax must rank the loss the method computes.
-    with exact_fp32(teacher.device.type):
-        q = teacher_probs(teacher, center, tau_t)
-        logp = student_log_probs(student, tau_s)
-        return -torch.einsum("gbk,vbk->bgv", q, logp)
-
-
-# --- the loss and the search, in one call -----------------------------------------------------
-
-
-class DinoSelection(NamedTuple):
-    """Each sample's chosen combination (:func:`dino_exact_selection`)."""
-
-    pair: torch.Tensor  # [B, 2] chosen global candidates
-    locals: torch.Tensor  # [B, L] chosen local candidates
-    loss: torch.Tensor  # [B] official DINO loss of the chosen combination
-
-
-def dino_exact_selection(T: torch.Tensor, S_glob: torch.Tensor, S_loc: torch.Tensor, L: int, center: torch.Tensor,
-                         tau_t: float, tau_s: float, mode: str = "hard", max_combinations: int | None = None,
-                         generator: torch.Generator | None = None, global_pairs: str = "cross") -> DinoSelection:
-    """Per-sample choice of 2 globals + L locals from ``T``/``S_glob`` ``[G, B, K]`` (teacher /
-    student logits of the global candidates) and ``S_loc`` ``[Lc, B, K]``: the argmax (hard),
-    argmin (easy) or a uniform draw (random) of the DINO loss over all combinations whose
-    global pair is in ``global_pairs``, or over ``max_combinations`` random ones of them.
-    Vectorised over samples. DINO's per-sample loss (:func:`dino_ce_table`) composed with the
-    search of :mod:`hvp_lightning.selection.multicrop`: the reference the tests check
-    against brute force."""
-    ce = dino_ce_table(T, torch.cat([S_glob, S_loc]), center, tau_t, tau_s)
-    table = dino_combination_table(ce, T.shape[0], L, mode, max_combinations, generator, global_pairs)
-    choice = choose(table.loss, mode, generator)
-    b = torch.arange(choice.shape[0], device=choice.device)
-    return DinoSelection(table.pairs[b, choice], table.locals[b, choice], table.loss[b, choice])
-
-
-def chosen_views_batch(batch: dict[str, Any], views: list[torch.Tensor], pair: torch.Tensor, locs: torch.Tensor,
-                       num_globals: int, teacher_out: Any = None) -> dict[str, Any]:
-    """``batch`` with ``views`` (each sample's chosen 2 globals + locals: global candidates
-    ``pair`` ``[B, 2]``, local candidates ``locs`` ``[B, L]``) in place of its candidates, the
-    selection's teacher outputs for them (None: the training step runs the teacher) and, where
-    recorded, their augmentation parameters. The tail of DINO's and iBOT's ``select_views``."""
-    out = dict(batch, views=views)
-    out.pop("teacher_out", None)
-    if teacher_out is not None:
-        out["teacher_out"] = teacher_out
-    if "params" in batch:  # augmentation parameters travel with their views
-        out["params"] = gather_view_params(batch["params"], torch.cat([pair, num_globals + locs], dim=1))
-    return out
-
 
 # --- the method -------------------------------------------------------------------------------
 

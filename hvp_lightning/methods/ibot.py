@@ -8,9 +8,9 @@ teacher sees the two globals unmasked. Per sample,
     l_b = lambda1 * CLS_b + lambda2 * (M_b(g1) + M_b(g2)) / 2
 
 where ``CLS_b`` is DINO's bracket (teacher global i against every other student crop,
-over ``2L + 2`` terms; :func:`~.dino.dino_loss`) and ``M_b(g)`` is the cross-entropy
+over ``2L + 2`` terms; :func:`~hvp_lightning.losses.dino.dino_loss`) and ``M_b(g)`` is the cross-entropy
 between teacher and student patch tokens of the *same* global g, averaged over g's masked
-tokens (:func:`ibot_patch_loss`). The official code averages the patch term over its 2
+tokens (:func:`~hvp_lightning.losses.ibot.ibot_patch_loss`). The official code averages the patch term over its 2
 (same-view) pairs and the CLS term over its ``2L + 2`` pairs, each per batch, so the batch
 mean of ``l_b`` is exactly the official loss.
 
@@ -27,162 +27,23 @@ without HVP; ``batch["masks"]`` holds one bool ``[B, h, w]`` patch mask per glob
 
 from __future__ import annotations
 
-import math
 import random
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from ..backbones import vit_tokens
 from ..config import check_ibot
 from ..errors import ConfigError
+from ..data.masks import ibot_masks
 from ..heads import IBOTHead
-from ..selection import combination_loss, global_pair_index, hvp_config, num_global_candidates, stable_seed
+from ..losses.dino import dino_ce_table
+from ..losses.ibot import ibot_loss_terms, ibot_pair_table, ibot_patch_loss
+from ..selection import chosen_views_batch, global_pair_index, hvp_config, num_global_candidates, stable_seed
 from ..teacher import Centering, teacher_temperature
-from .dino import DINO, chosen_views_batch, dino_ce_table, dino_loss, student_log_probs, teacher_probs
-
-# --- blockwise masks (BEiT/iBOT "block" prediction shape) --------------------------------------
-
-
-def block_mask(h: int, w: int, num_masked: float, rng: random.Random, min_aspect: float = 0.3,
-               attempts: int = 10) -> np.ndarray:
-    """Bool ``[h, w]`` patch mask of about ``num_masked`` patches made of random rectangles.
-
-    BEiT's rule, as iBOT's loader uses it: repeatedly draw a block of area
-    ``U((min(h, w) // 3)**2, remaining)`` and aspect ratio log-uniform in
-    ``[min_aspect, 1/min_aspect]``, strictly smaller than the grid, at a uniform position;
-    keep it if it adds between 1 and ``remaining`` new patches (up to ``attempts`` draws),
-    and stop when the target is met or no draw fits. Python ``random`` on a private
-    generator: cheap per draw and never touches torch's global RNG."""
-    mask = np.zeros((h, w), dtype=bool)
-    log_lo, log_hi = math.log(min_aspect), -math.log(min_aspect)
-    min_area = (min(h, w) // 3) ** 2
-    count = 0
-    while count < num_masked:
-        budget = num_masked - count
-        added = 0
-        for _ in range(attempts):
-            area = rng.uniform(min_area, budget)
-            aspect = math.exp(rng.uniform(log_lo, log_hi))
-            bh, bw = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
-            if bh >= h or bw >= w:
-                continue
-            top, left = rng.randint(0, h - bh), rng.randint(0, w - bw)
-            block = mask[top:top + bh, left:left + bw]
-            new = bh * bw - int(block.sum())
-            if 0 < new <= budget:
-                block[...] = True
-                added = new
-                break
-        if added == 0:
-            break
-        count += added
-    return mask
-
-
-def ibot_masks(n: int, h: int, w: int, ratio: tuple[float, float], prob: float, min_aspect: float,
-               rng: random.Random) -> torch.Tensor:
-    """``n`` independent masks ``[n, h, w]``: each image is masked with probability ``prob``,
-    at a ratio ``U(ratio)`` of its patches, else not at all. iBOT's ViT recipe
-    (``pred_ratio 0 0.3``, ``pred_ratio_var 0 0.2``) is ``prob=0.5``, ``ratio=(0.1, 0.5)``."""
-    out = []
-    for _ in range(n):
-        r = rng.uniform(*ratio) if rng.random() < prob else 0.0
-        out.append(block_mask(h, w, r * h * w, rng, min_aspect))
-    return torch.from_numpy(np.stack(out)) if out else torch.zeros(0, h, w, dtype=torch.bool)
-
-
-# --- the student/teacher ViT forward ----------------------------------------------------------
-
-
-def vit_tokens(backbone: nn.Module, images: torch.Tensor, mask: torch.Tensor | None = None,
-               mask_token: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """CLS ``[B, D]`` and patch tokens ``[B, N, D]`` of a timm ViT (or a :class:`Backbone`
-    wrapping one), after the final norm: timm's ``forward_features`` with masked image
-    modelling. ``mask`` (bool ``[B, h, w]`` on the patch grid) replaces the masked patch
-    embeddings by ``mask_token`` before the position embedding is added (iBOT's
-    ``mask_model``), so a masked patch keeps its position but loses its content. Without a
-    mask, the CLS output equals the backbone's ordinary forward."""
-    vit = getattr(backbone, "trunk", backbone)
-    x = vit.patch_embed(images)  # [B, h, w, D] with dynamic_img_size, else [B, N, D]
-    if mask is not None:
-        if mask_token is None:
-            raise ValueError("a mask needs a mask_token")
-        grid = x.shape[1:3] if x.ndim == 4 else (x.shape[1],)
-        m = mask if x.ndim == 4 else mask.flatten(1)
-        if tuple(m.shape[1:]) != tuple(grid):
-            raise ValueError(f"mask grid {tuple(mask.shape[1:])} does not match the patch grid {tuple(grid)}")
-        x = torch.where(m[..., None], mask_token.to(x.dtype), x)
-    x = vit.norm_pre(vit.patch_drop(vit._pos_embed(x)))
-    x = vit.norm(vit.blocks(x))
-    return x[:, 0], x[:, vit.num_prefix_tokens:]
-
-
-# --- the loss, per sample ---------------------------------------------------------------------
-
-
-def ibot_patch_loss(teacher_patch_logits: torch.Tensor, student_patch_logits: torch.Tensor, mask: torch.Tensor,
-                    center2: torch.Tensor, tau_t: float, tau_s: float) -> torch.Tensor:
-    """Masked-token mean cross-entropy ``M_b`` of one global view, per sample ``[B]``.
-
-    Teacher and student patch logits ``[B, N, K]`` of the same view; ``mask`` ``[B, N]`` or
-    ``[B, h, w]``. As official iBOT: the sum over masked tokens of
-    ``-softmax((t - c2)/tau_t) . log_softmax(s/tau_s)`` over the number of masked tokens
-    (clamped to >= 1, so an unmasked image contributes 0)."""
-    with torch.autocast(teacher_patch_logits.device.type, enabled=False):  # rank the loss in fp32
-        ce = -(teacher_probs(teacher_patch_logits, center2, tau_t)
-               * student_log_probs(student_patch_logits, tau_s)).sum(-1)  # [B, N]
-        m = mask.flatten(1).to(ce.dtype)
-        return (ce * m).sum(-1) / m.sum(-1).clamp(min=1.0)
-
-
-def ibot_loss_terms(teacher_cls: Sequence[torch.Tensor], student_cls: Sequence[torch.Tensor],
-                    teacher_patch: Sequence[torch.Tensor], student_patch: Sequence[torch.Tensor],
-                    masks: Sequence[torch.Tensor], center: torch.Tensor, center2: torch.Tensor, tau_t: float,
-                    tau_t2: float, tau_s: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unweighted per-sample terms ``(CLS_b, mean_i M_b(i))``, each ``[B]`` (see module doc).
-
-    ``teacher_cls``/``teacher_patch``/``student_patch``/``masks``: the globals (same order);
-    ``student_cls``: the globals then the locals."""
-    if not len(teacher_patch) == len(student_patch) == len(masks) == len(teacher_cls):
-        raise ValueError("one teacher/student patch output and one mask per global view")
-    cls = dino_loss(teacher_cls, student_cls, center, tau_t, tau_s)
-    patch = torch.stack([ibot_patch_loss(t, s, m, center2, tau_t2, tau_s)
-                         for t, s, m in zip(teacher_patch, student_patch, masks)]).mean(0)
-    return cls, patch
-
-
-def ibot_loss(teacher_cls: Sequence[torch.Tensor], student_cls: Sequence[torch.Tensor],
-              teacher_patch: Sequence[torch.Tensor], student_patch: Sequence[torch.Tensor],
-              masks: Sequence[torch.Tensor], center: torch.Tensor, center2: torch.Tensor, tau_t: float,
-              tau_t2: float, tau_s: float, lambda1: float = 1.0, lambda2: float = 1.0) -> torch.Tensor:
-    """Official iBOT loss per sample ``[B]``: ``lambda1 * CLS_b + lambda2 * mean_i M_b(i)``;
-    its ``.mean()`` is the official batch loss (CLS over ``2L + 2`` terms, patch over 2)."""
-    cls, patch = ibot_loss_terms(teacher_cls, student_cls, teacher_patch, student_patch, masks, center, center2,
-                                 tau_t, tau_t2, tau_s)
-    return lambda1 * cls + lambda2 * patch
-
-
-def ibot_pair_table(ce: torch.Tensor, patch_terms: torch.Tensor, pairs: torch.Tensor, lambda1: float = 1.0,
-                    lambda2: float = 1.0) -> torch.Tensor:
-    """Per-sample loss of each global pair ``pairs`` ``[P, 2]`` (:func:`global_pair_index`)
-    with the fixed locals: ``[B, P]``, one column per row of ``pairs``.
-
-    ``ce`` ``[B, G, G + L]`` is DINO's CLS cross-entropy table (teacher global -> student
-    global/local, :func:`dino_ce_table`), ``patch_terms`` ``[B, G]`` the ``M_b(g)``. Entry
-    (b, (g1, g2)) = ``lambda1 * CLS bracket / (2L + 2) + lambda2 * (M_b(g1) + M_b(g2)) / 2``
-    = :func:`ibot_loss` of that pair."""
-    bsz, g, v = ce.shape
-    pairs = pairs.to(ce.device)
-    locals_ = torch.arange(v - g, device=ce.device).expand(bsz, pairs.shape[0], v - g)
-    cls = combination_loss(ce, pairs.expand(bsz, -1, -1), locals_, g)
-    g1, g2 = pairs.unbind(1)
-    return lambda1 * cls + lambda2 * (patch_terms[:, g1] + patch_terms[:, g2]) / 2
-
-
-# --- the method --------------------------------------------------------------------------------
+from .dino import DINO
 
 
 class IBOT(DINO):

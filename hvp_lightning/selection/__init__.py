@@ -9,30 +9,31 @@ chosen views, run the method's unchanged step on them. By concern:
 * :mod:`.pairs` -- candidate pairs (:func:`pair_index`, :func:`global_pair_index`) and the
   gathers from a choice to views and their augmentation parameters;
 * :mod:`.multicrop` -- DINO/iBOT: combinations of 2 globals + L locals, searched exactly
-  (:func:`dino_combination_table`) or sampled;
+  (:func:`dino_combination_table`, :func:`dino_exact_selection`) or sampled;
 * :mod:`.choice` -- :func:`choose` (hard / easy / random, never a non-finite entry) and the
   seeds of HVP's private generators;
 * :mod:`.forward_pass` -- the selection forward's precision and :func:`frozen_state`;
 * :mod:`.mixin` -- :class:`HardViewMixin`, the select-then-train ``training_step``;
 * :mod:`.totals` -- the run totals behind ``summary.json``'s ``hvp`` entry.
 
-The per-sample losses and candidate tables themselves (network outputs -> loss values) are
-the methods' (``hvp_lightning.methods``); this package starts from those values.
+The per-sample losses and candidate tables themselves (network outputs -> loss values) live
+in :mod:`hvp_lightning.losses`, which this package imports; the methods import both.
 """
 
 from .choice import MODES, choose, stable_seed
-from .forward_pass import (PRECISIONS, STEP_DTYPES, ambient_autocast_dtype, exact_fp32, frozen_state,
+from .forward_pass import (PRECISIONS, STEP_DTYPES, ambient_autocast_dtype, frozen_state,
                            resolve_selection_dtype, step_autocast_dtype)
 from .mixin import HardViewMixin
-from .multicrop import CombinationTable, combination_loss, dino_combination_table, gather_combination_views
+from .multicrop import (CombinationTable, DinoSelection, chosen_views_batch, dino_combination_table,
+                        dino_exact_selection, gather_combination_views)
 from .pairs import GLOBAL_PAIRS, gather_pair_params, gather_pairs, gather_view_params, global_pair_index, pair_index
 from .settings import HVPConfig, candidate_counts, hvp_config, num_global_candidates
 from .totals import TOTALS, hvp_summary, summarise_totals
 
 __all__ = [
-    "GLOBAL_PAIRS", "MODES", "PRECISIONS", "STEP_DTYPES", "TOTALS", "CombinationTable", "HVPConfig", "HardViewMixin",
-    "ambient_autocast_dtype", "candidate_counts", "choose", "combination_loss", "dino_combination_table",
-    "exact_fp32", "frozen_state", "gather_combination_views", "gather_pair_params", "gather_pairs", "gather_view_params",
-    "global_pair_index", "hvp_config", "hvp_summary", "num_global_candidates", "pair_index",
-    "resolve_selection_dtype", "stable_seed", "step_autocast_dtype", "summarise_totals",
+    "GLOBAL_PAIRS", "MODES", "PRECISIONS", "STEP_DTYPES", "TOTALS", "CombinationTable", "DinoSelection", "HVPConfig",
+    "HardViewMixin", "ambient_autocast_dtype", "candidate_counts", "choose", "chosen_views_batch",
+    "dino_combination_table", "dino_exact_selection", "frozen_state", "gather_combination_views", "gather_pair_params",
+    "gather_pairs", "gather_view_params", "global_pair_index", "hvp_config", "hvp_summary", "num_global_candidates",
+    "pair_index", "resolve_selection_dtype", "stable_seed", "step_autocast_dtype", "summarise_totals",
 ]

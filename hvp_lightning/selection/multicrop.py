@@ -1,24 +1,26 @@
 """Multi-crop search (DINO, iBOT): per-sample candidate combinations of 2 globals + L locals.
 
-Where the line to the losses runs: the methods' modules turn network outputs into
-per-sample loss terms (DINO's cross-entropy table ``CE_b(g -> v)``, iBOT's masked-patch
-terms). This module takes such a table and finds each sample's combinations: DINO's bracket
-``[CE(g1->g2) + CE(g2->g1) + sum_{j in S} (CE(g1->j) + CE(g2->j))] / (2L + 2)`` splits into a
-pair term and unary local terms, so for each global pair the best locals are the top-L
-(hard) or bottom-L (easy) unary terms, and the exact argmax/argmin over all
-``P * C(Lc, L)`` combinations is one top-k per pair, not a loop over subsets. The bracket's
-assembly from a CE table (:func:`combination_loss`) lives here because the search relies
-on that decomposition.
+The losses (:mod:`hvp_lightning.losses.dino`) turn network outputs into DINO's cross-entropy
+table ``CE_b(g -> v)`` and assemble a combination's bracket from it
+(:func:`~hvp_lightning.losses.dino.combination_loss`). This module finds each sample's
+combinations: the bracket splits into a pair term and unary local terms, so for each global
+pair the best locals are the top-L (hard) or bottom-L (easy) unary terms, and the exact
+argmax/argmin over all ``P * C(Lc, L)`` combinations is one top-k per pair, not a loop over
+subsets. :func:`dino_exact_selection` is that search on DINO's table in one call (the
+reference the tests check against brute force); :func:`gather_combination_views` and
+:func:`chosen_views_batch` turn a choice into the training step's views.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
-from .pairs import global_pair_index
+from ..losses.dino import combination_loss, dino_ce_table
+from .choice import choose
+from .pairs import gather_view_params, global_pair_index
 
 
 class CombinationTable(NamedTuple):
@@ -29,16 +31,6 @@ class CombinationTable(NamedTuple):
     loss: torch.Tensor  # [B, C]
     pairs: torch.Tensor  # [B, C, 2]
     locals: torch.Tensor  # [B, C, L]
-
-
-def combination_loss(ce: torch.Tensor, pairs: torch.Tensor, locals_: torch.Tensor, num_globals: int) -> torch.Tensor:
-    """Loss of combinations ``pairs [B, C, 2]`` + ``locals [B, C, L]`` from a CE table ``[B, G, V]``."""
-    b = torch.arange(ce.shape[0], device=ce.device)[:, None]
-    g1, g2 = pairs.unbind(-1)
-    pair_terms = ce[b, g1, g2] + ce[b, g2, g1]
-    j = num_globals + locals_
-    local_terms = ce[b[..., None], g1[..., None], j] + ce[b[..., None], g2[..., None], j]
-    return (pair_terms + local_terms.sum(-1)) / (2 * locals_.shape[-1] + 2)
 
 
 def _uniform_subsets(shape: tuple[int, ...], n: int, k: int, generator: torch.Generator | None,
@@ -100,4 +92,44 @@ def gather_combination_views(views: list[torch.Tensor], num_globals: int, pair: 
     if locals_.shape[1]:
         loc = torch.stack(list(views[num_globals:]))
         out += [loc[locals_[:, s], b] for s in range(locals_.shape[1])]
+    return out
+
+
+class DinoSelection(NamedTuple):
+    """Each sample's chosen combination (:func:`dino_exact_selection`)."""
+
+    pair: torch.Tensor  # [B, 2] chosen global candidates
+    locals: torch.Tensor  # [B, L] chosen local candidates
+    loss: torch.Tensor  # [B] official DINO loss of the chosen combination
+
+
+def dino_exact_selection(T: torch.Tensor, S_glob: torch.Tensor, S_loc: torch.Tensor, L: int, center: torch.Tensor,
+                         tau_t: float, tau_s: float, mode: str = "hard", max_combinations: int | None = None,
+                         generator: torch.Generator | None = None, global_pairs: str = "cross") -> DinoSelection:
+    """Per-sample choice of 2 globals + L locals from ``T``/``S_glob`` ``[G, B, K]`` (teacher /
+    student logits of the global candidates) and ``S_loc`` ``[Lc, B, K]``: the argmax (hard),
+    argmin (easy) or a uniform draw (random) of the DINO loss over all combinations whose
+    global pair is in ``global_pairs``, or over ``max_combinations`` random ones of them.
+    Vectorised over samples. DINO's per-sample loss (:func:`~hvp_lightning.losses.dino.dino_ce_table`)
+    composed with this module's search and :func:`~hvp_lightning.selection.choice.choose`: the
+    reference the tests check against brute force."""
+    ce = dino_ce_table(T, torch.cat([S_glob, S_loc]), center, tau_t, tau_s)
+    table = dino_combination_table(ce, T.shape[0], L, mode, max_combinations, generator, global_pairs)
+    choice = choose(table.loss, mode, generator)
+    b = torch.arange(choice.shape[0], device=choice.device)
+    return DinoSelection(table.pairs[b, choice], table.locals[b, choice], table.loss[b, choice])
+
+
+def chosen_views_batch(batch: dict[str, Any], views: list[torch.Tensor], pair: torch.Tensor, locs: torch.Tensor,
+                       num_globals: int, teacher_out: Any = None) -> dict[str, Any]:
+    """``batch`` with ``views`` (each sample's chosen 2 globals + locals: global candidates
+    ``pair`` ``[B, 2]``, local candidates ``locs`` ``[B, L]``) in place of its candidates, the
+    selection's teacher outputs for them (None: the training step runs the teacher) and, where
+    recorded, their augmentation parameters. The tail of DINO's and iBOT's ``select_views``."""
+    out = dict(batch, views=views)
+    out.pop("teacher_out", None)
+    if teacher_out is not None:
+        out["teacher_out"] = teacher_out
+    if "params" in batch:  # augmentation parameters travel with their views
+        out["params"] = gather_view_params(batch["params"], torch.cat([pair, num_globals + locs], dim=1))
     return out

@@ -9,8 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hvp_lightning.methods.dino import dino_loss
-from hvp_lightning.methods.simsiam import simsiam_loss
+from hvp_lightning.losses import dino_loss, simsiam_loss
 
 lightly_loss = pytest.importorskip("lightly.loss", reason="lightly is a dev dependency (uv sync installs it)")
 

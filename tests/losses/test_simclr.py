@@ -1,22 +1,18 @@
-"""SimCLR: NT-Xent against the official form, the HVP pair table against pair-by-pair losses,
-the hard/easy choice against brute force, LARS, DDP key gathering, and a tiny Hydra run."""
+"""SimCLR's NT-Xent against the official form and lightly, the HVP pair table against
+pair-by-pair losses (and its hard/easy choice against brute force), DDP key gathering."""
 
 from __future__ import annotations
 
 from itertools import combinations
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from hvp_lightning.methods.simclr import gather_with_grad, nt_xent_loss, simclr_pair_table
-from hvp_lightning.optim import LARS
+from hvp_lightning.losses import gather_with_grad, nt_xent_loss, simclr_pair_table
 from hvp_lightning.selection import choose, pair_index
 
-from ._ddp import run_ranks
-from .conftest import make_cfg
+from .._ddp import run_ranks
 
 
 def reference_nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -84,25 +80,6 @@ def test_selection_equals_brute_force(mode: str) -> None:
         assert pairs[int(choice[b])] == pairs[losses.index(best)]
 
 
-def test_lars_trust_ratio_only_on_matrices() -> None:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
-    model(torch.randn(8, 4)).pow(2).sum().backward()
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-    lr, wd, eta = 0.5, 1e-2, 1e-3
-    LARS(model.parameters(), lr=lr, momentum=0.9, weight_decay=wd, eta=eta).step()
-    for name, p in model.named_parameters():
-        w, g = before[name], grads[name]
-        assert not torch.equal(p.detach(), w), name
-        if p.ndim > 1:  # Linear weight: decayed, scaled by eta * ||w|| / ||g + wd w||
-            d = g + wd * w
-            expected = w - lr * eta * w.norm() / d.norm() * d
-        else:  # bias, BN weight/bias: plain SGD step, no decay, no trust ratio
-            expected = w - lr * g
-        torch.testing.assert_close(p.detach(), expected)
-
-
 def _ddp_worker(rank: int, world: int, z1: torch.Tensor, z2: torch.Tensor) -> tuple[torch.Tensor, ...]:
     b = z1.shape[0] // world
     a1 = z1[rank * b:(rank + 1) * b].clone().requires_grad_(True)
@@ -149,33 +126,3 @@ def test_gather_single_process_is_identity() -> None:
     x = torch.randn(3, 4)
     y, offset = gather_with_grad(x, dim=1)
     assert y is x and offset == 0
-
-
-def test_tiny_train_with_hvp(tmp_path: Path) -> None:
-    from hvp_lightning.train import run
-
-    summary = run(make_cfg("method=simclr_cifar", "+hvp=on", "data.image_size=16"), tmp_path)
-    assert summary["method"] == "simclr"
-    assert summary["hvp_enabled"] is True
-    assert summary["steps"] == 4
-    assert summary["train_loss"] is not None and torch.isfinite(torch.tensor(summary["train_loss"]))
-    assert summary["hvp"]["selected_samples"] == 64
-    # Hard choice: the selected pair's loss is at least the candidates' mean.
-    assert summary["hvp"]["selection_selected_loss_mean"] >= summary["hvp"]["selection_candidate_loss_mean"]
-    assert summary["knn_top1"] is not None
-    assert (tmp_path / "summary.json").is_file()
-
-
-@pytest.mark.parametrize("preset", ["simclr", "simclr_cifar"])
-def test_presets_build(preset: str) -> None:
-    """Both presets compose, validate and build the paper's head (2048 -> 128, BN) and LARS."""
-    from hvp_lightning.config import validate
-    from hvp_lightning.methods import METHODS
-
-    cfg = make_cfg(f"method={preset}", "logger=csv", "data.num_workers=0", tiny=False)
-    validate(cfg)
-    model = METHODS[cfg.method.name](cfg)
-    linears = [m for m in model.projector if isinstance(m, nn.Linear)]
-    assert [m.out_features for m in linears] == [2048, 128]
-    assert isinstance(model.projector[-1], nn.BatchNorm1d)
-    assert cfg.method.optimizer.name == "lars" and model.temperature == cfg.method.temperature

@@ -15,7 +15,7 @@ from hvp_lightning.data.datamodule import SSLDataModule
 from hvp_lightning.data.datasets import SafeImageFolder, note_skipped
 from hvp_lightning.data.textures import SyntheticTextures
 
-from .conftest import SHARED_CIFAR
+from ..conftest import SHARED_CIFAR
 
 
 def test_augment_records_crop_box_in_source_pixels():

@@ -7,11 +7,12 @@ import itertools
 import pytest
 import torch
 
-from hvp_lightning.methods.simsiam import SimSiam, simsiam_loss, simsiam_pair_table
+from hvp_lightning.losses import simsiam_loss, simsiam_pair_table
+from hvp_lightning.methods.simsiam import SimSiam
 from hvp_lightning.selection import (ambient_autocast_dtype, choose, frozen_state, gather_pairs, global_pair_index,
                                      pair_index, resolve_selection_dtype, step_autocast_dtype, summarise_totals)
 
-from .conftest import official_pairs, precision_flags
+from ..conftest import official_pairs, precision_flags
 
 
 def test_pair_index_order_and_baseline_pair():
@@ -270,8 +271,7 @@ def test_candidate_tables_are_exact_fp32_where_tf32_is_allowed(tf32_matmuls):
     """The tables rank the loss each method computes, in fp32, even where the networks' matmuls
     may use TF32 (whose rounding moves DINO's cross-entropies by ~1e-3 of their size), and
     leave both precision APIs as they found them."""
-    from hvp_lightning.methods.dino import dino_ce_table, student_log_probs, teacher_probs
-    from hvp_lightning.methods.simclr import simclr_pair_table
+    from hvp_lightning.losses import dino_ce_table, simclr_pair_table, student_log_probs, teacher_probs
 
     g = torch.Generator().manual_seed(0)
     t, s, center = torch.randn(2, 8, 4096, generator=g), torch.randn(5, 8, 4096, generator=g), torch.zeros(4096)

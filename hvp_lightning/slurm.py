@@ -21,10 +21,18 @@ from .errors import ConfigError
 GPU_ACCELERATORS = ("gpu", "cuda")
 
 
-def gpus_per_node(accelerator: str, devices: Any) -> Any:
+def task_count(devices: Any) -> int:
+    """``hydra.launcher.tasks_per_node`` (and GPUs per node) from ``trainer.devices``: the number
+    itself, or 0 for anything that is no positive count (``auto``, a device list, -1). The
+    launcher's schema takes integers only, so ``auto`` would stop Hydra with a traceback while it
+    builds the launcher; 0 gets through to :func:`check_slurm_job`, which names ``trainer.devices``."""
+    return devices if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0 else 0
+
+
+def gpus_per_node(accelerator: str, devices: Any) -> int | None:
     """``hydra.launcher.gpus_per_node`` of the ``slurm`` preset: ``trainer.devices`` GPUs on a GPU
     trainer, none (null: any partition, CPU ones included) for ``cpu`` and ``auto``."""
-    return devices if str(accelerator) in GPU_ACCELERATORS else None
+    return task_count(devices) if str(accelerator) in GPU_ACCELERATORS else None
 
 
 def cpus_per_task(num_workers: Any) -> Any:
@@ -57,6 +65,7 @@ def use_slurm_threads() -> None:
         torch.set_num_threads(threads)
 
 
+OmegaConf.register_new_resolver("hvp_slurm_tasks", task_count, replace=True)
 OmegaConf.register_new_resolver("hvp_slurm_gpus", gpus_per_node, replace=True)
 OmegaConf.register_new_resolver("hvp_slurm_cpus", cpus_per_task, replace=True)
 

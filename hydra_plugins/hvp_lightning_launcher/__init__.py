@@ -8,6 +8,7 @@ from typing import Sequence
 
 from hydra.core.utils import JobReturn
 from hydra.errors import CompactHydraException
+from omegaconf import DictConfig
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 
 from hvp_lightning.errors import ConfigError
@@ -25,12 +26,17 @@ class CheckedSlurmLauncher(SlurmLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.hydra_context is not None and self.config is not None
+        # The parameters come from the sweep's fixed values, once for all jobs: check those first,
+        # then every job, whose swept trainer keys cannot change the layout any more.
+        jobs: list[tuple[str, DictConfig]] = [("", self.config)]
         loader = self.hydra_context.config_loader
         for num, overrides in enumerate(job_overrides, start=initial_job_idx):
-            job = loader.load_sweep_config(self.config, list(overrides))
+            which = (f" (job #{num}: {' '.join(overrides)}; the launcher is sized once per sweep, from the "
+                     "values not swept: one sweep per layout)")
+            jobs.append((which, loader.load_sweep_config(self.config, list(overrides))))
+        for which, job in jobs:
             try:
                 check_slurm_job(job.trainer, self.params)
             except ConfigError as err:
-                which = f" (job #{num}: {' '.join(overrides)})" if len(job_overrides) > 1 else ""
                 raise SlurmLaunchError(f"config error: {err}{which}; nothing was submitted") from err
         return super().launch(job_overrides, initial_job_idx)

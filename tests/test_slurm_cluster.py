@@ -185,3 +185,20 @@ def test_two_nodes_by_one_process_equal_one_node_by_two(conf_dir, tmp_path):
     want, got = final_weights(one_node), final_weights(two_nodes)
     assert got.keys() == want.keys()
     assert [k for k in want if not torch.equal(got[k], want[k])] == []
+
+
+def test_plain_sbatch_script_runs_a_two_node_job(conf_dir, tmp_path):
+    """scripts/slurm_train.sbatch as docs/distributed.md shows it for CPU nodes, sized on sbatch's command line."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--mem=0",
+         f"--output={tmp_path / 'slurm-%j.out'}", "scripts/slurm_train.sbatch", "trainer.accelerator=cpu",
+         "trainer.precision=32-true", "--config-dir", str(conf_dir), "+experiment=tiny", "logger=csv",
+         f"hydra.run.dir={run_dir}"],
+        cwd=REPO, env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    out = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+    assert proc.returncode == 0, proc.stderr + out[-3000:]
+    import json
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["images_seen"], summary["steps"]) == (64, 2), summary  # 64 images, batches of 16 on 2 ranks

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import REPO, write_tiny_experiment
+from .conftest import REPO, TINY, write_tiny_experiment
 
 pytestmark = pytest.mark.slurm
 JOB_TIMEOUT_S = 900  # one sweep on a busy 2-core machine: queueing, ~1 min of start-up per job, requeues
@@ -107,6 +108,18 @@ def test_a_failing_element_fails_alone_and_is_in_the_table(conf_dir, tmp_path):
     assert rows["-1"]["status"] == "failed" and "method.batch_size" in rows["-1"]["error"], rows
 
 
+def job_ids(sweep: Path) -> set[str]:
+    """The SLURM job ids of a sweep: submitit's log dirs ``<id>`` and ``<id>_<index>`` (not its ``.submission_*``)."""
+    found = (re.fullmatch(r"(\d+)(_\d+)?", p.name) for p in sweep.glob(".submitit/*")) if sweep.exists() else ()
+    return {m.group(1) for m in found if m}
+
+
+def cancel_jobs(*sweeps: Path) -> None:
+    ids = set().union(*(job_ids(sweep) for sweep in sweeps))
+    if ids:
+        subprocess.run(["scancel", *sorted(ids)], check=False)
+
+
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     return ckpt["state_dict"]
@@ -148,13 +161,14 @@ def test_preempted_and_timed_out_jobs_are_requeued_and_end_as_the_uninterrupted_
             time.sleep(0.5)
         assert ckpt is not None, "job #1 wrote no checkpoint"
         time.sleep(1.0)
-        [array] = {p.name.split("_")[0] for p in pre.glob(".submitit/*_*")}
+        [array] = job_ids(pre)
         subprocess.run(["scancel", "--signal=USR2", f"{array}_1"], check=True)
         outs = [p.communicate(timeout=JOB_TIMEOUT_S)[0] for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
+        cancel_jobs(pre, limit)  # a requeued job outlives its killed submitter
     assert [p.returncode for p in procs] == [0, 0], [o[-3000:] for o in outs]
     reference, preempted = job_dirs(pre)
     [timed_out] = job_dirs(limit)
@@ -187,18 +201,17 @@ def test_two_nodes_by_one_process_equal_one_node_by_two(conf_dir, tmp_path):
     assert [k for k in want if not torch.equal(got[k], want[k])] == []
 
 
-def test_plain_sbatch_script_runs_a_two_node_job(conf_dir, tmp_path):
+def test_plain_sbatch_script_runs_a_two_node_job(tmp_path):
     """scripts/slurm_train.sbatch as docs/distributed.md shows it for CPU nodes, sized on sbatch's command line."""
+    import json
+
     run_dir = tmp_path / "run"
     proc = subprocess.run(
         ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--mem=0",
          f"--output={tmp_path / 'slurm-%j.out'}", "scripts/slurm_train.sbatch", "trainer.accelerator=cpu",
-         "trainer.precision=32-true", "--config-dir", str(conf_dir), "+experiment=tiny", "logger=csv",
-         f"hydra.run.dir={run_dir}"],
+         "trainer.precision=32-true", "logger=csv", *TINY, f"hydra.run.dir={run_dir}"],
         cwd=REPO, env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
     out = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
     assert proc.returncode == 0, proc.stderr + out[-3000:]
-    import json
-
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["images_seen"], summary["steps"]) == (64, 2), summary  # 64 images, batches of 16 on 2 ranks

@@ -136,9 +136,6 @@ def job_dirs(sweep: Path) -> list[Path]:
                   key=lambda p: int(p.name.split("_", 1)[0]))
 
 
-@pytest.mark.xfail(strict=False, reason="step-exact pre-emption (checkpoint at the signal's step, one signal "
-                   "handler) is on branch preempt; before it, a requeued job continues from the epoch-end "
-                   "checkpoint and Lightning's SLURM handler sits beside submitit's")
 def test_preempted_and_timed_out_jobs_are_requeued_and_end_as_the_uninterrupted_run(conf_dir, tmp_path):
     """(c) one sweep of two identical jobs: #0 runs through, #1 gets ``scancel --signal=USR2`` mid-epoch
     (what SLURM sends before a pre-emption); beside it, a job whose ``--time`` (2 min) ends before its

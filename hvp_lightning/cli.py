@@ -28,7 +28,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from . import sweep  # noqa: F401  registers ${hvp_dirname:...} (hydra.sweep.subdir)
+from . import slurm, sweep  # noqa: F401  register ${hvp_dirname:...} (hydra.sweep.subdir), ${hvp_slurm_*:...}
 from .checkpoint_paths import LAST, resolve_checkpoint, run_dir_of
 from .config import check_eval_options, check_options
 from .errors import CheckpointError, ConfigError

@@ -24,6 +24,7 @@ from .methods import METHODS, SSLMethod
 from .preemption import StopOnSignal, cluster_plugins
 from .run_logs import RunRecord, continue_csv_log, wandb_resume
 from .selection import hvp_summary
+from .slurm import use_slurm_threads
 from .warning_filters import quiet_console
 from .wandb_logging import WandbCharts, current_sweep_dir, run_names
 
@@ -64,6 +65,7 @@ def run(cfg: DictConfig, run_dir: Path, options_checked: bool = False) -> dict[s
     record = RunRecord(run_dir)  # this session's clock starts
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     set_matmul_precision()
+    use_slurm_threads()  # the same arithmetic whatever the SLURM layout (hvp_lightning/slurm.py)
     method_cls = METHODS[cfg.method.name]
     dm = SSLDataModule(cfg.data, method_cls.view_augs(cfg), cfg.method.batch_size, cfg.data.num_workers, cfg.seed)
     dm.setup("fit")

@@ -1,6 +1,6 @@
 """The GPU layer (issue 12): every path of a run on CUDA, in a few steps with tiny models.
 
-Kept out of the default run (``-m 'not slow and not gpu'`` in pyproject.toml); on a GPU machine::
+Kept out of the default run (``-m 'not slow and not gpu and not slurm'`` in pyproject.toml); on a GPU machine::
 
     python3 -m pytest -m gpu        # or: uv run pytest -m gpu
 

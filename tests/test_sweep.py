@@ -140,12 +140,18 @@ def test_slurm_launcher_renders_one_task_per_gpu(tmp_path, monkeypatch):
     cfg = compose_with_hydra("hydra/launcher=slurm_8gpu", "trainer=ddp_8gpu", "trainer.num_nodes=2",
                     f"hydra.sweep.dir={tmp_path / 'sweep'}")
     launcher_cfg = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
-    assert launcher_cfg["_target_"] == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert launcher_cfg["_target_"] == "hydra_plugins.hvp_lightning_launcher.CheckedSlurmLauncher"
     assert (launcher_cfg["gpus_per_node"], launcher_cfg["tasks_per_node"], launcher_cfg["nodes"]) == (8, 8, 2)
     assert launcher_cfg["timeout_min"] > 0 and launcher_cfg["cpus_per_task"] > 0 and launcher_cfg["mem_gb"] > 0
     assert launcher_cfg["partition"] is None and launcher_cfg["account"] is None
     launcher = instantiate(cfg.hydra.launcher)
-    launcher.setup(hydra_context=None, task_function=None, config=cfg)
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra._internal.callbacks import Callbacks
+    from hydra.types import HydraContext
+
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(REPO / "conf")))  # checks the jobs
+    launcher.setup(hydra_context=HydraContext(config_loader=loader, callbacks=Callbacks()), task_function=None, config=cfg)
 
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "srun").write_text("#!/bin/sh\nexit 1\n")
@@ -158,7 +164,8 @@ def test_slurm_launcher_renders_one_task_per_gpu(tmp_path, monkeypatch):
         return []
 
     monkeypatch.setattr(submitit.AutoExecutor, "map_array", capture)
-    assert launcher.launch([["seed=0"], ["seed=1"]], initial_job_idx=0) == []
+    fixed = ["hydra/launcher=slurm_8gpu", "trainer=ddp_8gpu", "trainer.num_nodes=2"]  # as Hydra's sweeper passes them
+    assert launcher.launch([[*fixed, "seed=0"], [*fixed, "seed=1"]], initial_job_idx=0) == []
     sbatch = scripts[0]
     for line in ("--nodes=2", "--ntasks-per-node=8", "--gpus-per-node=8", f"--cpus-per-task={launcher_cfg['cpus_per_task']}",
                  f"--time={launcher_cfg['timeout_min']}", f"--mem={launcher_cfg['mem_gb']}GB"):

@@ -54,10 +54,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build(args: argparse.Namespace):
-    ov = [f"method={args.method}_cifar", "backbone=resnet18_cifar", f"backbone.width={args.width}", "data=synthetic",
-          "logger=csv", f"method.batch_size={args.batch_size}", f"data.crop_size={args.crop}",
-          f"method.proj_hidden_dim={args.proj_dim}", f"method.proj_dim={args.proj_dim}", "+hvp=on",
-          f"hvp.num_views={args.num_views}"]
+    ov = [
+        f"method={args.method}_cifar",
+        "backbone=resnet18_cifar",
+        f"backbone.width={args.width}",
+        "data=synthetic",
+        "logger=csv",
+        f"method.batch_size={args.batch_size}",
+        f"data.crop_size={args.crop}",
+        f"method.proj_hidden_dim={args.proj_dim}",
+        f"method.proj_dim={args.proj_dim}",
+        "+hvp=on",
+        f"hvp.num_views={args.num_views}",
+    ]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=ov)
     torch.manual_seed(0)
@@ -100,16 +109,20 @@ def main(argv: list[str] | None = None) -> None:
             if r >= args.warmup:
                 times[name].append(time.perf_counter() - t0)
     cmd = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
-    print(f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC  {platform.node()}  {platform.processor() or ''}"
-          f"  cpus {os.cpu_count()}  torch {torch.__version__}  threads {torch.get_num_threads()}"
-          f"  load {os.getloadavg()[0]:.1f}")
+    print(
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC  {platform.node()}  {platform.processor() or ''}"
+        f"  cpus {os.cpu_count()}  torch {torch.__version__}  threads {torch.get_num_threads()}"
+        f"  load {os.getloadavg()[0]:.1f}"
+    )
     print(cmd)
     for name, ts in times.items():
         print(f"{name:<10} median {statistics.median(ts):.4f} s  min {min(ts):.4f} s")
     for name in ("selection", "table"):
         ratios = [t / s for t, s in zip(times[name], times["step"])]
-        print(f"{name}/step  median of per-round ratios {statistics.median(ratios):.3f}  "
-              f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
+        print(
+            f"{name}/step  median of per-round ratios {statistics.median(ratios):.3f}  "
+            f"(min {min(ratios):.3f}, max {max(ratios):.3f})"
+        )
 
 
 if __name__ == "__main__":

@@ -49,9 +49,18 @@ def main() -> None:
 
     conf = Path(__file__).resolve().parents[1] / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        cfg = compose("config", overrides=["+hvp=on", "logger=wandb", f"trainer.max_epochs={args.epochs}",
-                                           "eval.every_n_epochs=1", "eval.at_start=false",
-                                           "+trainer.enable_progress_bar=false", *args.override])
+        cfg = compose(
+            "config",
+            overrides=[
+                "+hvp=on",
+                "logger=wandb",
+                f"trainer.max_epochs={args.epochs}",
+                "eval.every_n_epochs=1",
+                "eval.at_start=false",
+                "+trainer.enable_progress_bar=false",
+                *args.override,
+            ],
+        )
     made: list[L.Callback] = []
 
     def with_clock(c):  # the run's own callbacks, plus the epoch clock; keeps the gallery for reading
@@ -65,10 +74,14 @@ def main() -> None:
     (gallery,) = [c for c in made if isinstance(c, LiveGallery)]
     (clock,) = [c for c in made if isinstance(c, EpochClock)]
     share = 100 * gallery.seconds / clock.seconds
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-          f"overrides: {' '.join(args.override) or '-'}")
-    print(f"training epochs: {args.epochs}, {clock.seconds:.2f} s; gallery callback: {gallery.seconds:.3f} s "
-          f"({share:.2f}% of the epochs' time, one upload per epoch)")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+        f"overrides: {' '.join(args.override) or '-'}"
+    )
+    print(
+        f"training epochs: {args.epochs}, {clock.seconds:.2f} s; gallery callback: {gallery.seconds:.3f} s "
+        f"({share:.2f}% of the epochs' time, one upload per epoch)"
+    )
 
 
 if __name__ == "__main__":

@@ -43,9 +43,10 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,16 +67,25 @@ METHOD_PRESETS = sorted(p.stem for p in (REPO / "conf" / "method").glob("*.yaml"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--method", choices=METHOD_PRESETS, default="simsiam", help="a conf/method preset")
     p.add_argument("--data", choices=("imagefolder", "synthetic", "cifar10"), default="imagefolder")
-    p.add_argument("--root", type=Path, default=None,
-                   help="imagefolder: ImageNet-layout folder (train/<class>/*), default generated JPEGs; "
-                        "cifar10: torchvision's CIFAR-10 folder")
+    p.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="imagefolder: ImageNet-layout folder (train/<class>/*), default generated JPEGs; "
+        "cifar10: torchvision's CIFAR-10 folder",
+    )
     p.add_argument("--images", type=int, default=512, help="images in the generated folder (synthetic: textures)")
     p.add_argument("--image-size", type=int, default=32, help="--data synthetic: side of the generated images")
-    p.add_argument("--on-device", action="store_true",
-                   help="time data.on_device=true as the pipeline (in-memory data, or a folder of one image size)")
+    p.add_argument(
+        "--on-device",
+        action="store_true",
+        help="time data.on_device=true as the pipeline (in-memory data, or a folder of one image size)",
+    )
     p.add_argument("--crop", type=int, default=224, help="data.crop_size (DINO/iBOT: the global crop)")
     p.add_argument("--views", type=int, default=4, help="candidate views per image: > 2 turns HVP on (hvp.num_views)")
     p.add_argument("--workers", type=int, default=2)
@@ -125,12 +135,22 @@ def make_jpeg_folder(root: Path, n: int, classes: int = 8, seed: int = 0) -> Pat
 
 
 def build_cfg(args: argparse.Namespace, root: Path | None) -> DictConfig:
-    data = {"imagefolder": ["data=imagefolder", f"data.root={root}"], "cifar10": ["data=cifar10", f"data.root={root}"],
-            "synthetic": ["data=synthetic", f"data.image_size={args.image_size}", f"data.train_size={args.images}"]}
-    overrides = [f"method={args.method}", *data[args.data], f"data.on_device={str(args.on_device).lower()}",
-                 f"data.crop_size={args.crop}", f"data.num_workers={args.workers}",
-                 f"method.batch_size={args.batch_size}", f"backbone={args.backbone}", "logger=csv",
-                 "trainer=cpu" if args.device == "cpu" else "trainer=gpu"]
+    data = {
+        "imagefolder": ["data=imagefolder", f"data.root={root}"],
+        "cifar10": ["data=cifar10", f"data.root={root}"],
+        "synthetic": ["data=synthetic", f"data.image_size={args.image_size}", f"data.train_size={args.images}"],
+    }
+    overrides = [
+        f"method={args.method}",
+        *data[args.data],
+        f"data.on_device={str(args.on_device).lower()}",
+        f"data.crop_size={args.crop}",
+        f"data.num_workers={args.workers}",
+        f"method.batch_size={args.batch_size}",
+        f"backbone={args.backbone}",
+        "logger=csv",
+        "trainer=cpu" if args.device == "cpu" else "trainer=gpu",
+    ]
     if args.views > 2:
         overrides += ["+hvp=on", f"hvp.num_views={args.views}"]
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -156,8 +176,9 @@ class ReferenceViews:
 # --- timing -------------------------------------------------------------------------------------
 
 
-def timed_batches(loader: DataLoader, finish: Callable[[Any], Any], device: torch.device, warmup: int,
-                  count: int) -> float:
+def timed_batches(
+    loader: DataLoader, finish: Callable[[Any], Any], device: torch.device, warmup: int, count: int
+) -> float:
     """Images/s over ``count`` batches after ``warmup``: fetch, move to ``device``, ``finish``.
     ``loader`` must not keep its workers: dropping the iterator at the end stops them, so the
     batches they were prefetching are not made while the next arm is timed."""
@@ -191,8 +212,14 @@ def loader_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.devic
         data = cfg.data.copy()
         with open_dict(data):
             data.on_device = on_device
-        dm = SSLDataModule(data, METHODS[cfg.method.name].view_augs(cfg), args.batch_size, args.workers,
-                           cfg.seed, colour_in_workers=colour_in_workers)
+        dm = SSLDataModule(
+            data,
+            METHODS[cfg.method.name].view_augs(cfg),
+            args.batch_size,
+            args.workers,
+            cfg.seed,
+            colour_in_workers=colour_in_workers,
+        )
         dm.setup("fit")
         return dm
 
@@ -215,10 +242,23 @@ def loader_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.devic
         arms["reference"] = (DataLoader(ref), lambda b: b)
     # Fresh workers per timed run (started during the warm-up batches): persistent ones would
     # go on making the previous arm's prefetched batches while the next arm is timed.
-    arms = {name: (DataLoader(loader.dataset, batch_size=args.batch_size, shuffle=True, drop_last=True,
-                              num_workers=args.workers, pin_memory=device.type == "cuda", collate_fn=loader.collate_fn),
-                   finish) if loader.num_workers or name != "pipeline" or not args.on_device else (loader, finish)
-            for name, (loader, finish) in arms.items()}
+    arms = {
+        name: (
+            DataLoader(
+                loader.dataset,
+                batch_size=args.batch_size,
+                shuffle=True,
+                drop_last=True,
+                num_workers=args.workers,
+                pin_memory=device.type == "cuda",
+                collate_fn=loader.collate_fn,
+            ),
+            finish,
+        )
+        if loader.num_workers or name != "pipeline" or not args.on_device
+        else (loader, finish)
+        for name, (loader, finish) in arms.items()
+    }
     need = (args.warmup + args.batches) * args.batch_size
     if len(dm.train_set) < need:
         raise SystemExit(f"--images: {len(dm.train_set)} training images, a round needs {need}")
@@ -263,11 +303,20 @@ def step_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.device)
                 cfg.data.num_classes = dm.num_classes
             model = METHODS[cfg.method.name](cfg)
             clock = Clock()
-            trainer = L.Trainer(accelerator="cpu" if device.type == "cpu" else "gpu", devices=1, max_epochs=1,
-                                precision=cfg.trainer.get("precision", "32-true"),
-                                limit_train_batches=args.warmup + args.batches, limit_val_batches=0, logger=False,
-                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                                callbacks=[clock], num_sanity_val_steps=0)
+            trainer = L.Trainer(
+                accelerator="cpu" if device.type == "cpu" else "gpu",
+                devices=1,
+                max_epochs=1,
+                precision=cfg.trainer.get("precision", "32-true"),
+                limit_train_batches=args.warmup + args.batches,
+                limit_val_batches=0,
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                callbacks=[clock],
+                num_sanity_val_steps=0,
+            )
             trainer.fit(model, datamodule=dm)
             _sync(device)
             res[name].append(clock.images / (time.perf_counter() - clock.start))
@@ -282,15 +331,22 @@ def report(args: argparse.Namespace, res: dict[str, list[float]], device: torch.
     lines = ["| arm | median images/s | min | max | rounds |", "|---|---|---|---|---|"]
     for name, v in res.items():
         lines.append(f"| {name} | {statistics.median(v):.1f} | {min(v):.1f} | {max(v):.1f} | {len(v)} |")
-    for base, names in (("reference", ("pipeline", "workers")), ("loader", ("pipeline", "workers")),
-                        ("step_loader", ("step",))):
+    for base, names in (
+        ("reference", ("pipeline", "workers")),
+        ("loader", ("pipeline", "workers")),
+        ("step_loader", ("step",)),
+    ):
         for name in names if base in res else ():
             ratios = [a / b for a, b in zip(res[name], res[base])]
-            lines.append(f"| {name} / {base} (per round) | {statistics.median(ratios):.2f}x | {min(ratios):.2f}x | "
-                         f"{max(ratios):.2f}x | {len(ratios)} |")
-    head = (f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} CPUs, "
-            f"device {device}, torch {torch.__version__}, main-process threads {torch.get_num_threads()}, "
-            f"load average {os.getloadavg()[0]:.1f}")
+            lines.append(
+                f"| {name} / {base} (per round) | {statistics.median(ratios):.2f}x | {min(ratios):.2f}x | "
+                f"{max(ratios):.2f}x | {len(ratios)} |"
+            )
+    head = (
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} CPUs, "
+        f"device {device}, torch {torch.__version__}, main-process threads {torch.get_num_threads()}, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     cmd = "uv run python benchmarks/loader.py " + " ".join(shlex.quote(a) for a in argv)
     return f"{head}\n\n```bash\n{cmd}\n```\n\n" + "\n".join(lines) + "\n"
 

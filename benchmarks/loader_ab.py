@@ -21,8 +21,9 @@ import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -39,19 +40,39 @@ def arm(package: str, conf: Path, args: argparse.Namespace) -> tuple[DataLoader,
     """The training loader of ``package`` (``hvp_lightning`` or ``hvp_base``) as train.py builds it on CPU."""
     datamodule = importlib.import_module(f"{package}.data.datamodule")
     methods = importlib.import_module(f"{package}.methods")
-    overrides = ["data=synthetic", f"data.image_size={args.image_size}", f"data.train_size={args.images}",
-                 f"method={args.method}", f"data.crop_size={args.crop}", f"data.num_workers={args.workers}",
-                 f"method.batch_size={args.batch_size}", "logger=csv", "trainer=cpu"]
+    overrides = [
+        "data=synthetic",
+        f"data.image_size={args.image_size}",
+        f"data.train_size={args.images}",
+        f"method={args.method}",
+        f"data.crop_size={args.crop}",
+        f"data.num_workers={args.workers}",
+        f"method.batch_size={args.batch_size}",
+        "logger=csv",
+        "trainer=cpu",
+    ]
     if args.views > 2:
         overrides += ["+hvp=on", f"hvp.num_views={args.views}"]
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
-    dm = datamodule.SSLDataModule(cfg.data, methods.METHODS[cfg.method.name].view_augs(cfg), args.batch_size,
-                                  args.workers, cfg.seed, colour_in_workers=True)
+    dm = datamodule.SSLDataModule(
+        cfg.data,
+        methods.METHODS[cfg.method.name].view_augs(cfg),
+        args.batch_size,
+        args.workers,
+        cfg.seed,
+        colour_in_workers=True,
+    )
     dm.setup("fit")
     loader = dm.train_dataloader()
-    fresh = DataLoader(loader.dataset, batch_size=args.batch_size, shuffle=True, drop_last=True,
-                       num_workers=args.workers, collate_fn=loader.collate_fn)
+    fresh = DataLoader(
+        loader.dataset,
+        batch_size=args.batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=args.workers,
+        collate_fn=loader.collate_fn,
+    )
     return fresh, lambda b: dm.on_after_batch_transfer(b, 0)
 
 
@@ -84,8 +105,10 @@ def main() -> None:
         ratios.append(rate["B"] / rate["A"])
         print(f"pair {r + 1}: A {rate['A']:.1f} B {rate['B']:.1f} images/s, B/A {ratios[-1]:.3f}", flush=True)
     shutil.rmtree(tmp, ignore_errors=True)
-    print(f"B/A median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}, "
-          f"{len(ratios)} pairs)")
+    print(
+        f"B/A median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}, "
+        f"{len(ratios)} pairs)"
+    )
 
 
 if __name__ == "__main__":

@@ -39,7 +39,9 @@ def main(rounds: int = 12, warmup: int = 2) -> None:
             net(x).sum().backward()
             times[name].append(time.perf_counter() - start)
     med = {k: sorted(v[warmup:])[(rounds - warmup) // 2] for k, v in times.items()}
-    print({k: f"{v * 1e3:.1f} ms" for k, v in med.items()}, f"guarded/unguarded={med['guarded'] / med['unguarded']:.3f}")
+    print(
+        {k: f"{v * 1e3:.1f} ms" for k, v in med.items()}, f"guarded/unguarded={med['guarded'] / med['unguarded']:.3f}"
+    )
 
 
 if __name__ == "__main__":

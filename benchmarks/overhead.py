@@ -41,10 +41,11 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -67,10 +68,13 @@ Batch = dict[str, Any]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--method", choices=sorted(METHODS), default="simsiam")
-    p.add_argument("--preset", default=None,
-                   help="conf/method file (default: <method>_cifar if it exists, else <method>)")
+    p.add_argument(
+        "--preset", default=None, help="conf/method file (default: <method>_cifar if it exists, else <method>)"
+    )
     p.add_argument("--backbone", default="resnet18_cifar", help="conf/backbone preset")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--crop", type=int, default=32, help="data.crop_size (DINO/iBOT: global crops)")
@@ -81,22 +85,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--precision", choices=list(STEP_DTYPES), default="32-true",
-                   help="trainer.precision to imitate: autocast around the forward (16-mixed: + GradScaler)")
+    p.add_argument(
+        "--precision",
+        choices=list(STEP_DTYPES),
+        default="32-true",
+        help="trainer.precision to imitate: autocast around the forward (16-mixed: + GradScaler)",
+    )
     p.add_argument("--selection-precision", choices=PRECISIONS, default="auto", help="hvp.selection_precision")
     p.add_argument("--max-combinations", type=int, default=None, help="DINO: hvp.max_combinations=K (iBOT rejects it)")
-    p.add_argument("--no-teacher-reuse", action="store_true",
-                   help="DINO/iBOT: method.teacher_reuse=false for the HVP model")
-    p.add_argument("--compare-reuse", action="store_true",
-                   help="DINO/iBOT: also time an HVP model without teacher reuse in the same rounds")
+    p.add_argument(
+        "--no-teacher-reuse", action="store_true", help="DINO/iBOT: method.teacher_reuse=false for the HVP model"
+    )
+    p.add_argument(
+        "--compare-reuse",
+        action="store_true",
+        help="DINO/iBOT: also time an HVP model without teacher reuse in the same rounds",
+    )
     p.add_argument("--no-extras", action="store_true", help="skip the per-round no-grad forward timings")
-    p.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="extra Hydra overrides for both models, e.g. backbone.patch_size=4")
+    p.add_argument(
+        "--override",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Hydra overrides for both models, e.g. backbone.patch_size=4",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="append a markdown section to this file")
     args = p.parse_args(argv)
-    if not issubclass(METHODS[args.method], DINO) and (args.max_combinations or args.no_teacher_reuse
-                                                       or args.compare_reuse):
+    if not issubclass(METHODS[args.method], DINO) and (
+        args.max_combinations or args.no_teacher_reuse or args.compare_reuse
+    ):
         p.error("--max-combinations / --no-teacher-reuse / --compare-reuse are DINO/iBOT options")
     if args.iters < 1 or args.warmup < 0 or args.num_views < 2:
         p.error("need --iters >= 1, --warmup >= 0, --num-views >= 2")
@@ -115,8 +133,15 @@ def method_preset(args: argparse.Namespace) -> str:
 def compose_cfg(args: argparse.Namespace, hvp: bool, teacher_reuse: bool = True) -> DictConfig:
     """The real config (conf/ via Hydra, as tests/conftest.py) with this run's overrides."""
     preset = method_preset(args)
-    ov = [f"method={preset}", f"backbone={args.backbone}", "data=synthetic", "logger=csv",
-          f"method.batch_size={args.batch_size}", f"data.crop_size={args.crop}", f"seed={args.seed}"]
+    ov = [
+        f"method={preset}",
+        f"backbone={args.backbone}",
+        "data=synthetic",
+        "logger=csv",
+        f"method.batch_size={args.batch_size}",
+        f"data.crop_size={args.crop}",
+        f"seed={args.seed}",
+    ]
     if args.width is not None:
         ov.append(f"backbone.width={args.width}")
     if args.local_crop is not None:
@@ -178,8 +203,12 @@ class Runner:
         params = {k: torch.rand(b, v, generator=gen).to(self.device) for k in PARAM_NAMES}
         params["jitter_order"] = torch.stack([torch.randperm(4, generator=gen) for _ in range(b * v)]).view(b, v, 4)
         params["jitter_order"] = params["jitter_order"].to(self.device)
-        return {"views": views, "params": params, "label": torch.randint(10, (b,), generator=gen).to(self.device),
-                "index": torch.arange(b, device=self.device)}
+        return {
+            "views": views,
+            "params": params,
+            "label": torch.randint(10, (b,), generator=gen).to(self.device),
+            "index": torch.arange(b, device=self.device),
+        }
 
     def step(self, batch: Batch) -> None:
         """One full training step, timed by phase: ``training_step`` (HVP: selection pass
@@ -247,8 +276,11 @@ def pair_extras(r: Runner, hvp_batch: Batch, n: int) -> dict[str, float]:
         f = timed(dev, lambda: fwd(views[0]))
         per_view = timed(dev, lambda: [fwd(v) for v in views])
         stacked = timed(dev, lambda: fwd(torch.cat(views)))
-        out = {"F (1 view, no grad)": f, f"select fwd: {n} x B per view": per_view,
-               f"select fwd: 1 x {n}B stacked": stacked}
+        out = {
+            "F (1 view, no grad)": f,
+            f"select fwd: {n} x B per view": per_view,
+            f"select fwd: 1 x {n}B stacked": stacked,
+        }
         if hasattr(m, "pair_table"):  # VICReg/Barlow Twins: the leave-one-out table alone, after the forwards
             z = torch.stack([fwd(v) for v in views])
             out["select table: leave-one-out [B, C]"] = timed(dev, lambda: m.pair_table(z, (z[0], z[1]), 0))
@@ -261,7 +293,7 @@ def multicrop_extras(r: Runner, hvp_batch: Batch, g: int) -> dict[str, float]:
     iBOT's globals go through the token forward (CLS + patch logits), the student's masked."""
     m, dev, views = r.model, r.device, hvp_batch["views"]
     n_loc = m.num_local  # type: ignore[attr-defined]
-    glob, loc = list(views[:2]), list(views[g:g + n_loc])
+    glob, loc = list(views[:2]), list(views[g : g + n_loc])
     t_mod, s_mod = (m.teacher.backbone, m.teacher.head), (m.backbone, m.head)  # type: ignore[union-attr]
     if hasattr(m, "make_masks"):  # iBOT
         masks = m.make_masks(hvp_batch)[:2]  # type: ignore[operator]
@@ -303,9 +335,13 @@ def machine_info(device: torch.device) -> list[tuple[str, str]]:
                 break
     except OSError:
         cpu = platform.processor() or "?"
-    info = [("nproc", f"{len(os.sched_getaffinity(0))} (os.cpu_count {os.cpu_count()})"), ("CPU", cpu),
-            ("torch", torch.__version__), ("torch threads", str(torch.get_num_threads())),
-            ("python", platform.python_version())]
+    info = [
+        ("nproc", f"{len(os.sched_getaffinity(0))} (os.cpu_count {os.cpu_count()})"),
+        ("CPU", cpu),
+        ("torch", torch.__version__),
+        ("torch threads", str(torch.get_num_threads())),
+        ("python", platform.python_version()),
+    ]
     if device.type == "cuda":
         info.append(("GPU", torch.cuda.get_device_name(device)))
     try:
@@ -339,8 +375,10 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed)
     cls = METHODS[args.method]
     base_cfg = compose_cfg(args, hvp=False)
-    variants: list[tuple[str, DictConfig]] = [("baseline", base_cfg),
-                                              ("hvp", compose_cfg(args, True, not args.no_teacher_reuse))]
+    variants: list[tuple[str, DictConfig]] = [
+        ("baseline", base_cfg),
+        ("hvp", compose_cfg(args, True, not args.no_teacher_reuse)),
+    ]
     if args.compare_reuse:
         variants.append(("hvp_noreuse", compose_cfg(args, True, teacher_reuse=False)))
     runners: list[Runner] = []
@@ -352,15 +390,19 @@ def main(argv: list[str] | None = None) -> None:
     base, hvps = runners[0], runners[1:]
     is_dino = isinstance(base.model, DINO)  # DINO or iBOT (multi-crop, EMA teacher)
 
-    notes = [f"method={args.method} preset={method_preset(args)} backbone={args.backbone} "
-             f"B={b} crop={args.crop} N={n} device={device} precision={args.precision} "
-             f"selection_precision={args.selection_precision}"]
+    notes = [
+        f"method={args.method} preset={method_preset(args)} backbone={args.backbone} "
+        f"B={b} crop={args.crop} N={n} device={device} precision={args.precision} "
+        f"selection_precision={args.selection_precision}"
+    ]
     if is_dino:
         g, lc = hvps[0].model.num_globals, hvps[0].model.num_locals_cand  # type: ignore[attr-defined]
         n_loc = base.model.num_local  # type: ignore[attr-defined]
-        notes.append(f"{args.method} views: baseline 2 globals + {n_loc} locals ({base.view_sizes}); HVP {g} globals + "
-                     f"{lc} locals ({hvps[0].view_sizes}); max_combinations={args.max_combinations} "
-                     f"global_pairs={hvps[0].model.hvp.global_pairs}")
+        notes.append(
+            f"{args.method} views: baseline 2 globals + {n_loc} locals ({base.view_sizes}); HVP {g} globals + "
+            f"{lc} locals ({hvps[0].view_sizes}); max_combinations={args.max_combinations} "
+            f"global_pairs={hvps[0].model.hvp.global_pairs}"
+        )
         for r in hvps:
             notes.append(f"{r.name}: teacher_reuse={r.model.teacher_reuse}")  # type: ignore[attr-defined]
     print("\n".join(notes), flush=True)
@@ -375,16 +417,22 @@ def main(argv: list[str] | None = None) -> None:
             r.step(batch)
         ex: dict[str, float] = {}
         if not args.no_extras:  # the selection's no-grad forwards, timed on the baseline model
-            ex = (multicrop_extras(base, hvp_batch, hvps[0].model.num_globals)  # type: ignore[arg-type,attr-defined]
-                  if is_dino else pair_extras(base, hvp_batch, n))  # type: ignore[arg-type]
+            ex = (
+                multicrop_extras(base, hvp_batch, hvps[0].model.num_globals)  # type: ignore[arg-type,attr-defined]
+                if is_dino
+                else pair_extras(base, hvp_batch, n)
+            )  # type: ignore[arg-type]
         if it < args.warmup:
             for r in runners:
                 r.times.clear()
             continue
         for k, v in ex.items():
             extras.setdefault(k, []).append(v)
-        print(f"round {it - args.warmup + 1}/{args.iters}: "
-              + "  ".join(f"{r.name} {r.times['step'][-1]:.3f}s" for r in runners), flush=True)
+        print(
+            f"round {it - args.warmup + 1}/{args.iters}: "
+            + "  ".join(f"{r.name} {r.times['step'][-1]:.3f}s" for r in runners),
+            flush=True,
+        )
 
     rows: list[tuple[str, str, str, str]] = []
     add = lambda q, xs, note="", fmt="{:.3f} s": rows.append((q, fmt.format(med(xs)), spread(xs), note))  # noqa: E731
@@ -397,14 +445,24 @@ def main(argv: list[str] | None = None) -> None:
         add(f"{r.name}/baseline step (paired)", ratios, "median of per-round ratios", "{:.3f}x")
         rows.append((f"{r.name}/baseline (ratio of medians)", f"{med(r.times['step']) / med(a_step):.3f}x", "", ""))
         if "select" in r.times:  # the selection pass against the ordinary training step, per round
-            add(f"{r.name} select / baseline step (paired)", [s / a for s, a in zip(r.times["select"], a_step)],
-                "median of per-round ratios", "{:.3f}x")
+            add(
+                f"{r.name} select / baseline step (paired)",
+                [s / a for s, a in zip(r.times["select"], a_step)],
+                "median of per-round ratios",
+                "{:.3f}x",
+            )
     for r in runners:
         if r.peak_mem:
             peak, resident = max(r.peak_mem)
-            rows.append((f"{r.name}: peak GPU memory", f"{peak / 2**20:.0f} MiB", "",
-                         f"max over steps; {resident / 2**20:.0f} MiB resident at step start (all variants' "
-                         f"weights and optimiser states)"))
+            rows.append(
+                (
+                    f"{r.name}: peak GPU memory",
+                    f"{peak / 2**20:.0f} MiB",
+                    "",
+                    f"max over steps; {resident / 2**20:.0f} MiB resident at step start (all variants' "
+                    f"weights and optimiser states)",
+                )
+            )
         else:
             rows.append((f"{r.name}: peak GPU memory", "n/a", "", f"device={device}"))
     fb = [f + bw for f, bw in zip(base.times["train_fwd"], base.times["backward"])]
@@ -423,29 +481,47 @@ def main(argv: list[str] | None = None) -> None:
             f_sel = g / 2 * (t2 + s2) + (lc / n_loc * sl if n_loc else 0.0)
             rows.append(("bound, no teacher reuse", f"{(A + f_sel) / A:.3f}x", "", "(A + F_sel) / A"))
             reusable = bool(hvps[0].model.teacher_reuse) or args.no_teacher_reuse  # type: ignore[attr-defined]
-            rows.append(("bound, teacher reuse", f"{(A + f_sel - t2) / A:.3f}x", "",
-                         "(A + F_sel - T2g) / A" + ("" if reusable else "; n/a here: BatchNorm teacher")))
-            explain += [f"{args.method}: F_sel = G/2*(T2g + S2g) + Lc/L*SL = {g}/2*({t2:.3f}+{s2:.3f}) + "
-                        f"{lc}/{n_loc}*{sl:.3f} = {f_sel:.3f} s (no-grad forwards of the selection pass, grouped "
-                        f"as it groups them); A = baseline step {A:.3f} s. With teacher reuse the training step "
-                        f"skips its teacher forward of the 2 chosen globals (T2g). Lc/L scales the local groups "
-                        f"linearly; the selection's CE table and top-k are not in F_sel."]
+            rows.append(
+                (
+                    "bound, teacher reuse",
+                    f"{(A + f_sel - t2) / A:.3f}x",
+                    "",
+                    "(A + F_sel - T2g) / A" + ("" if reusable else "; n/a here: BatchNorm teacher"),
+                )
+            )
+            explain += [
+                f"{args.method}: F_sel = G/2*(T2g + S2g) + Lc/L*SL = {g}/2*({t2:.3f}+{s2:.3f}) + "
+                f"{lc}/{n_loc}*{sl:.3f} = {f_sel:.3f} s (no-grad forwards of the selection pass, grouped "
+                f"as it groups them); A = baseline step {A:.3f} s. With teacher reuse the training step "
+                f"skips its teacher forward of the 2 chosen globals (T2g). Lc/L scales the local groups "
+                f"linearly; the selection's CE table and top-k are not in F_sel."
+            ]
         else:
             f = med(extras["F (1 view, no grad)"])
             rows.append((f"bound (A + {n}F) / A", f"{(A + n * f) / A:.3f}x", "", f"medians: F={f:.3f}s, A={A:.3f}s"))
             fm, am = min(extras["F (1 view, no grad)"]), min(a_step)
-            rows.append((f"bound (A + {n}F) / A, from minima", f"{(am + n * fm) / am:.3f}x", "",
-                         f"minima: F={fm:.3f}s, A={am:.3f}s"))
+            rows.append(
+                (
+                    f"bound (A + {n}F) / A, from minima",
+                    f"{(am + n * fm) / am:.3f}x",
+                    "",
+                    f"minima: F={fm:.3f}s, A={am:.3f}s",
+                )
+            )
             pv = med(extras[f"select fwd: {n} x B per view"])
             st = med(extras[f"select fwd: 1 x {n}B stacked"])
             rows.append(("stacked / per-view select fwd", f"{st / pv:.3f}x", "", "<1: stacked is faster"))
             bwd = med(base.times["backward"]) / med(base.times["train_fwd"])
-            explain.append(f"Pair method: F = no-grad forward of one candidate batch of B through backbone + "
-                           f"heads, A = baseline full step; backward/forward(with grad) = {bwd:.2f}.")
+            explain.append(
+                f"Pair method: F = no-grad forward of one candidate batch of B through backbone + "
+                f"heads, A = baseline full step; backward/forward(with grad) = {bwd:.2f}."
+            )
         sel, extra = med(hvps[0].times["select"]), med(hvps[0].times["step"]) - A
         share = f"{sel / extra:.2f}" if extra > 0 else "n/a (HVP median step <= baseline: too noisy)"
-        explain.append(f"Measured selection pass inside the HVP step ({hvps[0].name}): {sel:.3f} s; "
-                       f"its share of the extra step time (median HVP - median baseline) = {share}.")
+        explain.append(
+            f"Measured selection pass inside the HVP step ({hvps[0].name}): {sel:.3f} s; "
+            f"its share of the extra step time (median HVP - median baseline) = {share}."
+        )
 
     info = machine_info(device)
     print()
@@ -454,12 +530,25 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(explain))
     if args.out:
         cmd = "uv run python " + shlex.join([os.path.relpath(sys.argv[0], REPO) if sys.argv[0] else "", *sys.argv[1:]])
-        section = [f"\n## HVP overhead: {args.method}, {args.backbone}, B={b}, N={n} "
-                   f"({dt.datetime.now().astimezone().isoformat(timespec='seconds')})", "",
-                   *[f"- {k}: {v}" for k, v in info], "", "```", cmd, "```", "", *[f"- {x}" for x in notes],
-                   f"- rounds: {args.iters} timed after {args.warmup} warm-up, variants interleaved "
-                   f"({', '.join(r.name for r in runners)}) each round", "", render(rows, markdown=True), "",
-                   *[f"- {x}" for x in explain], ""]
+        section = [
+            f"\n## HVP overhead: {args.method}, {args.backbone}, B={b}, N={n} "
+            f"({dt.datetime.now().astimezone().isoformat(timespec='seconds')})",
+            "",
+            *[f"- {k}: {v}" for k, v in info],
+            "",
+            "```",
+            cmd,
+            "```",
+            "",
+            *[f"- {x}" for x in notes],
+            f"- rounds: {args.iters} timed after {args.warmup} warm-up, variants interleaved "
+            f"({', '.join(r.name for r in runners)}) each round",
+            "",
+            render(rows, markdown=True),
+            "",
+            *[f"- {x}" for x in explain],
+            "",
+        ]
         with args.out.open("a") as fh:
             fh.write("\n".join(section))
         print(f"appended to {args.out}")

@@ -33,17 +33,35 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RUN = ["logger=csv", "trainer=cpu", "data.num_workers=2", "eval.at_start=false", "eval.every_n_epochs=100",
-       "checkpoint.every_n_epochs=null", "trainer.max_epochs=3", "+trainer.enable_progress_bar=false",
-       "+trainer.enable_model_summary=false"]
+RUN = [
+    "logger=csv",
+    "trainer=cpu",
+    "data.num_workers=2",
+    "eval.at_start=false",
+    "eval.every_n_epochs=100",
+    "checkpoint.every_n_epochs=null",
+    "trainer.max_epochs=3",
+    "+trainer.enable_progress_bar=false",
+    "+trainer.enable_model_summary=false",
+]
 
 
 def session(run_dir: Path, clock: Path, at_step: int, marker: Path, size: list[str]) -> subprocess.Popen:
-    env = dict(os.environ, PREEMPT_AT_STEP=str(at_step), PREEMPT_MARKER=str(marker), PREEMPT_CLOCK=str(clock),
-               WANDB_MODE="offline")
-    return subprocess.Popen([sys.executable, "-m", "tests._preempt_job", *RUN, *size,
-                             f"hydra.run.dir={run_dir}"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    env = dict(
+        os.environ,
+        PREEMPT_AT_STEP=str(at_step),
+        PREEMPT_MARKER=str(marker),
+        PREEMPT_CLOCK=str(clock),
+        WANDB_MODE="offline",
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests._preempt_job", *RUN, *size, f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def trial(mode: str, at: int, folder: Path, size: list[str]) -> dict[str, float]:
@@ -67,9 +85,14 @@ def trial(mode: str, at: int, folder: Path, size: list[str]) -> dict[str, float]
         raise RuntimeError(err[-3000:])
     batches = [(float(t), int(s)) for t, s in (line.split() for line in clock.read_text().splitlines())]
     back = next(t for t, s in batches if s >= at + 2)  # step S + 1 trained again (its first step warms up)
-    return {"step_s": step_s, "stop_s": exited - signalled, "start_s": batches[0][0] - exited,
-            "retrain_s": back - batches[0][0],
-            "lost_s": back - signalled, "retrained_steps": at + 2 - batches[0][1]}
+    return {
+        "step_s": step_s,
+        "stop_s": exited - signalled,
+        "start_s": batches[0][0] - exited,
+        "retrain_s": back - batches[0][0],
+        "lost_s": back - signalled,
+        "retrained_steps": at + 2 - batches[0][1],
+    }
 
 
 def main() -> None:
@@ -90,16 +113,20 @@ def main() -> None:
                 results[mode].append(trial(mode, at, folder, size))
                 print(mode, rep, {k: round(v, 2) for k, v in results[mode][-1].items()}, flush=True)
     print(f"\n{args.steps} steps/epoch of batch {args.batch}, signal in step {at} (epoch 2, {args.at:.0%} through)")
-    print("| checkpoint | step (s) | stop (s) | start-up (s) | training (s) | steps trained | lost (s), median of "
-          f"{args.reps} |")
+    print(
+        "| checkpoint | step (s) | stop (s) | start-up (s) | training (s) | steps trained | lost (s), median of "
+        f"{args.reps} |"
+    )
     print("|---|---|---|---|---|---|---|")
     for mode, rows in results.items():
         lost = ", ".join(f"{r['lost_s']:.1f}" for r in rows)
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
         name = "at the step" if mode == "step" else "epoch restart"
-        print(f"| {name} | {med['step_s']:.2f} | {med['stop_s']:.1f} | {med['start_s']:.1f} "
-              f"| {med['retrain_s']:.1f} | {med['retrained_steps']:.0f} | {med['lost_s']:.1f} "
-              f"({lost}) |")
+        print(
+            f"| {name} | {med['step_s']:.2f} | {med['stop_s']:.1f} | {med['start_s']:.1f} "
+            f"| {med['retrain_s']:.1f} | {med['retrained_steps']:.0f} | {med['lost_s']:.1f} "
+            f"({lost}) |"
+        )
 
 
 if __name__ == "__main__":

@@ -71,33 +71,67 @@ class Scale:
 
 SCALES: dict[str, Scale] = {
     # 15 runs on 2 cores (the 30-run version with SimSiam took 108 min): fixed 5k-image subset,
-    # ResNet-18 (CIFAR stem) at width 8, batch 256, 12 epochs (228 optimiser steps, 58k images seen per run), k-NN every epoch on a
-    # fixed 2k-image test subset with the 5k training images as bank. Two 1-thread jobs at a time
-    # (measured faster than one 2-thread job for this small net).
+    # ResNet-18 (CIFAR stem) at width 8, batch 256, 12 epochs (228 optimiser steps, 58k images seen
+    # per run), k-NN every epoch on a fixed 2k-image test subset with the 5k training images as bank.
+    # Two 1-thread jobs at a time (measured faster than one 2-thread job for this small net).
     "cpu": Scale(
         description="CIFAR-10 5k-image train subset, 2k test subset, ResNet-18 CIFAR stem width 8, "
-                    "batch 256, 12 epochs, 2 jobs x 1 thread",
-        common=["backbone=resnet18_narrow", "backbone.width=8", "data=imagefolder",
-                "data.root=../shared/datasets/cifar10", *CIFAR, "data.train_subset=5000",
-                "data.test_subset=2000", "data.num_workers=1", "method.batch_size=256",
-                "trainer=cpu", "trainer.max_epochs=12", "eval.every_n_epochs=1", "logger=csv",
-                "checkpoint.every_n_epochs=null", "+trainer.enable_progress_bar=false"],
+        "batch 256, 12 epochs, 2 jobs x 1 thread",
+        common=[
+            "backbone=resnet18_narrow",
+            "backbone.width=8",
+            "data=imagefolder",
+            "data.root=../shared/datasets/cifar10",
+            *CIFAR,
+            "data.train_subset=5000",
+            "data.test_subset=2000",
+            "data.num_workers=1",
+            "method.batch_size=256",
+            "trainer=cpu",
+            "trainer.max_epochs=12",
+            "eval.every_n_epochs=1",
+            "logger=csv",
+            "checkpoint.every_n_epochs=null",
+            "+trainer.enable_progress_bar=false",
+        ],
         per_method={
-            "simclr": ["method=simclr_cifar", "method.proj_hidden_dim=512", "method.proj_dim=128",
-                       "method.optimizer.warmup_epochs=2"],
+            "simclr": [
+                "method=simclr_cifar",
+                "method.proj_hidden_dim=512",
+                "method.proj_dim=128",
+                "method.optimizer.warmup_epochs=2",
+            ],
             # No SimSiam at this budget: its baseline ended below its own random-init k-NN in every
             # seed (RESULTS.md, 2026-11-22), so its arms could not say whether HVP helps.
             # BYOL and MoCo v3: their CIFAR presets with the heads narrowed like SimCLR's above.
-            "byol": ["method=byol_cifar", "method.proj_hidden_dim=512", "method.proj_dim=128",
-                     "method.pred_hidden_dim=512", "method.optimizer.warmup_epochs=2"],
-            "mocov3": ["method=mocov3_cifar", "method.proj_hidden_dim=512", "method.proj_dim=128",
-                       "method.pred_hidden_dim=512", "method.optimizer.warmup_epochs=2"],
+            "byol": [
+                "method=byol_cifar",
+                "method.proj_hidden_dim=512",
+                "method.proj_dim=128",
+                "method.pred_hidden_dim=512",
+                "method.optimizer.warmup_epochs=2",
+            ],
+            "mocov3": [
+                "method=mocov3_cifar",
+                "method.proj_hidden_dim=512",
+                "method.proj_dim=128",
+                "method.pred_hidden_dim=512",
+                "method.optimizer.warmup_epochs=2",
+            ],
             # VICReg and Barlow Twins: their CIFAR presets with the 3-layer projector narrowed from 2048 to
             # 1024 (still 16x the width-8 backbone's 64 features; these losses want a wide projector).
-            "vicreg": ["method=vicreg_cifar", "method.proj_hidden_dim=1024", "method.proj_dim=1024",
-                       "method.optimizer.warmup_epochs=2"],
-            "barlow_twins": ["method=barlow_twins_cifar", "method.proj_hidden_dim=1024", "method.proj_dim=1024",
-                             "method.optimizer.warmup_epochs=2"],
+            "vicreg": [
+                "method=vicreg_cifar",
+                "method.proj_hidden_dim=1024",
+                "method.proj_dim=1024",
+                "method.optimizer.warmup_epochs=2",
+            ],
+            "barlow_twins": [
+                "method=barlow_twins_cifar",
+                "method.proj_hidden_dim=1024",
+                "method.proj_dim=1024",
+                "method.optimizer.warmup_epochs=2",
+            ],
         },
         threads_per_job=1,
         jobs=2,
@@ -108,11 +142,21 @@ SCALES: dict[str, Scale] = {
     # width, 100 epochs, k-NN every 5 epochs on the full test split, bf16.
     "gpu": Scale(
         description="CIFAR-10 full train split (50k), full test split (10k), ResNet-18 CIFAR stem, "
-                    "batch 512, 100 epochs, bf16-mixed, 1 GPU",
-        common=["backbone=resnet18_cifar", "data=imagefolder", "data.root=../shared/datasets/cifar10", *CIFAR,
-                "data.num_workers=8", "method.batch_size=512", "trainer=gpu", "trainer.max_epochs=100",
-                "eval.every_n_epochs=5", "logger=csv", "checkpoint.every_n_epochs=25",
-                "+trainer.enable_progress_bar=false"],
+        "batch 512, 100 epochs, bf16-mixed, 1 GPU",
+        common=[
+            "backbone=resnet18_cifar",
+            "data=imagefolder",
+            "data.root=../shared/datasets/cifar10",
+            *CIFAR,
+            "data.num_workers=8",
+            "method.batch_size=512",
+            "trainer=gpu",
+            "trainer.max_epochs=100",
+            "eval.every_n_epochs=5",
+            "logger=csv",
+            "checkpoint.every_n_epochs=25",
+            "+trainer.enable_progress_bar=false",
+        ],
         per_method={
             "simclr": ["method=simclr_cifar"],
             "simsiam": ["method=simsiam_cifar"],
@@ -149,15 +193,31 @@ def plan(scale: Scale, methods: list[str], arms: list[str], seeds: list[int], ou
 def train_command(scale: Scale, job: Job) -> list[str]:
     common = scale.common
     if job.arm == LONG_ARM:
-        common = [f"trainer.max_epochs={scale.long_epochs}" if o.startswith("trainer.max_epochs=") else o
-                  for o in common]
-    return [sys.executable, "train.py", *common, *scale.per_method[job.method], f"seed={job.seed}",
-            *ARMS[job.arm], f"hydra.run.dir={job.run_dir}"]
+        common = [
+            f"trainer.max_epochs={scale.long_epochs}" if o.startswith("trainer.max_epochs=") else o for o in common
+        ]
+    return [
+        sys.executable,
+        "train.py",
+        *common,
+        *scale.per_method[job.method],
+        f"seed={job.seed}",
+        *ARMS[job.arm],
+        f"hydra.run.dir={job.run_dir}",
+    ]
 
 
 def linear_command(scale: Scale, job: Job) -> list[str]:
-    return [sys.executable, "eval.py", "protocol=linear", f"ckpt={job.run_dir}", "protocol.augment=false",
-            "progress_bar=false", "logger=csv", *scale.linear]
+    return [
+        sys.executable,
+        "eval.py",
+        "protocol=linear",
+        f"ckpt={job.run_dir}",
+        "protocol.augment=false",
+        "progress_bar=false",
+        "logger=csv",
+        *scale.linear,
+    ]
 
 
 def _run(cmd: list[str], log: Path, threads: int, deadline: float | None) -> int:
@@ -198,8 +258,11 @@ def run_job(scale: Scale, job: Job, deadline: float | None, linear: bool) -> dic
 def run_all(scale: Scale, jobs: list[Job], n_parallel: int, budget_min: float | None, linear: bool) -> None:
     deadline = time.time() + 60 * budget_min if budget_min else None
     todo = [j for j in jobs if not _done(j, linear)]
-    print(f"{len(jobs) - len(todo)}/{len(jobs)} runs already done; running {len(todo)} with {n_parallel} "
-          f"parallel job(s) x {scale.threads_per_job} thread(s)", flush=True)
+    print(
+        f"{len(jobs) - len(todo)}/{len(jobs)} runs already done; running {len(todo)} with {n_parallel} "
+        f"parallel job(s) x {scale.threads_per_job} thread(s)",
+        flush=True,
+    )
     start, finished = time.time(), 0
     with ThreadPoolExecutor(n_parallel) as pool:
         pending: set[Future] = set()
@@ -215,18 +278,25 @@ def run_all(scale: Scale, jobs: list[Job], n_parallel: int, budget_min: float | 
                 finished += 1
                 elapsed = time.time() - start
                 eta = elapsed / finished * (len(todo) - finished)
-                print(f"[{finished}/{len(todo)}] {res['job']}: {res['status']} (pretrain {res['pretrain_s']:.0f} s, "
-                      f"linear {res['linear_s']:.0f} s) | elapsed {elapsed / 60:.1f} min, "
-                      f"ETA {eta / 60:.1f} min", flush=True)
+                print(
+                    f"[{finished}/{len(todo)}] {res['job']}: {res['status']} (pretrain {res['pretrain_s']:.0f} s, "
+                    f"linear {res['linear_s']:.0f} s) | elapsed {elapsed / 60:.1f} min, "
+                    f"ETA {eta / 60:.1f} min",
+                    flush=True,
+                )
     left = [j.name for j in jobs if not _done(j, linear)]
     if left:
-        print(f"{len(left)} run(s) not finished (run the same command again to continue): {', '.join(left[:6])}"
-              + (" ..." if len(left) > 6 else ""), flush=True)
+        print(
+            f"{len(left)} run(s) not finished (run the same command again to continue): {', '.join(left[:6])}"
+            + (" ..." if len(left) > 6 else ""),
+            flush=True,
+        )
 
 
 def _done(job: Job, linear: bool) -> bool:
     return (job.run_dir / "summary.json").is_file() and (
-        not linear or (job.run_dir / "eval" / "linear" / "eval_summary.json").is_file())
+        not linear or (job.run_dir / "eval" / "linear" / "eval_summary.json").is_file()
+    )
 
 
 # --- report ---------------------------------------------------------------------------------
@@ -258,10 +328,13 @@ def load_results(jobs: list[Job]) -> dict[tuple[str, str], dict[int, dict[str, A
         s = json.loads(f.read_text())
         lin = j.run_dir / "eval" / "linear" / "eval_summary.json"
         res[(j.method, j.arm)][j.seed] = {
-            "knn": s["knn_top1"], "knn_init": s.get("knn_top1_init"), "wall_s": s["wall_time_s"],
+            "knn": s["knn_top1"],
+            "knn_init": s.get("knn_top1_init"),
+            "wall_s": s["wall_time_s"],
             "curve": [(h["epoch"], h["top1"]) for h in s.get("knn_history", [])],
             "linear": json.loads(lin.read_text())["metrics"]["top1"] if lin.is_file() else None,
-            "images_seen": s["images_seen"], "hvp": s.get("hvp"),
+            "images_seen": s["images_seen"],
+            "hvp": s.get("hvp"),
         }
     return res
 
@@ -279,8 +352,16 @@ def config_differences(jobs: list[Job]) -> list[str]:
         f = j.run_dir / "config.yaml"
         if f.is_file():
             cfg = yaml.safe_load(f.read_text())
-            by_method[j.method].append((j, {k: v for k, v in flatten(cfg, sep=".").items()
-                                            if k.split(".")[0] not in (*HVP_KEYS, "seed", "resume")}))
+            by_method[j.method].append(
+                (
+                    j,
+                    {
+                        k: v
+                        for k, v in flatten(cfg, sep=".").items()
+                        if k.split(".")[0] not in (*HVP_KEYS, "seed", "resume")
+                    },
+                )
+            )
     for method, runs in by_method.items():
         ref_job, ref = runs[0]
         for j, c in runs[1:]:
@@ -306,8 +387,10 @@ def learning_methods(res: dict, methods: list[str], min_gain: float = MIN_BASELI
         if final - init >= min_gain:
             keep.append(m)
         else:
-            notes.append(f"- {m}: not reported, its baseline does not learn at this budget (final k-NN "
-                         f"{_pct(final)}% vs {_pct(init)}% at random init, mean of {len(runs)} seeds)")
+            notes.append(
+                f"- {m}: not reported, its baseline does not learn at this budget (final k-NN "
+                f"{_pct(final)}% vs {_pct(init)}% at random init, mean of {len(runs)} seeds)"
+            )
     return keep, notes
 
 
@@ -315,12 +398,16 @@ def _pct(x: float) -> str:
     return "n/a" if x is None or math.isnan(x) else f"{100 * x:.2f}"
 
 
-def summary_table(res: dict, methods: list[str], arms: list[str], metric: str,
-                  ref: str = "baseline") -> tuple[list[str], dict]:
+def summary_table(
+    res: dict, methods: list[str], arms: list[str], metric: str, ref: str = "baseline"
+) -> tuple[list[str], dict]:
     """Markdown rows for one metric (knn or linear) and the numbers behind them; differences are
     to the ``ref`` arm, paired by seed."""
-    rows = [f"| method | arm | seeds | {metric} top-1 % (mean ± sd) | diff to {ref}, pp (95% CI) | "
-            f"per-seed % | wall min/run |", "|---|---|---|---|---|---|---|"]
+    rows = [
+        f"| method | arm | seeds | {metric} top-1 % (mean ± sd) | diff to {ref}, pp (95% CI) | "
+        f"per-seed % | wall min/run |",
+        "|---|---|---|---|---|---|---|",
+    ]
     numbers: dict[str, Any] = {}
     for m in methods:
         base = {s: r[metric] for s, r in res.get((m, ref), {}).items() if r[metric] is not None}
@@ -338,10 +425,19 @@ def summary_table(res: dict, methods: list[str], arms: list[str], metric: str,
                 d = lo = hi = math.nan
                 diff = "—"
             wall = sum(r["wall_s"] for r in runs.values()) / len(runs) / 60
-            rows.append(f"| {m} | {a} | {len(vals)} | {_pct(mean)} ± {_pct(sd)} | {diff} | "
-                        f"{', '.join(_pct(v) for v in vals)} | {wall:.1f} |")
-            numbers[f"{m}/{a}"] = {"mean": mean, "sd": sd, "n": len(vals), "diff": d, "ci": [lo, hi],
-                                   "per_seed": dict(zip(sorted(runs), vals)), "wall_min": wall}
+            rows.append(
+                f"| {m} | {a} | {len(vals)} | {_pct(mean)} ± {_pct(sd)} | {diff} | "
+                f"{', '.join(_pct(v) for v in vals)} | {wall:.1f} |"
+            )
+            numbers[f"{m}/{a}"] = {
+                "mean": mean,
+                "sd": sd,
+                "n": len(vals),
+                "diff": d,
+                "ci": [lo, hi],
+                "per_seed": dict(zip(sorted(runs), vals)),
+                "wall_min": wall,
+            }
     return rows, numbers
 
 
@@ -360,9 +456,11 @@ def crossings(res: dict, methods: list[str], arms: list[str]) -> list[str]:
                 continue
             above = [e for e in common if cur[e] >= base[e]]
             last = common[-1]
-            lines.append(f"- {m} {a}: at or above baseline at {len(above)}/{len(common)} epochs"
-                         + (f" ({', '.join(f'{e:g}' for e in above)})" if above else "")
-                         + f"; at epoch {last:g}: {100 * (cur[last] - base[last]):+.2f} pp")
+            lines.append(
+                f"- {m} {a}: at or above baseline at {len(above)}/{len(common)} epochs"
+                + (f" ({', '.join(f'{e:g}' for e in above)})" if above else "")
+                + f"; at epoch {last:g}: {100 * (cur[last] - base[last]):+.2f} pp"
+            )
     return lines
 
 
@@ -395,11 +493,23 @@ def plot_curves(res: dict, methods: list[str], arms: list[str], path: Path, titl
                     by_epoch[round(e, 2)].append(100 * v)
             es = sorted(e for e in by_epoch if len(by_epoch[e]) == len(runs))
             mean = [sum(by_epoch[e]) / len(by_epoch[e]) for e in es]
-            ax.plot(es, mean, color=colours[a], label=f"{a} (n={len(runs)})",
-                    lw=2 if a in ("baseline", "hard") else 1.3, ls="--" if a == LONG_ARM else "-")
+            ax.plot(
+                es,
+                mean,
+                color=colours[a],
+                label=f"{a} (n={len(runs)})",
+                lw=2 if a in ("baseline", "hard") else 1.3,
+                ls="--" if a == LONG_ARM else "-",
+            )
             if len(runs) > 1:
-                ax.fill_between(es, [min(by_epoch[e]) for e in es], [max(by_epoch[e]) for e in es],
-                                color=colours[a], alpha=0.15, lw=0)
+                ax.fill_between(
+                    es,
+                    [min(by_epoch[e]) for e in es],
+                    [max(by_epoch[e]) for e in es],
+                    color=colours[a],
+                    alpha=0.15,
+                    lw=0,
+                )
         ax.set_title(m)
         ax.set_xlabel("epoch (0 = random init)")
         ax.set_ylabel("k-NN top-1 % (k=20, T=0.07)")
@@ -418,15 +528,23 @@ def machine() -> str:
     cpu = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
-        cpu = next((ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines()
-                    if ln.startswith("model name")), cpu)
+        cpu = next(
+            (ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")), cpu
+        )
     gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
-    return (f"{cpu}, {os.cpu_count()} cores{gpu}, Python {platform.python_version()}, "
-            f"torch {torch.__version__}")
+    return f"{cpu}, {os.cpu_count()} cores{gpu}, Python {platform.python_version()}, torch {torch.__version__}"
 
 
-def report(scale_name: str, scale: Scale, jobs: list[Job], methods: list[str], arms: list[str], out: Path,
-           command: str, png: Path | None = None) -> str:
+def report(
+    scale_name: str,
+    scale: Scale,
+    jobs: list[Job],
+    methods: list[str],
+    arms: list[str],
+    out: Path,
+    command: str,
+    png: Path | None = None,
+) -> str:
     """Write report.md, quality.json and the k-NN curve figure (to ``png``, default
     ``<out>/knn_curves.png``) and return the report's markdown."""
     res = load_results(jobs)
@@ -438,10 +556,17 @@ def report(scale_name: str, scale: Scale, jobs: list[Job], methods: list[str], a
     if LONG_ARM in arms and any(a == LONG_ARM for _, a in res):
         for metric, label, numbers_out in (("knn", "k-NN", knn_num), ("linear", "Linear probe", lin_num)):
             rows, numbers = summary_table(res, methods, [LONG_ARM, "hard"], metric, ref=LONG_ARM)
-            equal_compute += [f"{label}: hard (as above) vs {LONG_ARM} (no HVP, {scale.long_epochs} epochs):",
-                              "", *rows, ""]
+            equal_compute += [
+                f"{label}: hard (as above) vs {LONG_ARM} (no HVP, {scale.long_epochs} epochs):",
+                "",
+                *rows,
+                "",
+            ]
             numbers_out.update({f"{k} vs {LONG_ARM}": v for k, v in numbers.items()})
     diffs = config_differences(jobs)
+    checked = "checked: saved configs agree on every other key"
+    if diffs:
+        checked = "CONFIGS DIFFER: " + "; ".join(diffs[:5])
     png = png or out / "knn_curves.png"
     if res:
         plot_curves(res, methods, arms, png, f"{scale_name} scale: {scale.description}")
@@ -454,9 +579,10 @@ def report(scale_name: str, scale: Scale, jobs: list[Job], methods: list[str], a
         f"Machine: {machine()}  ",
         f"Setup: {scale.description}. Arms differ only in the HVP keys"
         f"{f' ({LONG_ARM}: and trainer.max_epochs={scale.long_epochs})' if LONG_ARM in arms else ''} "
-        f"({'checked: saved configs agree on every other key' if not diffs else 'CONFIGS DIFFER: ' + '; '.join(diffs[:5])}).  ",
+        f"({checked}).  ",
         f"Runs finished: {done}/{len(jobs)}; pretraining wall time {sum(walls) / 60:.0f} min in all "
-        f"(per run, including the k-NN passes: {min(walls, default=0) / 60:.1f}-{max(walls, default=0) / 60:.1f} min).  ",
+        f"(per run, including the k-NN passes: {min(walls, default=0) / 60:.1f}-"
+        f"{max(walls, default=0) / 60:.1f} min).  ",
         f"k-NN at random init (same for all arms of a seed): {_pct(min(inits, default=math.nan))}-"
         f"{_pct(max(inits, default=math.nan))}%.",
         "",
@@ -479,8 +605,9 @@ def report(scale_name: str, scale: Scale, jobs: list[Job], methods: list[str], a
     ]
     text = "\n".join(lines)
     (out / "report.md").write_text(text)
-    (out / "quality.json").write_text(json.dumps({"knn": knn_num, "linear": lin_num, "config_differences": diffs},
-                                                 indent=2, default=float))
+    (out / "quality.json").write_text(
+        json.dumps({"knn": knn_num, "linear": lin_num, "config_differences": diffs}, indent=2, default=float)
+    )
     return text
 
 
@@ -488,17 +615,27 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", choices=sorted(SCALES), default="cpu")
     p.add_argument("--methods", nargs="+", default=None, help="default: every method of the scale")
-    p.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS),
-                   help=f"default: {' '.join(DEFAULT_ARMS)}; add {LONG_ARM} for the equal-compute control")
+    p.add_argument(
+        "--arms",
+        nargs="+",
+        default=DEFAULT_ARMS,
+        choices=list(ARMS),
+        help=f"default: {' '.join(DEFAULT_ARMS)}; add {LONG_ARM} for the equal-compute control",
+    )
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--out", type=Path, default=None, help="default: runs/quality-<scale>")
     p.add_argument("--jobs", type=int, default=None, help="parallel runs (default: the scale's)")
     p.add_argument("--no-linear", action="store_true", help="skip the linear probes")
-    p.add_argument("--time-budget-min", type=float, default=None,
-                   help="stop (resumably) after this many minutes: for a series of short jobs")
+    p.add_argument(
+        "--time-budget-min",
+        type=float,
+        default=None,
+        help="stop (resumably) after this many minutes: for a series of short jobs",
+    )
     p.add_argument("--report-only", action="store_true", help="only rebuild the report from finished runs")
-    p.add_argument("--results", type=Path, default=None,
-                   help="append the report to this markdown file; the figure goes beside it")
+    p.add_argument(
+        "--results", type=Path, default=None, help="append the report to this markdown file; the figure goes beside it"
+    )
     p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
     args = p.parse_args()
     scale = SCALES[args.scale]

@@ -30,8 +30,11 @@ from hvp_lightning.data.layout import split_dir  # noqa: E402
 from hvp_lightning.data.resident import crop_flip_batch, stack_images  # noqa: E402
 
 CASES = [  # source h, w, view size, crop scale
-    (32, 32, 32, (0.08, 1.0)), (96, 96, 64, (0.2, 1.0)), (120, 100, 32, (0.05, 1.0)),
-    (400, 450, 224, (0.2, 1.0)), (400, 450, 96, (0.05, 0.4)),
+    (32, 32, 32, (0.08, 1.0)),
+    (96, 96, 64, (0.2, 1.0)),
+    (120, 100, 32, (0.05, 1.0)),
+    (400, 450, 224, (0.2, 1.0)),
+    (400, 450, 96, (0.05, 0.4)),
 ]
 
 
@@ -50,12 +53,26 @@ def pixel_table(n: int) -> None:
         out = crop_flip_batch(imgs, p, size).int()
         rows = [{k: v[i] for k, v in p.items()} for i in range(n)]
         uint8 = torch.stack([crop_flip(img, r, size) for img, r in zip(imgs, rows)]).int()
-        floats = torch.stack([F.resized_crop(img.float(), int(r["crop_y"]), int(r["crop_x"]), int(r["crop_h"]),
-                                             int(r["crop_w"]), [size, size], antialias=True) for img, r in zip(imgs, rows)])
+        floats = torch.stack(
+            [
+                F.resized_crop(
+                    img.float(),
+                    int(r["crop_y"]),
+                    int(r["crop_x"]),
+                    int(r["crop_h"]),
+                    int(r["crop_w"]),
+                    [size, size],
+                    antialias=True,
+                )
+                for img, r in zip(imgs, rows)
+            ]
+        )
         floats = torch.where(p["flip"].view(-1, 1, 1, 1) > 0, floats.flip(-1), floats).round().clamp(0, 255)
         d_f, d_u = (out - floats).abs(), (out - uint8).abs()
-        print(f"| {h}x{w} -> {size} (scale {scale[0]}-{scale[1]}) | {d_f.max():.0f}, {(d_f > 0).float().mean():.1e} | "
-              f"{d_u.max():.0f}, {(d_u > 0).float().mean():.1%} |")
+        print(
+            f"| {h}x{w} -> {size} (scale {scale[0]}-{scale[1]}) | {d_f.max():.0f}, {(d_f > 0).float().mean():.1e} | "
+            f"{d_u.max():.0f}, {(d_u > 0).float().mean():.1%} |"
+        )
 
 
 def main() -> None:
@@ -70,8 +87,10 @@ def main() -> None:
         for workers in (0, args.workers):
             start = time.perf_counter()
             images, _ = stack_images(ds, workers)
-            print(f"stack_images: {len(ds)} images {tuple(images.shape[1:])}, {workers} workers: "
-                  f"{time.perf_counter() - start:.1f} s")
+            print(
+                f"stack_images: {len(ds)} images {tuple(images.shape[1:])}, {workers} workers: "
+                f"{time.perf_counter() - start:.1f} s"
+            )
 
 
 if __name__ == "__main__":

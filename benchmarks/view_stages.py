@@ -25,8 +25,8 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch.utils.data import default_collate
@@ -38,7 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from loader import REPO, make_jpeg_folder  # noqa: E402
 
 from hvp_lightning.data.augment import (  # noqa: E402
-    ViewAug, crop_flip, draw_view_params, normalize, reference_colour, sample_params, to_uint8_tensor,
+    ViewAug,
+    crop_flip,
+    draw_view_params,
+    normalize,
+    reference_colour,
+    sample_params,
+    to_uint8_tensor,
 )
 from hvp_lightning.data.batched import JITTER_KEYS, colour  # noqa: E402
 from hvp_lightning.data.datasets import read_image  # noqa: E402
@@ -69,8 +75,14 @@ def load_baseline(path: Path) -> Callable:
 def only(params: dict[str, torch.Tensor], op: str) -> dict[str, torch.Tensor]:
     """Parameters with one op on for every view and all others off (factors as drawn)."""
     n = params["jitter"].shape[0]
-    p = dict(params, jitter=torch.ones(n), grayscale=torch.zeros(n), solarize=torch.zeros(n),
-             blur_sigma=torch.zeros(n), jitter_order=torch.full((n, 4), -1))
+    p = dict(
+        params,
+        jitter=torch.ones(n),
+        grayscale=torch.zeros(n),
+        solarize=torch.zeros(n),
+        blur_sigma=torch.zeros(n),
+        jitter_order=torch.full((n, 4), -1),
+    )
     jitter = JITTER_KEYS
     if op in jitter:
         p["jitter_order"] = p["jitter_order"].clone()
@@ -95,13 +107,19 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     imgs = [to_uint8_tensor(Image.open(f)) for f in files]
     plist = [sample_params(img, aug, view_key(0, 0, i, v)) for i, img in enumerate(imgs) for v in range(args.views)]
-    crops = torch.stack([crop_flip(img, p, aug.size) for img, p in zip([i for i in imgs for _ in range(args.views)],
-                                                                        plist)])
+    crops = torch.stack(
+        [crop_flip(img, p, aug.size) for img, p in zip([i for i in imgs for _ in range(args.views)], plist)]
+    )
     params = {key: torch.stack([p[key] for p in plist]) for key in plist[0]}
     n = crops.shape[0]
-    items = [{"views": list(crops[i * args.views:(i + 1) * args.views]),
-              "params": {key: v[i * args.views:(i + 1) * args.views] for key, v in params.items()}, "label": 0}
-             for i in range(args.images)]
+    items = [
+        {
+            "views": list(crops[i * args.views : (i + 1) * args.views]),
+            "params": {key: v[i * args.views : (i + 1) * args.views] for key, v in params.items()},
+            "label": 0,
+        }
+        for i in range(args.images)
+    ]
     floats = crops.float()
 
     def per_image(f: Callable[[torch.Tensor, dict, int], torch.Tensor], ps: dict[str, torch.Tensor]) -> None:
@@ -120,17 +138,35 @@ def main(argv: list[str] | None = None) -> None:
         "solarize": lambda i: F.solarize(crops[i], 128),
     }
     stages: dict[str, tuple[Callable[[], object], int]] = {
-        "decode (PIL open + RGB tensor), per image": (lambda: [to_uint8_tensor(Image.open(f)) for f in files], len(files)),
+        "decode (PIL open + RGB tensor), per image": (
+            lambda: [to_uint8_tensor(Image.open(f)) for f in files],
+            len(files),
+        ),
         "decode (read_image: torchvision's JPEG decoder), per image": (
-            lambda: [to_uint8_tensor(read_image(str(f))) for f in files], len(files)),
+            lambda: [to_uint8_tensor(read_image(str(f))) for f in files],
+            len(files),
+        ),
         "sample_params (torchvision's samplers' algorithms, counter-based uniforms, per view)": (
-            lambda: [sample_params(img, aug, view_key(0, 0, i, v)) for i, img in enumerate(imgs)
-                     for v in range(args.views)], n),
+            lambda: [
+                sample_params(img, aug, view_key(0, 0, i, v)) for i, img in enumerate(imgs) for v in range(args.views)
+            ],
+            n,
+        ),
         "draw_view_params (one vectorised draw per image; data.on_device draws per batch)": (
-            lambda: [draw_view_params((aug,) * args.views, img.shape[1], img.shape[2],
-                                      view_keys(0, 0, torch.tensor([i]), args.views)) for i, img in enumerate(imgs)], n),
-        "crop_flip (resized_crop antialias + flip)": (lambda: [crop_flip(img, p, aug.size) for img, p in zip(
-            [i for i in imgs for _ in range(args.views)], plist)], n),
+            lambda: [
+                draw_view_params(
+                    (aug,) * args.views, img.shape[1], img.shape[2], view_keys(0, 0, torch.tensor([i]), args.views)
+                )
+                for i, img in enumerate(imgs)
+            ],
+            n,
+        ),
+        "crop_flip (resized_crop antialias + flip)": (
+            lambda: [
+                crop_flip(img, p, aug.size) for img, p in zip([i for i in imgs for _ in range(args.views)], plist)
+            ],
+            n,
+        ),
         "collate (default_collate)": (lambda: default_collate(items), n),
     }
     for op in ops:
@@ -141,11 +177,17 @@ def main(argv: list[str] | None = None) -> None:
     stages["colour step, params as drawn: torchvision per image"] = (lambda: per_image(reference_colour, params), n)
     if args.baseline:
         old = load_baseline(args.baseline)
-        stages[f"colour step, params as drawn: {args.baseline.name} (chunks of 8)"] = (lambda: [
-            old(crops[j:j + 8], {key: v[j:j + 8] for key, v in params.items()}, k) for j in range(0, n, 8)], n)
+        stages[f"colour step, params as drawn: {args.baseline.name} (chunks of 8)"] = (
+            lambda: [
+                old(crops[j : j + 8], {key: v[j : j + 8] for key, v in params.items()}, k) for j in range(0, n, 8)
+            ],
+            n,
+        )
     stages["normalise: batched"] = (lambda: normalize(floats.clone(), aug.mean, aug.std), n)
     stages["normalise: torchvision per image"] = (
-        lambda: [F.normalize(c.float().div_(255), list(aug.mean), list(aug.std)) for c in crops], n)
+        lambda: [F.normalize(c.float().div_(255), list(aug.mean), list(aug.std)) for c in crops],
+        n,
+    )
     times: dict[str, list[float]] = {s: [] for s in stages}
     for r in range(args.repeats + 1):
         for name, (fn, count) in stages.items():
@@ -153,9 +195,11 @@ def main(argv: list[str] | None = None) -> None:
             fn()
             if r:  # the first repeat warms up
                 times[name].append((time.perf_counter() - t0) * 1e3 / count)
-    head = (f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, torch {torch.__version__}, "
-            f"threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}; {len(files)} images x "
-            f"{args.views} views at {args.crop} px (blur kernel {k})")
+    head = (
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, torch {torch.__version__}, "
+        f"threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}; {len(files)} images x "
+        f"{args.views} views at {args.crop} px (blur kernel {k})"
+    )
     print(head + "\n\n| stage | ms per view (median) | min |\n|---|---|---|")
     for name, v in times.items():
         print(f"| {name} | {statistics.median(v):.2f} | {min(v):.2f} |")

@@ -29,8 +29,9 @@ class CosineSSL(HardViewMixin, L.LightningModule):  # the mixin goes first: it o
     def __init__(self, hvp: HVPConfig, dim: int = 16) -> None:
         super().__init__()
         self.hvp = hvp  # the mixin reads the HVP settings from here
-        self.encoder = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                                     nn.Flatten(), nn.Linear(8, dim))
+        self.encoder = nn.Sequential(
+            nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, dim)
+        )
 
     # Hook 1: the per-sample loss of every candidate pair, [B, C] with C = N(N-1)/2 columns in
     # pair_index(N) order (the mixin calls it without gradients, with BatchNorm buffers frozen).
@@ -62,8 +63,14 @@ def random_views(num_images: int = 32, num_views: int = 4, size: int = 16, seed:
 
 def main(max_steps: int = 4) -> CosineSSL:
     model = CosineSSL(HVPConfig(enabled=True, num_views=4, mode="hard"))
-    trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, random_views())
     print(f"trained {trainer.global_step} HVP steps; last selection: {model.last_selection['choice'].tolist()}")
     return model

@@ -7,8 +7,8 @@ downloads weights: SSL pretraining starts from scratch, and tests run offline.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -21,8 +21,9 @@ from .options import BACKBONE_FAMILIES
 class Backbone(nn.Module):
     """Wraps a trunk so every backbone has the same interface (``forward`` -> ``[B, D]``)."""
 
-    def __init__(self, trunk: nn.Module, feature_dim: int, channels_last: bool = False,
-                 patch_size: int | None = None) -> None:
+    def __init__(
+        self, trunk: nn.Module, feature_dim: int, channels_last: bool = False, patch_size: int | None = None
+    ) -> None:
         super().__init__()
         self.trunk = trunk
         self.feature_dim = feature_dim
@@ -87,15 +88,19 @@ def build_resnet(name: str, width: int = 64, cifar_stem: bool = False, channels_
     return Backbone(trunk, feature_dim, channels_last=channels_last)
 
 
-def build_vit(name: str, img_size: int = 224, patch_size: int = 16, drop_path_rate: float = 0.0,
-              depth: int | None = None) -> Backbone:
+def build_vit(
+    name: str, img_size: int = 224, patch_size: int = 16, drop_path_rate: float = 0.0, depth: int | None = None
+) -> Backbone:
     import timm.models.vision_transformer as tvit
 
     spec = dict(_VITS[name])
     if depth is not None:
         spec["depth"] = depth
     trunk = tvit.VisionTransformer(
-        img_size=img_size, patch_size=patch_size, num_classes=0, drop_path_rate=drop_path_rate,
+        img_size=img_size,
+        patch_size=patch_size,
+        num_classes=0,
+        drop_path_rate=drop_path_rate,
         dynamic_img_size=True,  # multi-crop: local crops interpolate the position embedding
         **spec,
     )
@@ -121,12 +126,18 @@ def build_backbone(cfg) -> Backbone:
     spec = BACKBONES[name]
     if spec.family == "resnet":
         return build_resnet(name, width=cfg.width, cifar_stem=cfg.cifar_stem, channels_last=cfg.channels_last)
-    return build_vit(name, img_size=cfg.img_size, patch_size=cfg.patch_size,
-                     drop_path_rate=cfg.drop_path_rate, depth=cfg.get("depth"))
+    return build_vit(
+        name,
+        img_size=cfg.img_size,
+        patch_size=cfg.patch_size,
+        drop_path_rate=cfg.drop_path_rate,
+        depth=cfg.get("depth"),
+    )
 
 
-def vit_tokens(backbone: nn.Module, images: torch.Tensor, mask: torch.Tensor | None = None,
-               mask_token: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def vit_tokens(
+    backbone: nn.Module, images: torch.Tensor, mask: torch.Tensor | None = None, mask_token: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """CLS ``[B, D]`` and patch tokens ``[B, N, D]`` of a timm ViT (or a :class:`Backbone`
     wrapping one), after the final norm: timm's ``forward_features`` with masked image
     modelling. ``mask`` (bool ``[B, h, w]`` on the patch grid) replaces the masked patch
@@ -145,4 +156,4 @@ def vit_tokens(backbone: nn.Module, images: torch.Tensor, mask: torch.Tensor | N
         x = torch.where(m[..., None], mask_token.to(x.dtype), x)
     x = vit.norm_pre(vit.patch_drop(vit._pos_embed(x)))
     x = vit.norm(vit.blocks(x))
-    return x[:, 0], x[:, vit.num_prefix_tokens:]
+    return x[:, 0], x[:, vit.num_prefix_tokens :]

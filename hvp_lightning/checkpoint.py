@@ -33,8 +33,9 @@ import logging
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -48,6 +49,7 @@ from .distributed import gather_per_rank, rank_and_world
 from .errors import CheckpointError
 
 log = logging.getLogger(__name__)
+
 
 # --- atomic writes (hvp_lightning/atomic.py) -------------------------------------------------
 def atomic_save(obj: Any, path: str | Path) -> None:
@@ -70,12 +72,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise TypeError("AtomicCheckpointIO does not take storage_options")
         atomic_save(checkpoint, path)
 
-    def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self, path, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
         return load_checkpoint(path, map_location=map_location or "cpu")
 
 
 # --- safe loading ------------------------------------------------------------------------------
-def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = False, key: str = "ckpt") -> dict[str, Any]:
+def load_checkpoint(
+    path: str | Path, map_location: Any = "cpu", mmap: bool = False, key: str = "ckpt"
+) -> dict[str, Any]:
     """Load one of our Lightning checkpoints with ``torch.load(weights_only=True)``.
 
     Raises :class:`CheckpointError` (naming ``key`` and the path) when the file is missing,
@@ -91,8 +97,10 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = Fa
     cfg = ckpt.get("hyper_parameters", {}).get("cfg") if isinstance(ckpt, dict) else None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or not isinstance(cfg, dict) or "method" not in cfg:
         found = sorted(ckpt)[:8] if isinstance(ckpt, dict) else type(ckpt).__name__
-        raise CheckpointError(f"{key}={str(path)!r} is not allowed: not an hvp-lightning training checkpoint "
-                              f"(expected 'state_dict' and 'hyper_parameters.cfg'; found {found})")
+        raise CheckpointError(
+            f"{key}={str(path)!r} is not allowed: not an hvp-lightning training checkpoint "
+            f"(expected 'state_dict' and 'hyper_parameters.cfg'; found {found})"
+        )
     return ckpt
 
 
@@ -108,15 +116,17 @@ def load_failure(err: BaseException) -> str:
     reason = next((line for line in lines if "unsupported global" in line.lower()), None)
     if reason is not None:
         reason = reason.removeprefix("WeightsUnpickler error:").strip().split(". ")[0].rstrip(".")
-        return (f"it holds Python objects that torch.load(weights_only=True) refuses to unpickle ({reason[:200]}); "
-                "hvp-lightning checkpoints never need them. Loading it with weights_only=False can result in "
-                "arbitrary code execution: do that only if you got the file from a trusted source")
+        return (
+            f"it holds Python objects that torch.load(weights_only=True) refuses to unpickle ({reason[:200]}); "
+            "hvp-lightning checkpoints never need them. Loading it with weights_only=False can result in "
+            "arbitrary code execution: do that only if you got the file from a trusted source"
+        )
     # EOFError, zip reader errors, OSError(EINVAL) on a cut-off archive, pickle garbage (for
     # which torch's own reason follows "WeightsUnpickler error:", after its boilerplate)
     at = next((i for i, line in enumerate(lines) if "WeightsUnpickler error:" in line), None)
     detail = lines[0] if lines else type(err).__name__
     if at is not None:
-        detail = lines[at].split("WeightsUnpickler error:", 1)[1].strip() or " ".join(lines[at + 1:at + 2])
+        detail = lines[at].split("WeightsUnpickler error:", 1)[1].strip() or " ".join(lines[at + 1 : at + 2])
     return f"the file is truncated or not a PyTorch checkpoint ({type(err).__name__}: {detail[:200]})"
 
 
@@ -136,8 +146,10 @@ def build_method(ckpt: dict[str, Any], key: str = "ckpt"):
     model = METHODS[name](cfg)
     missing, unexpected = model.load_state_dict(ckpt["state_dict"], strict=False)
     if missing or unexpected:
-        raise CheckpointError(f"{key}: the checkpoint's weights do not fit its own config ({name}, "
-                              f"{cfg.backbone.name}): missing {missing[:4]}, unexpected {unexpected[:4]}")
+        raise CheckpointError(
+            f"{key}: the checkpoint's weights do not fit its own config ({name}, "
+            f"{cfg.backbone.name}): missing {missing[:4]}, unexpected {unexpected[:4]}"
+        )
     model.on_load_checkpoint(ckpt)
     return model.eval()
 
@@ -150,8 +162,13 @@ def rng_state() -> dict[str, Any]:
     version, py_state, py_gauss = random.getstate()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
         "python": {"version": version, "state": list(py_state), "gauss": py_gauss},
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -182,8 +199,13 @@ class RunCheckpoint(Checkpoint):
     time over all sessions is :class:`hvp_lightning.run_logs.RunRecord`'s: a session killed
     after its last checkpoint has spent time no checkpoint knows of.)"""
 
-    def __init__(self, dirpath: str | Path, every_n_epochs: int | None = None,
-                 every_n_steps: int | None = None, on_step_save: Callable[[Any], None] | None = None) -> None:
+    def __init__(
+        self,
+        dirpath: str | Path,
+        every_n_epochs: int | None = None,
+        every_n_steps: int | None = None,
+        on_step_save: Callable[[Any], None] | None = None,
+    ) -> None:
         super().__init__()
         self.on_step_save = on_step_save  # after an every_n_steps save: e.g. note the W&B rewind point
         self.dirpath = Path(dirpath)
@@ -210,8 +232,13 @@ class RunCheckpoint(Checkpoint):
         pre-emption's (:meth:`save_step`): callbacks run before the module's own batch-end hook
         (EMA teacher, centres, counters) and the step's log rows."""
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        if (self.every_n_steps and not trainer.fast_dev_run and trainer.global_step % self.every_n_steps == 0
-                and done % trainer.accumulate_grad_batches == 0 and done < trainer.num_training_batches):
+        if (
+            self.every_n_steps
+            and not trainer.fast_dev_run
+            and trainer.global_step % self.every_n_steps == 0
+            and done % trainer.accumulate_grad_batches == 0
+            and done < trainer.num_training_batches
+        ):
             self._due_rng = rng_state()  # the streams at the step's end
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
@@ -273,8 +300,12 @@ class RunCheckpoint(Checkpoint):
         if len(states) == world:
             set_rng_state(states[rank])
         elif states:
-            log.warning("resume: the checkpoint holds RNG states of %d processes, this run has %d; "
-                        "random streams continue from a fresh seed", len(states), world)
+            log.warning(
+                "resume: the checkpoint holds RNG states of %d processes, this run has %d; "
+                "random streams continue from a fresh seed",
+                len(states),
+                world,
+            )
 
 
 # --- resuming -----------------------------------------------------------------------------------
@@ -282,9 +313,19 @@ class RunCheckpoint(Checkpoint):
 # logs, where it logs and reads its data from. Any other difference would make the resumed
 # weights a different run's than the config (and summary.json) says.
 RESUMABLE_KEYS = (
-    "resume", "trainer.max_epochs", "eval.every_n_epochs", "eval.at_start", "checkpoint", "logger", "analysis",
-    "data.num_workers", "data.root", "data.download", "trainer.enable_progress_bar",
-    "trainer.enable_model_summary", "trainer.log_every_n_steps",
+    "resume",
+    "trainer.max_epochs",
+    "eval.every_n_epochs",
+    "eval.at_start",
+    "checkpoint",
+    "logger",
+    "analysis",
+    "data.num_workers",
+    "data.root",
+    "data.download",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "trainer.log_every_n_steps",
 )
 DERIVED_KEYS = ("data.num_classes",)  # set by the run itself (train.run)
 
@@ -332,11 +373,14 @@ def check_same_run(there: DictConfig, here: DictConfig, run_dir: Path) -> None:
     continues the run whose config is ``there``."""
     diffs = config_differences(there, here)
     if diffs:
-        shown = "; ".join(_describe(k, there, here) for k in diffs[:4]) + (f"; +{len(diffs) - 4} more" if len(diffs) > 4 else "")
+        shown = "; ".join(_describe(k, there, here) for k in diffs[:4]) + (
+            f"; +{len(diffs) - 4} more" if len(diffs) > 4 else ""
+        )
         raise CheckpointError(
             f"run dir {str(run_dir)!r} holds {LAST} of a run whose config differs in {', '.join(diffs)}: {shown}. "
             f"A resumed run may change only {', '.join(k for k in RESUMABLE_KEYS if k != 'resume')}; "
-            f"use a new run dir (hydra.run.dir=...) for another run")
+            f"use a new run dir (hydra.run.dir=...) for another run"
+        )
 
 
 def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> tuple[Path | None, int]:
@@ -352,8 +396,9 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> tuple[Path | None, int]
     asked = cfg.get("resume")
     if not last.is_file():
         if asked:
-            raise CheckpointError(f"resume={str(asked)!r} is not allowed: a run dir holding checkpoints/{LAST} "
-                                  f"(none in {run_dir})")
+            raise CheckpointError(
+                f"resume={str(asked)!r} is not allowed: a run dir holding checkpoints/{LAST} (none in {run_dir})"
+            )
         return None, 0
     ckpt = load_checkpoint(last, mmap=True, key="resume" if asked else "checkpoint")
     check_same_run(checkpoint_config(ckpt), cfg, Path(run_dir))

@@ -21,8 +21,10 @@ def resolve_checkpoint(path: str | Path, key: str = "ckpt") -> tuple[Path, Path]
             return last, p
         if (p / LAST).is_file():  # the checkpoints/ folder itself
             return p / LAST, p.parent if p.name == "checkpoints" else p
-        raise CheckpointError(f"{key}={str(path)!r} is not allowed: a run dir with checkpoints/{LAST} or a .ckpt file "
-                              f"(no checkpoints/{LAST} in that folder)")
+        raise CheckpointError(
+            f"{key}={str(path)!r} is not allowed: a run dir with checkpoints/{LAST} or a .ckpt file "
+            f"(no checkpoints/{LAST} in that folder)"
+        )
     if not p.is_file():
         raise CheckpointError(f"{key}={str(path)!r} is not allowed: a run dir or a .ckpt file (nothing at that path)")
     return p, run_dir_of(p)

@@ -68,8 +68,9 @@ def hydra_files_subdir(resume: str | None, output_dir: str) -> str | None:
 
 # hydra.run.dir: the run dir being resumed, else a new timestamped one; hydra.output_subdir:
 # hydra_files_subdir (conf/config.yaml).
-OmegaConf.register_new_resolver("hvp_resume_or", lambda resume, new: _resume_run_dir(resume) if resume else new,
-                                replace=True)
+OmegaConf.register_new_resolver(
+    "hvp_resume_or", lambda resume, new: _resume_run_dir(resume) if resume else new, replace=True
+)
 OmegaConf.register_new_resolver("hvp_hydra_files", hydra_files_subdir, replace=True)
 
 
@@ -82,12 +83,15 @@ def _checked_resume(resume: str, run_dir: Path, fresh: bool) -> str:
     if p.is_file():
         if p.name == LAST and p.parent.name == "checkpoints":
             return str(run_dir_of(p))
-        raise CheckpointError(f"resume={str(resume)!r} is not allowed: a run dir (it continues from its "
-                              "checkpoints/last.ckpt; to restart from another checkpoint, copy it to "
-                              "checkpoints/last.ckpt of a new run dir and resume that)")
+        raise CheckpointError(
+            f"resume={str(resume)!r} is not allowed: a run dir (it continues from its "
+            "checkpoints/last.ckpt; to restart from another checkpoint, copy it to "
+            "checkpoints/last.ckpt of a new run dir and resume that)"
+        )
     if fresh and (p.resolve() == run_dir.resolve() or p.suffix == ".ckpt"):
-        raise CheckpointError(f"resume={str(resume)!r} is not allowed: a run dir holding checkpoints/last.ckpt "
-                              "(no run at that path)")
+        raise CheckpointError(
+            f"resume={str(resume)!r} is not allowed: a run dir holding checkpoints/last.ckpt (no run at that path)"
+        )
     return str(resume)
 
 
@@ -108,8 +112,9 @@ def _fresh(run_dir: Path) -> bool:
     """True when Hydra has just made ``run_dir`` for this job: it holds only its ``.hydra/``
     and an empty ``train.log`` (a dir holding an earlier run's files is never fresh)."""
     log_file = run_dir / "train.log"
-    return ({p.name for p in run_dir.iterdir()} <= {".hydra", "train.log"}
-            and (not log_file.exists() or log_file.stat().st_size == 0))
+    return {p.name for p in run_dir.iterdir()} <= {".hydra", "train.log"} and (
+        not log_file.exists() or log_file.stat().st_size == 0
+    )
 
 
 def _close_log_files(run_dir: Path) -> None:
@@ -211,6 +216,8 @@ def evaluate_main(cfg: DictConfig) -> float | None:
         sys.exit(2)
     m = summary["metrics"]
     k = f" (k={m['k_for_top1']})" if summary["protocol"] == "knn" else ""
-    print(f"{summary['protocol']} top-1: {100 * m['top1']:.2f}%, top-5: {100 * m['top5']:.2f}%{k} "
-          f"(chance {100 * summary['chance']:.1f}%) | {summary['out_dir']}/eval_summary.json")
+    print(
+        f"{summary['protocol']} top-1: {100 * m['top1']:.2f}%, top-5: {100 * m['top5']:.2f}%{k} "
+        f"(chance {100 * summary['chance']:.1f}%) | {summary['out_dir']}/eval_summary.json"
+    )
     return m["top1"]

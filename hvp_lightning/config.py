@@ -21,9 +21,23 @@ from omegaconf import DictConfig, OmegaConf
 from .checkpoint_paths import resolve_checkpoint
 from .data.layout import is_image_file, resolve_auto_crop, split_dir, typical_image_side
 from .errors import ConfigError
-from .options import (BACKBONE_FAMILIES, DATASETS, GLOBAL_PAIRS, IMAGE_EXTENSIONS, IMAGE_SIDES, LOGGERS, METHOD_NAMES,
-                      MODES, OPTIMIZERS, OWNED_TRAINER_KEYS, PRECISIONS, PROTOCOLS, TORCHVISION_FOLDERS,
-                      TRAINER_PRECISIONS, WANDB_MODES)
+from .options import (
+    BACKBONE_FAMILIES,
+    DATASETS,
+    GLOBAL_PAIRS,
+    IMAGE_EXTENSIONS,
+    IMAGE_SIDES,
+    LOGGERS,
+    METHOD_NAMES,
+    MODES,
+    OPTIMIZERS,
+    OWNED_TRAINER_KEYS,
+    PRECISIONS,
+    PROTOCOLS,
+    TORCHVISION_FOLDERS,
+    TRAINER_PRECISIONS,
+    WANDB_MODES,
+)
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +96,11 @@ def check_multicrop(cfg: DictConfig) -> None:
         fail("method.local_crop_size", m.local_crop_size, "expected an integer >= 1")
     b = cfg.backbone
     if BACKBONE_FAMILIES[b.name] == "vit" and int(m.num_local_crops) > 0 and m.local_crop_size % b.patch_size:
-        fail("method.local_crop_size", m.local_crop_size, f"a multiple of backbone.patch_size={b.patch_size} for {b.name}")
+        fail(
+            "method.local_crop_size",
+            m.local_crop_size,
+            f"a multiple of backbone.patch_size={b.patch_size} for {b.name}",
+        )
     for key in ("global_scale", "local_scale"):
         lo, hi = m[key]
         if not 0 < lo <= hi <= 1:
@@ -106,8 +124,10 @@ def check_ibot(cfg: DictConfig) -> None:
     """iBOT's own settings: a ViT backbone (patch tokens) and the masking and loss weights."""
     m, b = cfg.method, cfg.backbone
     if BACKBONE_FAMILIES[b.name] != "vit":
-        raise ConfigError(f"backbone.name={b.name!r} is not allowed for method=ibot: a ViT (patch tokens), "
-                          f"one of {', '.join(n for n, f in BACKBONE_FAMILIES.items() if f == 'vit')}")
+        raise ConfigError(
+            f"backbone.name={b.name!r} is not allowed for method=ibot: a ViT (patch tokens), "
+            f"one of {', '.join(n for n, f in BACKBONE_FAMILIES.items() if f == 'vit')}"
+        )
     lo, hi = m.mask_ratio
     if not 0 <= lo <= hi <= 1:
         fail("method.mask_ratio", list(m.mask_ratio), "two numbers 0 <= min <= max <= 1")
@@ -227,8 +247,12 @@ def _validate_lr_end(cfg: DictConfig) -> None:
     o = cfg.method.optimizer
     min_lr, ratio = o.get("min_lr"), o.get("final_lr_ratio")
     if (min_lr is None) == (ratio is None):
-        fail("method.optimizer.min_lr", min_lr, "set exactly one of method.optimizer.min_lr (absolute end lr) "
-              "and method.optimizer.final_lr_ratio (end lr / peak lr)")
+        fail(
+            "method.optimizer.min_lr",
+            min_lr,
+            "set exactly one of method.optimizer.min_lr (absolute end lr) "
+            "and method.optimizer.final_lr_ratio (end lr / peak lr)",
+        )
     if min_lr is not None and (isinstance(min_lr, bool) or not isinstance(min_lr, (int, float)) or min_lr < 0):
         fail("method.optimizer.min_lr", min_lr, "expected a number >= 0")
     if ratio is not None:
@@ -275,11 +299,19 @@ def validate_data(cfg: DictConfig) -> None:
             if not folder.is_dir() or not any(p.is_dir() for p in folder.iterdir()):
                 fail("data.root", str(d.root), f"an ImageNet-layout folder with {want} (no class folders in {folder})")
             if not any(p.is_file() and is_image_file(p.name) for p in folder.glob("*/**/*")):
-                fail("data.root", str(d.root), f"an ImageNet-layout folder with {want} (no image files "
-                      f"({', '.join(IMAGE_EXTENSIONS)}) in the class folders of {folder})")
+                fail(
+                    "data.root",
+                    str(d.root),
+                    f"an ImageNet-layout folder with {want} (no image files "
+                    f"({', '.join(IMAGE_EXTENSIONS)}) in the class folders of {folder})",
+                )
     elif d.name in TORCHVISION_FOLDERS and not d.download and not (root / TORCHVISION_FOLDERS[d.name]).is_dir():
-        fail("data.root", str(d.root), f"a folder holding torchvision's {d.name} files ({TORCHVISION_FOLDERS[d.name]}/ "
-              f"is not in it; set data.download=true to fetch them)")
+        fail(
+            "data.root",
+            str(d.root),
+            f"a folder holding torchvision's {d.name} files ({TORCHVISION_FOLDERS[d.name]}/ "
+            f"is not in it; set data.download=true to fetch them)",
+        )
 
 
 def _warn_upsampled_crops(d: DictConfig) -> None:
@@ -294,8 +326,11 @@ def _warn_upsampled_crops(d: DictConfig) -> None:
     from lightning.pytorch.utilities import rank_zero_only
 
     if side is not None and d.crop_size > side and rank_zero_only.rank == 0:
-        log.warning("data.crop_size=%s is larger than the images (shorter side %s px): every crop is upsampled",
-                    d.crop_size, side)
+        log.warning(
+            "data.crop_size=%s is larger than the images (shorter side %s px): every crop is upsampled",
+            d.crop_size,
+            side,
+        )
 
 
 def _warn_cpu_oversubscription(t: DictConfig) -> None:
@@ -308,8 +343,14 @@ def _warn_cpu_oversubscription(t: DictConfig) -> None:
 
     n, cores = cpu_processes(t.get("devices", 1)), usable_cpu_cores()
     if runs_on_cpu(str(t.get("accelerator", "auto"))) and n is not None and n > cores and rank_zero_only.rank == 0:
-        log.warning("trainer.devices=%s starts %s CPU processes on %s usable cores: allowed, but they share the "
-                    "cores, so each step is slower than with trainer.devices<=%s", n, n, cores, cores)
+        log.warning(
+            "trainer.devices=%s starts %s CPU processes on %s usable cores: allowed, but they share the "
+            "cores, so each step is slower than with trainer.devices<=%s",
+            n,
+            n,
+            cores,
+            cores,
+        )
 
 
 def _validate_hvp(cfg: DictConfig) -> None:
@@ -318,8 +359,11 @@ def _validate_hvp(cfg: DictConfig) -> None:
         # `+hvp.num_views=8` (Hydra's advice for `hvp.num_views=8` without `+hvp=on`) makes an hvp
         # node without conf/hvp/on.yaml: it would train a baseline without a word.
         key = next(iter(h))
-        fail(f"hvp.{key}", h[key], "set only with +hvp=on (HVP is off without it): "
-             f"add +hvp=on and write hvp.{key}=... without the +")
+        fail(
+            f"hvp.{key}",
+            h[key],
+            f"set only with +hvp=on (HVP is off without it): add +hvp=on and write hvp.{key}=... without the +",
+        )
     if h is None or not h.get("enabled", False):
         return
     int_at_least(cfg, "hvp.num_views", 2)
@@ -331,8 +375,12 @@ def _validate_hvp(cfg: DictConfig) -> None:
     if h.get("max_combinations") is not None:
         int_at_least(cfg, "hvp.max_combinations", 1)
         if cfg.method.name != "dino":
-            fail("hvp.max_combinations", h.max_combinations, f"only with method dino (it samples (global pair, "
-                  f"locals) combinations); {cfg.method.name} scores every candidate combination")
+            fail(
+                "hvp.max_combinations",
+                h.max_combinations,
+                f"only with method dino (it samples (global pair, "
+                f"locals) combinations); {cfg.method.name} scores every candidate combination",
+            )
     if h.get("global_pairs", "cross") not in GLOBAL_PAIRS:
         fail("hvp.global_pairs", h.global_pairs, f"one of {', '.join(GLOBAL_PAIRS)}")
 
@@ -351,8 +399,10 @@ def check_candidate_counts(cfg: DictConfig) -> None:
     if lc is None:
         return
     if cfg.method.name == "ibot" and int(lc) != num_local:
-        raise ConfigError(f"hvp.num_local_candidates={lc!r} is not allowed for method=ibot: it selects among "
-                          f"global views only (leave it unset or = method.num_local_crops={num_local})")
+        raise ConfigError(
+            f"hvp.num_local_candidates={lc!r} is not allowed for method=ibot: it selects among "
+            f"global views only (leave it unset or = method.num_local_crops={num_local})"
+        )
     if int(lc) < num_local:
         fail("hvp.num_local_candidates", lc, f"expected an integer >= method.num_local_crops={num_local}")
 
@@ -372,8 +422,11 @@ def _validate_analysis(cfg: DictConfig) -> None:
 def _check_trainer(cfg: DictConfig) -> None:
     for key in OWNED_TRAINER_KEYS:
         if key in cfg.trainer:
-            fail(f"trainer.{key}", cfg.trainer[key], "not set here: checkpoints are always written "
-                  "(checkpoint.every_n_epochs sets the kept ones)")
+            fail(
+                f"trainer.{key}",
+                cfg.trainer[key],
+                "not set here: checkpoints are always written (checkpoint.every_n_epochs sets the kept ones)",
+            )
     int_at_least(cfg, "trainer.max_epochs", 1)
     if cfg.trainer.get("accumulate_grad_batches") is not None:
         int_at_least(cfg, "trainer.accumulate_grad_batches", 1)
@@ -388,7 +441,12 @@ def _validate_trainer_keys(cfg: DictConfig) -> None:
 
     import lightning as L
 
-    allowed = set(inspect.signature(L.Trainer.__init__).parameters) - {"self", "logger", "callbacks", "default_root_dir"}
+    allowed = set(inspect.signature(L.Trainer.__init__).parameters) - {
+        "self",
+        "logger",
+        "callbacks",
+        "default_root_dir",
+    }
     for key in cfg.trainer:
         if key not in allowed:
             fail(f"trainer.{key}", cfg.trainer[key], "not a lightning.Trainer argument")
@@ -408,8 +466,12 @@ def _validate_deterministic(cfg: DictConfig) -> None:
         return
     blocker = nondeterministic_cuda_backward(cfg)
     if blocker is not None:
-        fail("trainer.deterministic", True, f"false or warn on a GPU: {blocker} has no deterministic CUDA "
-             "backward, so torch would raise at the first training step")
+        fail(
+            "trainer.deterministic",
+            True,
+            f"false or warn on a GPU: {blocker} has no deterministic CUDA "
+            "backward, so torch would raise at the first training step",
+        )
 
 
 def nondeterministic_cuda_backward(cfg: DictConfig) -> str | None:
@@ -425,8 +487,10 @@ def nondeterministic_cuda_backward(cfg: DictConfig) -> str | None:
         sizes.append(m.local_crop_size)
     other = [s for s in sizes if isinstance(s, int) and s != b.get("img_size")]
     if other:
-        return (f"the position-embedding resize of {b.name} (F.interpolate, bicubic) for {other[0]} px crops "
-                f"(backbone.img_size={b.get('img_size')})")
+        return (
+            f"the position-embedding resize of {b.name} (F.interpolate, bicubic) for {other[0]} px crops "
+            f"(backbone.img_size={b.get('img_size')})"
+        )
     return None
 
 

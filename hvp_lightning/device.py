@@ -44,8 +44,10 @@ def check_accelerator(key: str, accelerator: str) -> None:
     (Lightning's own error, "No supported gpu backend found!", names neither)."""
     wants_cuda = accelerator == "cuda" or (accelerator == "gpu" and not torch.backends.mps.is_available())
     if wants_cuda and not torch.cuda.is_available():
-        raise ConfigError(f"{key}={accelerator!r} is not allowed: cpu or auto on this machine (torch finds no CUDA GPU; "
-                          "trainer=gpu, ddp_8gpu and the multi-GPU commands need one)")
+        raise ConfigError(
+            f"{key}={accelerator!r} is not allowed: cpu or auto on this machine (torch finds no CUDA GPU; "
+            "trainer=gpu, ddp_8gpu and the multi-GPU commands need one)"
+        )
 
 
 def auto_precision(accelerator: str) -> str:

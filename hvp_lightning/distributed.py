@@ -23,7 +23,8 @@ rank 0 writes the checkpoint: :func:`gather_per_rank` saves one entry per rank a
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -45,8 +46,15 @@ class CpuSyncBatchNorm(_BatchNorm):
     updated as BatchNorm would with the global batch. Otherwise plain BatchNorm.
     """
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
-                 track_running_stats: bool = True, process_group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        process_group: dist.ProcessGroup | None = None,
+    ) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
         self.process_group = process_group
 
@@ -145,6 +153,7 @@ class SyncBatchNormPlugin(TorchSyncBatchNorm):
         if _root_device(model).type != "cpu":
             model = super().apply(model)
         else:
+
             def to_cpu_sync(m: _BatchNorm) -> nn.Module | None:
                 return None if isinstance(m, CpuSyncBatchNorm) else _same_state(m, CpuSyncBatchNorm(*_args(m)))
 

@@ -39,12 +39,18 @@ def backbone_state_dict(ckpt: dict, student: bool = False) -> tuple[dict[str, to
     model = build_method(ckpt)
     backbone = model.backbone if student else model.eval_backbone
     prefix = next(name for name, m in model.named_modules() if m is backbone) + ".trunk."
-    state = {k[len(prefix):]: v.detach().contiguous().clone() for k, v in ckpt["state_dict"].items()
-             if k.startswith(prefix)}
+    state = {
+        k[len(prefix) :]: v.detach().contiguous().clone() for k, v in ckpt["state_dict"].items() if k.startswith(prefix)
+    }
     cfg = model.cfg
-    info = {"method": cfg.method.name, "backbone": cfg.backbone.name, "source_prefix": prefix,
-            "family": "vit" if hasattr(backbone.trunk, "blocks") else "resnet",
-            "width": cfg.backbone.get("width"), "cifar_stem": cfg.backbone.get("cifar_stem")}
+    info = {
+        "method": cfg.method.name,
+        "backbone": cfg.backbone.name,
+        "source_prefix": prefix,
+        "family": "vit" if hasattr(backbone.trunk, "blocks") else "resnet",
+        "width": cfg.backbone.get("width"),
+        "cifar_stem": cfg.backbone.get("cifar_stem"),
+    }
     return state, info
 
 
@@ -64,22 +70,31 @@ def main(argv: list[str] | None = None, prog: str = "hvp-export") -> int:
         print(f"config error: {err}", file=sys.stderr)
         return 2
     atomic_save(state, Path(args.out))
-    n = sum(v.numel() for k, v in state.items() if not k.endswith(("running_mean", "running_var", "num_batches_tracked")))
+    n = sum(
+        v.numel() for k, v in state.items() if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))
+    )
     which = info["source_prefix"].removesuffix(".trunk.")
-    print(f"wrote {args.out}: {len(state)} tensors, {n / 1e6:.2f}M parameters, from {which} "
-          f"({info['method']}, {info['backbone']})")
+    print(
+        f"wrote {args.out}: {len(state)} tensors, {n / 1e6:.2f}M parameters, from {which} "
+        f"({info['method']}, {info['backbone']})"
+    )
     name, width, cifar = info["backbone"], info["width"], info["cifar_stem"]
     if info["family"] != "resnet":
-        hint = ("timm.models.vision_transformer.VisionTransformer(<same size>, num_classes=0)"
-                ".load_state_dict(sd)  (strict; with a classification head only head.weight, head.bias are missing)")
+        hint = (
+            "timm.models.vision_transformer.VisionTransformer(<same size>, num_classes=0)"
+            ".load_state_dict(sd)  (strict; with a classification head only head.weight, head.bias are missing)"
+        )
     elif width != 64:
-        hint = (f"hvp_lightning.backbones.build_resnet({name!r}, width={width}, cifar_stem={cifar}).trunk"
-                ".load_state_dict(sd)  (strict; torchvision's ResNets have width 64)")
+        hint = (
+            f"hvp_lightning.backbones.build_resnet({name!r}, width={width}, cifar_stem={cifar}).trunk"
+            ".load_state_dict(sd)  (strict; torchvision's ResNets have width 64)"
+        )
     else:
-        stem = ("model.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False); model.maxpool = nn.Identity(); "
-                if cifar else "")
-        hint = (f"model = torchvision.models.{name}(); {stem}model.fc = nn.Identity(); model.load_state_dict(sd)  "
-                "(strict; with the fc layer kept, strict=False misses only fc.weight, fc.bias)")
+        stem = "model.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False); model.maxpool = nn.Identity(); " if cifar else ""
+        hint = (
+            f"model = torchvision.models.{name}(); {stem}model.fc = nn.Identity(); model.load_state_dict(sd)  "
+            "(strict; with the fc layer kept, strict=False misses only fc.weight, fc.bias)"
+        )
     print(f"load: sd = torch.load({str(args.out)!r}, weights_only=True); {hint}")
     return 0
 

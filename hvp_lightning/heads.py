@@ -9,8 +9,15 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def mlp(in_dim: int, hidden_dim: int, out_dim: int, num_layers: int, last_bn: bool = True,
-        last_bn_affine: bool = True, last_bias: bool | None = None) -> nn.Sequential:
+def mlp(
+    in_dim: int,
+    hidden_dim: int,
+    out_dim: int,
+    num_layers: int,
+    last_bn: bool = True,
+    last_bn_affine: bool = True,
+    last_bias: bool | None = None,
+) -> nn.Sequential:
     """``num_layers`` Linear layers with BN+ReLU between them (SimSiam/SimCLR/BYOL style).
 
     ``last_bn`` appends a BatchNorm after the output layer (SimSiam's projector ends in BN
@@ -56,8 +63,16 @@ class DINOHead(nn.Module):
     name (DINO freezes them during the first epoch(s)).
     """
 
-    def __init__(self, in_dim: int, out_dim: int, hidden_dim: int = 2048, bottleneck_dim: int = 256,
-                 num_layers: int = 3, use_bn: bool = False, norm_last_layer: bool = True) -> None:
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        hidden_dim: int = 2048,
+        bottleneck_dim: int = 256,
+        num_layers: int = 3,
+        use_bn: bool = False,
+        norm_last_layer: bool = True,
+    ) -> None:
         super().__init__()
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
@@ -88,9 +103,18 @@ class IBOTHead(DINOHead):
     the separate layer ``last_layer2`` keeps it under DINO's "last_layer" freeze rule.
     """
 
-    def __init__(self, in_dim: int, out_dim: int, patch_out_dim: int, shared: bool = True, hidden_dim: int = 2048,
-                 bottleneck_dim: int = 256, num_layers: int = 3, use_bn: bool = False,
-                 norm_last_layer: bool = True) -> None:
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        patch_out_dim: int,
+        shared: bool = True,
+        hidden_dim: int = 2048,
+        bottleneck_dim: int = 256,
+        num_layers: int = 3,
+        use_bn: bool = False,
+        norm_last_layer: bool = True,
+    ) -> None:
         super().__init__(in_dim, out_dim, hidden_dim, bottleneck_dim, num_layers, use_bn, norm_last_layer)
         if shared and patch_out_dim != out_dim:
             raise ValueError(f"a shared head needs patch_out_dim == out_dim, got {patch_out_dim} != {out_dim}")

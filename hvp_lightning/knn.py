@@ -6,14 +6,21 @@ their class with weight ``exp(sim / T)``; defaults k=20, T=0.07 as in DINO.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
 
-def knn_scores(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Tensor, num_classes: int,
-               k: int = 20, temperature: float = 0.07, chunk: int = 1024) -> torch.Tensor:
+def knn_scores(
+    bank: torch.Tensor,
+    bank_labels: torch.Tensor,
+    queries: torch.Tensor,
+    num_classes: int,
+    k: int = 20,
+    temperature: float = 0.07,
+    chunk: int = 1024,
+) -> torch.Tensor:
     """Class scores ``[Q, num_classes]`` for ``queries`` against a labelled ``bank``.
 
     Inputs need not be normalised; it is done here. Queries go in chunks so a
@@ -32,16 +39,29 @@ def knn_scores(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Ten
     return torch.cat(out)
 
 
-def knn_accuracy(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Tensor,
-                 query_labels: torch.Tensor, num_classes: int, k: int = 20,
-                 temperature: float = 0.07) -> dict[str, float]:
+def knn_accuracy(
+    bank: torch.Tensor,
+    bank_labels: torch.Tensor,
+    queries: torch.Tensor,
+    query_labels: torch.Tensor,
+    num_classes: int,
+    k: int = 20,
+    temperature: float = 0.07,
+) -> dict[str, float]:
     """Top-1 and top-5 accuracy (fractions in [0, 1]) for one k."""
     return knn_accuracies(bank, bank_labels, queries, query_labels, num_classes, (k,), temperature)[k]
 
 
-def knn_accuracies(bank: torch.Tensor, bank_labels: torch.Tensor, queries: torch.Tensor,
-                   query_labels: torch.Tensor, num_classes: int, ks: Sequence[int] = (10, 20, 100, 200),
-                   temperature: float = 0.07, chunk: int = 1024) -> dict[int, dict[str, float]]:
+def knn_accuracies(
+    bank: torch.Tensor,
+    bank_labels: torch.Tensor,
+    queries: torch.Tensor,
+    query_labels: torch.Tensor,
+    num_classes: int,
+    ks: Sequence[int] = (10, 20, 100, 200),
+    temperature: float = 0.07,
+    chunk: int = 1024,
+) -> dict[int, dict[str, float]]:
     """Top-1/top-5 accuracy for several k at once: ``{k: {"top1", "top5"}}``.
 
     One similarity pass per query chunk: the ``max(ks)`` nearest neighbours come sorted by

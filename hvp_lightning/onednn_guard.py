@@ -31,8 +31,13 @@ AVX2_IC_BLOCK = 8  # input-channel block of the AVX2 kernel: layers with fewer c
 
 def hits_onednn_avx2_bug(conv: nn.Module) -> bool:
     """Would this layer's CPU weight gradient run the faulty kernel (given channels_last)?"""
-    return (type(conv) is nn.Conv2d and conv.kernel_size == (1, 1) and conv.stride != (1, 1)
-            and conv.in_channels < AVX2_IC_BLOCK and conv.padding_mode == "zeros")
+    return (
+        type(conv) is nn.Conv2d
+        and conv.kernel_size == (1, 1)
+        and conv.stride != (1, 1)
+        and conv.in_channels < AVX2_IC_BLOCK
+        and conv.padding_mode == "zeros"
+    )
 
 
 def nchw(t: torch.Tensor) -> torch.Tensor:
@@ -52,8 +57,7 @@ class NCHWOnCPUConv2d(nn.Conv2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu":
             return super().forward(x)
-        return F.conv2d(nchw(x), nchw(self.weight), self.bias, self.stride, self.padding, self.dilation,
-                        self.groups)
+        return F.conv2d(nchw(x), nchw(self.weight), self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
 def guard_onednn_avx2_1x1(module: nn.Module) -> int:

@@ -13,7 +13,8 @@ DINO's weight decay) and the evaluation heads share.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -35,9 +36,15 @@ class LARS(torch.optim.Optimizer):
     ``exclude_1d=False`` in a param group to adapt and decay its 1-D tensors too.
     """
 
-    def __init__(self, params: Iterable[torch.Tensor] | Iterable[dict[str, Any]], lr: float,
-                 momentum: float = 0.9, weight_decay: float = 0.0, eta: float = 1e-3,
-                 exclude_1d: bool = True) -> None:
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        lr: float,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        eta: float = 1e-3,
+        exclude_1d: bool = True,
+    ) -> None:
         if lr < 0 or momentum < 0 or weight_decay < 0 or eta <= 0:
             raise ValueError(f"LARS: invalid lr={lr}, momentum={momentum}, weight_decay={weight_decay}, eta={eta}")
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta, exclude_1d=exclude_1d)
@@ -72,8 +79,9 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 
-def make_optimizer(name: str, groups: list[dict[str, Any]], lr: float, weight_decay: float,
-                   momentum: float = 0.9, eta: float = 1e-3) -> torch.optim.Optimizer:
+def make_optimizer(
+    name: str, groups: list[dict[str, Any]], lr: float, weight_decay: float, momentum: float = 0.9, eta: float = 1e-3
+) -> torch.optim.Optimizer:
     """The optimisers the recipes use, by name (pretraining and evaluation share this)."""
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
@@ -84,8 +92,9 @@ def make_optimizer(name: str, groups: list[dict[str, Any]], lr: float, weight_de
     raise ValueError(f"optimizer {name!r}; allowed: {', '.join(OPTIMIZERS)}")
 
 
-def split_weight_decay(named_params: Iterable[tuple[str, torch.nn.Parameter]]
-                       ) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+def split_weight_decay(
+    named_params: Iterable[tuple[str, torch.nn.Parameter]],
+) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
     """(decayed, not decayed) trainable parameters: biases and norm weights (1-D) go without
     weight decay, as in DINO/iBOT and their evaluation heads."""
     decay: list[torch.nn.Parameter] = []

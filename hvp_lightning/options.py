@@ -12,8 +12,12 @@ from __future__ import annotations
 METHOD_NAMES = ("dino", "ibot", "simsiam", "simclr", "byol", "mocov3", "vicreg", "barlow_twins")
 # backbone.name -> family (the keys a family's config group carries: hvp_lightning/backbones.py)
 BACKBONE_FAMILIES = {
-    "resnet18": "resnet", "resnet34": "resnet", "resnet50": "resnet",
-    "vit_tiny": "vit", "vit_small": "vit", "vit_base": "vit",
+    "resnet18": "resnet",
+    "resnet34": "resnet",
+    "resnet50": "resnet",
+    "vit_tiny": "vit",
+    "vit_small": "vit",
+    "vit_base": "vit",
 }
 OPTIMIZERS = ("sgd", "adamw", "lars")
 

@@ -36,8 +36,9 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
 import lightning as L
 import torch
@@ -113,8 +114,7 @@ class StopOnSignal(L.Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.give_back()
         if self.received and not self.pending:  # the fit ended before a batch end could act on it
-            log.warning("%s came after the last training step; the run finishes instead of stopping",
-                        self.signum.name)
+            log.warning("%s came after the last training step; the run finishes instead of stopping", self.signum.name)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         step = trainer.global_step
@@ -137,12 +137,17 @@ class StopOnSignal(L.Callback):
     def _stop(self, trainer: L.Trainer) -> None:
         self.record.note_checkpoint_step(trainer)  # W&B rewind point, this session's time
         if trainer.is_global_zero:
-            log.warning("%s: stopped after step %d with checkpoint %s; the run continues from there "
-                        "(requeued by submitit, or the same command again)", self.signum.name, trainer.global_step,
-                        self.checkpointer.last_path)
+            log.warning(
+                "%s: stopped after step %d with checkpoint %s; the run continues from there "
+                "(requeued by submitit, or the same command again)",
+                self.signum.name,
+                trainer.global_step,
+                self.checkpointer.last_path,
+            )
         else:  # each task's log says why it ended
-            log.warning("%s: stopped after step %d (rank %d)", self.signum.name, trainer.global_step,
-                        trainer.global_rank)
+            log.warning(
+                "%s: stopped after step %d (rank %d)", self.signum.name, trainer.global_step, trainer.global_rank
+            )
         mark_wandb_preempting(trainer)
         self.give_back()
         outcome: BaseException = SystemExit(128 + self.signum)

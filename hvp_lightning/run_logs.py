@@ -131,8 +131,13 @@ def wandb_resume(run_dir: str | Path, resume_step: int, mode: str) -> dict[str, 
     if step is None or mode == "disabled":
         return {"id": run_id, "resume": "allow"}
     if mode != "online":
-        log.warning("W&B %s mode cannot rewind run %s to the checkpoint (W&B step %d): the rows the interrupted "
-                    "session logged after it stay in its W&B history (the CSV log is rewound)", mode, run_id, step)
+        log.warning(
+            "W&B %s mode cannot rewind run %s to the checkpoint (W&B step %d): the rows the interrupted "
+            "session logged after it stay in its W&B history (the CSV log is rewound)",
+            mode,
+            run_id,
+            step,
+        )
         return {"id": run_id, "resume": "allow"}
     return {"id": run_id, "resume": None, "resume_from": f"{run_id}?_step={step}"}
 

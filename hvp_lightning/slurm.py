@@ -12,7 +12,8 @@ any job is submitted: ``hydra_plugins.hvp_lightning_launcher.CheckedSlurmLaunche
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -75,16 +76,22 @@ def check_slurm_job(trainer: DictConfig, launcher: dict[str, Any]) -> None:
     ``launcher`` parameters (resolved, as submitit gets them) would lay it out."""
     devices, accelerator = trainer.get("devices", 1), str(trainer.get("accelerator", "auto"))
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-        raise ConfigError(f"trainer.devices={devices!r} is not allowed with a SLURM launcher: a number of devices "
-                          "per node (hydra.launcher.tasks_per_node starts one SLURM task per device)")
+        raise ConfigError(
+            f"trainer.devices={devices!r} is not allowed with a SLURM launcher: a number of devices "
+            "per node (hydra.launcher.tasks_per_node starts one SLURM task per device)"
+        )
     tasks = launcher.get("tasks_per_node")
     if tasks != devices:
-        raise ConfigError(f"hydra.launcher.tasks_per_node={tasks!r} differs from trainer.devices={devices}: "
-                          "Lightning's DDP on SLURM runs one task per device (leave tasks_per_node to the preset)")
+        raise ConfigError(
+            f"hydra.launcher.tasks_per_node={tasks!r} differs from trainer.devices={devices}: "
+            "Lightning's DDP on SLURM runs one task per device (leave tasks_per_node to the preset)"
+        )
     num_nodes, nodes = trainer.get("num_nodes", 1), launcher.get("nodes", 1)
     if nodes != num_nodes:
-        raise ConfigError(f"hydra.launcher.nodes={nodes!r} differs from trainer.num_nodes={num_nodes!r}: "
-                          "Lightning joins exactly trainer.num_nodes nodes (leave nodes to the preset)")
+        raise ConfigError(
+            f"hydra.launcher.nodes={nodes!r} differs from trainer.num_nodes={num_nodes!r}: "
+            "Lightning joins exactly trainer.num_nodes nodes (leave nodes to the preset)"
+        )
     if accelerator == "cpu":
         gres = str(launcher.get("gres") or "")
         asked = {key: launcher.get(key) for key in ("gpus_per_node", "gpus_per_task") if launcher.get(key)}
@@ -92,5 +99,7 @@ def check_slurm_job(trainer: DictConfig, launcher: dict[str, Any]) -> None:
             asked["gres"] = gres
         if asked:
             keys = ", ".join(f"hydra.launcher.{k}={v!r}" for k, v in asked.items())
-            raise ConfigError(f"{keys} is not allowed with trainer.accelerator='cpu': the GPUs would sit idle "
-                              "(set it to null, or trainer.accelerator=gpu)")
+            raise ConfigError(
+                f"{keys} is not allowed with trainer.accelerator='cpu': the GPUs would sit idle "
+                "(set it to null, or trainer.accelerator=gpu)"
+            )

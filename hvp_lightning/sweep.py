@@ -20,8 +20,9 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import yaml
 from hydra.core.utils import JobReturn, JobStatus
@@ -38,11 +39,32 @@ FILENAME = "sweep_summary.csv"
 DIRNAME_MAX_BYTES = 120
 ERROR_FILE = "error.txt"  # a failed job's exception, one line (written by SweepSummary.on_job_end)
 # After the override columns; hvp_* are summary.json's "hvp" entries ("off" marks a baseline run).
-RESULT_COLUMNS = ("overrides", "knn_top1", "knn_top1_init", "knn_top5", "hvp_mode", "hvp_num_views",
-                  "hvp_every_n_steps", "hvp_selection_selected_loss_mean", "hvp_selection_candidate_loss_mean",
-                  "hvp_trained_loss_mean", "hvp_nonfinite_candidates", "wall_time_s", "status", "error", "run_dir")
-HVP_KEYS = ("mode", "num_views", "every_n_steps", "selection_selected_loss_mean", "selection_candidate_loss_mean",
-            "trained_loss_mean", "nonfinite_candidates")
+RESULT_COLUMNS = (
+    "overrides",
+    "knn_top1",
+    "knn_top1_init",
+    "knn_top5",
+    "hvp_mode",
+    "hvp_num_views",
+    "hvp_every_n_steps",
+    "hvp_selection_selected_loss_mean",
+    "hvp_selection_candidate_loss_mean",
+    "hvp_trained_loss_mean",
+    "hvp_nonfinite_candidates",
+    "wall_time_s",
+    "status",
+    "error",
+    "run_dir",
+)
+HVP_KEYS = (
+    "mode",
+    "num_views",
+    "every_n_steps",
+    "selection_selected_loss_mean",
+    "selection_candidate_loss_mean",
+    "trained_loss_mean",
+    "nonfinite_candidates",
+)
 
 
 class Job(NamedTuple):
@@ -65,10 +87,16 @@ def job_row(job: Job) -> dict[str, Any]:
     row: dict[str, Any] = dict(split_override(o) for o in job.overrides)
     s = job.summary or {}
     hvp = s.get("hvp") or {}
-    row.update(overrides=" ".join(job.overrides), knn_top1=s.get("knn_top1"),
-               knn_top1_init=s.get("knn_top1_init"), knn_top5=s.get("knn_top5"),
-               wall_time_s=s.get("wall_time_s"), status="ok" if job.summary is not None else "failed",
-               error=job.error or "", run_dir=job.run_dir)
+    row.update(
+        overrides=" ".join(job.overrides),
+        knn_top1=s.get("knn_top1"),
+        knn_top1_init=s.get("knn_top1_init"),
+        knn_top5=s.get("knn_top5"),
+        wall_time_s=s.get("wall_time_s"),
+        status="ok" if job.summary is not None else "failed",
+        error=job.error or "",
+        run_dir=job.run_dir,
+    )
     row.update({f"hvp_{k}": hvp.get(k) for k in HVP_KEYS})
     if job.summary is not None and not s.get("hvp_enabled"):
         row["hvp_mode"] = "off"
@@ -112,8 +140,10 @@ def job_dir_name(overrides: Sequence[str], argv: Sequence[str] | None = None) ->
     swept = swept_keys(sys.argv[1:] if argv is None else argv)
     lines = [str(o) for o in overrides]
     parsed = OverridesParser.create().parse_overrides(lines)
-    rank = {line: swept.index(key) if (key := (o.key_or_group, o.package)) in swept else len(swept)
-            for line, o in zip(lines, parsed)}
+    rank = {
+        line: swept.index(key) if (key := (o.key_or_group, o.package)) in swept else len(swept)
+        for line, o in zip(lines, parsed)
+    }
     name = ",".join(sorted(lines, key=lambda line: (rank[line], line)))
     return name.replace("/", "_").encode()[:DIRNAME_MAX_BYTES].decode(errors="ignore")
 
@@ -130,8 +160,10 @@ def _natural_key(path: Path) -> list[Any]:
 
 def read_jobs(sweep_dir: Path) -> list[Job]:
     """Every job dir under ``sweep_dir`` (found by its ``.hydra/overrides.yaml``), in job order."""
-    dirs = sorted((p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml")),
-                  key=lambda d: _natural_key(d.relative_to(sweep_dir)))
+    dirs = sorted(
+        (p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml")),
+        key=lambda d: _natural_key(d.relative_to(sweep_dir)),
+    )
     jobs = []
     for d in dirs:
         overrides = yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()) or []

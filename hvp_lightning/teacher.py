@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import lightning as L
 import torch
@@ -227,8 +228,9 @@ class TeacherStudentMixin(MomentumTargetMixin):
 
     def teacher_temp(self) -> float:
         m = self.cfg.method
-        return teacher_temperature(self.current_epoch, m.teacher_temp, m.warmup_teacher_temp,
-                                   int(m.warmup_teacher_temp_epochs))
+        return teacher_temperature(
+            self.current_epoch, m.teacher_temp, m.warmup_teacher_temp, int(m.warmup_teacher_temp_epochs)
+        )
 
     # --- optimisation -------------------------------------------------------------------------
     def param_groups(self) -> list[dict[str, Any]]:
@@ -248,8 +250,12 @@ class TeacherStudentMixin(MomentumTargetMixin):
             if group.get("wd_schedule"):
                 group["weight_decay"] = wd
 
-    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
-                                    gradient_clip_algorithm: str | None = None) -> None:
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
         # Lightning's clipping (a no-op unless trainer.gradient_clip_val is set), then DINO's.
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)  # type: ignore[arg-type]
         self.clip_and_freeze_gradients()

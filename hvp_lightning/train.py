@@ -16,17 +16,17 @@ from .analysis.live import live_gallery_callbacks
 from .atomic import atomic_write_text
 from .checkpoint import AtomicCheckpointIO, RunCheckpoint, resume_checkpoint
 from .config import validate
-from .errors import ConfigError
 from .data.datamodule import SSLDataModule
 from .device import check_accelerator, device_line, set_matmul_precision
 from .distributed import gather_per_rank, sync_batchnorm_plugins
+from .errors import ConfigError
 from .methods import METHODS, SSLMethod
 from .preemption import StopOnSignal, cluster_plugins
 from .run_logs import RunRecord, continue_csv_log, wandb_resume
 from .selection import hvp_summary
 from .slurm import use_slurm_threads
-from .warning_filters import quiet_console
 from .wandb_logging import WandbCharts, current_sweep_dir, run_names
+from .warning_filters import quiet_console
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +39,21 @@ def build_logger(cfg: DictConfig, run_dir: Path, resume_step: int = 0):
         continue_csv_log(logger, resume_step)  # a resumed run appends to metrics.csv
         return logger
     lc = cfg.logger
-    mode = os.environ.get("WANDB_MODE") or (lc.mode if lc.mode != "auto" else ("online" if wandb_logged_in() else "offline"))
+    mode = os.environ.get("WANDB_MODE") or (
+        lc.mode if lc.mode != "auto" else ("online" if wandb_logged_in() else "offline")
+    )
     group, name = run_names(lc.group, lc.get("run_name"), run_dir, current_sweep_dir())  # a sweep shares a group
-    return WandbLogger(project=lc.project, entity=lc.entity, group=group, tags=list(lc.tags),
-                       name=name, save_dir=str(run_dir), mode=mode,
-                       **wandb_resume(run_dir, resume_step, mode),  # a resumed run continues its W&B run
-                       config=OmegaConf.to_container(cfg, resolve=True))
+    return WandbLogger(
+        project=lc.project,
+        entity=lc.entity,
+        group=group,
+        tags=list(lc.tags),
+        name=name,
+        save_dir=str(run_dir),
+        mode=mode,
+        **wandb_resume(run_dir, resume_step, mode),  # a resumed run continues its W&B run
+        config=OmegaConf.to_container(cfg, resolve=True),
+    )
 
 
 def wandb_logged_in() -> bool:
@@ -70,23 +79,34 @@ def run(cfg: DictConfig, run_dir: Path, options_checked: bool = False) -> dict[s
     dm = SSLDataModule(cfg.data, method_cls.view_augs(cfg), cfg.method.batch_size, cfg.data.num_workers, cfg.seed)
     dm.setup("fit")
     if len(dm.train_set) < cfg.method.batch_size:
-        raise ConfigError(f"method.batch_size={cfg.method.batch_size} is not allowed: the training set has only "
-                          f"{len(dm.train_set)} images (batches are full, drop_last)")
+        raise ConfigError(
+            f"method.batch_size={cfg.method.batch_size} is not allowed: the training set has only "
+            f"{len(dm.train_set)} images (batches are full, drop_last)"
+        )
     with open_dict(cfg):
         cfg.data.num_classes = dm.num_classes
     model: SSLMethod = method_cls(cfg)
     trainer_kwargs: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
     sync_bn = sync_batchnorm_plugins(trainer_kwargs.pop("sync_batchnorm", "auto"), model)  # DDP only
-    checkpointer = RunCheckpoint(run_dir / "checkpoints", OmegaConf.select(cfg, "checkpoint.every_n_epochs"),
-                                 OmegaConf.select(cfg, "checkpoint.every_n_steps"), record.note_checkpoint_step)
+    checkpointer = RunCheckpoint(
+        run_dir / "checkpoints",
+        OmegaConf.select(cfg, "checkpoint.every_n_epochs"),
+        OmegaConf.select(cfg, "checkpoint.every_n_steps"),
+        record.note_checkpoint_step,
+    )
     trainer = L.Trainer(
         **trainer_kwargs,
         default_root_dir=str(run_dir),
         logger=build_logger(cfg, run_dir, resume_step),
         plugins=[AtomicCheckpointIO(), *sync_bn, *cluster_plugins()],
-        callbacks=[checkpointer, record, StopOnSignal(checkpointer, record), *analysis_callbacks(cfg, run_dir),
-                   *live_gallery_callbacks(cfg),
-                   WandbCharts()],
+        callbacks=[
+            checkpointer,
+            record,
+            StopOnSignal(checkpointer, record),
+            *analysis_callbacks(cfg, run_dir),
+            *live_gallery_callbacks(cfg),
+            WandbCharts(),
+        ],
         check_val_every_n_epoch=cfg.eval.every_n_epochs,
         num_sanity_val_steps=0,
     )
@@ -146,8 +166,9 @@ def _close_logger(trainer: L.Trainer, summary: dict[str, Any]) -> None:
         run.finish()
 
 
-def _summary(cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Path, seconds: float,
-             train_loss: float | None) -> dict[str, Any]:
+def _summary(
+    cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Path, seconds: float, train_loss: float | None
+) -> dict[str, Any]:
     skipped = sorted(set().union(*gather_per_rank(sorted(model.skipped_files))))  # every rank's
     out: dict[str, Any] = {
         "method": cfg.method.name,

@@ -10,8 +10,9 @@ which a spawned process would spend tens of seconds re-importing on a small mach
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist

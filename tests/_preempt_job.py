@@ -52,8 +52,9 @@ def clock_batches(path: Path) -> None:
 
 
 def main() -> None:
-    wait_mid_step(int(os.environ["PREEMPT_AT_STEP"]), int(os.environ.get("PREEMPT_RANK", "0")),
-                  Path(os.environ["PREEMPT_MARKER"]))
+    wait_mid_step(
+        int(os.environ["PREEMPT_AT_STEP"]), int(os.environ.get("PREEMPT_RANK", "0")), Path(os.environ["PREEMPT_MARKER"])
+    )
     if os.environ.get("PREEMPT_CLOCK"):
         clock_batches(Path(os.environ["PREEMPT_CLOCK"]))
     from hvp_lightning.cli import train

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 import yaml
+from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 # The suite checks the library in one fixed environment, whatever the user's shell has set for
@@ -19,8 +19,17 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 # themselves. W&B runs offline and quietly. Subprocesses compute on one thread, as this process
 # does (the _one_thread fixture): intra-op threads spinning against other busy processes on a
 # small machine slow a run down many times over.
-PROCESS_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-                     "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT")
+PROCESS_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "TORCHELASTIC_RUN_ID",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 for _key in list(os.environ):
     if _key == "HYDRA_FULL_ERROR" or _key.startswith(("WANDB_", "SLURM_")) or _key in PROCESS_VARIABLES:
         del os.environ[_key]
@@ -39,9 +48,18 @@ SHARED_CIFAR = REPO.parent / "shared" / "datasets" / "cifar10"
 # those stay the defaults of tiny configs on any machine, unless a test picks its own.
 TINY_GROUPS = ["logger=csv", "trainer=cpu", "method=simsiam_cifar"]
 TINY = [
-    "data.train_size=64", "data.test_size=32", "data.crop_size=16", "data.num_workers=0",
-    "method.batch_size=16", "method.proj_hidden_dim=64", "method.proj_dim=32", "backbone.width=8",
-    "trainer.max_epochs=1", "eval.at_start=false", "+trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
+    "data.train_size=64",
+    "data.test_size=32",
+    "data.crop_size=16",
+    "data.num_workers=0",
+    "method.batch_size=16",
+    "method.proj_hidden_dim=64",
+    "method.proj_dim=32",
+    "backbone.width=8",
+    "trainer.max_epochs=1",
+    "eval.at_start=false",
+    "+trainer.enable_progress_bar=false",
+    "+trainer.enable_model_summary=false",
 ]
 
 
@@ -85,10 +103,24 @@ def tiny_vit_run(method: str, tmp_path: Path) -> tuple[dict, dict, str]:
     from hvp_lightning.train import run
 
     cfg = make_cfg(
-        f"method={method}_cifar", "backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32",
-        "+backbone.depth=2", "+hvp=on", "logger=csv", "data.train_size=64", "data.test_size=32",
-        "method.batch_size=8", "trainer.max_epochs=1", "data.num_workers=0", "method.out_dim=256",
-        "method.head_hidden_dim=64", "method.bottleneck_dim=32", "eval.every_n_epochs=1", tiny=False)
+        f"method={method}_cifar",
+        "backbone=vit_tiny",
+        "backbone.patch_size=8",
+        "backbone.img_size=32",
+        "+backbone.depth=2",
+        "+hvp=on",
+        "logger=csv",
+        "data.train_size=64",
+        "data.test_size=32",
+        "method.batch_size=8",
+        "trainer.max_epochs=1",
+        "data.num_workers=0",
+        "method.out_dim=256",
+        "method.head_hidden_dim=64",
+        "method.bottleneck_dim=32",
+        "eval.every_n_epochs=1",
+        tiny=False,
+    )
     summary = run(cfg, tmp_path)
     assert summary["method"] == method and summary["steps"] == 8
     assert summary["train_loss"] is not None and math.isfinite(summary["train_loss"])
@@ -150,13 +182,13 @@ def _read_wandb_log(data: bytes) -> list:
         if left < 7:  # no room for a chunk header: the block's zero trailer
             pos += left
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if length == 0 and kind == 0:  # zero padding
             pos += left
             continue
         if pos + 7 + length > len(data):  # a chunk still being written
             break
-        buf += data[pos + 7:pos + 7 + length]
+        buf += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
@@ -199,8 +231,17 @@ def official_pairs(G: int, rule: str = "cross") -> list[tuple[int, int]]:
 
 
 # Every fp32_precision flag torch has; the generic one first (setting it cascades to the rest).
-PRECISION_FLAGS = ("", "cuda.matmul", "mkldnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn", "cudnn", "cudnn.conv",
-                   "cudnn.rnn")
+PRECISION_FLAGS = (
+    "",
+    "cuda.matmul",
+    "mkldnn",
+    "mkldnn.matmul",
+    "mkldnn.conv",
+    "mkldnn.rnn",
+    "cudnn",
+    "cudnn.conv",
+    "cudnn.rnn",
+)
 
 
 def _precision_flag(path: str):

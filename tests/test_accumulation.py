@@ -21,29 +21,45 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
-from hvp_lightning.config import ConfigError, validate
-from hvp_lightning.methods import METHODS, SSLMethod
 from hvp_lightning import teacher as teacher_module
-from hvp_lightning.optim import warmup_cosine
+from hvp_lightning.config import ConfigError, validate
 from hvp_lightning.losses import nt_xent_loss
+from hvp_lightning.methods import METHODS, SSLMethod
 from hvp_lightning.methods.dino import DINO
 from hvp_lightning.methods.simsiam import SimSiam
+from hvp_lightning.optim import warmup_cosine
 from hvp_lightning.teacher import cosine_momentum, teacher_temperature
 from hvp_lightning.train import run
 
 from .conftest import make_cfg
 
 pytestmark = pytest.mark.filterwarnings(
-    "ignore:.*(does not have many workers|smaller than the logging interval|but have no `val_dataloader`).*")
+    "ignore:.*(does not have many workers|smaller than the logging interval|but have no `val_dataloader`).*"
+)
 
 # DINO on a one-block ViT at 16/8 px, SGD (linear in the gradient, so float noise stays noise:
 # Adam's first step is ~sign(g)), a large lr and an active per-parameter clip so that every
 # piece -- lr, weight decay, clipping, EMA (momentum 0.5), centre -- moves the weights visibly.
-DINO_TINY = ["method=dino_cifar", "backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=16",
-             "+backbone.depth=1", "backbone.drop_path_rate=0.0", "data.crop_size=16", "method.local_crop_size=8",
-             "method.out_dim=64", "method.head_hidden_dim=32", "method.bottleneck_dim=16",
-             "method.optimizer.name=sgd", "method.optimizer.base_lr=64", "method.optimizer.warmup_epochs=0",
-             "method.momentum_teacher=0.5", "method.freeze_last_layer=0", "method.clip_grad=0.05", "logger=csv"]
+DINO_TINY = [
+    "method=dino_cifar",
+    "backbone=vit_tiny",
+    "backbone.patch_size=8",
+    "backbone.img_size=16",
+    "+backbone.depth=1",
+    "backbone.drop_path_rate=0.0",
+    "data.crop_size=16",
+    "method.local_crop_size=8",
+    "method.out_dim=64",
+    "method.head_hidden_dim=32",
+    "method.bottleneck_dim=16",
+    "method.optimizer.name=sgd",
+    "method.optimizer.base_lr=64",
+    "method.optimizer.warmup_epochs=0",
+    "method.momentum_teacher=0.5",
+    "method.freeze_last_layer=0",
+    "method.clip_grad=0.05",
+    "logger=csv",
+]
 
 
 class FixedViews(Dataset):
@@ -66,11 +82,23 @@ class FixedViews(Dataset):
         return dict(item, masks=[m[i] for m in self.masks]) if self.masks else item
 
 
-def fit(model: SSLMethod, data: Dataset, batch: int, k: int, epochs: int = 1, callbacks: tuple = (),
-        **trainer_kw: Any) -> L.Trainer:
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=epochs, accumulate_grad_batches=k, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0, num_sanity_val_steps=0, callbacks=list(callbacks), **trainer_kw)
+def fit(
+    model: SSLMethod, data: Dataset, batch: int, k: int, epochs: int = 1, callbacks: tuple = (), **trainer_kw: Any
+) -> L.Trainer:
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=epochs,
+        accumulate_grad_batches=k,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        callbacks=list(callbacks),
+        **trainer_kw,
+    )
     trainer.fit(model, train_dataloaders=DataLoader(data, batch_size=batch, shuffle=False))
     return trainer
 
@@ -101,7 +129,7 @@ def record_losses(model: SSLMethod) -> list[float]:
 def assert_same_state(a: torch.nn.Module, b: torch.nn.Module, start: dict[str, torch.Tensor]) -> None:
     sa, sb = a.state_dict(), b.state_dict()
     for key, value in sa.items():
-        torch.testing.assert_close(value, sb[key], rtol=1e-4, atol=1e-5, msg=lambda m: f"{key}: {m}")
+        torch.testing.assert_close(value, sb[key], rtol=1e-4, atol=1e-5, msg=lambda m, key=key: f"{key}: {m}")
     moved = max((sa[k].float() - start[k].float()).abs().max().item() for k in sa if sa[k].is_floating_point())
     assert moved > 1e-2  # the comparison is not between two untrained models
 
@@ -128,7 +156,7 @@ def test_dino_accumulation_equals_large_batch(method: str, hvp: bool) -> None:
     assert len(centres) == (2 if method == "ibot" else 1)
     assert all(not torch.equal(acc.state_dict()[k], start[k]) for k in centres)
     # The logged loss: per step the mean of its micro-batches is the big batch's loss; the epoch mean agrees.
-    window_means = [sum(acc_losses[i:i + 2]) / 2 for i in (0, 2)]
+    window_means = [sum(acc_losses[i : i + 2]) / 2 for i in (0, 2)]
     assert window_means == pytest.approx(ref_losses, rel=1e-5)
     torch.testing.assert_close(t_acc.callback_metrics["train/loss_epoch"], t_ref.callback_metrics["train/loss_epoch"])
     if hvp:  # the selection ran on every micro-batch
@@ -150,10 +178,20 @@ def test_batchnorm_methods_accumulate_like_ghost_batches(name: str) -> None:
     reference is one optimiser step on 2B whose loss is the mean of the method's loss on its
     two halves. Accumulation must equal it -- weights, BN running statistics and the lr, which
     scales with B x k."""
-    overrides = [f"method={name}_cifar", "backbone=resnet18_narrow", "backbone.width=4", "data.crop_size=16",
-                 "method.proj_hidden_dim=32", "method.proj_dim=16", "method.optimizer.name=sgd",
-                 "method.optimizer.base_lr=8", "method.optimizer.warmup_epochs=0",
-                 "+hvp=on", "hvp.num_views=3", "logger=csv"]
+    overrides = [
+        f"method={name}_cifar",
+        "backbone=resnet18_narrow",
+        "backbone.width=4",
+        "data.crop_size=16",
+        "method.proj_hidden_dim=32",
+        "method.proj_dim=16",
+        "method.optimizer.name=sgd",
+        "method.optimizer.base_lr=8",
+        "method.optimizer.warmup_epochs=0",
+        "+hvp=on",
+        "hvp.num_views=3",
+        "logger=csv",
+    ]
     if name == "simsiam":
         overrides.append("method.pred_hidden_dim=8")
     cls = METHODS[name]
@@ -203,10 +241,19 @@ def test_schedules_advance_per_optimizer_step(monkeypatch: pytest.MonkeyPatch) -
         return cosine_momentum(step, total, base, final)
 
     monkeypatch.setattr(teacher_module, "cosine_momentum", recording_momentum)
-    cfg = make_cfg(*DINO_TINY, "method.batch_size=2", "method.optimizer.warmup_epochs=1",
-                   "method.optimizer.base_lr=0.5", "method.optimizer.min_lr=0.001",
-                   "method.warmup_teacher_temp_epochs=2", "method.warmup_teacher_temp=0.02",
-                   "+hvp=on", "hvp.every_n_steps=2", "method.momentum_teacher=0.9", tiny=False)
+    cfg = make_cfg(
+        *DINO_TINY,
+        "method.batch_size=2",
+        "method.optimizer.warmup_epochs=1",
+        "method.optimizer.base_lr=0.5",
+        "method.optimizer.min_lr=0.001",
+        "method.warmup_teacher_temp_epochs=2",
+        "method.warmup_teacher_temp=0.02",
+        "+hvp=on",
+        "hvp.every_n_steps=2",
+        "method.momentum_teacher=0.9",
+        tiny=False,
+    )
     torch.manual_seed(0)
     model = DINO(cfg)
     recorder = StepRecorder()
@@ -217,10 +264,15 @@ def test_schedules_advance_per_optimizer_step(monkeypatch: pytest.MonkeyPatch) -
     assert [a for _, a in recorder.micro] == [(i // 2) % 2 == 0 for i in range(16)]  # both micro-batches alike
     base_lr = opt.base_lr * 2 * 2 / 256  # per-device batch x accumulation
     m = cfg.method
-    expected = [(i, base_lr * warmup_cosine(i, total, 4, opt.min_lr / base_lr),
-                 opt.weight_decay * warmup_cosine(i, total, 0, opt.weight_decay_end / opt.weight_decay),
-                 teacher_temperature(i // 4, m.teacher_temp, m.warmup_teacher_temp, m.warmup_teacher_temp_epochs))
-                for i in range(total)]
+    expected = [
+        (
+            i,
+            base_lr * warmup_cosine(i, total, 4, opt.min_lr / base_lr),
+            opt.weight_decay * warmup_cosine(i, total, 0, opt.weight_decay_end / opt.weight_decay),
+            teacher_temperature(i // 4, m.teacher_temp, m.warmup_teacher_temp, m.warmup_teacher_temp_epochs),
+        )
+        for i in range(total)
+    ]
     assert [s[0] for s in recorder.steps] == [e[0] for e in expected]
     for got, want in zip(recorder.steps, expected):
         assert got[1:] == pytest.approx(want[1:])
@@ -232,8 +284,12 @@ def test_micro_batches_of_one_step_draw_different_random_choices() -> None:
     draws = []
     for batch_idx in (0, 1):  # same global_step, two micro-batches
         model.hvp_batch_idx = batch_idx
-        draws.append((torch.rand(8, generator=model._choice_generator(batch_idx)),
-                      torch.rand(8, generator=model._locals_generator())))
+        draws.append(
+            (
+                torch.rand(8, generator=model._choice_generator(batch_idx)),
+                torch.rand(8, generator=model._locals_generator()),
+            )
+        )
     assert not torch.equal(draws[0][0], draws[1][0]) and not torch.equal(draws[0][1], draws[1][1])
 
 
@@ -244,14 +300,31 @@ def test_micro_batches_of_one_step_draw_different_random_choices() -> None:
 def test_bf16_mixed_train_run_on_cpu(method: str, tmp_path: Path) -> None:
     """train.py's run() with trainer.precision=bf16-mixed, +hvp=on and accumulation: finite loss."""
     if method == "simsiam":
-        cfg = make_cfg("+hvp=on", "hvp.num_views=3", "backbone.width=4", "trainer.precision=bf16-mixed",
-                       "trainer.accumulate_grad_batches=2")
+        cfg = make_cfg(
+            "+hvp=on",
+            "hvp.num_views=3",
+            "backbone.width=4",
+            "trainer.precision=bf16-mixed",
+            "trainer.accumulate_grad_batches=2",
+        )
     else:
-        cfg = make_cfg(*DINO_TINY, "method.optimizer.name=adamw", "method.optimizer.base_lr=0.0005",
-                       "+hvp=on", "trainer.precision=bf16-mixed", "trainer.accumulate_grad_batches=2",
-                       "method.batch_size=8", "data.train_size=32", "data.test_size=16", "data.num_workers=0",
-                       "trainer.max_epochs=1", "eval.at_start=false", "+trainer.enable_progress_bar=false",
-                       "+trainer.enable_model_summary=false", tiny=False)
+        cfg = make_cfg(
+            *DINO_TINY,
+            "method.optimizer.name=adamw",
+            "method.optimizer.base_lr=0.0005",
+            "+hvp=on",
+            "trainer.precision=bf16-mixed",
+            "trainer.accumulate_grad_batches=2",
+            "method.batch_size=8",
+            "data.train_size=32",
+            "data.test_size=16",
+            "data.num_workers=0",
+            "trainer.max_epochs=1",
+            "eval.at_start=false",
+            "+trainer.enable_progress_bar=false",
+            "+trainer.enable_model_summary=false",
+            tiny=False,
+        )
     summary = run(cfg, tmp_path)
     assert summary["train_loss"] is not None and math.isfinite(summary["train_loss"])
     images = summary["images_seen"]

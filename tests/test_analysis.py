@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from hvp_lightning.analysis.callback import HardViewAnalysis, ViewLog, step_statistics
-from hvp_lightning.analysis.metrics import color_distance, crop_iou, pair_metrics, relative_center_distance
 from hvp_lightning.analysis.gallery import replay_view
 from hvp_lightning.analysis.logs import load_steps, load_table
+from hvp_lightning.analysis.metrics import color_distance, crop_iou, pair_metrics, relative_center_distance
 from hvp_lightning.data.augment import PARAM_NAMES, ViewAug, augment, normalize
 from hvp_lightning.data.seeds import view_key
 from hvp_lightning.selection import HVPConfig, pair_index
@@ -23,8 +23,11 @@ from hvp_lightning.selection import HVPConfig, pair_index
 from .conftest import make_cfg
 
 
-def make_params(boxes: list[list[tuple[float, float, float, float]]], jitter: list[list[tuple]] | None = None,
-                src: tuple[int, int] = (40, 30)) -> dict[str, torch.Tensor]:
+def make_params(
+    boxes: list[list[tuple[float, float, float, float]]],
+    jitter: list[list[tuple]] | None = None,
+    src: tuple[int, int] = (40, 30),
+) -> dict[str, torch.Tensor]:
     """Parameters ``[B, N]`` from boxes ``(x, y, w, h)`` and jitter ``(on, b, c, s, h)`` per view."""
     t = torch.tensor(boxes, dtype=torch.float32)  # [B, N, 4]
     b, n = t.shape[:2]
@@ -50,8 +53,11 @@ def test_pair_metrics_match_hand_computed_boxes() -> None:
     d = relative_center_distance(p, pairs)  # centres (5,5), (10,10), (22.5,2.5)
     torch.testing.assert_close(d, torch.tensor([[math.hypot(5, 5), math.hypot(17.5, 2.5), math.hypot(12.5, 7.5)]]) / 50)
     c = color_distance(p, pairs)
-    want = [math.sqrt(0.2**2 + 0.2**2 + 0.05**2), math.sqrt(0.4**2 * 3 + 0.1**2),
-            math.sqrt(0.6**2 + 0.6**2 + 0.4**2 + 0.15**2)]
+    want = [
+        math.sqrt(0.2**2 + 0.2**2 + 0.05**2),
+        math.sqrt(0.4**2 * 3 + 0.1**2),
+        math.sqrt(0.6**2 + 0.6**2 + 0.4**2 + 0.15**2),
+    ]
     torch.testing.assert_close(c, torch.tensor([want]))
     assert set(pair_metrics(p, pairs)) == {"iou", "rel_dist", "color_dist"}
 
@@ -159,8 +165,12 @@ def test_callback_baseline_and_multicrop_globals(tmp_path: Path) -> None:
     # A table that is not over the global pairs is skipped with a warning, not misread.
     odd = FakeModule(enabled=True, num_globals=3)
     with pytest.warns(UserWarning, match="not the 2 global pairs"):
-        _drive(HardViewAnalysis(tmp_path / "c"), odd, {"params": make_params(boxes)},
-               {"table": torch.zeros(1, 8), "choice": torch.tensor([5])})
+        _drive(
+            HardViewAnalysis(tmp_path / "c"),
+            odd,
+            {"params": make_params(boxes)},
+            {"table": torch.zeros(1, 8), "choice": torch.tensor([5])},
+        )
     assert not odd.logged
 
 
@@ -208,8 +218,12 @@ def test_importance_recovers_a_planted_dependence() -> None:
     pairs = {f: rng.random(n) for f in PAIR_FEATURES}
     # Loss = -IoU + 0.5 |d brightness| + noise: main-effect shares ~ 0.8 and 0.2 of the explained variance.
     pairs["loss"] = -pairs["iou"] + 0.5 * pairs["brightness_diff"] + rng.normal(0, 0.1, n)
-    pairs.update(hvp=np.ones(n, bool), rank=np.zeros(n, np.int16), step=np.repeat(np.arange(400) // 50, 6),
-                 sample=np.repeat(np.arange(400) % 50, 6))
+    pairs.update(
+        hvp=np.ones(n, bool),
+        rank=np.zeros(n, np.int16),
+        step=np.repeat(np.arange(400) // 50, 6),
+        sample=np.repeat(np.arange(400) % 50, 6),
+    )
     imp = importance(pairs, trees=20)
     main = imp["main_effect"]
     assert imp["r2_test"] > 0.5
@@ -235,8 +249,15 @@ def test_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert main([str(tmp_path / "hvp"), str(tmp_path / "base"), "--trees", "8", "--gallery", "3"]) == 0
     out = tmp_path / "hvp" / "analysis"
     result = json.loads((out / "analysis.json").read_text())
-    for key in ("lowest_iou_share", "lowest_iou_chance", "selected_iou_mean", "candidate_iou_mean",
-                "baseline_iou_mean", "importance", "figures"):
+    for key in (
+        "lowest_iou_share",
+        "lowest_iou_chance",
+        "selected_iou_mean",
+        "candidate_iou_mean",
+        "baseline_iou_mean",
+        "importance",
+        "figures",
+    ):
         assert key in result, key
     assert result["lowest_iou_chance"] == pytest.approx(1 / 6, rel=1e-4)
     assert result["hvp_steps"] == 4 and result["logged_steps"] == 4

@@ -13,9 +13,19 @@ import torch
 from hvp_lightning.config import ConfigError, validate
 from hvp_lightning.methods import METHODS
 
-VIT_TINY = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32", "+backbone.depth=1",
-            "backbone.drop_path_rate=0.0", "method.out_dim=64", "method.head_hidden_dim=32", "method.bottleneck_dim=16",
-            "logger=csv", "data.num_workers=0", "method.compile=true"]  # DINO/iBOT presets: add method=<name>_cifar
+VIT_TINY = [
+    "backbone=vit_tiny",
+    "backbone.patch_size=8",
+    "backbone.img_size=32",
+    "+backbone.depth=1",
+    "backbone.drop_path_rate=0.0",
+    "method.out_dim=64",
+    "method.head_hidden_dim=32",
+    "method.bottleneck_dim=16",
+    "logger=csv",
+    "data.num_workers=0",
+    "method.compile=true",
+]  # DINO/iBOT presets: add method=<name>_cifar
 
 
 def random_batch(model: torch.nn.Module, cfg, n: int = 4) -> dict:
@@ -97,7 +107,9 @@ def test_ibot_global_crops_run_compiled_blocks(cfg_factory, monkeypatch, backend
         for model, m in (("eager", eager), ("compiled", compiled)):
             for net, backbone in (("student", m.backbone), ("teacher", m.teacher.backbone)):
                 for block in backbone.trunk.blocks:
-                    block.register_forward_pre_hook(lambda _m, args, model=model, net=net: record_if_eager(model, net, args))
+                    block.register_forward_pre_hook(
+                        lambda _m, args, model=model, net=net: record_if_eager(model, net, args)
+                    )
         return eager, compiled, random_batch(eager, cfg)
 
     eager, compiled, batch = build()
@@ -106,8 +118,11 @@ def test_ibot_global_crops_run_compiled_blocks(cfg_factory, monkeypatch, backend
     losses = [model.training_step(batch, 0) for model in (eager, compiled)]
     global_tokens = (32 // 8) ** 2 + 1
     # The eager model shows the calls exist: selection (no grad) and training pass, both networks.
-    assert {("eager", "student", global_tokens, False), ("eager", "student", global_tokens, True),
-            ("eager", "teacher", global_tokens, False)} <= eager_calls
+    assert {
+        ("eager", "student", global_tokens, False),
+        ("eager", "student", global_tokens, True),
+        ("eager", "teacher", global_tokens, False),
+    } <= eager_calls
     assert not {c for c in eager_calls if c[0] == "compiled"}  # every compiled block call, locals too
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(compiled.last_selection["choice"], eager.last_selection["choice"])
@@ -132,8 +147,9 @@ def test_multicrop_compiles_stay_under_the_recompile_limit(cfg_factory, monkeypa
     run the backbone eagerly for the rest of the run (here it raises instead)."""
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     torch._dynamo.reset()
-    cfg = cfg_factory(f"method={method}_cifar", *VIT_TINY, "+hvp=on", "++backbone.depth=3",
-                      "backbone.drop_path_rate=0.3", tiny=False)
+    cfg = cfg_factory(
+        f"method={method}_cifar", *VIT_TINY, "+hvp=on", "++backbone.depth=3", "backbone.drop_path_rate=0.3", tiny=False
+    )
     model = METHODS[method](cfg)
     model.configure_model()
     batch = random_batch(model, cfg)

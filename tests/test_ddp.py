@@ -31,9 +31,18 @@ from ._ddp import run_ranks
 from .conftest import REPO, make_cfg, score_and_assert_stateless
 
 WORLD = 2
-VIT = ["backbone=vit_tiny", "backbone.patch_size=4", "backbone.img_size=16", "+backbone.depth=1",
-       "backbone.drop_path_rate=0.0", "data.crop_size=16", "method.local_crop_size=8", "method.out_dim=64",
-       "method.head_hidden_dim=32", "method.bottleneck_dim=16"]
+VIT = [
+    "backbone=vit_tiny",
+    "backbone.patch_size=4",
+    "backbone.img_size=16",
+    "+backbone.depth=1",
+    "backbone.drop_path_rate=0.0",
+    "data.crop_size=16",
+    "method.local_crop_size=8",
+    "method.out_dim=64",
+    "method.head_hidden_dim=32",
+    "method.bottleneck_dim=16",
+]
 RESNET = ["backbone.width=8", "data.crop_size=16", "method.proj_hidden_dim=64", "method.proj_dim=32"]
 
 
@@ -58,8 +67,9 @@ def _shard(batch: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     return {"views": [v[rows] for v in batch["views"]], "label": batch["label"][rows], "index": batch["index"][rows]}
 
 
-def _one_step(cfg: DictConfig, state: dict[str, torch.Tensor], batch: dict[str, Any], rank: int,
-              world: int) -> dict[str, Any]:
+def _one_step(
+    cfg: DictConfig, state: dict[str, torch.Tensor], batch: dict[str, Any], rank: int, world: int
+) -> dict[str, Any]:
     """One training step (selection + loss + backward + DINO's centre step) of this rank's
     share; with world > 1 the model has synchronised BatchNorm (as train.py's plugin converts
     it) and DDP averages the gradients."""
@@ -91,8 +101,9 @@ def _steps(rank: int, world: int, cases: dict[str, tuple]) -> dict[str, dict[str
     return {name: _one_step(*case, rank, world) for name, case in cases.items()}
 
 
-def _case(cfg: DictConfig, b: int, seed: int,
-          dtype: torch.dtype = torch.float32) -> tuple[DictConfig, dict[str, torch.Tensor], dict[str, Any]]:
+def _case(
+    cfg: DictConfig, b: int, seed: int, dtype: torch.dtype = torch.float32
+) -> tuple[DictConfig, dict[str, torch.Tensor], dict[str, Any]]:
     torch.manual_seed(seed)
     model = METHODS[cfg.method.name](cfg).to(dtype)
     g = torch.Generator().manual_seed(seed)
@@ -111,8 +122,9 @@ CASES = {
     "simclr": lambda: _case(make_cfg("method=simclr_cifar", "+hvp=on", *RESNET), b=8, seed=2),
     # Momentum targets with BatchNorm (synchronised too); MoCo v3's keys from both ranks.
     "byol": lambda: _case(make_cfg("method=byol_cifar", "+hvp=on", *RESNET, "method.pred_hidden_dim=32"), b=8, seed=3),
-    "mocov3": lambda: _case(make_cfg("method=mocov3_cifar", "+hvp=on", *RESNET, "method.pred_hidden_dim=32"), b=8,
-                            seed=4),
+    "mocov3": lambda: _case(
+        make_cfg("method=mocov3_cifar", "+hvp=on", *RESNET, "method.pred_hidden_dim=32"), b=8, seed=4
+    ),
     # Batch losses: the statistics are those of the global batch of 2B on every rank. VICReg
     # gathers both ranks' embeddings (all_gather with gradient) for variance and covariance, its
     # invariance is the rank's own mean (DDP's gradient average makes it the global one); Barlow
@@ -161,7 +173,9 @@ def test_ddp_step_equals_single_process_with_global_batch(ddp_vs_single, case: s
         for r in ranks:
             _close(r["buffers"][name], buf, name)
     if case == "dino":
-        assert not torch.equal(single["buffers"]["centering.center"], torch.zeros_like(single["buffers"]["centering.center"]))
+        assert not torch.equal(
+            single["buffers"]["centering.center"], torch.zeros_like(single["buffers"]["centering.center"])
+        )
         assert ranks[0]["sync_bn"] == 0
     else:
         cfg = make_cfg(f"method={case}_cifar", *RESNET)
@@ -209,9 +223,25 @@ def test_sync_batchnorm_single_process_is_batchnorm() -> None:
 
 # --- learning rate: base_lr x global batch / 256 --------------------------------------------------
 
-PRESETS = ["simsiam", "simsiam_cifar", "simclr", "simclr_cifar", "dino", "dino_cifar", "ibot", "ibot_cifar",
-           "byol", "byol_cifar", "mocov3", "mocov3_cifar", "mocov3_vit", "vicreg",
-           "vicreg_cifar", "barlow_twins", "barlow_twins_cifar"]
+PRESETS = [
+    "simsiam",
+    "simsiam_cifar",
+    "simclr",
+    "simclr_cifar",
+    "dino",
+    "dino_cifar",
+    "ibot",
+    "ibot_cifar",
+    "byol",
+    "byol_cifar",
+    "mocov3",
+    "mocov3_cifar",
+    "mocov3_vit",
+    "vicreg",
+    "vicreg_cifar",
+    "barlow_twins",
+    "barlow_twins_cifar",
+]
 
 
 def _small(preset: str) -> list[str]:
@@ -231,8 +261,9 @@ def test_lr_scales_with_global_batch(preset: str) -> None:
     cfg = make_cfg(f"method={preset}", *_small(preset), tiny=False)
     validate(cfg)
     model = METHODS[cfg.method.name](cfg)
-    model.trainer = SimpleNamespace(world_size=8, accumulate_grad_batches=2, estimated_stepping_batches=1000,
-                                    max_epochs=100)  # type: ignore[assignment]
+    model.trainer = SimpleNamespace(
+        world_size=8, accumulate_grad_batches=2, estimated_stepping_batches=1000, max_epochs=100
+    )  # type: ignore[assignment]
     out = model.configure_optimizers()
     o = cfg.method.optimizer
     peak = o.base_lr * cfg.method.batch_size * 16 / 256
@@ -251,13 +282,16 @@ def test_lr_scales_with_global_batch(preset: str) -> None:
 # --- config checks ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("override", "key"), [
-    ("+trainer.sync_batchnorm=maybe", "trainer.sync_batchnorm='maybe'"),
-    ("trainer=ddp trainer.num_nodes=0", "trainer.num_nodes=0"),
-    ("method=dino_cifar method.optimizer.min_lr=-1", "method.optimizer.min_lr=-1"),
-    ("method=dino_cifar +method.optimizer.final_lr_ratio=0.1", "method.optimizer.min_lr=1e-06"),
-    ("method.optimizer.final_lr_ratio=2", "method.optimizer.final_lr_ratio=2"),
-])
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("+trainer.sync_batchnorm=maybe", "trainer.sync_batchnorm='maybe'"),
+        ("trainer=ddp trainer.num_nodes=0", "trainer.num_nodes=0"),
+        ("method=dino_cifar method.optimizer.min_lr=-1", "method.optimizer.min_lr=-1"),
+        ("method=dino_cifar +method.optimizer.final_lr_ratio=0.1", "method.optimizer.min_lr=1e-06"),
+        ("method.optimizer.final_lr_ratio=2", "method.optimizer.final_lr_ratio=2"),
+    ],
+)
 def test_ddp_config_errors_name_key_value_and_allowed(override: str, key: str) -> None:
     with pytest.raises(ConfigError) as err:
         validate(make_cfg(*override.split()))
@@ -271,7 +305,6 @@ def test_ddp_presets_are_trainer_arguments(preset: str) -> None:
     assert cfg.trainer.strategy == "ddp" and cfg.trainer.num_nodes == 1 and cfg.trainer.sync_batchnorm == "auto"
     if preset == "ddp_8gpu":
         assert cfg.trainer.devices == 8 and cfg.trainer.precision == "bf16-mixed" and cfg.trainer.accelerator == "gpu"
-
 
 
 # --- per-rank run state in checkpoints -------------------------------------------------------
@@ -326,10 +359,22 @@ def test_run_totals_and_skipped_files_are_kept_per_rank() -> None:
 
 # --- train.py end to end: trainer=ddp on 2 CPU processes ------------------------------------------
 
-COMMON = ["trainer=ddp", "trainer.accelerator=cpu", f"trainer.devices={WORLD}", "logger=csv", "+hvp=on",
-          "data.train_size=64", "data.test_size=33", "data.num_workers=0", "method.batch_size=16",
-          "trainer.max_epochs=1", "eval.every_n_epochs=1", "trainer.log_every_n_steps=1",
-          "+trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false"]
+COMMON = [
+    "trainer=ddp",
+    "trainer.accelerator=cpu",
+    f"trainer.devices={WORLD}",
+    "logger=csv",
+    "+hvp=on",
+    "data.train_size=64",
+    "data.test_size=33",
+    "data.num_workers=0",
+    "method.batch_size=16",
+    "trainer.max_epochs=1",
+    "eval.every_n_epochs=1",
+    "trainer.log_every_n_steps=1",
+    "+trainer.enable_progress_bar=false",
+    "+trainer.enable_model_summary=false",
+]
 METHOD_OVERRIDES = {
     "simsiam": ["method=simsiam_cifar", *RESNET, "method.pred_hidden_dim=16"],
     "simclr": ["method=simclr_cifar", *RESNET],
@@ -344,8 +389,13 @@ METHOD_OVERRIDES = {
 
 def _ddp_run(method: str, tmp_path: Path, *extra: str) -> tuple[dict[str, Any], str]:
     overrides = [*COMMON, *METHOD_OVERRIDES[method], *extra]
-    proc = subprocess.run([sys.executable, "train.py", *overrides, f"hydra.run.dir={tmp_path}"], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "train.py", *overrides, f"hydra.run.dir={tmp_path}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     (tmp_path / "stderr.txt").write_text(proc.stderr)
     return json.loads((tmp_path / "summary.json").read_text()), proc.stdout
@@ -408,18 +458,26 @@ def test_ddp_train_with_resident_images(tmp_path: Path) -> None:
     views with its own draws, and the run ends as the loader-fed one does."""
     import pyarrow.parquet as pq
 
-    summary, stdout = _ddp_run("simclr", tmp_path, "eval.at_start=false", "data.on_device=true",
-                               "analysis.log_every_n_steps=1")
+    summary, stdout = _ddp_run(
+        "simclr", tmp_path, "eval.at_start=false", "data.on_device=true", "analysis.log_every_n_steps=1"
+    )
     _check_world_size_two("simclr", summary, stdout)
     assert OmegaConf.load(tmp_path / "config.yaml").data.on_device is True
-    views = {rank: pq.read_table(sorted((tmp_path / "analysis").glob(f"views-r{rank}-*.parquet"))[0]).to_pydict()
-             for rank in range(WORLD)}
+    views = {
+        rank: pq.read_table(sorted((tmp_path / "analysis").glob(f"views-r{rank}-*.parquet"))[0]).to_pydict()
+        for rank in range(WORLD)
+    }
     assert views[0]["crop_x"] and views[0]["sample"] == views[1]["sample"]
     assert views[0]["crop_x"] != views[1]["crop_x"]  # sample b of a step: other draws on each rank
 
 
-HVP_STATS = ("selection_selected_loss_mean", "selection_candidate_loss_mean", "trained_loss_mean",
-             "nonfinite_candidates", "selected_samples")
+HVP_STATS = (
+    "selection_selected_loss_mean",
+    "selection_candidate_loss_mean",
+    "trained_loss_mean",
+    "nonfinite_candidates",
+    "selected_samples",
+)
 
 
 @pytest.mark.slow  # two DDP runs of 2 processes: ~100 s on a small machine
@@ -431,7 +489,8 @@ def test_ddp_resume_keeps_every_ranks_hvp_totals(tmp_path: Path) -> None:
     straight, _ = _ddp_run("simsiam", tmp_path / "straight", *extra)
     (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
     (tmp_path / "resumed" / "checkpoints" / "last.ckpt").write_bytes(
-        (tmp_path / "straight" / "checkpoints" / "epoch=001.ckpt").read_bytes())
+        (tmp_path / "straight" / "checkpoints" / "epoch=001.ckpt").read_bytes()
+    )
     resumed, _ = _ddp_run("simsiam", tmp_path / "resumed", *extra)
     assert resumed["steps"] == straight["steps"] == 4 and resumed["hvp"]["selected_samples"] == 2 * 64
     for key in HVP_STATS:

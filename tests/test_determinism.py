@@ -24,11 +24,24 @@ from .conftest import REPO, SUBPROCESS_TIMEOUT_S, make_cfg
 # 96 images, batch 16: 6 steps an epoch; SimSiam + HVP (its selection draws from torch's RNG,
 # which the checkpoint carries), the default loader workers of the synthetic data (2, persistent).
 BASE = [
-    "logger=csv", "method=simsiam_cifar", "data.train_size=96", "data.test_size=32",
-    "data.crop_size=16", "method.batch_size=16", "method.proj_hidden_dim=64", "method.proj_dim=32",
-    "backbone.width=8", "trainer.max_epochs=2", "eval.at_start=false", "eval.every_n_epochs=2",
-    "checkpoint.every_n_epochs=null", "+hvp=on", "hvp.num_views=3", "+trainer.enable_progress_bar=false",
-    "+trainer.enable_model_summary=false", "+trainer.deterministic=true",
+    "logger=csv",
+    "method=simsiam_cifar",
+    "data.train_size=96",
+    "data.test_size=32",
+    "data.crop_size=16",
+    "method.batch_size=16",
+    "method.proj_hidden_dim=64",
+    "method.proj_dim=32",
+    "backbone.width=8",
+    "trainer.max_epochs=2",
+    "eval.at_start=false",
+    "eval.every_n_epochs=2",
+    "checkpoint.every_n_epochs=null",
+    "+hvp=on",
+    "hvp.num_views=3",
+    "+trainer.enable_progress_bar=false",
+    "+trainer.enable_model_summary=false",
+    "+trainer.deterministic=true",
 ]
 RUN = [*BASE, "trainer=cpu"]
 
@@ -102,9 +115,15 @@ def _killed(run_dir: Path, kill_at: int, *overrides: str) -> dict:
     workers) when step ``kill_at`` ends, before that step's own checkpoint; return the last
     checkpoint's loop state."""
     env = dict(os.environ, KILL_AT_STEP=str(kill_at))
-    proc = subprocess.run([sys.executable, "-m", "tests._killed_train", *overrides, f"hydra.run.dir={run_dir}"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S,
-                          start_new_session=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests._killed_train", *overrides, f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        start_new_session=True,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     assert not (run_dir / "summary.json").exists()
     return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
@@ -115,8 +134,7 @@ def _killed(run_dir: Path, kill_at: int, *overrides: str) -> dict:
 METHODS = {"simsiam": [], "byol": ["method=byol_cifar", "method.pred_hidden_dim=16"]}
 
 
-@pytest.mark.parametrize("method", [
-    "simsiam", pytest.param("byol", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("method", ["simsiam", pytest.param("byol", marks=pytest.mark.slow)])
 def test_killed_mid_epoch_resumes_bit_for_bit_with_workers(tmp_path, method: str) -> None:
     """checkpoint.every_n_steps=4, SIGKILL after step 9 (epoch 1, batch 3 of 6): the last
     checkpoint is step 8's, in the middle of epoch 1; the resumed run trains the 4 batches of
@@ -136,13 +154,23 @@ def test_ddp_killed_mid_epoch_resumes_bit_for_bit(tmp_path) -> None:
     """The same with trainer=ddp on 2 CPU processes (3 steps an epoch of 2 x 16): killed after
     step 5, resumed from step 4's checkpoint (epoch 1, batch 1 of 3)."""
     ddp = [*BASE, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "checkpoint.every_n_steps=2"]
-    straight = subprocess.run([sys.executable, "train.py", *ddp, f"hydra.run.dir={tmp_path / 'straight'}"],
-                              cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    straight = subprocess.run(
+        [sys.executable, "train.py", *ddp, f"hydra.run.dir={tmp_path / 'straight'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
     assert straight.returncode == 0, straight.stderr[-3000:]
     ckpt = _killed(tmp_path / "resumed", 5, *ddp)
     assert ckpt["global_step"] == 4
     assert ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["processed"] == 1
-    resumed = subprocess.run([sys.executable, "train.py", *ddp, f"hydra.run.dir={tmp_path / 'resumed'}"],
-                             cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    resumed = subprocess.run(
+        [sys.executable, "train.py", *ddp, f"hydra.run.dir={tmp_path / 'resumed'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _assert_same_weights(_weights(tmp_path / "straight"), _weights(tmp_path / "resumed"))

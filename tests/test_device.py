@@ -9,8 +9,8 @@ import torch
 
 import hvp_lightning.device
 from hvp_lightning.config import validate
-from hvp_lightning.errors import ConfigError
 from hvp_lightning.device import auto_precision, device_line
+from hvp_lightning.errors import ConfigError
 from hvp_lightning.train import final_line
 
 from .conftest import make_cfg
@@ -18,12 +18,15 @@ from .conftest import make_cfg
 VIT = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=16"]
 
 
-@pytest.mark.parametrize(("cuda", "bf16", "accelerator", "expected"), [
-    (False, False, "auto", "32-true"),       # CPU-only machine: fp32, no flag needed
-    (True, True, "auto", "bf16-mixed"),      # a bf16-capable GPU
-    (True, False, "auto", "32-true"),        # an older GPU: fp32 rather than an fp16 surprise
-    (True, True, "cpu", "32-true"),          # CPU asked for on a GPU machine: still fp32
-])
+@pytest.mark.parametrize(
+    ("cuda", "bf16", "accelerator", "expected"),
+    [
+        (False, False, "auto", "32-true"),  # CPU-only machine: fp32, no flag needed
+        (True, True, "auto", "bf16-mixed"),  # a bf16-capable GPU
+        (True, False, "auto", "32-true"),  # an older GPU: fp32 rather than an fp16 surprise
+        (True, True, "cpu", "32-true"),  # CPU asked for on a GPU machine: still fp32
+    ],
+)
 def test_auto_precision(monkeypatch, cuda, bf16, accelerator, expected):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
@@ -52,11 +55,14 @@ def test_default_trainer_is_auto_and_validate_resolves_precision():
     assert cfg.trainer.precision == "32-true"
 
 
-@pytest.mark.parametrize(("overrides", "refused"), [
-    ([], None),  # a ResNet: its global average pooling is a mean, deterministic on CUDA
-    (["method=dino_cifar", *VIT, "method.local_crop_size=8"], "8 px crops"),  # the ViT resizes for locals
-    (["method=simclr_cifar", *VIT], None),  # a ViT at its own size: nothing resized
-])
+@pytest.mark.parametrize(
+    ("overrides", "refused"),
+    [
+        ([], None),  # a ResNet: its global average pooling is a mean, deterministic on CUDA
+        (["method=dino_cifar", *VIT, "method.local_crop_size=8"], "8 px crops"),  # the ViT resizes for locals
+        (["method=simclr_cifar", *VIT], None),  # a ViT at its own size: nothing resized
+    ],
+)
 def test_deterministic_true_is_refused_where_a_gpu_run_would_raise(monkeypatch, overrides, refused):
     """``trainer.deterministic=true`` passes on CPU (the resume tests use it) but makes torch
     raise at a GPU run's first backward through an op without a deterministic CUDA kernel:
@@ -75,18 +81,29 @@ def test_deterministic_true_is_refused_where_a_gpu_run_would_raise(monkeypatch, 
 # Backward ops whose CUDA kernels call ``alertNotDeterministic`` (torch's
 # ``use_deterministic_algorithms`` list: pooling, interpolation, padding, sampling).
 CUDA_NONDETERMINISTIC_BACKWARD = (
-    "_adaptive_avg_pool2d_backward", "adaptive_max_pool2d_backward", "avg_pool3d_backward",
-    "upsample_linear1d_backward", "upsample_bilinear2d_backward", "_upsample_bilinear2d_aa_backward",
-    "upsample_bicubic2d_backward", "_upsample_bicubic2d_aa_backward", "upsample_trilinear3d_backward",
-    "reflection_pad1d_backward", "reflection_pad2d_backward", "grid_sampler_2d_backward",
+    "_adaptive_avg_pool2d_backward",
+    "adaptive_max_pool2d_backward",
+    "avg_pool3d_backward",
+    "upsample_linear1d_backward",
+    "upsample_bilinear2d_backward",
+    "_upsample_bilinear2d_aa_backward",
+    "upsample_bicubic2d_backward",
+    "_upsample_bicubic2d_aa_backward",
+    "upsample_trilinear3d_backward",
+    "reflection_pad1d_backward",
+    "reflection_pad2d_backward",
+    "grid_sampler_2d_backward",
 )
 
 
-@pytest.mark.parametrize("overrides", [
-    [],  # ResNet
-    ["method=dino_cifar", *VIT, "method.local_crop_size=8"],  # ViT with local crops
-    ["method=simclr_cifar", *VIT],  # ViT at its own size
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],  # ResNet
+        ["method=dino_cifar", *VIT, "method.local_crop_size=8"],  # ViT with local crops
+        ["method=simclr_cifar", *VIT],  # ViT at its own size
+    ],
+)
 def test_deterministic_rule_matches_the_ops_the_network_runs(overrides):
     """The start-up rule (refuse ``deterministic=true`` on a GPU) against the aten ops one
     forward/backward of the run's backbone at every view size really dispatches on CPU

@@ -35,13 +35,28 @@ COPIES = {aten._to_copy.default, aten.copy_.default, aten._copy_from.default, at
 INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
 FAKE = torch.device("meta")
 
-VIT = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=16", "+backbone.depth=1",
-       "method.local_crop_size=8", "method.out_dim=32", "method.head_hidden_dim=16", "method.bottleneck_dim=8"]
-METHOD_OVERRIDES = {"simsiam": ["method=simsiam_cifar", "backbone.width=4"],
-                    "simclr": ["method=simclr_cifar", "backbone.width=4"],
-                    "dino": ["method=dino_cifar", *VIT], "ibot": ["method=ibot_cifar", *VIT]}
-HVP = {"off": [], "hard": ["+hvp=on", "hvp.num_views=3"], "random": ["+hvp=on", "hvp.num_views=3", "hvp.mode=random"],
-       "off_step": ["+hvp=on", "hvp.num_views=3", "hvp.every_n_steps=2"]}  # a plain step between HVP steps
+VIT = [
+    "backbone=vit_tiny",
+    "backbone.patch_size=8",
+    "backbone.img_size=16",
+    "+backbone.depth=1",
+    "method.local_crop_size=8",
+    "method.out_dim=32",
+    "method.head_hidden_dim=16",
+    "method.bottleneck_dim=8",
+]
+METHOD_OVERRIDES = {
+    "simsiam": ["method=simsiam_cifar", "backbone.width=4"],
+    "simclr": ["method=simclr_cifar", "backbone.width=4"],
+    "dino": ["method=dino_cifar", *VIT],
+    "ibot": ["method=ibot_cifar", *VIT],
+}
+HVP = {
+    "off": [],
+    "hard": ["+hvp=on", "hvp.num_views=3"],
+    "random": ["+hvp=on", "hvp.num_views=3", "hvp.mode=random"],
+    "off_step": ["+hvp=on", "hvp.num_views=3", "hvp.every_n_steps=2"],
+}  # a plain step between HVP steps
 CASES = [(m, h) for m in METHOD_OVERRIDES for h in HVP] + [("dino", "sampled")]  # DINO's max_combinations
 HVP["sampled"] = ["+hvp=on", "hvp.num_views=3", "+hvp.max_combinations=2"]
 
@@ -59,8 +74,10 @@ class DeviceMixGuard(TorchDispatchMode):
                 tensors = [t for t in tensors if id(t) not in indices or t.device.type != "cpu"]
             devices = {t.device for t in tensors if not (t.device.type == "cpu" and t.dim() == 0)}
             if len(devices) > 1:
-                raise RuntimeError(f"{func} mixes devices {sorted(map(str, devices))}: a tensor was made "
-                                   "without the device of the data it meets")
+                raise RuntimeError(
+                    f"{func} mixes devices {sorted(map(str, devices))}: a tensor was made "
+                    "without the device of the data it meets"
+                )
         for gen in (x for x in leaves if isinstance(x, torch.Generator)):
             device = kwargs.get("device") or (tensors[0].device if tensors else torch.device("cpu"))
             if torch.device(device).type != gen.device.type:
@@ -110,13 +127,15 @@ def one_batch(cfg) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("method", "hvp"), CASES)
-def test_training_step_keeps_tensors_on_the_data_device(method: str, hvp: str, fake_gpu: DeviceMixGuard,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_training_step_keeps_tensors_on_the_data_device(
+    method: str, hvp: str, fake_gpu: DeviceMixGuard, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One training step (selection, gather, loss, backward) and the analysis statistics of
     each method, HVP off / hard / random / an off-step of ``every_n_steps``, with model and
     batch on the stand-in device."""
-    cfg = make_cfg(*METHOD_OVERRIDES[method], *HVP[hvp], "method.batch_size=4", "data.train_size=8",
-                   "data.crop_size=16")
+    cfg = make_cfg(
+        *METHOD_OVERRIDES[method], *HVP[hvp], "method.batch_size=4", "data.train_size=8", "data.crop_size=16"
+    )
     model = METHODS[method](cfg).to(FAKE).train()
     batch = move_data_to_device(one_batch(cfg), FAKE)
     if hvp == "off_step":  # global_step is 0 without a Trainer: force the step between HVP steps

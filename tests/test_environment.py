@@ -56,8 +56,10 @@ def test_more_cpu_processes_than_cores_is_said_at_start_up(monkeypatch, caplog, 
         validate(make_cfg(f"trainer.devices={devices}", "+trainer.strategy=ddp"))
     said = [r.getMessage() for r in caplog.records if "trainer.devices" in r.getMessage()]
     if warns:
-        assert said == [f"trainer.devices={devices} starts {devices} CPU processes on 2 usable cores: allowed, but "
-                        "they share the cores, so each step is slower than with trainer.devices<=2"]
+        assert said == [
+            f"trainer.devices={devices} starts {devices} CPU processes on 2 usable cores: allowed, but "
+            "they share the cores, so each step is slower than with trainer.devices<=2"
+        ]
     else:
         assert said == []
 
@@ -77,10 +79,13 @@ def test_console_commands_show_their_own_name_in_usage():
     script = Path(sys.executable).parent / "hvp-export"
     if not script.is_file():
         pytest.skip("the project's console scripts are not installed in this environment")
-    for command, usage in (([str(script)], "usage: hvp-export "),
-                           ([sys.executable, "-m", "hvp_lightning.export"], "usage: python -m hvp_lightning.export ")):
-        proc = subprocess.run([*command, "--help"], cwd=REPO, capture_output=True, text=True,
-                              timeout=SUBPROCESS_TIMEOUT_S)
+    for command, usage in (
+        ([str(script)], "usage: hvp-export "),
+        ([sys.executable, "-m", "hvp_lightning.export"], "usage: python -m hvp_lightning.export "),
+    ):
+        proc = subprocess.run(
+            [*command, "--help"], cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
+        )
         assert proc.returncode == 0 and proc.stdout.startswith(usage), proc.stdout + proc.stderr
 
 
@@ -97,8 +102,13 @@ def test_a_refused_resume_leaves_the_run_dir_untouched(tmp_path):
         (run / ".hydra" / name).write_text(f"# the first session's {name}\n- seed=3\n")
     (run / "train.log").write_text("[first session]\n")
     before = snapshot(run)
-    proc = subprocess.run([sys.executable, str(REPO / "train.py"), f"resume={run}", "trainer.max_epochs=3"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), f"resume={run}", "trainer.max_epochs=3"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.startswith(f"config error: resume='{run}' is not allowed") and "Traceback" not in proc.stderr
     assert snapshot(run) == before

@@ -20,16 +20,31 @@ from hvp_lightning.backbones import build_resnet, build_vit
 from hvp_lightning.config import ConfigError
 from hvp_lightning.evaluation import evaluate
 from hvp_lightning.evaluation.features import FeatureNet
-from hvp_lightning.evaluation.probe import (Classifier, fit_classifier, lars_growth_bound, probe_batch_size,
-                                           warn_if_lars_cannot_fit)
+from hvp_lightning.evaluation.probe import (
+    Classifier,
+    fit_classifier,
+    lars_growth_bound,
+    probe_batch_size,
+    warn_if_lars_cannot_fit,
+)
 from hvp_lightning.knn import knn_accuracies, knn_accuracy
 from hvp_lightning.train import run
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, eval_cfg, make_cfg
 
-DINO = ["method=dino_cifar", "backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32", "+backbone.depth=2",
-        "data.crop_size=32", "data.train_size=32", "method.local_crop_size=16", "method.out_dim=256",
-        "method.head_hidden_dim=64", "method.bottleneck_dim=32"]
+DINO = [
+    "method=dino_cifar",
+    "backbone=vit_tiny",
+    "backbone.patch_size=8",
+    "backbone.img_size=32",
+    "+backbone.depth=2",
+    "data.crop_size=32",
+    "data.train_size=32",
+    "method.local_crop_size=16",
+    "method.out_dim=256",
+    "method.head_hidden_dim=64",
+    "method.bottleneck_dim=32",
+]
 
 
 @pytest.fixture(scope="module")
@@ -97,14 +112,21 @@ def _cpu() -> DictConfig:
 def test_linear_probe_separates_linearly_separable_features():
     g = torch.Generator().manual_seed(0)
     centres = 4 * torch.randn(5, 16, generator=g)
+
     def blobs(n):
         y = torch.randint(0, 5, (n,), generator=g)
         return centres[y] + torch.randn(n, 16, generator=g), y
+
     (x_train, y_train), (x_test, y_test) = blobs(500), blobs(200)
     settings = {"optimizer": "sgd", "lr": 0.5, "momentum": 0.9, "weight_decay": 0.0, "epochs": 10}
     model = Classifier(None, 16, 5, settings)
-    res = fit_classifier(_cpu(), model, DataLoader(TensorDataset(x_train, y_train), batch_size=50, shuffle=True),
-                         DataLoader(TensorDataset(x_test, y_test), batch_size=100), epochs=10)
+    res = fit_classifier(
+        _cpu(),
+        model,
+        DataLoader(TensorDataset(x_train, y_train), batch_size=50, shuffle=True),
+        DataLoader(TensorDataset(x_test, y_test), batch_size=100),
+        epochs=10,
+    )
     assert res["top1"] >= 0.99 and res["top5"] == 1.0 and res["train_loss"] < 0.1
 
 
@@ -121,22 +143,33 @@ def test_vit_features_concatenate_cls_of_last_blocks():
 
 
 # --- eval.py end to end ----------------------------------------------------------------------
-@pytest.mark.parametrize("protocol", [
-    ["protocol=knn"],
-    ["protocol=linear", "protocol.epochs=2", "protocol.batch_size=32", "protocol.augment=true"],
-    ["protocol=linear", "protocol.epochs=2", "protocol.batch_size=32", "protocol.augment=false"],
-    ["protocol=linear", "protocol.epochs=2"],  # defaults: batch sized to the data, augment auto
-    ["protocol=finetune", "protocol.epochs=1", "protocol.batch_size=16", "protocol.base_lr=0.01"],
-], ids=["knn", "linear", "linear-precomputed", "linear-defaults", "finetune"])
+@pytest.mark.parametrize(
+    "protocol",
+    [
+        ["protocol=knn"],
+        ["protocol=linear", "protocol.epochs=2", "protocol.batch_size=32", "protocol.augment=true"],
+        ["protocol=linear", "protocol.epochs=2", "protocol.batch_size=32", "protocol.augment=false"],
+        ["protocol=linear", "protocol.epochs=2"],  # defaults: batch sized to the data, augment auto
+        ["protocol=finetune", "protocol.epochs=1", "protocol.batch_size=16", "protocol.base_lr=0.01"],
+    ],
+    ids=["knn", "linear", "linear-precomputed", "linear-defaults", "finetune"],
+)
 def test_eval_protocols_end_to_end(simsiam_run, protocol):
     run_dir, train_summary = simsiam_run
     summary = evaluate(eval_cfg(f"ckpt={run_dir}", *protocol))
     name = protocol[0].split("=")[1]
     out = run_dir / "eval" / name
     on_disk = json.loads((out / "eval_summary.json").read_text())
-    assert on_disk["protocol"] == name and on_disk["checkpoint"] == str((run_dir / "checkpoints" / "last.ckpt").resolve())
-    assert on_disk["dataset"] == {"name": "synthetic", "train_images": 64, "test_images": 32, "num_classes": 10,
-                                  "crop_size": 16}
+    assert on_disk["protocol"] == name and on_disk["checkpoint"] == str(
+        (run_dir / "checkpoints" / "last.ckpt").resolve()
+    )
+    assert on_disk["dataset"] == {
+        "name": "synthetic",
+        "train_images": 64,
+        "test_images": 32,
+        "num_classes": 10,
+        "crop_size": 16,
+    }
     m = on_disk["metrics"]
     assert 0 <= m["top1"] <= m["top5"] <= 1 and on_disk["features"] == "backbone" and on_disk["pretrain_epochs"] == 1
     assert summary["metrics"] == m
@@ -190,7 +223,7 @@ def test_lars_growth_bound_holds_and_is_nearly_reached(lr):
     growth = float(w.norm() / w0.norm())
     assert growth <= bound * (1 + 1e-4)
     assert float((w - w0).norm() / w0.norm()) <= bound - 1 + 1e-4
-    assert growth > bound ** 0.8  # nearly reached: the bound is the right one, not just a loose one
+    assert growth > bound**0.8  # nearly reached: the bound is the right one, not just a loose one
 
 
 def test_lars_probe_warns_where_it_cannot_fit_the_head(caplog):
@@ -212,14 +245,24 @@ def test_lars_probe_warns_where_it_cannot_fit_the_head(caplog):
 
 
 def test_eval_dino_uses_the_teacher_and_last_blocks(dino_run):
-    summary = evaluate(eval_cfg(f"ckpt={dino_run}", "protocol=linear", "protocol.epochs=1", "protocol.batch_size=32",
-                                "protocol.n_last_blocks=2", "protocol.augment=false"))
+    summary = evaluate(
+        eval_cfg(
+            f"ckpt={dino_run}",
+            "protocol=linear",
+            "protocol.epochs=1",
+            "protocol.batch_size=32",
+            "protocol.n_last_blocks=2",
+            "protocol.augment=false",
+        )
+    )
     s = summary["settings"]
     assert summary["features"] == "teacher backbone" and s["recipe"] == "dino" and s["optimizer"] == "sgd"
     assert s["n_last_blocks"] == 2 and s["base_lr"] == 0.00075
     student = evaluate(eval_cfg(f"ckpt={dino_run}", "protocol=knn", "student=true", "out_dir=" + str(dino_run / "s")))
     assert student["features"] == "student backbone" and (dino_run / "s" / "eval_summary.json").is_file()
-    with pytest.raises(ConfigError, match=r"protocol.n_last_blocks=4 is not allowed: at most the backbone's depth \(2\)"):
+    with pytest.raises(
+        ConfigError, match=r"protocol.n_last_blocks=4 is not allowed: at most the backbone's depth \(2\)"
+    ):
         evaluate(eval_cfg(f"ckpt={dino_run}", "protocol=linear", "protocol.batch_size=32", "protocol.epochs=1"))
 
 
@@ -229,7 +272,10 @@ def test_eval_config_errors(simsiam_run, tmp_path):
         ([], r"ckpt='\?\?\?' is not allowed"),
         ([f"ckpt={tmp_path}"], r"ckpt='.*' is not allowed: a run dir with checkpoints/last.ckpt or a .ckpt file"),
         ([f"ckpt={run_dir}", "protocol=linear", "protocol.epochs=0"], r"protocol.epochs=0 is not allowed"),
-        ([f"ckpt={run_dir}", "protocol=linear", "protocol.optimizer=adam"], r"protocol.optimizer='adam' is not allowed"),
+        (
+            [f"ckpt={run_dir}", "protocol=linear", "protocol.optimizer=adam"],
+            r"protocol.optimizer='adam' is not allowed",
+        ),
         ([f"ckpt={run_dir}", "protocol=knn", "protocol.ks=[0,20]"], r"protocol.ks=\[0, 20\] is not allowed"),
         ([f"ckpt={run_dir}", "protocol=finetune", "protocol.table_row=imagenet"], r"protocol.table_row='imagenet'"),
         ([f"ckpt={run_dir}", "data=cifar10", "data.root=/nonexistent"], r"data.root='/nonexistent' is not allowed"),
@@ -243,9 +289,21 @@ def test_eval_config_errors(simsiam_run, tmp_path):
 
 def test_eval_cli(simsiam_run):
     run_dir, _ = simsiam_run
-    proc = subprocess.run([sys.executable, "eval.py", "protocol=knn", f"ckpt={run_dir}/checkpoints/last.ckpt",
-                           "progress_bar=false", "protocol.ks=[5,20]"], cwd=REPO, capture_output=True, text=True,
-                          timeout=SUBPROCESS_TIMEOUT_S, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "eval.py",
+            "protocol=knn",
+            f"ckpt={run_dir}/checkpoints/last.ckpt",
+            "progress_bar=false",
+            "protocol.ks=[5,20]",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "knn top-1:" in proc.stdout and "eval_summary.json" in proc.stdout
     assert set(json.loads((run_dir / "eval" / "knn" / "eval_summary.json").read_text())["metrics"]) >= {"k5", "k20"}
@@ -267,8 +325,9 @@ def test_export_resnet18_loads_into_torchvision(tmp_path, capsys):
         if name.endswith(("running_mean", "running_var")):
             buf.copy_(torch.rand_like(buf) + 0.5)
     ckpt = tmp_path / "last.ckpt"
-    torch.save({"state_dict": model.state_dict(), "hyper_parameters": {"cfg": OmegaConf.to_container(cfg, resolve=True)}},
-               ckpt)
+    torch.save(
+        {"state_dict": model.state_dict(), "hyper_parameters": {"cfg": OmegaConf.to_container(cfg, resolve=True)}}, ckpt
+    )
     assert export.main([str(ckpt), str(tmp_path / "rn18.pth")]) == 0
     assert "torchvision.models.resnet18()" in capsys.readouterr().out
     state = torch.load(tmp_path / "rn18.pth", weights_only=True)
@@ -298,7 +357,9 @@ def test_export_narrow_resnet_and_vit_teacher(simsiam_run, dino_run, tmp_path):
     missing, unexpected = full.load_state_dict(state, strict=False)
     assert missing == ["head.weight", "head.bias"] and unexpected == []
     ckpt = torch.load(dino_run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    torch.testing.assert_close(state["blocks.0.attn.qkv.weight"], ckpt["teacher.backbone.trunk.blocks.0.attn.qkv.weight"])
+    torch.testing.assert_close(
+        state["blocks.0.attn.qkv.weight"], ckpt["teacher.backbone.trunk.blocks.0.attn.qkv.weight"]
+    )
     assert not torch.equal(state["blocks.0.attn.qkv.weight"], ckpt["backbone.trunk.blocks.0.attn.qkv.weight"])
     assert export.main([str(dino_run), str(tmp_path / "student.pth"), "--student"]) == 0
     student = torch.load(tmp_path / "student.pth", weights_only=True)
@@ -334,5 +395,6 @@ def test_eval_loader_workers_are_capped_with_one_warning(simsiam_run, tmp_path, 
     assert workers and set(workers) == {cores}
     assert [r.getMessage() for r in caplog.records if "CPU cores" in r.getMessage()] == [
         f"data.num_workers={cores + 3} is more than the {cores} CPU cores this process may use: using {cores} "
-        "loader workers"]
+        "loader workers"
+    ]
     assert not [w for w in caught if "worker" in str(w.message)]

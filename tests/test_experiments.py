@@ -27,36 +27,76 @@ METHOD_PRESETS = sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
 # "global_batch" = method.batch_size x trainer.devices x num_nodes x accumulate_grad_batches.
 PAPER = {
     "simsiam_resnet50_imagenet": {
-        "method.name": "simsiam", "backbone.name": "resnet50", "global_batch": 512, "trainer.max_epochs": 100,
-        "data.name": "imagefolder", "data.crop_size": 224, "data.aug.scale": [0.2, 1.0], "data.aug.blur_p": 0.5,
-        "method.proj_dim": 2048, "method.pred_hidden_dim": 512, "method.fix_pred_lr": True,
-        "method.optimizer.name": "sgd", "method.optimizer.base_lr": 0.05, "method.optimizer.momentum": 0.9,
+        "method.name": "simsiam",
+        "backbone.name": "resnet50",
+        "global_batch": 512,
+        "trainer.max_epochs": 100,
+        "data.name": "imagefolder",
+        "data.crop_size": 224,
+        "data.aug.scale": [0.2, 1.0],
+        "data.aug.blur_p": 0.5,
+        "method.proj_dim": 2048,
+        "method.pred_hidden_dim": 512,
+        "method.fix_pred_lr": True,
+        "method.optimizer.name": "sgd",
+        "method.optimizer.base_lr": 0.05,
+        "method.optimizer.momentum": 0.9,
         "method.optimizer.weight_decay": 1e-4,
     },
     "simclr_resnet50_imagenet": {
-        "method.name": "simclr", "backbone.name": "resnet50", "global_batch": 4096, "trainer.max_epochs": 100,
-        "data.name": "imagefolder", "data.crop_size": 224,
-        "method.proj_hidden_dim": 2048, "method.proj_dim": 128,
-        "method.optimizer.name": "lars", "method.optimizer.base_lr": 0.3, "method.optimizer.momentum": 0.9,
-        "method.optimizer.weight_decay": 1e-4, "method.optimizer.warmup_epochs": 10,
+        "method.name": "simclr",
+        "backbone.name": "resnet50",
+        "global_batch": 4096,
+        "trainer.max_epochs": 100,
+        "data.name": "imagefolder",
+        "data.crop_size": 224,
+        "method.proj_hidden_dim": 2048,
+        "method.proj_dim": 128,
+        "method.optimizer.name": "lars",
+        "method.optimizer.base_lr": 0.3,
+        "method.optimizer.momentum": 0.9,
+        "method.optimizer.weight_decay": 1e-4,
+        "method.optimizer.warmup_epochs": 10,
     },
     "dino_vits16_imagenet": {
-        "method.name": "dino", "backbone.name": "vit_small", "backbone.patch_size": 16, "backbone.img_size": 224,
-        "backbone.drop_path_rate": 0.1, "global_batch": 512, "trainer.max_epochs": 100,
+        "method.name": "dino",
+        "backbone.name": "vit_small",
+        "backbone.patch_size": 16,
+        "backbone.img_size": 224,
+        "backbone.drop_path_rate": 0.1,
+        "global_batch": 512,
+        "trainer.max_epochs": 100,
         "trainer.precision": "16-mixed",  # fp16: true
-        "data.name": "imagefolder", "data.crop_size": 224,
-        "method.out_dim": 65536, "method.norm_last_layer": True, "method.use_bn_in_head": False,
-        "method.momentum_teacher": 0.996, "method.teacher_temp": 0.04, "method.warmup_teacher_temp": 0.04,
-        "method.warmup_teacher_temp_epochs": 0, "method.clip_grad": 3.0, "method.freeze_last_layer": 1,
-        "method.global_scale": [0.4, 1.0], "method.num_local_crops": 8, "method.local_scale": [0.05, 0.4],
+        "data.name": "imagefolder",
+        "data.crop_size": 224,
+        "method.out_dim": 65536,
+        "method.norm_last_layer": True,
+        "method.use_bn_in_head": False,
+        "method.momentum_teacher": 0.996,
+        "method.teacher_temp": 0.04,
+        "method.warmup_teacher_temp": 0.04,
+        "method.warmup_teacher_temp_epochs": 0,
+        "method.clip_grad": 3.0,
+        "method.freeze_last_layer": 1,
+        "method.global_scale": [0.4, 1.0],
+        "method.num_local_crops": 8,
+        "method.local_scale": [0.05, 0.4],
         "method.local_crop_size": 96,
-        "method.optimizer.name": "adamw", "method.optimizer.base_lr": 0.0005, "method.optimizer.min_lr": 1e-6,
-        "method.optimizer.warmup_epochs": 10, "method.optimizer.weight_decay": 0.04,
+        "method.optimizer.name": "adamw",
+        "method.optimizer.base_lr": 0.0005,
+        "method.optimizer.min_lr": 1e-6,
+        "method.optimizer.warmup_epochs": 10,
+        "method.optimizer.weight_decay": 0.04,
         "method.optimizer.weight_decay_end": 0.4,
     },
     "ibot_vits16_imagenet": {
-        "method.name": "ibot", "backbone.name": "vit_small", "backbone.patch_size": 16, "global_batch": 512,
-        "trainer.max_epochs": 100, "data.name": "imagefolder", "data.crop_size": 224,
+        "method.name": "ibot",
+        "backbone.name": "vit_small",
+        "backbone.patch_size": 16,
+        "global_batch": 512,
+        "trainer.max_epochs": 100,
+        "data.name": "imagefolder",
+        "data.crop_size": 224,
     },
 }
 
@@ -81,8 +121,11 @@ def experiment_cfg(name: str, tmp_path: Path, *more: str) -> DictConfig:
     """``+experiment=NAME`` with a data root the checks accept (torchvision sets: download=true, so
     that no files are needed; nothing is downloaded without training)."""
     cfg = composed(f"+experiment={name}")
-    data = [f"data.root={imagenet_folder(tmp_path / 'imagenet')}"] if cfg.data.name == "imagefolder" else \
-        ["data.download=true"]
+    data = (
+        [f"data.root={imagenet_folder(tmp_path / 'imagenet')}"]
+        if cfg.data.name == "imagefolder"
+        else ["data.download=true"]
+    )
     return composed(f"+experiment={name}", *data, *more)
 
 
@@ -112,8 +155,9 @@ def test_every_experiment_is_a_whole_run_that_passes_the_start_up_checks(name, t
 
 
 def test_the_command_line_still_wins_over_an_experiment(tmp_path):
-    cfg = experiment_cfg("dino_vits16_imagenet", tmp_path, "backbone=vit_base", "trainer.max_epochs=300",
-                         "method.batch_size=128")
+    cfg = experiment_cfg(
+        "dino_vits16_imagenet", tmp_path, "backbone=vit_base", "trainer.max_epochs=300", "method.batch_size=128"
+    )
     assert (cfg.backbone.name, cfg.trainer.max_epochs, global_batch(cfg)) == ("vit_base", 300, 1024)
 
 
@@ -128,7 +172,11 @@ def test_a_methods_own_backbone_gives_way_to_the_command_line():
     assert composed("method=ibot").backbone.name == "vit_small"
     assert composed("method=simsiam").backbone.name == "resnet50"
     assert OmegaConf.to_container(composed("method=dino_cifar").backbone) == {
-        "name": "vit_tiny", "img_size": 32, "patch_size": 4, "drop_path_rate": 0.1}
+        "name": "vit_tiny",
+        "img_size": 32,
+        "patch_size": 4,
+        "drop_path_rate": 0.1,
+    }
     assert composed("method=ibot", "backbone=vit_tiny").backbone.name == "vit_tiny"
     assert composed("backbone=vit_tiny", "method=ibot").backbone.name == "vit_tiny"  # order on the line is free
     assert composed().backbone.width == 16  # the demo keeps its narrow ResNet-18

@@ -39,19 +39,40 @@ from .conftest import REPO, TINY, eval_cfg, make_cfg
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
-VIT = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=16", "+backbone.depth=1",
-       "method.local_crop_size=8", "method.out_dim=64", "method.head_hidden_dim=32", "method.bottleneck_dim=16"]
-METHOD = {"simsiam": ["method=simsiam_cifar"], "simclr": ["method=simclr_cifar"],
-          "dino": ["method=dino_cifar", *VIT], "ibot": ["method=ibot_cifar", *VIT]}
+VIT = [
+    "backbone=vit_tiny",
+    "backbone.patch_size=8",
+    "backbone.img_size=16",
+    "+backbone.depth=1",
+    "method.local_crop_size=8",
+    "method.out_dim=64",
+    "method.head_hidden_dim=32",
+    "method.bottleneck_dim=16",
+]
+METHOD = {
+    "simsiam": ["method=simsiam_cifar"],
+    "simclr": ["method=simclr_cifar"],
+    "dino": ["method=dino_cifar", *VIT],
+    "ibot": ["method=ibot_cifar", *VIT],
+}
 STEPS = 64 // 16  # data.train_size / method.batch_size: steps per epoch
 # (hvp, selection_precision): HVP off, and HVP at both selection precisions
 HVP = [(False, None), (True, "auto"), (True, "fp32")]
 
 
-def run_overrides(method: str, precision: str, hvp: bool, selection: str | None, *extra: str,
-                  trainer: str = "gpu") -> list[str]:
-    over = [*METHOD[method], f"trainer={trainer}", f"trainer.precision={precision}", "logger=csv",
-            "eval.every_n_epochs=1", "checkpoint.every_n_epochs=1", "analysis.log_every_n_steps=1", *extra]
+def run_overrides(
+    method: str, precision: str, hvp: bool, selection: str | None, *extra: str, trainer: str = "gpu"
+) -> list[str]:
+    over = [
+        *METHOD[method],
+        f"trainer={trainer}",
+        f"trainer.precision={precision}",
+        "logger=csv",
+        "eval.every_n_epochs=1",
+        "checkpoint.every_n_epochs=1",
+        "analysis.log_every_n_steps=1",
+        *extra,
+    ]
     if hvp:
         over += ["+hvp=on", "hvp.num_views=3", f"hvp.selection_precision={selection}"]
     return over
@@ -78,8 +99,9 @@ def test_run_on_one_gpu(method: str, precision: str, hvp: bool, selection: str |
     check_run(method, precision, hvp, selection, tmp_path)
 
 
-def check_run(method: str, precision: str, hvp: bool, selection: str | None, tmp_path: Path,
-              trainer: str = "gpu") -> None:
+def check_run(
+    method: str, precision: str, hvp: bool, selection: str | None, tmp_path: Path, trainer: str = "gpu"
+) -> None:
     """Fit, final k-NN, summary, checkpoint, analysis logs; then (HVP off / auto) resume,
     eval.py's three protocols at the same precision and export. (``trainer="cpu"``: the same
     checks in the default suite, so this layer cannot drift from the package unseen.)"""
@@ -94,11 +116,15 @@ def check_run(method: str, precision: str, hvp: bool, selection: str | None, tmp
     resumed = run(resume_config(tmp_path, make_cfg(*over, "trainer.max_epochs=2"), ["trainer.max_epochs=2"]), tmp_path)
     assert_summary(resumed, tmp_path, 2 * STEPS, hvp)
     assert resumed["images_seen"] == 2 * summary["images_seen"]
-    protocols = {"knn": [], "linear": ["protocol.epochs=1", "protocol.batch_size=32", "protocol.n_last_blocks=1"],
-                 "finetune": ["protocol.epochs=1", "protocol.batch_size=16"]}
+    protocols = {
+        "knn": [],
+        "linear": ["protocol.epochs=1", "protocol.batch_size=32", "protocol.n_last_blocks=1"],
+        "finetune": ["protocol.epochs=1", "protocol.batch_size=16"],
+    }
     for name, extra in protocols.items():
-        res = evaluate(eval_cfg(f"ckpt={tmp_path}", f"protocol={name}", *extra, f"accelerator={trainer}",
-                                f"precision={precision}"))
+        res = evaluate(
+            eval_cfg(f"ckpt={tmp_path}", f"protocol={name}", *extra, f"accelerator={trainer}", f"precision={precision}")
+        )
         assert 0 <= res["metrics"]["top1"] <= res["metrics"]["top5"] <= 1, name
     assert export.main([str(tmp_path), str(tmp_path / "backbone.pth")]) == 0
     state = torch.load(tmp_path / "backbone.pth", weights_only=True)
@@ -112,8 +138,9 @@ def cuda_batch(model, cfg) -> dict:
     return move_data_to_device(next(iter(dm.train_dataloader())), torch.device("cuda"))
 
 
-@pytest.mark.parametrize(("precision", "expected"), [("32-true", torch.float32), ("bf16-mixed", torch.bfloat16),
-                                                     ("16-mixed", torch.float16)])
+@pytest.mark.parametrize(
+    ("precision", "expected"), [("32-true", torch.float32), ("bf16-mixed", torch.bfloat16), ("16-mixed", torch.float16)]
+)
 @pytest.mark.parametrize("method", list(METHOD))
 def test_auto_selection_runs_at_the_step_precision(method: str, precision: str, expected: torch.dtype) -> None:
     """``auto``: the selection's forwards run in the training step's dtype; ``fp32``: in fp32;
@@ -124,7 +151,7 @@ def test_auto_selection_runs_at_the_step_precision(method: str, precision: str, 
         batch = cuda_batch(model, cfg)
         seen: list[torch.dtype] = []
         stem = next(m for m in model.backbone.modules() if isinstance(m, torch.nn.Conv2d))  # conv1 / patch_embed
-        hook = stem.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+        hook = stem.register_forward_hook(lambda m, i, out, seen=seen: seen.append(out.dtype))
         dtype = step_autocast_dtype(precision)
         with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
             table = model.score_candidates(batch)  # iBOT draws its masks itself
@@ -167,8 +194,14 @@ def cli_overrides(method: str) -> list[str]:
 
 def run_script(args: list[str], run_dir: Path, timeout: int = 600) -> dict:
     env = dict(os.environ, WANDB_MODE="disabled")
-    proc = subprocess.run([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -184,17 +217,49 @@ def test_train_py_on_one_gpu(method: str, tmp_path: Path) -> None:
 def test_train_py_ddp_nccl_one_gpu(method: str, tmp_path: Path) -> None:
     """``trainer=ddp trainer.devices=1`` on a GPU (NCCL, bf16-mixed): it trains, all-reduces the
     loss and HVP totals after fit and writes summary.json."""
-    summary = run_script([*cli_overrides(method), "trainer=ddp", "trainer.devices=1", "trainer.accelerator=gpu",
-                          "trainer.precision=bf16-mixed", "+hvp=on"], tmp_path)
+    summary = run_script(
+        [
+            *cli_overrides(method),
+            "trainer=ddp",
+            "trainer.devices=1",
+            "trainer.accelerator=gpu",
+            "trainer.precision=bf16-mixed",
+            "+hvp=on",
+        ],
+        tmp_path,
+    )
     assert summary["steps"] == STEPS and math.isfinite(summary["train_loss"])
     assert summary["hvp"]["selected_samples"] == 16 * STEPS
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_overhead_benchmark_on_gpu(precision: str) -> None:
-    proc = subprocess.run([sys.executable, "benchmarks/overhead.py", "--method", "simsiam", "--width", "8",
-                           "--batch-size", "16", "--crop", "16", "--iters", "2", "--warmup", "1", "--device", "cuda",
-                           "--precision", precision], cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/overhead.py",
+            "--method",
+            "simsiam",
+            "--width",
+            "8",
+            "--batch-size",
+            "16",
+            "--crop",
+            "16",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--device",
+            "cuda",
+            "--precision",
+            precision,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     peaks = [line for line in proc.stdout.splitlines() if "peak GPU memory" in line]
     assert len(peaks) == 2 and all("MiB" in line for line in peaks), proc.stdout[-2000:]
@@ -266,8 +331,10 @@ def test_compiled_hvp_steps_on_gpu(method: str) -> None:
         losses = []
         for model in (eager, compiled):
             model.load_state_dict(eager.state_dict())  # same weights and BatchNorm statistics
-            with torch.autocast("cuda", dtype=torch.bfloat16), \
-                    torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):  # no silent eager fallback
+            with (
+                torch.autocast("cuda", dtype=torch.bfloat16),
+                torch._dynamo.config.patch(fail_on_recompile_limit_hit=True),
+            ):  # no silent eager fallback
                 losses.append(model.training_step(batch, step).detach().float())
         torch.testing.assert_close(losses[1], losses[0], rtol=5e-2, atol=5e-2)
         graphs.append(counters["stats"]["unique_graphs"])

@@ -24,12 +24,19 @@ def test_rows_show_the_selected_pair_beside_the_easiest_finite_pair():
     pixels += 10.0 * torch.arange(k, dtype=torch.float32).view(k, 1, 1, 1, 1)  # image i: grey level 10 i
     pixels[:, :, 0] += torch.arange(n, dtype=torch.float32).view(1, n, 1, 1)  # plus its view number in red
     views = normalize(pixels, IMAGENET_MEAN, IMAGENET_STD)
-    table = torch.tensor([[0.1, 0.9, 0.5, 0.2, 0.3, 0.4], [float("nan"), 0.2, 0.8, 0.6, 0.7, 0.3],
-                          [0.5, 0.5, 0.5, 0.5, 0.5, 0.9]])
+    table = torch.tensor(
+        [[0.1, 0.9, 0.5, 0.2, 0.3, 0.4], [float("nan"), 0.2, 0.8, 0.6, 0.7, 0.3], [0.5, 0.5, 0.5, 0.5, 0.5, 0.9]]
+    )
     choice = table.nan_to_num(-1).argmax(1)
     iou = torch.rand(k, pairs.shape[0])
-    snap = {"views": views, "table": table, "choice": choice, "iou": iou, "pairs": pairs,
-            "index": torch.tensor([11, 12, 13])}
+    snap = {
+        "views": views,
+        "table": table,
+        "choice": choice,
+        "iou": iou,
+        "pairs": pairs,
+        "index": torch.tensor([11, 12, 13]),
+    }
     rows = gallery_rows(snap, IMAGENET_MEAN, IMAGENET_STD)
     assert len(rows) == k
     for (img, caption), c, r, idx in zip(rows, choice.tolist(), [0, 1, 0], (11, 12, 13)):

@@ -33,8 +33,9 @@ print("done")
 
 def test_narrow_resnet_trains_with_onednn_avx2_kernels() -> None:
     env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-c", STEPS], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=SUBPROCESS_TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, "-c", STEPS], cwd=REPO, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
+    )
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr[-2000:]
 
 

@@ -25,8 +25,12 @@ def test_public_api_names_resolve_and_import_is_light() -> None:
         assert getattr(hvp_lightning, name) is not None, name
     assert hvp_lightning.__version__.count(".") == 2
     # `import hvp_lightning` alone must not pull in torch (console start-up, light tools).
-    out = subprocess.run([sys.executable, "-c", "import sys, hvp_lightning; print('torch' in sys.modules)"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, hvp_lightning; print('torch' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "False"
 
 
@@ -65,9 +69,14 @@ def _imports(path: Path) -> list[tuple[str, list[str]]]:
 
 
 def test_no_private_names_imported_across_modules() -> None:
-    bad = [f"{p.relative_to(REPO)}: {mod}.{name}" for p in (REPO / "hvp_lightning").rglob("*.py")
-           for mod, names in _imports(p) if mod.startswith("hvp_lightning")
-           for name in names if name.startswith("_") and name != "__version__"]
+    bad = [
+        f"{p.relative_to(REPO)}: {mod}.{name}"
+        for p in (REPO / "hvp_lightning").rglob("*.py")
+        for mod, names in _imports(p)
+        if mod.startswith("hvp_lightning")
+        for name in names
+        if name.startswith("_") and name != "__version__"
+    ]
     assert bad == []
 
 
@@ -82,7 +91,7 @@ def test_no_import_cycle_between_package_modules() -> None:
 
     def visit(node: str, stack: list[str], done: set[str]) -> None:
         if node in stack:
-            raise AssertionError("import cycle: " + " -> ".join([*stack[stack.index(node):], node]))
+            raise AssertionError("import cycle: " + " -> ".join([*stack[stack.index(node) :], node]))
         if node in done:
             return
         for nxt in sorted(graph.get(node, ())):
@@ -109,9 +118,21 @@ def test_wheel_ships_configs_and_console_commands(tmp_path: Path) -> None:
     py = venv / "bin" / "python"
     subprocess.run(["uv", "pip", "install", "-q", "-p", str(py), str(wheel)], check=True)
     run_dir = tmp_path / "run"
-    out = subprocess.run([str(venv / "bin" / "hvp-train"), "logger=csv", "trainer.max_epochs=1", "data.train_size=64",
-                          "data.test_size=32", "method.batch_size=32", f"hydra.run.dir={run_dir}"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [
+            str(venv / "bin" / "hvp-train"),
+            "logger=csv",
+            "trainer.max_epochs=1",
+            "data.train_size=64",
+            "data.test_size=32",
+            "method.batch_size=32",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "k-NN top-1" in out.stdout and (run_dir / "summary.json").is_file()
 

@@ -20,20 +20,45 @@ import pytest
 import torch
 
 from hvp_lightning.methods.base import SSLMethod
-from hvp_lightning.preemption import StopOnSignal, cluster_plugins, preempt_signal
+from hvp_lightning.preemption import cluster_plugins, preempt_signal
 from hvp_lightning.run_logs import read_record
 from hvp_lightning.train import run
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, make_cfg
 
-VIT = ["method=dino_cifar", "backbone=vit_tiny", "backbone.patch_size=4", "backbone.img_size=16",
-       "+backbone.depth=1", "backbone.drop_path_rate=0.0", "data.crop_size=16", "method.local_crop_size=8",
-       "method.out_dim=64", "method.head_hidden_dim=32", "method.bottleneck_dim=16"]
+VIT = [
+    "method=dino_cifar",
+    "backbone=vit_tiny",
+    "backbone.patch_size=4",
+    "backbone.img_size=16",
+    "+backbone.depth=1",
+    "backbone.drop_path_rate=0.0",
+    "data.crop_size=16",
+    "method.local_crop_size=8",
+    "method.out_dim=64",
+    "method.head_hidden_dim=32",
+    "method.bottleneck_dim=16",
+]
 # train.py overrides (run in a subprocess, and in this process with make_cfg(..., tiny=False)).
-RUN = ["logger=csv", "trainer=cpu", *VIT, "+hvp=on", "hvp.num_views=3", "data.train_size=64", "data.test_size=32",
-       "data.num_workers=0", "method.batch_size=16", "trainer.max_epochs=2", "eval.at_start=false",
-       "eval.every_n_epochs=2", "checkpoint.every_n_epochs=null", "trainer.log_every_n_steps=1",
-       "+trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false", "+trainer.deterministic=true"]
+RUN = [
+    "logger=csv",
+    "trainer=cpu",
+    *VIT,
+    "+hvp=on",
+    "hvp.num_views=3",
+    "data.train_size=64",
+    "data.test_size=32",
+    "data.num_workers=0",
+    "method.batch_size=16",
+    "trainer.max_epochs=2",
+    "eval.at_start=false",
+    "eval.every_n_epochs=2",
+    "checkpoint.every_n_epochs=null",
+    "trainer.log_every_n_steps=1",
+    "+trainer.enable_progress_bar=false",
+    "+trainer.enable_model_summary=false",
+    "+trainer.deterministic=true",
+]
 STEPS_PER_EPOCH = 4  # 64 images, batch 16
 MID = 5  # the signal comes during the step from global step 5 to 6: epoch 2's second batch
 
@@ -151,13 +176,24 @@ def test_lightning_auto_requeue_is_off_under_slurm(monkeypatch):
     assert preempt_signal() == signal.SIGTERM
 
 
-DDP = [*(o for o in RUN if o not in ("trainer=cpu", "data.train_size=64")), "trainer=ddp", "trainer.accelerator=cpu",
-       "trainer.devices=2", "data.train_size=128"]  # 128 images, 2 x 16 per step: 4 steps per epoch
+DDP = [
+    *(o for o in RUN if o not in ("trainer=cpu", "data.train_size=64")),
+    "trainer=ddp",
+    "trainer.accelerator=cpu",
+    "trainer.devices=2",
+    "data.train_size=128",
+]  # 128 images, 2 x 16 per step: 4 steps per epoch
 
 
 def _train(run_dir: Path, *extra: str, env: dict | None = None, module: str = "tests._preempt_job"):
-    return subprocess.Popen([sys.executable, "-m", module, *DDP, *extra, f"hydra.run.dir={run_dir}"], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *DDP, *extra, f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.slow  # three runs of 2 processes: minutes on a small machine
@@ -210,13 +246,19 @@ def test_wandb_rewind_point_is_noted_at_the_stop(tmp_path, monkeypatch):
     wandb.finish(exit_code=stop.value.code)  # what the process's exit does
     assert stop.value.code == 128 + signal.SIGUSR2
     noted = read_record(tmp_path)["wandb_steps"]
-    rows = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
-            for r in wandb_records(tmp_path) if r.HasField("history")]
+    rows = [
+        {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+        for r in wandb_records(tmp_path)
+        if r.HasField("history")
+    ]
     n = noted[str(MID + 1)]
     assert n == len(rows) and {r["trainer/global_step"] for r in rows} == set(range(MID + 1))
     run_id = wandb_run_id(tmp_path)
-    assert wandb_resume(tmp_path, MID + 1, "online") == {"id": run_id, "resume": None,
-                                                         "resume_from": f"{run_id}?_step={n}"}
+    assert wandb_resume(tmp_path, MID + 1, "online") == {
+        "id": run_id,
+        "resume": None,
+        "resume_from": f"{run_id}?_step={n}",
+    }
 
 
 def test_wandb_rewind_point_is_noted_at_every_n_steps_checkpoints(tmp_path):
@@ -228,12 +270,17 @@ def test_wandb_rewind_point_is_noted_at_every_n_steps_checkpoints(tmp_path):
 
     from .conftest import wandb_records
 
-    run(make_cfg("logger=wandb", "trainer.max_epochs=1", "trainer.log_every_n_steps=1", "checkpoint.every_n_steps=2"),
-        tmp_path)
+    run(
+        make_cfg("logger=wandb", "trainer.max_epochs=1", "trainer.log_every_n_steps=1", "checkpoint.every_n_steps=2"),
+        tmp_path,
+    )
     wandb.finish()
     noted = read_record(tmp_path)["wandb_steps"]
-    rows = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
-            for r in wandb_records(tmp_path) if r.HasField("history")]
+    rows = [
+        {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+        for r in wandb_records(tmp_path)
+        if r.HasField("history")
+    ]
     steps = [r.get("trainer/global_step") for r in rows]
     assert "2" in noted, noted  # the first every_n_steps checkpoint, mid-epoch
     n = noted["2"]

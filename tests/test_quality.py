@@ -29,9 +29,18 @@ q = _load()
 def _fake_run(job, knn: list[float], linear: float | None, cfg: dict) -> None:
     job.run_dir.mkdir(parents=True)
     hist = [{"epoch": float(e), "step": 10 * e, "top1": v, "top5": 0.9, "images_seen": 0} for e, v in enumerate(knn)]
-    (job.run_dir / "summary.json").write_text(json.dumps(
-        {"knn_top1": knn[-1], "knn_top1_init": knn[0], "wall_time_s": 60.0, "knn_history": hist,
-         "images_seen": 1000, "hvp": None}))
+    (job.run_dir / "summary.json").write_text(
+        json.dumps(
+            {
+                "knn_top1": knn[-1],
+                "knn_top1_init": knn[0],
+                "wall_time_s": 60.0,
+                "knn_history": hist,
+                "images_seen": 1000,
+                "hvp": None,
+            }
+        )
+    )
     (job.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
     if linear is not None:
         (job.run_dir / "eval" / "linear").mkdir(parents=True)
@@ -50,7 +59,11 @@ def test_plan_and_commands_differ_only_in_hvp_keys_and_seed(tmp_path: Path) -> N
     hard = next(j for j in jobs if j.arm == "hard" and j.method == "simclr")
     rand = next(j for j in jobs if j.arm == "random" and j.method == "simclr")
     assert set(q.train_command(scale, hard)) ^ set(q.train_command(scale, rand)) == {
-        "hvp.mode=hard", "hvp.mode=random", f"hydra.run.dir={hard.run_dir}", f"hydra.run.dir={rand.run_dir}"}
+        "hvp.mode=hard",
+        "hvp.mode=random",
+        f"hydra.run.dir={hard.run_dir}",
+        f"hydra.run.dir={rand.run_dir}",
+    }
 
 
 def test_t_interval_matches_scipy() -> None:

@@ -24,7 +24,8 @@ def test_num_workers_beyond_the_cores_are_capped_with_one_warning(cfg_factory, c
     assert not [w for w in caught if "worker" in str(w.message)]  # torch's "suggested max number of worker"
     assert [r.getMessage() for r in caplog.records] == [
         f"data.num_workers={cores + 3} is more than the {cores} CPU cores this process may use: using {cores} "
-        "loader workers"]
+        "loader workers"
+    ]
 
 
 def test_lightning_messages_print_once_under_hydras_console_handler(capsys):

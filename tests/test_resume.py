@@ -30,11 +30,24 @@ from .conftest import REPO, SUBPROCESS_TIMEOUT_S, make_cfg
 # A tiny SimSiam + HVP run, spelled as train.py command-line overrides so that the same
 # config runs in a subprocess (to be killed) and in this process (make_cfg(..., tiny=False)).
 RUN = [
-    "logger=csv", "data.train_size=96", "data.test_size=32", "data.crop_size=16", "data.num_workers=0",
-    "method.batch_size=16", "method.proj_hidden_dim=64", "method.proj_dim=32", "backbone.width=8",
-    "trainer.max_epochs=3", "eval.at_start=false", "eval.every_n_epochs=1", "checkpoint.every_n_epochs=1",
-    "+hvp=on", "hvp.num_views=3",
-    "+trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false", "+trainer.deterministic=true",
+    "logger=csv",
+    "data.train_size=96",
+    "data.test_size=32",
+    "data.crop_size=16",
+    "data.num_workers=0",
+    "method.batch_size=16",
+    "method.proj_hidden_dim=64",
+    "method.proj_dim=32",
+    "backbone.width=8",
+    "trainer.max_epochs=3",
+    "eval.at_start=false",
+    "eval.every_n_epochs=1",
+    "checkpoint.every_n_epochs=1",
+    "+hvp=on",
+    "hvp.num_views=3",
+    "+trainer.enable_progress_bar=false",
+    "+trainer.enable_model_summary=false",
+    "+trainer.deterministic=true",
 ]
 
 
@@ -48,8 +61,14 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     # Start the same run in a subprocess and SIGKILL it as soon as its first checkpoint exists.
     resumed_dir = tmp_path / "resumed"
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", WANDB_MODE="offline")
-    proc = subprocess.Popen([sys.executable, "train.py", *RUN, f"hydra.run.dir={resumed_dir}"], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *RUN, f"hydra.run.dir={resumed_dir}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     last = resumed_dir / "checkpoints" / "last.ckpt"
     deadline = time.time() + SUBPROCESS_TIMEOUT_S
     while not last.exists() and proc.poll() is None and time.time() < deadline:
@@ -71,7 +90,9 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     for key in ("epochs", "steps", "images_seen", "knn_top1", "knn_top5"):
         assert resumed[key] == straight[key], key
     assert resumed["hvp"]["selected_samples"] == straight["hvp"]["selected_samples"] == 3 * 6 * 16
-    assert resumed["hvp"]["selection_selected_loss_mean"] == pytest.approx(straight["hvp"]["selection_selected_loss_mean"], rel=1e-5)
+    assert resumed["hvp"]["selection_selected_loss_mean"] == pytest.approx(
+        straight["hvp"]["selection_selected_loss_mean"], rel=1e-5
+    )
     # The CSV log continues: one file, every epoch's k-NN row.
     rows = (resumed_dir / "csv" / "metrics.csv").read_text().splitlines()
     header = rows[0].split(",")
@@ -99,7 +120,9 @@ def test_resume_cli_uses_the_runs_own_config(tmp_path):
 
 def test_run_dir_of_another_run_is_not_continued(tmp_path):
     run(make_cfg(), tmp_path)
-    with pytest.raises(CheckpointError, match=r"holds last.ckpt of a run whose config differs in .*method.name \('simsiam' there"):
+    with pytest.raises(
+        CheckpointError, match=r"holds last.ckpt of a run whose config differs in .*method.name \('simsiam' there"
+    ):
         resume_checkpoint(make_cfg("method=simclr_cifar"), tmp_path)
     with pytest.raises(CheckpointError, match=r"resume='.*' is not allowed: a run dir holding checkpoints/last.ckpt"):
         resume_checkpoint(make_cfg(f"resume={tmp_path / 'empty'}"), tmp_path / "empty")
@@ -177,16 +200,18 @@ def test_missing_truncated_and_foreign_checkpoints(tiny_ckpt, tmp_path):
         load_checkpoint(foreign)
 
 
-
 class _RunsCode:
     def __reduce__(self):  # what a crafted checkpoint does: call os.system when unpickled
         return (os.system, ("true",))
 
 
-@pytest.mark.parametrize(("obj", "why"), [
-    (Path("x"), "Unsupported global: GLOBAL pathlib.PosixPath was not an allowed global"),  # not on the allowlist
-    (_RunsCode(), "unsupported GLOBAL posix.system whose module posix is blocked"),  # a blocked module
-])
+@pytest.mark.parametrize(
+    ("obj", "why"),
+    [
+        (Path("x"), "Unsupported global: GLOBAL pathlib.PosixPath was not an allowed global"),  # not on the allowlist
+        (_RunsCode(), "unsupported GLOBAL posix.system whose module posix is blocked"),  # a blocked module
+    ],
+)
 def test_a_refused_pickle_is_named_as_such_with_torchs_warning(tmp_path, obj, why):
     """torch words the two refusals differently; both are refusals (not "truncated"), and the
     message keeps torch's warning that weights_only=False can run arbitrary code."""
@@ -209,8 +234,9 @@ def test_cli_checkpoint_errors_are_one_line_exit_2(tiny_ckpt, tmp_path, script):
     (bad / ".hydra" / "overrides.yaml").write_text("- seed=3\n")  # the first session's command
     before = {p: p.read_bytes() for p in bad.rglob("*") if p.is_file()}
     args = ["protocol=knn", f"ckpt={bad}"] if script == "eval.py" else [f"resume={bad}"]
-    proc = subprocess.run([sys.executable, script, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=SUBPROCESS_TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, script, *args], cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "config error:" in proc.stderr and "truncated or not a PyTorch checkpoint" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -221,14 +247,28 @@ def test_cli_checkpoint_errors_are_one_line_exit_2(tiny_ckpt, tmp_path, script):
 def test_resume_from_an_epoch_checkpoint_matches_straight_run(tmp_path, method):
     """The EMA teacher, the centres and HVP's running totals of DINO/iBOT continue exactly: a
     run restarted from the epoch-1 checkpoint of a 2-epoch run ends where that run ended."""
-    over = [f"method={method}_cifar", "backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32",
-            "+backbone.depth=2", "data.crop_size=32", "data.train_size=32", "method.local_crop_size=16",
-            "method.out_dim=256", "method.head_hidden_dim=64", "method.bottleneck_dim=32", "+hvp=on",
-            "trainer.max_epochs=2", "checkpoint.every_n_epochs=1", "eval.every_n_epochs=1"]
+    over = [
+        f"method={method}_cifar",
+        "backbone=vit_tiny",
+        "backbone.patch_size=8",
+        "backbone.img_size=32",
+        "+backbone.depth=2",
+        "data.crop_size=32",
+        "data.train_size=32",
+        "method.local_crop_size=16",
+        "method.out_dim=256",
+        "method.head_hidden_dim=64",
+        "method.bottleneck_dim=32",
+        "+hvp=on",
+        "trainer.max_epochs=2",
+        "checkpoint.every_n_epochs=1",
+        "eval.every_n_epochs=1",
+    ]
     straight = run(make_cfg(*over), tmp_path / "straight")
     (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
     (tmp_path / "resumed" / "checkpoints" / "last.ckpt").write_bytes(
-        (tmp_path / "straight" / "checkpoints" / "epoch=001.ckpt").read_bytes())
+        (tmp_path / "straight" / "checkpoints" / "epoch=001.ckpt").read_bytes()
+    )
     resumed = run(make_cfg(*over), tmp_path / "resumed")
     a, b = _state(tmp_path / "straight"), _state(tmp_path / "resumed")
     assert any(k.startswith("teacher.") for k in a) and any("center" in k for k in a)
@@ -266,7 +306,8 @@ def test_resume_with_resident_images_matches_straight_run(tmp_path):
     straight = run(make_cfg(*over, tiny=False), tmp_path / "straight")
     (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
     (tmp_path / "resumed" / "checkpoints" / "last.ckpt").write_bytes(
-        (tmp_path / "straight" / "checkpoints" / "epoch=001.ckpt").read_bytes())
+        (tmp_path / "straight" / "checkpoints" / "epoch=001.ckpt").read_bytes()
+    )
     resumed = run(make_cfg(*over, tiny=False), tmp_path / "resumed")
     a, b = _state(tmp_path / "straight"), _state(tmp_path / "resumed")
     for key in a:

@@ -6,9 +6,8 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-from pathlib import Path
-
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,8 +17,16 @@ from hvp_lightning.train import build_logger, run
 
 from .conftest import make_cfg, wandb_records
 
-RUN = ["+hvp=on", "hvp.num_views=3", "trainer.max_epochs=2", "checkpoint.every_n_epochs=1", "eval.every_n_epochs=1",
-       "trainer.log_every_n_steps=1", "analysis.log_every_n_steps=1", "+trainer.deterministic=true"]
+RUN = [
+    "+hvp=on",
+    "hvp.num_views=3",
+    "trainer.max_epochs=2",
+    "checkpoint.every_n_epochs=1",
+    "eval.every_n_epochs=1",
+    "trainer.log_every_n_steps=1",
+    "analysis.log_every_n_steps=1",
+    "+trainer.deterministic=true",
+]
 STEPS_PER_EPOCH = 4  # 64 images, batch 16
 
 
@@ -74,8 +81,11 @@ def test_resumed_run_logs_each_step_once_and_sums_wall_time(straight, tmp_path):
     assert _logged_steps(resumed / "csv" / "metrics.csv") == _logged_steps(straight / "csv" / "metrics.csv")
     import pyarrow.parquet as pq
 
-    steps = sorted(s for p in (resumed / "analysis").glob("pairs-r0-*.parquet")
-                   for s in set(pq.read_table(p).column("step").to_pylist()))
+    steps = sorted(
+        s
+        for p in (resumed / "analysis").glob("pairs-r0-*.parquet")
+        for s in set(pq.read_table(p).column("step").to_pylist())
+    )
     assert steps == list(range(2 * STEPS_PER_EPOCH))
 
     sessions = read_record(resumed)["sessions_s"]  # the straight run's session, then the resumed one
@@ -109,8 +119,9 @@ def test_another_seed_does_not_continue_a_finished_run(straight):
 def test_keys_that_may_change_on_resume_are_accepted(straight, tmp_path):
     run_dir = tmp_path / "longer"
     shutil.copytree(straight, run_dir)
-    summary = run(make_cfg(*RUN, "trainer.max_epochs=3", "eval.every_n_epochs=3", "checkpoint.every_n_epochs=3"),
-                  run_dir)
+    summary = run(
+        make_cfg(*RUN, "trainer.max_epochs=3", "eval.every_n_epochs=3", "checkpoint.every_n_epochs=3"), run_dir
+    )
     assert summary["epochs"] == 3 and summary["steps"] == 3 * STEPS_PER_EPOCH
     assert json.loads((run_dir / "summary.json").read_text())["seed"] == 0
 
@@ -146,15 +157,20 @@ def test_a_killed_sessions_time_after_its_last_checkpoint_counts(tmp_path, monke
 
 def _history(run_dir: Path) -> list[dict]:
     records = wandb_records(run_dir)
-    return [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
-            for r in records if r.HasField("history")]
+    return [
+        {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+        for r in records
+        if r.HasField("history")
+    ]
 
 
 def test_wandb_rewind_point_is_the_first_row_after_the_checkpoint(tmp_path):
     """sessions.json notes, per epoch start, the W&B step of that epoch's first row: resuming
     from the checkpoint at optimiser step 4 rewinds the W&B run to exactly the rows before it."""
-    run(make_cfg("logger=wandb", "trainer.max_epochs=2", "trainer.log_every_n_steps=1", "eval.every_n_epochs=1"),
-        tmp_path)
+    run(
+        make_cfg("logger=wandb", "trainer.max_epochs=2", "trainer.log_every_n_steps=1", "eval.every_n_epochs=1"),
+        tmp_path,
+    )
     rows = _history(tmp_path)
     noted = read_record(tmp_path)["wandb_steps"]
     assert set(noted) == {"0", str(STEPS_PER_EPOCH)}
@@ -164,7 +180,10 @@ def test_wandb_rewind_point_is_the_first_row_after_the_checkpoint(tmp_path):
     assert rows[n]["trainer/global_step"] == STEPS_PER_EPOCH  # epoch 2's first row
     run_id = wandb_run_id(tmp_path)
     assert wandb_resume(tmp_path, STEPS_PER_EPOCH, "online") == {
-        "id": run_id, "resume": None, "resume_from": f"{run_id}?_step={n}"}
+        "id": run_id,
+        "resume": None,
+        "resume_from": f"{run_id}?_step={n}",
+    }
 
 
 def test_wandb_resume_arguments(tmp_path, monkeypatch, caplog):
@@ -179,7 +198,8 @@ def test_wandb_resume_arguments(tmp_path, monkeypatch, caplog):
         assert wandb_resume(tmp_path, 8, "offline") == {"id": "abc123", "resume": "allow"}
     assert [r.getMessage() for r in caplog.records] == [
         "W&B offline mode cannot rewind run abc123 to the checkpoint (W&B step 13): the rows the interrupted "
-        "session logged after it stay in its W&B history (the CSV log is rewound)"]
+        "session logged after it stay in its W&B history (the CSV log is rewound)"
+    ]
 
     import lightning.pytorch.loggers as loggers
 

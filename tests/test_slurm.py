@@ -26,15 +26,29 @@ def launcher_params(*overrides: str) -> tuple[dict, dict]:
     return cfg.trainer, {key: OmegaConf.select(cfg, f"hydra.launcher.{key}") for key in SIZE_KEYS}
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    (["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "data.num_workers=0"],
-     dict(nodes=1, tasks_per_node=2, gpus_per_node=None, cpus_per_task=1)),
-    (["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=1", "trainer.num_nodes=2", "data.num_workers=3"],
-     dict(nodes=2, tasks_per_node=1, gpus_per_node=None, cpus_per_task=4)),
-    (["trainer=ddp_8gpu", "trainer.num_nodes=2"], dict(nodes=2, tasks_per_node=8, gpus_per_node=8)),
-    (["trainer=gpu"], dict(nodes=1, tasks_per_node=1, gpus_per_node=1)),
-    (["trainer=cpu"], dict(nodes=1, tasks_per_node=1, gpus_per_node=None)),
-], ids=["cpu-1x2", "cpu-2x1", "gpu-2x8", "gpu-1", "cpu-1"])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (
+            ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "data.num_workers=0"],
+            dict(nodes=1, tasks_per_node=2, gpus_per_node=None, cpus_per_task=1),
+        ),
+        (
+            [
+                "trainer=ddp",
+                "trainer.accelerator=cpu",
+                "trainer.devices=1",
+                "trainer.num_nodes=2",
+                "data.num_workers=3",
+            ],
+            dict(nodes=2, tasks_per_node=1, gpus_per_node=None, cpus_per_task=4),
+        ),
+        (["trainer=ddp_8gpu", "trainer.num_nodes=2"], dict(nodes=2, tasks_per_node=8, gpus_per_node=8)),
+        (["trainer=gpu"], dict(nodes=1, tasks_per_node=1, gpus_per_node=1)),
+        (["trainer=cpu"], dict(nodes=1, tasks_per_node=1, gpus_per_node=None)),
+    ],
+    ids=["cpu-1x2", "cpu-2x1", "gpu-2x8", "gpu-1", "cpu-1"],
+)
 def test_slurm_preset_is_sized_from_the_trainer_and_passes_the_check(overrides, expected):
     trainer, params = launcher_params("hydra/launcher=slurm", *overrides)
     assert {key: params[key] for key in expected} == expected
@@ -49,18 +63,43 @@ def test_slurm_8gpu_preset_keeps_its_sizes_and_requeues_on_time_limits():
     check_slurm_job(trainer, params)
 
 
-@pytest.mark.parametrize("overrides, keys", [
-    (["hydra/launcher=slurm", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
-      "hydra.launcher.tasks_per_node=1"], ["hydra.launcher.tasks_per_node=1", "trainer.devices=2"]),
-    (["hydra/launcher=slurm", "trainer=ddp", "trainer.accelerator=cpu", "trainer.num_nodes=2",
-      "trainer.devices=1", "hydra.launcher.nodes=1"], ["hydra.launcher.nodes=1", "trainer.num_nodes=2"]),
-    (["hydra/launcher=slurm", "trainer=ddp"], ["trainer.devices='auto'"]),
-    (["hydra/launcher=slurm_8gpu", "trainer=ddp"], ["trainer.devices='auto'"]),
-    (["hydra/launcher=slurm_8gpu", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"],
-     ["hydra.launcher.gpus_per_node=2", "trainer.accelerator='cpu'"]),
-    (["hydra/launcher=slurm", "trainer=cpu", "hydra.launcher.gres=gpu:1"],
-     ["hydra.launcher.gres='gpu:1'", "trainer.accelerator='cpu'"]),
-], ids=["tasks-vs-devices", "nodes-vs-num_nodes", "devices-auto", "devices-auto-8gpu", "gpus-on-cpu", "gres-on-cpu"])
+@pytest.mark.parametrize(
+    "overrides, keys",
+    [
+        (
+            [
+                "hydra/launcher=slurm",
+                "trainer=ddp",
+                "trainer.accelerator=cpu",
+                "trainer.devices=2",
+                "hydra.launcher.tasks_per_node=1",
+            ],
+            ["hydra.launcher.tasks_per_node=1", "trainer.devices=2"],
+        ),
+        (
+            [
+                "hydra/launcher=slurm",
+                "trainer=ddp",
+                "trainer.accelerator=cpu",
+                "trainer.num_nodes=2",
+                "trainer.devices=1",
+                "hydra.launcher.nodes=1",
+            ],
+            ["hydra.launcher.nodes=1", "trainer.num_nodes=2"],
+        ),
+        (["hydra/launcher=slurm", "trainer=ddp"], ["trainer.devices='auto'"]),
+        (["hydra/launcher=slurm_8gpu", "trainer=ddp"], ["trainer.devices='auto'"]),
+        (
+            ["hydra/launcher=slurm_8gpu", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"],
+            ["hydra.launcher.gpus_per_node=2", "trainer.accelerator='cpu'"],
+        ),
+        (
+            ["hydra/launcher=slurm", "trainer=cpu", "hydra.launcher.gres=gpu:1"],
+            ["hydra.launcher.gres='gpu:1'", "trainer.accelerator='cpu'"],
+        ),
+    ],
+    ids=["tasks-vs-devices", "nodes-vs-num_nodes", "devices-auto", "devices-auto-8gpu", "gpus-on-cpu", "gres-on-cpu"],
+)
 def test_check_names_the_keys_that_disagree(overrides, keys):
     trainer, params = launcher_params(*overrides)
     params["gres"] = OmegaConf.select(compose_with_hydra(*overrides), "hydra.launcher.gres")
@@ -69,14 +108,26 @@ def test_check_names_the_keys_that_disagree(overrides, keys):
     assert all(key in str(err.value) for key in keys), str(err.value)
 
 
-@pytest.mark.parametrize("overrides, keys", [
-    (["trainer.devices=2", "hydra.launcher.tasks_per_node=1"], ["hydra.launcher.tasks_per_node=1", "trainer.devices=2"]),
-    (["trainer.devices=auto"], ["trainer.devices='auto'"]),
-    (["trainer.devices=2", "hydra.launcher.gpus_per_node=2"], ["hydra.launcher.gpus_per_node=2", "trainer.accelerator='cpu'"]),
-    (["seed=0,1", "trainer.devices=1,auto"], ["trainer.devices='auto'"]),  # the launcher is sized from the base
-    (["trainer.devices=2", "trainer.devices=1,2"], ["tasks_per_node=2 differs from trainer.devices=1",
-                                                    "(job #0: ", "one sweep per layout"]),
-], ids=["tasks-vs-devices", "devices-auto", "gpus-on-cpu", "swept-auto", "swept-devices"])
+@pytest.mark.parametrize(
+    "overrides, keys",
+    [
+        (
+            ["trainer.devices=2", "hydra.launcher.tasks_per_node=1"],
+            ["hydra.launcher.tasks_per_node=1", "trainer.devices=2"],
+        ),
+        (["trainer.devices=auto"], ["trainer.devices='auto'"]),
+        (
+            ["trainer.devices=2", "hydra.launcher.gpus_per_node=2"],
+            ["hydra.launcher.gpus_per_node=2", "trainer.accelerator='cpu'"],
+        ),
+        (["seed=0,1", "trainer.devices=1,auto"], ["trainer.devices='auto'"]),  # the launcher is sized from the base
+        (
+            ["trainer.devices=2", "trainer.devices=1,2"],
+            ["tasks_per_node=2 differs from trainer.devices=1", "(job #0: ", "one sweep per layout"],
+        ),
+    ],
+    ids=["tasks-vs-devices", "devices-auto", "gpus-on-cpu", "swept-auto", "swept-devices"],
+)
 def test_train_m_stops_before_sbatch_with_one_line(tmp_path, overrides, keys):
     """``train.py -m hydra/launcher=slurm`` exactly as a user types it, with an ``sbatch`` on PATH that
     records being called: the bad sweep ends with exit 1 and one line naming the keys, and sbatch never ran."""
@@ -86,9 +137,22 @@ def test_train_m_stops_before_sbatch_with_one_line(tmp_path, overrides, keys):
     sbatch.chmod(0o755)
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.run(
-        [sys.executable, "train.py", "-m", "hydra/launcher=slurm", "trainer=ddp", "trainer.accelerator=cpu",
-         f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            "hydra/launcher=slurm",
+            "trainer=ddp",
+            "trainer.accelerator=cpu",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            *overrides,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
     lines = [line for line in proc.stderr.splitlines() if line.strip() and "HYDRA_FULL_ERROR" not in line]
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("config error: ") and lines[0].endswith("nothing was submitted"), lines[0]
@@ -96,10 +160,13 @@ def test_train_m_stops_before_sbatch_with_one_line(tmp_path, overrides, keys):
     assert not (tmp_path / "sbatch_called").exists() and not (tmp_path / "sweep" / ".submitit").exists()
 
 
-@pytest.mark.parametrize("environ, threads", [
-    ({"SLURM_CPUS_PER_TASK": "3"}, 3),
-    ({"SLURM_CPUS_PER_TASK": "3", "OMP_NUM_THREADS": "1"}, None),  # the user's choice wins
-    ({}, None),  # not in a SLURM job that asked for CPUs: Lightning's rule
-])
+@pytest.mark.parametrize(
+    "environ, threads",
+    [
+        ({"SLURM_CPUS_PER_TASK": "3"}, 3),
+        ({"SLURM_CPUS_PER_TASK": "3", "OMP_NUM_THREADS": "1"}, None),  # the user's choice wins
+        ({}, None),  # not in a SLURM job that asked for CPUs: Lightning's rule
+    ],
+)
 def test_slurm_threads_follow_the_allocation(environ, threads):
     assert slurm_threads(environ) == threads

@@ -49,15 +49,27 @@ def conf_dir(tmp_path: Path) -> Path:
 
 
 def command(conf_dir: Path, sweep_dir: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "train.py", "-m", "--config-dir", str(conf_dir), "+experiment=tiny", "logger=csv",
-            "hydra/launcher=slurm", "trainer=ddp", "trainer.accelerator=cpu", f"hydra.sweep.dir={sweep_dir}",
-            *overrides]
+    return [
+        sys.executable,
+        "train.py",
+        "-m",
+        "--config-dir",
+        str(conf_dir),
+        "+experiment=tiny",
+        "logger=csv",
+        "hydra/launcher=slurm",
+        "trainer=ddp",
+        "trainer.accelerator=cpu",
+        f"hydra.sweep.dir={sweep_dir}",
+        *overrides,
+    ]
 
 
 def submit(conf_dir: Path, sweep_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     """A sweep, from submission to its table (the launcher waits for the jobs)."""
-    return subprocess.run(command(conf_dir, sweep_dir, *overrides), cwd=REPO, capture_output=True, text=True,
-                          timeout=JOB_TIMEOUT_S)
+    return subprocess.run(
+        command(conf_dir, sweep_dir, *overrides), cwd=REPO, capture_output=True, text=True, timeout=JOB_TIMEOUT_S
+    )
 
 
 def table(sweep_dir: Path) -> list[dict[str, str]]:
@@ -95,7 +107,7 @@ def test_two_nodes_with_one_task_each(conf_dir, tmp_path):
     [row] = table(sweep)
     assert row["status"] == "ok" and row["knn_top1"], row
     [starts] = task_logs(sweep).values()
-    assert sorted(s[s.index("node="):s.index("node=") + 9] for s in starts) == ["node=0(2)", "node=1(2)"], starts
+    assert sorted(s[s.index("node=") : s.index("node=") + 9] for s in starts) == ["node=0(2)", "node=1(2)"], starts
 
 
 def test_a_failing_element_fails_alone_and_is_in_the_table(conf_dir, tmp_path):
@@ -132,8 +144,10 @@ def sessions(run_dir: Path) -> int:
 
 
 def job_dirs(sweep: Path) -> list[Path]:
-    return sorted((p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")),
-                  key=lambda p: int(p.name.split("_", 1)[0]))
+    return sorted(
+        (p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")),
+        key=lambda p: int(p.name.split("_", 1)[0]),
+    )
 
 
 def test_preempted_and_timed_out_jobs_are_requeued_and_end_as_the_uninterrupted_run(conf_dir, tmp_path):
@@ -142,11 +156,24 @@ def test_preempted_and_timed_out_jobs_are_requeued_and_end_as_the_uninterrupted_
     training does. Both are requeued by submitit and end with #0's weights, bit for bit."""
     train = ["trainer.devices=1", "data.train_size=512", "trainer.max_epochs=12"]
     pre, limit = tmp_path / "preempt", tmp_path / "timelimit"
-    procs = [subprocess.Popen(command(conf_dir, pre, *train, "seed=0,0"), cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True),
-             subprocess.Popen(command(conf_dir, limit, *train, "seed=0", "hydra.launcher.timeout_min=2",
-                                      "hydra.launcher.signal_delay_s=60"), cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)]
+    procs = [
+        subprocess.Popen(
+            command(conf_dir, pre, *train, "seed=0,0"),
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ),
+        subprocess.Popen(
+            command(
+                conf_dir, limit, *train, "seed=0", "hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=60"
+            ),
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ),
+    ]
     try:
         deadline = time.monotonic() + JOB_TIMEOUT_S
         ckpt = None
@@ -187,9 +214,17 @@ def test_two_nodes_by_one_process_equal_one_node_by_two(conf_dir, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     train = ["data.train_size=128", "trainer.max_epochs=2", "seed=0"]
     layouts = {"2x1": ["trainer.num_nodes=2", "trainer.devices=1"], "1x2": ["trainer.num_nodes=1", "trainer.devices=2"]}
-    procs = {name: subprocess.Popen(command(conf_dir, tmp_path / name, *train, *layout), cwd=REPO, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for name, layout in layouts.items()}
+    procs = {
+        name: subprocess.Popen(
+            command(conf_dir, tmp_path / name, *train, *layout),
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name, layout in layouts.items()
+    }
     outs = {name: p.communicate(timeout=JOB_TIMEOUT_S)[0] for name, p in procs.items()}
     assert all(p.returncode == 0 for p in procs.values()), {n: o[-3000:] for n, o in outs.items()}
     [two_nodes], [one_node] = job_dirs(tmp_path / "2x1"), job_dirs(tmp_path / "1x2")
@@ -204,10 +239,28 @@ def test_plain_sbatch_script_runs_a_two_node_job(tmp_path):
 
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--mem=0",
-         f"--output={tmp_path / 'slurm-%j.out'}", "scripts/slurm_train.sbatch", "trainer.accelerator=cpu",
-         "trainer.precision=32-true", "logger=csv", *TINY, f"hydra.run.dir={run_dir}"],
-        cwd=REPO, env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+        [
+            "sbatch",
+            "--wait",
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            "--gpus-per-node=0",
+            "--cpus-per-task=1",
+            "--mem=0",
+            f"--output={tmp_path / 'slurm-%j.out'}",
+            "scripts/slurm_train.sbatch",
+            "trainer.accelerator=cpu",
+            "trainer.precision=32-true",
+            "logger=csv",
+            *TINY,
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_S,
+    )
     out = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
     assert proc.returncode == 0, proc.stderr + out[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())

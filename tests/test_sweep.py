@@ -18,18 +18,45 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
 from hvp_lightning.config import ConfigError
-from hvp_lightning.sweep import (DIRNAME_MAX_BYTES, FILENAME, RESULT_COLUMNS, Job, SweepSummary, job_dir_name,
-                                 read_jobs, sweep_csv, write_sweep_summary)
+from hvp_lightning.sweep import (
+    DIRNAME_MAX_BYTES,
+    FILENAME,
+    RESULT_COLUMNS,
+    Job,
+    SweepSummary,
+    job_dir_name,
+    read_jobs,
+    sweep_csv,
+    write_sweep_summary,
+)
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, compose_with_hydra, write_tiny_experiment
 
-HVP_SUMMARY = {"method": "simsiam", "hvp_enabled": True, "knn_top1": 0.5, "knn_top1_init": 0.3, "knn_top5": 0.9,
-               "wall_time_s": 12.5, "hvp": {"mode": "hard", "num_views": 4, "every_n_steps": 1,
-                                            "selection_selected_loss_mean": -0.5,
-                                            "selection_candidate_loss_mean": -0.7, "trained_loss_mean": -0.45,
-                                            "nonfinite_candidates": 0}}
-BASE_SUMMARY = {"method": "simclr", "hvp_enabled": False, "knn_top1": 0.4, "knn_top1_init": None, "knn_top5": 0.8,
-                "wall_time_s": 9.0}
+HVP_SUMMARY = {
+    "method": "simsiam",
+    "hvp_enabled": True,
+    "knn_top1": 0.5,
+    "knn_top1_init": 0.3,
+    "knn_top5": 0.9,
+    "wall_time_s": 12.5,
+    "hvp": {
+        "mode": "hard",
+        "num_views": 4,
+        "every_n_steps": 1,
+        "selection_selected_loss_mean": -0.5,
+        "selection_candidate_loss_mean": -0.7,
+        "trained_loss_mean": -0.45,
+        "nonfinite_candidates": 0,
+    },
+}
+BASE_SUMMARY = {
+    "method": "simclr",
+    "hvp_enabled": False,
+    "knn_top1": 0.4,
+    "knn_top1_init": None,
+    "knn_top5": 0.8,
+    "wall_time_s": 9.0,
+}
 
 
 def rows_of(text: str) -> tuple[list[str], list[dict[str, str]]]:
@@ -38,11 +65,13 @@ def rows_of(text: str) -> tuple[list[str], list[dict[str, str]]]:
 
 
 def test_sweep_csv_has_a_column_per_override_key_then_the_results():
-    text = sweep_csv([
-        Job("m/0_a", ["method=simsiam", "+hvp=on", "seed=0"], HVP_SUMMARY),
-        Job("m/1_b", ["method=simclr", "seed=1", "data.root=/x=y"], BASE_SUMMARY),
-        Job("m/2_c", ["method=simsiam", "+hvp=on", "seed=2"], None, "ConfigError: hvp.num_views=1 is not allowed"),
-    ])
+    text = sweep_csv(
+        [
+            Job("m/0_a", ["method=simsiam", "+hvp=on", "seed=0"], HVP_SUMMARY),
+            Job("m/1_b", ["method=simclr", "seed=1", "data.root=/x=y"], BASE_SUMMARY),
+            Job("m/2_c", ["method=simsiam", "+hvp=on", "seed=2"], None, "ConfigError: hvp.num_views=1 is not allowed"),
+        ]
+    )
     columns, rows = rows_of(text)
     assert columns == ["method", "hvp", "seed", "data.root", *RESULT_COLUMNS]
     hvp, base, failed = rows
@@ -91,8 +120,16 @@ def test_job_dir_name_is_one_short_path_component():
 def test_job_dir_name_puts_the_swept_keys_first():
     """``-m method=simsiam,simclr seed=0,1`` plus many fixed keys: the cut name still shows what
     differs between the jobs, in the command line's order; flags and unparsable argv are ignored."""
-    argv = ["-m", "--config-dir", "c", "data.train_size=64", "seed=0,1", "method=simsiam,simclr", "+hvp=on",
-            *(f"data.key{i}=v{i}" for i in range(20))]
+    argv = [
+        "-m",
+        "--config-dir",
+        "c",
+        "data.train_size=64",
+        "seed=0,1",
+        "method=simsiam,simclr",
+        "+hvp=on",
+        *(f"data.key{i}=v{i}" for i in range(20)),
+    ]
     job = ["data.train_size=64", "seed=1", "method=simclr", "+hvp=on", *(f"data.key{i}=v{i}" for i in range(20))]
     name = job_dir_name(job, argv=argv)
     assert name.startswith("seed=1,method=simclr,+hvp=on,data.key0=v0,") and len(name.encode()) == DIRNAME_MAX_BYTES
@@ -107,7 +144,9 @@ def job_config(sweep_dir: Path, run_dir: Path, mode: str = "MULTIRUN"):
 
 
 def test_callback_writes_the_table_after_each_job_and_at_the_end(tmp_path, capsys, monkeypatch):
-    assert "SweepSummary" in compose_with_hydra().hydra.callbacks.sweep_summary._target_  # configured in conf/config.yaml
+    assert (
+        "SweepSummary" in compose_with_hydra().hydra.callbacks.sweep_summary._target_
+    )  # configured in conf/config.yaml
     ok = fake_job(tmp_path, "0_seed=0", ["seed=0"], HVP_SUMMARY)
     bad = fake_job(tmp_path, "1_seed=1", ["seed=1"], None)
     failed = JobReturn(status=JobStatus.FAILED, _return_value=ConfigError("hvp.num_views=1 is not allowed:\n x"))
@@ -120,15 +159,23 @@ def test_callback_writes_the_table_after_each_job_and_at_the_end(tmp_path, capsy
     callback.on_job_end(job_config(tmp_path, bad), failed)  # what a sweep whose job raised leaves
     assert (bad / "error.txt").read_text() == "ConfigError: hvp.num_views=1 is not allowed: x\n"
     _, rows = rows_of((tmp_path / FILENAME).read_text())
-    assert [(r["status"], r["error"]) for r in rows] == [("ok", ""), ("failed", "ConfigError: hvp.num_views=1 is not allowed: x")]
+    assert [(r["status"], r["error"]) for r in rows] == [
+        ("ok", ""),
+        ("failed", "ConfigError: hvp.num_views=1 is not allowed: x"),
+    ]
     callback.on_multirun_end(job_config(tmp_path, ok))
     assert capsys.readouterr().out.strip() == f"sweep summary: {tmp_path / FILENAME}"
 
 
 def test_cli_rebuilds_the_table(tmp_path):
     fake_job(tmp_path, "0_seed=0", ["seed=0"], HVP_SUMMARY)
-    proc = subprocess.run([sys.executable, "-m", "hvp_lightning.sweep", str(tmp_path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hvp_lightning.sweep", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == str(tmp_path / FILENAME)
 
 
@@ -137,21 +184,24 @@ def test_slurm_launcher_renders_one_task_per_gpu(tmp_path, monkeypatch):
     sbatch script it would submit (a stand-in srun on PATH; map_array captures instead of submitting)."""
     import submitit
 
-    cfg = compose_with_hydra("hydra/launcher=slurm_8gpu", "trainer=ddp_8gpu", "trainer.num_nodes=2",
-                    f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    cfg = compose_with_hydra(
+        "hydra/launcher=slurm_8gpu", "trainer=ddp_8gpu", "trainer.num_nodes=2", f"hydra.sweep.dir={tmp_path / 'sweep'}"
+    )
     launcher_cfg = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
     assert launcher_cfg["_target_"] == "hydra_plugins.hvp_lightning_launcher.CheckedSlurmLauncher"
     assert (launcher_cfg["gpus_per_node"], launcher_cfg["tasks_per_node"], launcher_cfg["nodes"]) == (8, 8, 2)
     assert launcher_cfg["timeout_min"] > 0 and launcher_cfg["cpus_per_task"] > 0 and launcher_cfg["mem_gb"] > 0
     assert launcher_cfg["partition"] is None and launcher_cfg["account"] is None
     launcher = instantiate(cfg.hydra.launcher)
+    from hydra._internal.callbacks import Callbacks
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.utils import create_config_search_path
-    from hydra._internal.callbacks import Callbacks
     from hydra.types import HydraContext
 
     loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(REPO / "conf")))  # checks the jobs
-    launcher.setup(hydra_context=HydraContext(config_loader=loader, callbacks=Callbacks()), task_function=None, config=cfg)
+    launcher.setup(
+        hydra_context=HydraContext(config_loader=loader, callbacks=Callbacks()), task_function=None, config=cfg
+    )
 
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "srun").write_text("#!/bin/sh\nexit 1\n")
@@ -167,8 +217,14 @@ def test_slurm_launcher_renders_one_task_per_gpu(tmp_path, monkeypatch):
     fixed = ["hydra/launcher=slurm_8gpu", "trainer=ddp_8gpu", "trainer.num_nodes=2"]  # as Hydra's sweeper passes them
     assert launcher.launch([[*fixed, "seed=0"], [*fixed, "seed=1"]], initial_job_idx=0) == []
     sbatch = scripts[0]
-    for line in ("--nodes=2", "--ntasks-per-node=8", "--gpus-per-node=8", f"--cpus-per-task={launcher_cfg['cpus_per_task']}",
-                 f"--time={launcher_cfg['timeout_min']}", f"--mem={launcher_cfg['mem_gb']}GB"):
+    for line in (
+        "--nodes=2",
+        "--ntasks-per-node=8",
+        "--gpus-per-node=8",
+        f"--cpus-per-task={launcher_cfg['cpus_per_task']}",
+        f"--time={launcher_cfg['timeout_min']}",
+        f"--mem={launcher_cfg['mem_gb']}GB",
+    ):
         assert f"#SBATCH {line}\n" in sbatch, line
     assert "--partition" not in sbatch and "--account" not in sbatch
     assert f"{tmp_path / 'sweep'}/.submitit/" in sbatch  # logs beside the jobs' dirs
@@ -189,17 +245,33 @@ def test_multirun_writes_one_row_per_job_and_a_failed_job_says_so(tmp_path, full
         env["HYDRA_FULL_ERROR"] = full_error
     sweep = tmp_path / "sweep"
     proc = subprocess.run(
-        [sys.executable, "train.py", "-m", "--config-dir", str(tmp_path / "conf"), "+experiment=tiny", "logger=csv",
-         "+hvp=on", "hvp.num_views=3,1", f"hydra.sweep.dir={sweep}"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S,
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            "--config-dir",
+            str(tmp_path / "conf"),
+            "+experiment=tiny",
+            "logger=csv",
+            "+hvp=on",
+            "hvp.num_views=3,1",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert proc.returncode == 1, proc.stderr[-3000:]  # Hydra reports the failed job after the sweep
     said = [line for line in proc.stderr.splitlines() if "hvp.num_views=1 is not allowed" in line]
     assert said == ["config error: hvp.num_views=1 is not allowed: expected an integer >= 2"], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "srun" not in proc.stderr
     dirs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
-    assert dirs == ["0_hvp.num_views=3,+experiment=tiny,+hvp=on,logger=csv",  # the swept key first
-                    "1_hvp.num_views=1,+experiment=tiny,+hvp=on,logger=csv"]
+    assert dirs == [
+        "0_hvp.num_views=3,+experiment=tiny,+hvp=on,logger=csv",  # the swept key first
+        "1_hvp.num_views=1,+experiment=tiny,+hvp=on,logger=csv",
+    ]
     columns, rows = rows_of((sweep / FILENAME).read_text())
     assert columns == ["experiment", "logger", "hvp", "hvp.num_views", *RESULT_COLUMNS]
     ok, failed = rows
@@ -219,9 +291,22 @@ def test_multirun_over_new_methods_fills_the_table(tmp_path, methods):
     write_tiny_experiment(tmp_path / "conf")
     sweep = tmp_path / "sweep"
     proc = subprocess.run(
-        [sys.executable, "train.py", "-m", "--config-dir", str(tmp_path / "conf"), f"method={','.join(methods)}",
-         "+experiment=tiny", "logger=csv", "+hvp=on", f"hydra.sweep.dir={sweep}"],
-        cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S,
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            "--config-dir",
+            str(tmp_path / "conf"),
+            f"method={','.join(methods)}",
+            "+experiment=tiny",
+            "logger=csv",
+            "+hvp=on",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     columns, rows = rows_of((sweep / FILENAME).read_text())

@@ -34,15 +34,20 @@ def test_tiny_train_run(cfg_factory, tmp_path, hvp, capsys):
     if hvp:
         h = summary["hvp"]
         assert h["selected_samples"] == 2 * 4 * 16
-        assert h["selection_selected_loss_mean"] >= h["selection_candidate_loss_mean"]  # hard = per-sample max over pairs
+        assert (
+            h["selection_selected_loss_mean"] >= h["selection_candidate_loss_mean"]
+        )  # hard = per-sample max over pairs
         assert {"hvp/selection_selected_loss_step", "hvp/selection_candidate_loss_step"} <= set(metrics)
         assert h["nonfinite_candidates"] == 0
         assert "| HVP selected - candidate loss: +" in final_line(summary)  # read from the summary's own keys
         # Every step selects here, so the trained loss is the steps' own train/loss, epoch by epoch
         # (equal batches), and its run mean is the mean of those epoch means.
         rows = list(csv.DictReader((tmp_path / "csv" / "metrics.csv").open()))
-        epochs = [(float(r["train/loss_epoch"]), float(r["hvp/trained_loss_epoch"])) for r in rows
-                  if r.get("train/loss_epoch")]
+        epochs = [
+            (float(r["train/loss_epoch"]), float(r["hvp/trained_loss_epoch"]))
+            for r in rows
+            if r.get("train/loss_epoch")
+        ]
         assert len(epochs) == 2 and all(t == pytest.approx(tr, rel=1e-5) for t, tr in epochs)
         assert h["trained_loss_mean"] == pytest.approx(sum(t for t, _ in epochs) / 2, rel=1e-5)
     else:
@@ -110,7 +115,9 @@ def test_empty_imagefolder_root_is_rejected(cfg_factory, tmp_path):
 @pytest.mark.parametrize("name", ["cifar10", "cifar100", "stl10"])
 def test_torchvision_root_without_its_files_is_a_config_error(cfg_factory, tmp_path, name):
     (tmp_path / "unrelated.txt").write_text("not a dataset")  # a folder, but not torchvision's layout
-    with pytest.raises(ConfigError, match=rf"^data.root='{tmp_path}' is not allowed: a folder holding torchvision's {name}"):
+    with pytest.raises(
+        ConfigError, match=rf"^data.root='{tmp_path}' is not allowed: a folder holding torchvision's {name}"
+    ):
         validate(cfg_factory(f"data={name}", f"data.root={tmp_path}"))
 
 
@@ -126,7 +133,8 @@ def test_crop_larger_than_the_images_is_said_once(cfg_factory, caplog):
     with caplog.at_level("WARNING"):
         validate(cfg_factory("data.crop_size=48"))  # generated images are 32 px
     assert [r.getMessage() for r in caplog.records if "upsampled" in r.getMessage()] == [
-        "data.crop_size=48 is larger than the images (shorter side 32 px): every crop is upsampled"]
+        "data.crop_size=48 is larger than the images (shorter side 32 px): every crop is upsampled"
+    ]
     caplog.clear()
     with caplog.at_level("WARNING"):
         validate(cfg_factory("data.crop_size=32"))
@@ -141,8 +149,13 @@ def test_batch_larger_than_dataset_is_a_config_error(cfg_factory, tmp_path):
 @pytest.mark.parametrize("bad", [["+hvp=on", "hvp.num_views=1"], ["seed=abc"]])
 def test_cli_reports_config_error_once_in_one_line_and_leaves_no_run_dir(tmp_path, bad):
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "train.py", *bad, "logger=csv", f"hydra.run.dir={run_dir}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, "train.py", *bad, "logger=csv", f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
     assert proc.returncode == 2
     out = proc.stdout + proc.stderr
     assert out.count("config error:") == 1 and "Traceback" not in out, out[-2000:]
@@ -154,8 +167,12 @@ def test_wandb_offline_run_logs_metrics_and_summary(cfg_factory, tmp_path, monke
     """The default logger: W&B in offline mode (no account, no network), finished before the
     run's final line, with HVP statistics and the run summary on it."""
     monkeypatch.setenv("WANDB_MODE", "offline")
-    summary = run(cfg_factory("logger=wandb", "+hvp=on", "hvp.num_views=3", "eval.every_n_epochs=1",
-                              "trainer.log_every_n_steps=1"), tmp_path)
+    summary = run(
+        cfg_factory(
+            "logger=wandb", "+hvp=on", "hvp.num_views=3", "eval.every_n_epochs=1", "trainer.log_every_n_steps=1"
+        ),
+        tmp_path,
+    )
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and summary["knn_top1"] is not None
     import wandb
@@ -164,6 +181,11 @@ def test_wandb_offline_run_logs_metrics_and_summary(cfg_factory, tmp_path, monke
     # Offline runs keep history and summary in the run's protobuf log; keys are plain strings there.
     wandb_records(tmp_path)  # waits until the W&B service has written the run's exit record
     record = next(runs[0].glob("run-*.wandb")).read_bytes()
-    for key in ("knn/top1", "hvp/selection_selected_loss_step", "train/loss_step", "summary/knn_top1",
-                "summary/hvp_selection_selected_loss_mean"):
+    for key in (
+        "knn/top1",
+        "hvp/selection_selected_loss_step",
+        "train/loss_step",
+        "summary/knn_top1",
+        "summary/hvp_selection_selected_loss_mean",
+    ):
         assert key.encode() in record, key

@@ -58,18 +58,35 @@ def test_no_live_gallery_without_wandb_or_without_hvp(cfg_factory):
 
 def history_rows(records) -> list[dict]:
     """One dict per wandb.log() call."""
-    return [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
-            for r in records if r.HasField("history")]
+    return [
+        {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+        for r in records
+        if r.HasField("history")
+    ]
 
 
 def test_offline_run_holds_identity_charts_and_hvp_curves(cfg_factory, tmp_path):
-    cfg = cfg_factory("logger=wandb", "logger.project=hvp-test", "logger.group=ablation", "logger.tags=[hvp,n3]",
-                      "logger.run_name=n3-hard", "+hvp=on", "hvp.num_views=3", "eval.every_n_epochs=1",
-                      "eval.at_start=true", "trainer.log_every_n_steps=1")
+    cfg = cfg_factory(
+        "logger=wandb",
+        "logger.project=hvp-test",
+        "logger.group=ablation",
+        "logger.tags=[hvp,n3]",
+        "logger.run_name=n3-hard",
+        "+hvp=on",
+        "hvp.num_views=3",
+        "eval.every_n_epochs=1",
+        "eval.at_start=true",
+        "trainer.log_every_n_steps=1",
+    )
     run(cfg, tmp_path)
     records = wandb_records(tmp_path)
     (meta,) = [r.run for r in records if r.HasField("run")]
-    assert (meta.project, meta.run_group, list(meta.tags), meta.display_name) == ("hvp-test", "ablation", ["hvp", "n3"], "n3-hard")
+    assert (meta.project, meta.run_group, list(meta.tags), meta.display_name) == (
+        "hvp-test",
+        "ablation",
+        ["hvp", "n3"],
+        "n3-hard",
+    )
     config = {u.key: json.loads(u.value_json) for u in meta.config.update}
     assert config["logger"]["group"] == "ablation" and config["hvp"]["num_views"] == 3  # the whole config
     metrics = {m.metric.name or m.metric.glob_name: m.metric for m in records if m.HasField("metric")}
@@ -78,9 +95,18 @@ def test_offline_run_holds_identity_charts_and_hvp_curves(cfg_factory, tmp_path)
     assert metrics["*"].step_metric == "trainer/global_step"  # Lightning's axis for everything else
     rows = history_rows(records)
     keys = set().union(*rows)
-    for key in ("knn/top1", "knn/top5", "train/loss_step", "hvp/selection_selected_loss_step", "hvp/selection_candidate_loss_step",
-                "hvp/selection_selected_minus_candidate", "hvp/trained_loss_step", "analysis/iou_selected_step", "analysis/lowest_iou_share_step",
-                "trainer/global_step"):
+    for key in (
+        "knn/top1",
+        "knn/top5",
+        "train/loss_step",
+        "hvp/selection_selected_loss_step",
+        "hvp/selection_candidate_loss_step",
+        "hvp/selection_selected_minus_candidate",
+        "hvp/trained_loss_step",
+        "analysis/iou_selected_step",
+        "analysis/lowest_iou_share_step",
+        "trainer/global_step",
+    ):
         assert key in keys, key
     assert [r["knn/epoch"] for r in rows if "knn/top1" in r] == [0.0, 1.0]  # at init, after the one epoch
     # the live gallery: at the pass after the epoch (not at init: nothing selected yet), 4 images and the histogram
@@ -99,15 +125,30 @@ def test_multirun_jobs_share_a_wandb_group(tmp_path):
     write_tiny_experiment(tmp_path / "conf")
     sweep = tmp_path / "2026-11-21" / "10-00-00"
     proc = subprocess.run(
-        [sys.executable, "train.py", "-m", "--config-dir", str(tmp_path / "conf"), "+experiment=tiny",
-         "logger=wandb", "logger.mode=offline", "seed=0,1", f"hydra.sweep.dir={sweep}"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            "--config-dir",
+            str(tmp_path / "conf"),
+            "+experiment=tiny",
+            "logger=wandb",
+            "logger.mode=offline",
+            "seed=0,1",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"sweep summary: {sweep / 'sweep_summary.csv'}" in proc.stdout
     runs = [r.run for d in sorted(sweep.glob("*_*/")) for r in wandb_records(d) if r.HasField("run")]
     assert [r.run_group for r in runs] == ["sweep_2026-11-21_10-00-00"] * 2
     # the swept key first (sweep.job_dir_name), then the fixed overrides as Hydra sorts them
-    assert [r.display_name for r in runs] == ["0_seed=0,+experiment=tiny,logger.mode=offline,logger=wandb",
-                                              "1_seed=1,+experiment=tiny,logger.mode=offline,logger=wandb"]
+    assert [r.display_name for r in runs] == [
+        "0_seed=0,+experiment=tiny,logger.mode=offline,logger=wandb",
+        "1_seed=1,+experiment=tiny,logger.mode=offline,logger=wandb",
+    ]
     assert len((sweep / "sweep_summary.csv").read_text().splitlines()) == 3

@@ -26,8 +26,9 @@ import csv
 import io
 import math
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -40,9 +41,18 @@ from .metrics import JITTER_NAMES, jitter_differences, pair_metrics
 
 # Columns of steps-r<rank>.csv after step, micro, epoch, hvp, samples (NaN where not applicable).
 STAT_KEYS = (
-    "iou_selected", "iou_candidates", "iou_lowest", "lowest_iou_share", "lowest_iou_chance",
-    "lowest_iou_chance_ties", "rel_dist_selected", "rel_dist_candidates", "color_dist_selected",
-    "color_dist_candidates", "loss_selected", "loss_candidates",
+    "iou_selected",
+    "iou_candidates",
+    "iou_lowest",
+    "lowest_iou_share",
+    "lowest_iou_chance",
+    "lowest_iou_chance_ties",
+    "rel_dist_selected",
+    "rel_dist_candidates",
+    "color_dist_selected",
+    "color_dist_candidates",
+    "loss_selected",
+    "loss_candidates",
 )
 SELECTED_KEYS = ("iou_selected", "rel_dist_selected", "color_dist_selected")
 INT_PARAMS = ("crop_x", "crop_y", "crop_w", "crop_h", "src_w", "src_h")
@@ -56,8 +66,12 @@ def head_views(params: Mapping[str, torch.Tensor], n: int) -> dict[str, torch.Te
     return {k: v[:, :n] for k, v in params.items()}
 
 
-def step_statistics(params: Mapping[str, torch.Tensor], table: torch.Tensor | None = None,
-                    choice: torch.Tensor | None = None, pairs: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def step_statistics(
+    params: Mapping[str, torch.Tensor],
+    table: torch.Tensor | None = None,
+    choice: torch.Tensor | None = None,
+    pairs: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
     """Selection statistics of one batch, as 0-d tensors (no host sync).
 
     ``params`` holds the N candidate views; ``pairs`` ``[P, 2]`` are the view pairs of
@@ -106,8 +120,14 @@ def pair_table(pl_module: Any, params: Mapping[str, torch.Tensor]) -> tuple[int,
     if k is not None and hvp is not None and hvp.enabled and hasattr(pl_module, "num_locals_cand"):
         total = pairs.shape[0] * math.comb(int(pl_module.num_locals_cand), int(pl_module.num_local))
         if int(k) < total:  # DINO's sampled setting (iBOT rejects max_combinations)
-            return int(g), pairs, (f"hvp.max_combinations={k} scores {k} random (global pair, locals) combinations "
-                                   "per sample, not a table over global pairs; selection statistics are skipped")
+            return (
+                int(g),
+                pairs,
+                (
+                    f"hvp.max_combinations={k} scores {k} random (global pair, locals) combinations "
+                    "per sample, not a table over global pairs; selection statistics are skipped"
+                ),
+            )
     return int(g), pairs, None
 
 
@@ -127,9 +147,16 @@ class ViewLog:
         self._first_step: int | None = None
         self.files: list[Path] = []
 
-    def add(self, step: int, index: torch.Tensor, params: Mapping[str, torch.Tensor],
-            table: torch.Tensor | None, choice: torch.Tensor | None, micro: int = 0,
-            pairs: torch.Tensor | None = None) -> None:
+    def add(
+        self,
+        step: int,
+        index: torch.Tensor,
+        params: Mapping[str, torch.Tensor],
+        table: torch.Tensor | None,
+        choice: torch.Tensor | None,
+        micro: int = 0,
+        pairs: torch.Tensor | None = None,
+    ) -> None:
         """One batch: ``params`` of its N candidate views, the ``[B, P]`` loss ``table`` and the
         ``[B]`` ``choice`` (None without a selection: the pair trained on is then views 0, 1).
         ``micro`` is the batch's position within a gradient-accumulation step; ``pairs`` the
@@ -144,14 +171,21 @@ class ViewLog:
         sel_views[torch.arange(b), pairs[ch, 0]] = True
         sel_views[torch.arange(b), pairs[ch, 1]] = True
         v: dict[str, np.ndarray] = {
-            "step": np.full(b * n, step, np.int64), "micro": np.full(b * n, micro, np.int16),
-            "rank": np.full(b * n, self.rank, np.int16), "sample": np.repeat(np.arange(b, dtype=np.int32), n), "index": np.repeat(idx.numpy(), n),
-            "view": np.tile(np.arange(n, dtype=np.int8), b), "selected": sel_views.reshape(-1).numpy(),
+            "step": np.full(b * n, step, np.int64),
+            "micro": np.full(b * n, micro, np.int16),
+            "rank": np.full(b * n, self.rank, np.int16),
+            "sample": np.repeat(np.arange(b, dtype=np.int32), n),
+            "index": np.repeat(idx.numpy(), n),
+            "view": np.tile(np.arange(n, dtype=np.int8), b),
+            "selected": sel_views.reshape(-1).numpy(),
         }
         for name in PARAM_NAMES:
             x = p[name].reshape(-1).numpy()
-            v[name] = x.round().astype(np.int32) if name in INT_PARAMS else (
-                x > 0 if name in BOOL_PARAMS else x.astype(np.float32))
+            v[name] = (
+                x.round().astype(np.int32)
+                if name in INT_PARAMS
+                else (x > 0 if name in BOOL_PARAMS else x.astype(np.float32))
+            )
         if "jitter_order" in p:
             v["jitter_order"] = p["jitter_order"].reshape(b * n, -1).numpy().astype(np.int8)
         feats = {**pair_metrics(p, pairs), **jitter_differences(p, pairs)}
@@ -159,12 +193,16 @@ class ViewLog:
         sel_pairs[torch.arange(b), ch] = True
         loss = table.detach().float().cpu() if table is not None else torch.full((b, nump), float("nan"))
         q: dict[str, np.ndarray] = {
-            "step": np.full(b * nump, step, np.int64), "micro": np.full(b * nump, micro, np.int16),
-            "rank": np.full(b * nump, self.rank, np.int16), "sample": np.repeat(np.arange(b, dtype=np.int32), nump), "index": np.repeat(idx.numpy(), nump),
+            "step": np.full(b * nump, step, np.int64),
+            "micro": np.full(b * nump, micro, np.int16),
+            "rank": np.full(b * nump, self.rank, np.int16),
+            "sample": np.repeat(np.arange(b, dtype=np.int32), nump),
+            "index": np.repeat(idx.numpy(), nump),
             "pair": np.tile(np.arange(nump, dtype=np.int8), b),
             "view_a": np.tile(pairs[:, 0].numpy().astype(np.int8), b),
             "view_b": np.tile(pairs[:, 1].numpy().astype(np.int8), b),
-            "hvp": np.full(b * nump, choice is not None), "selected": sel_pairs.reshape(-1).numpy(),
+            "hvp": np.full(b * nump, choice is not None),
+            "selected": sel_pairs.reshape(-1).numpy(),
             "loss": loss.reshape(-1).numpy().astype(np.float32),
         }
         for name in PAIR_FEATURES:
@@ -201,8 +239,14 @@ class ViewLog:
 class HardViewAnalysis(L.Callback):
     """See the module docstring. ``log_every_n_steps=None`` keeps only the online statistics."""
 
-    def __init__(self, out_dir: Path | str, log_every_n_steps: int | None = None, online: bool = True,
-                 flush_every_n_logs: int = 20, csv_flush_every: int = 50) -> None:
+    def __init__(
+        self,
+        out_dir: Path | str,
+        log_every_n_steps: int | None = None,
+        online: bool = True,
+        flush_every_n_logs: int = 20,
+        csv_flush_every: int = 50,
+    ) -> None:
         if log_every_n_steps is not None and int(log_every_n_steps) < 1:
             raise ValueError(f"analysis.log_every_n_steps={log_every_n_steps!r}: expected null or an integer >= 1")
         self.out_dir = Path(out_dir)
@@ -220,14 +264,16 @@ class HardViewAnalysis(L.Callback):
         if self.log_every is not None and self.view_log is None:
             self.view_log = ViewLog(self.out_dir, trainer.global_rank, self.flush_every_n_logs)
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._step = trainer.global_step  # the step the method sees (before the optimiser step)
         self._micro = batch_idx % max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1))
         pl_module.last_selection = None  # a selection of this batch, if any, replaces it
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         params = batch.get("params") if isinstance(batch, dict) else None
         if not params or "crop_x" not in params:
             self._warn_once("noparams", "analysis: the batch carries no augmentation params; nothing to analyse")
@@ -252,8 +298,9 @@ class HardViewAnalysis(L.Callback):
                 b = int(params["crop_x"].shape[0])
                 for k, v in stats.items():
                     pl_module.log(f"analysis/{k}", v, on_step=True, on_epoch=True, batch_size=b)
-            self._rows.append((self._step, self._micro, trainer.current_epoch, sel is not None,
-                               int(params["crop_x"].shape[0]), stats))
+            self._rows.append(
+                (self._step, self._micro, trainer.current_epoch, sel is not None, int(params["crop_x"].shape[0]), stats)
+            )
             if len(self._rows) >= self.csv_flush_every:
                 self._flush_csv(trainer.global_rank)
         if self.view_log is not None and self.log_every is not None and self._step % self.log_every == 0:
@@ -292,8 +339,13 @@ class HardViewAnalysis(L.Callback):
             return
         device = next(iter(self._rows[0][-1].values())).device
         nan = torch.tensor(float("nan"), device=device)
-        values = torch.stack([torch.stack([s.get(k, nan).detach().float().to(device) for k in STAT_KEYS])
-                              for *_, s in self._rows]).cpu().tolist()
+        values = (
+            torch.stack(
+                [torch.stack([s.get(k, nan).detach().float().to(device) for k in STAT_KEYS]) for *_, s in self._rows]
+            )
+            .cpu()
+            .tolist()
+        )
         self.out_dir.mkdir(parents=True, exist_ok=True)
         path = self.out_dir / f"steps-r{rank}.csv"
         new = not path.exists()

@@ -34,8 +34,9 @@ def load_train_images(run_dir: Path):
     return cfg, dm.train_raw
 
 
-def plot_gallery(run_dir: Path, views: dict[str, np.ndarray], pairs: dict[str, np.ndarray], path: Path,
-                 num_images: int = 6) -> None:
+def plot_gallery(
+    run_dir: Path, views: dict[str, np.ndarray], pairs: dict[str, np.ndarray], path: Path, num_images: int = 6
+) -> None:
     """Fig. 1b: per image, the source with all candidate crops (selected pair solid and thick)
     and the replayed candidate views, the selected ones framed."""
     from matplotlib.patches import Rectangle
@@ -66,8 +67,17 @@ def plot_gallery(run_dir: Path, views: dict[str, np.ndarray], pairs: dict[str, n
         for v in range(n):
             row = {k: vr[k][v] for k in vr}
             chosen_v = v in (ca, cb)
-            ax.add_patch(Rectangle((row["crop_x"], row["crop_y"]), row["crop_w"], row["crop_h"], fill=False,
-                                   ec=colors[v % 10], lw=3.2 if chosen_v else 1.3, ls="-" if chosen_v else "--"))
+            ax.add_patch(
+                Rectangle(
+                    (row["crop_x"], row["crop_y"]),
+                    row["crop_w"],
+                    row["crop_h"],
+                    fill=False,
+                    ec=colors[v % 10],
+                    lw=3.2 if chosen_v else 1.3,
+                    ls="-" if chosen_v else "--",
+                )
+            )
             view = replay_view(img, row, size)
             vax = axes[r, v + 1]
             vax.imshow(view.permute(1, 2, 0).numpy(), interpolation="nearest")
@@ -76,8 +86,12 @@ def plot_gallery(run_dir: Path, views: dict[str, np.ndarray], pairs: dict[str, n
             for sp in vax.spines.values():
                 sp.set_edgecolor(colors[v % 10])
                 sp.set_linewidth(5 if chosen_v else 1.5)
-            vax.set_title(f"view {v}" + (" (selected)" if chosen_v else ""), fontsize=9,
-                          fontweight="bold" if chosen_v else "normal", color=colors[v % 10])
+            vax.set_title(
+                f"view {v}" + (" (selected)" if chosen_v else ""),
+                fontsize=9,
+                fontweight="bold" if chosen_v else "normal",
+                color=colors[v % 10],
+            )
         ax.set_xlim(0, wid)
         ax.set_ylim(hgt, 0)
         ax.set_xticks([])
@@ -86,8 +100,12 @@ def plot_gallery(run_dir: Path, views: dict[str, np.ndarray], pairs: dict[str, n
         k = chosen[0] if len(chosen) else 0
         low = float(pr["iou"].min())
         ax.set_title(f"image {int(vr['index'][0])}: IoU sel. {pr['iou'][k]:.2f} (min {low:.2f})", fontsize=9)
-        ax.set_ylabel(f"loss sel. {pr['loss'][k]:.3f}\nmean {np.nanmean(pr['loss']):.3f}"
-                      if np.isfinite(pr["loss"]).any() else "", fontsize=9)
+        ax.set_ylabel(
+            f"loss sel. {pr['loss'][k]:.3f}\nmean {np.nanmean(pr['loss']):.3f}"
+            if np.isfinite(pr["loss"]).any()
+            else "",
+            fontsize=9,
+        )
     for a in axes[:, 1:].ravel():
         a.grid(False)
     fig.suptitle(f"Candidate crops (dashed) and the selected pair (solid, framed) at step {step}", fontsize=11)

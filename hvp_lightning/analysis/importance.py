@@ -16,15 +16,22 @@ training progress and image content would otherwise dominate the variance.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from .callback import PAIR_FEATURES
 
 
-def importance(pairs: dict[str, np.ndarray], features: Sequence[str] = PAIR_FEATURES, trees: int = 100,
-               max_samples: int = 200_000, grid: int = 20, seed: int = 0) -> dict[str, Any]:
+def importance(
+    pairs: dict[str, np.ndarray],
+    features: Sequence[str] = PAIR_FEATURES,
+    trees: int = 100,
+    max_samples: int = 200_000,
+    grid: int = 20,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Main-effect variance shares and permutation importances of the pair ``features`` for the
     per-image-centred candidate-pair loss (see the module docstring for the method)."""
     from sklearn.ensemble import RandomForestRegressor
@@ -35,7 +42,9 @@ def importance(pairs: dict[str, np.ndarray], features: Sequence[str] = PAIR_FEAT
     if ok.sum() < 50:
         return {"skipped": f"only {int(ok.sum())} scored candidate pairs logged (need >= 50)"}
     micro = pairs["micro"][ok].astype(np.int64) if "micro" in pairs else np.zeros(int(ok.sum()), np.int64)
-    key = np.stack([pairs["rank"][ok].astype(np.int64), pairs["step"][ok], micro, pairs["sample"][ok].astype(np.int64)], 1)
+    key = np.stack(
+        [pairs["rank"][ok].astype(np.int64), pairs["step"][ok], micro, pairs["sample"][ok].astype(np.int64)], 1
+    )
     _, group = np.unique(key, axis=0, return_inverse=True)
     group = group.reshape(-1)
     loss = pairs["loss"][ok].astype(np.float64)
@@ -46,8 +55,14 @@ def importance(pairs: dict[str, np.ndarray], features: Sequence[str] = PAIR_FEAT
         pick = rng.choice(len(y), max_samples, replace=False)
         x, y = x[pick], y[pick]
     x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.25, random_state=seed)
-    rf = RandomForestRegressor(n_estimators=trees, min_samples_leaf=max(5, len(y_tr) // 2000), max_features=0.5,
-                               max_samples=min(1.0, 50_000 / len(y_tr)), n_jobs=-1, random_state=seed)
+    rf = RandomForestRegressor(
+        n_estimators=trees,
+        min_samples_leaf=max(5, len(y_tr) // 2000),
+        max_features=0.5,
+        max_samples=min(1.0, 50_000 / len(y_tr)),
+        n_jobs=-1,
+        random_state=seed,
+    )
     rf.fit(x_tr, y_tr)
     r2 = float(rf.score(x_te, y_te))
     ref = x_te[rng.choice(len(x_te), min(len(x_te), 1000), replace=False)]
@@ -64,10 +79,13 @@ def importance(pairs: dict[str, np.ndarray], features: Sequence[str] = PAIR_FEAT
     perm = permutation_importance(rf, x_te[:n_perm], y_te[:n_perm], n_repeats=5, random_state=seed, n_jobs=1)
     return {
         "method": "random forest (scikit-learn) surrogate; main effect = Var(partial dependence on the feature's "
-                  "quantiles) / Var(prediction) (fANOVA-like first-order share); permutation = held-out R^2 drop",
+        "quantiles) / Var(prediction) (fANOVA-like first-order share); permutation = held-out R^2 drop",
         "target": "candidate-pair loss minus the mean over the same image's candidate pairs (same step)",
-        "features": list(features), "n_samples": int(len(y)), "r2_test": r2,
-        "main_effect": main, "main_effect_total": float(sum(main.values())),
+        "features": list(features),
+        "n_samples": int(len(y)),
+        "r2_test": r2,
+        "main_effect": main,
+        "main_effect_total": float(sum(main.values())),
         "permutation": {f: float(v) for f, v in zip(features, perm.importances_mean)},
         "permutation_std": {f: float(v) for f, v in zip(features, perm.importances_std)},
     }

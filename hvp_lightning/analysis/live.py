@@ -19,7 +19,8 @@ report (:mod:`.report`) remains the place for the full analysis.
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -56,8 +57,9 @@ def pair_strip(views: list[np.ndarray], gap: int = 4) -> np.ndarray:
     return np.concatenate(parts, axis=1)
 
 
-def gallery_rows(snapshot: Mapping[str, Any], mean: tuple[float, ...], std: tuple[float, ...]
-                 ) -> list[tuple[np.ndarray, str]]:
+def gallery_rows(
+    snapshot: Mapping[str, Any], mean: tuple[float, ...], std: tuple[float, ...]
+) -> list[tuple[np.ndarray, str]]:
     """(image, caption) per sampled image: its selected pair beside its lowest-loss candidate pair."""
     rows = []
     pairs, table, choice, iou = snapshot["pairs"], snapshot["table"], snapshot["choice"], snapshot["iou"]
@@ -67,9 +69,11 @@ def gallery_rows(snapshot: Mapping[str, Any], mean: tuple[float, ...], std: tupl
         chosen = int(choice[k])
         (a, b), (c, d) = pairs[chosen].tolist(), pairs[rejected].tolist()
         views = [to_display(snapshot["views"][k, v], mean, std) for v in (a, b, c, d)]
-        caption = (f"image {int(snapshot['index'][k])} | selected views {a},{b}: loss {float(table[k, chosen]):.3f}, "
-                   f"IoU {float(iou[k, chosen]):.2f} | easiest views {c},{d}: loss {float(table[k, rejected]):.3f}, "
-                   f"IoU {float(iou[k, rejected]):.2f}")
+        caption = (
+            f"image {int(snapshot['index'][k])} | selected views {a},{b}: loss {float(table[k, chosen]):.3f}, "
+            f"IoU {float(iou[k, chosen]):.2f} | easiest views {c},{d}: loss {float(table[k, rejected]):.3f}, "
+            f"IoU {float(iou[k, rejected]):.2f}"
+        )
         rows.append((pair_strip(views), caption))
     return rows
 
@@ -87,8 +91,9 @@ def iou_histogram(selected: np.ndarray, candidates: np.ndarray, step: int):
     ax.axvline(float(np.mean(selected)), color="C1", ls="--", lw=1)
     ax.set_xlabel("crop IoU of the pair")
     ax.set_ylabel("density")
-    ax.set_title(f"HVP steps up to step {step}: mean IoU {np.mean(selected):.2f} vs {np.mean(candidates):.2f}",
-                 fontsize=9)
+    ax.set_title(
+        f"HVP steps up to step {step}: mean IoU {np.mean(selected):.2f} vs {np.mean(candidates):.2f}", fontsize=9
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -106,12 +111,14 @@ class LiveGallery(L.Callback):
         self.ious: list[tuple[torch.Tensor, torch.Tensor]] = []  # (selected [B], all [B, P]) per HVP step
         self.seconds = 0.0
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         pl_module.last_selection = None  # a selection of this batch, if any, replaces it
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         sel = getattr(pl_module, "last_selection", None)
         if not trainer.is_global_zero or sel is None or not isinstance(batch, dict) or "params" not in batch:
             return
@@ -120,13 +127,16 @@ class LiveGallery(L.Callback):
         table, choice = sel["table"], sel["choice"]
         if reason is None and table.shape[1] == pairs.shape[0]:
             iou = crop_iou(head_views(batch["params"], n), pairs)  # [B, P] on the batch's device
-            self.ious = [*self.ious[-(MAX_IOU_STEPS - 1):], (iou.gather(1, choice[:, None].to(iou.device))[:, 0], iou)]
+            self.ious = [*self.ious[-(MAX_IOU_STEPS - 1) :], (iou.gather(1, choice[:, None].to(iou.device))[:, 0], iou)]
             if self.snapshot_epoch != trainer.current_epoch:  # one copy of a few images per epoch
                 k = min(self.num_images, table.shape[0])
                 self.snapshot = {
                     "views": torch.stack([v[:k] for v in batch["views"][:n]], dim=1).detach().cpu(),
-                    "table": table[:k].detach().float().cpu(), "choice": choice[:k].detach().cpu(),
-                    "iou": iou[:k].cpu(), "pairs": pairs.cpu(), "step": trainer.global_step,
+                    "table": table[:k].detach().float().cpu(),
+                    "choice": choice[:k].detach().cpu(),
+                    "iou": iou[:k].cpu(),
+                    "pairs": pairs.cpu(),
+                    "step": trainer.global_step,
                     "index": torch.as_tensor(batch.get("index", torch.full((k,), -1)))[:k].cpu(),
                 }
                 self.snapshot_epoch = trainer.current_epoch

@@ -23,8 +23,12 @@ def load_steps(run_dir: Path) -> dict[str, np.ndarray] | None:
     for rank, f in enumerate(files):
         with f.open() as fh:
             for r in csv.DictReader(fh):
-                rows[(rank, int(r["step"]), int(r.get("micro") or 0))] = [float(r["epoch"]), float(r["hvp"]), float(r["samples"]),
-                                                *(float(r[k]) for k in STAT_KEYS)]
+                rows[(rank, int(r["step"]), int(r.get("micro") or 0))] = [
+                    float(r["epoch"]),
+                    float(r["hvp"]),
+                    float(r["samples"]),
+                    *(float(r[k]) for k in STAT_KEYS),
+                ]
     if not rows:
         return None
     keys = np.array([k[1] for k in rows])
@@ -59,8 +63,16 @@ def load_table(run_dir: Path, kind: str) -> dict[str, np.ndarray] | None:
             cols[name] = col.to_numpy(zero_copy_only=False)
     sub = "view" if kind == "views" else "pair"
     micro = cols["micro"].astype(np.int64) if "micro" in cols else np.zeros(len(cols["step"]), np.int64)
-    key = np.stack([cols["rank"].astype(np.int64), cols["step"], micro, cols["sample"].astype(np.int64),
-                    cols[sub].astype(np.int64)], 1)
+    key = np.stack(
+        [
+            cols["rank"].astype(np.int64),
+            cols["step"],
+            micro,
+            cols["sample"].astype(np.int64),
+            cols[sub].astype(np.int64),
+        ],
+        1,
+    )
     _, last = np.unique(key[::-1], axis=0, return_index=True)
     keep = np.sort(len(key) - 1 - last)
     return {k: v[keep] for k, v in cols.items()}

@@ -19,7 +19,7 @@ Every function takes the loader's parameter dict (``name -> [B, N]``, see
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -88,5 +88,8 @@ def jitter_differences(params: Mapping[str, torch.Tensor], pairs: torch.Tensor) 
 
 def pair_metrics(params: Mapping[str, torch.Tensor], pairs: torch.Tensor) -> dict[str, torch.Tensor]:
     """All three pair metrics (:data:`METRIC_NAMES`), each ``[B, P]``."""
-    return {"iou": crop_iou(params, pairs), "rel_dist": relative_center_distance(params, pairs),
-            "color_dist": color_distance(params, pairs)}
+    return {
+        "iou": crop_iou(params, pairs),
+        "rel_dist": relative_center_distance(params, pairs),
+        "color_dist": color_distance(params, pairs),
+    }

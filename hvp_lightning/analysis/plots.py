@@ -9,9 +9,13 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 FEATURE_LABELS = {
-    "iou": "IoU", "rel_dist": "relative distance", "color_dist": "colour distance",
-    "brightness_diff": "|Δ brightness|", "contrast_diff": "|Δ contrast|",
-    "saturation_diff": "|Δ saturation|", "hue_diff": "|Δ hue|",
+    "iou": "IoU",
+    "rel_dist": "relative distance",
+    "color_dist": "colour distance",
+    "brightness_diff": "|Δ brightness|",
+    "contrast_diff": "|Δ contrast|",
+    "saturation_diff": "|Δ saturation|",
+    "hue_diff": "|Δ hue|",
 }
 HVP_COLOR, CAND_COLOR, BASE_COLOR = "tab:blue", "tab:gray", "tab:orange"
 
@@ -98,8 +102,16 @@ def plot_iou_hist(pairs: dict[str, np.ndarray], base_pairs: dict[str, np.ndarray
     bins = np.linspace(0, 1, 26)
     h = pairs["hvp"]
     sel = pairs["iou"][h & pairs["selected"]]
-    ax.hist(pairs["iou"][h], bins=bins, density=True, histtype="step", lw=2, ls="--", color=CAND_COLOR,
-            label=f"HVP: all candidate pairs (n={h.sum()})")
+    ax.hist(
+        pairs["iou"][h],
+        bins=bins,
+        density=True,
+        histtype="step",
+        lw=2,
+        ls="--",
+        color=CAND_COLOR,
+        label=f"HVP: all candidate pairs (n={h.sum()})",
+    )
     ax.hist(sel, bins=bins, density=True, alpha=0.45, color=HVP_COLOR, label=f"HVP: selected pairs (n={len(sel)})")
     if base_pairs is not None:
         b = base_pairs["iou"][base_pairs["selected"]]

@@ -34,7 +34,6 @@ from .importance import importance
 from .logs import load_steps, load_table
 from .plots import plot_importance, plot_iou_hist, plot_iou_over_training, plot_lowest_share
 
-
 # --- statistics ---------------------------------------------------------------------------------
 
 
@@ -48,17 +47,25 @@ def summary_stats(steps: dict[str, np.ndarray], prefix: str = "") -> dict[str, A
     sel = steps["hvp"] if steps["hvp"].any() else np.ones_like(steps["hvp"])
     w = steps["samples"][sel]
     out: dict[str, Any] = {f"{prefix or 'hvp_'}steps": int(sel.sum())}
-    names = {"iou_selected": "selected_iou_mean", "iou_candidates": "candidate_iou_mean",
-             "iou_lowest": "lowest_iou_mean", "lowest_iou_share": "lowest_iou_share",
-             "lowest_iou_chance": "lowest_iou_chance", "lowest_iou_chance_ties": "lowest_iou_chance_ties",
-             "rel_dist_selected": "selected_rel_dist_mean", "rel_dist_candidates": "candidate_rel_dist_mean",
-             "color_dist_selected": "selected_color_dist_mean", "color_dist_candidates": "candidate_color_dist_mean",
-             "loss_selected": "selection_selected_loss_mean", "loss_candidates": "selection_candidate_loss_mean"}
+    names = {
+        "iou_selected": "selected_iou_mean",
+        "iou_candidates": "candidate_iou_mean",
+        "iou_lowest": "lowest_iou_mean",
+        "lowest_iou_share": "lowest_iou_share",
+        "lowest_iou_chance": "lowest_iou_chance",
+        "lowest_iou_chance_ties": "lowest_iou_chance_ties",
+        "rel_dist_selected": "selected_rel_dist_mean",
+        "rel_dist_candidates": "candidate_rel_dist_mean",
+        "color_dist_selected": "selected_color_dist_mean",
+        "color_dist_candidates": "candidate_color_dist_mean",
+        "loss_selected": "selection_selected_loss_mean",
+        "loss_candidates": "selection_candidate_loss_mean",
+    }
     for k, name in names.items():
         out[prefix + name] = _wmean(steps[k][sel], w)
     half = np.zeros_like(sel)
     idx = np.flatnonzero(sel)
-    half[idx[len(idx) // 2:]] = True
+    half[idx[len(idx) // 2 :]] = True
     out[prefix + "lowest_iou_share_second_half"] = _wmean(steps["lowest_iou_share"][half], steps["samples"][half])
     return out
 
@@ -66,8 +73,14 @@ def summary_stats(steps: dict[str, np.ndarray], prefix: str = "") -> dict[str, A
 # --- the report ---------------------------------------------------------------------------------
 
 
-def analyse(run_dir: Path | str, baseline_dir: Path | str | None = None, out_dir: Path | str | None = None,
-            gallery: int = 6, trees: int = 100, max_samples: int = 200_000) -> dict[str, Any]:
+def analyse(
+    run_dir: Path | str,
+    baseline_dir: Path | str | None = None,
+    out_dir: Path | str | None = None,
+    gallery: int = 6,
+    trees: int = 100,
+    max_samples: int = 200_000,
+) -> dict[str, Any]:
     """Write the figures and ``analysis.json`` (in ``out_dir``, default ``<run_dir>/analysis``)."""
     run_dir = Path(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir / "analysis"
@@ -86,8 +99,17 @@ def analyse(run_dir: Path | str, baseline_dir: Path | str | None = None, out_dir
     result.update(summary_stats(steps))
     if base is not None:
         b = summary_stats(base, prefix="baseline_")
-        result.update({k: b[k] for k in ("baseline_steps", "baseline_selected_iou_mean",
-                                          "baseline_selected_rel_dist_mean", "baseline_selected_color_dist_mean")})
+        result.update(
+            {
+                k: b[k]
+                for k in (
+                    "baseline_steps",
+                    "baseline_selected_iou_mean",
+                    "baseline_selected_rel_dist_mean",
+                    "baseline_selected_color_dist_mean",
+                )
+            }
+        )
         result["baseline_iou_mean"] = result.pop("baseline_selected_iou_mean")
     chance = result.get("lowest_iou_chance")
     result["num_candidate_pairs"] = round(1 / chance) if chance else None
@@ -103,14 +125,17 @@ def analyse(run_dir: Path | str, baseline_dir: Path | str | None = None, out_dir
     fig("lowest_iou_share", plot_lowest_share, steps)
     pairs, views = load_table(run_dir, "pairs"), load_table(run_dir, "views")
     if pairs is None or views is None:
-        notes.append("no Parquet view log (train with analysis.log_every_n_steps=K): no histogram, importance "
-                     "or gallery")
+        notes.append(
+            "no Parquet view log (train with analysis.log_every_n_steps=K): no histogram, importance or gallery"
+        )
         result["importance"] = {"skipped": "no Parquet view log"}
     else:
         base_pairs = load_table(Path(baseline_dir), "pairs") if baseline_dir is not None else None
         if baseline_dir is not None and base_pairs is None:
-            notes.append("baseline has no Parquet view log: its histogram is left out (HVP's candidate pairs are "
-                         "i.i.d. views from the same augmentation, i.e. what a baseline trains on)")
+            notes.append(
+                "baseline has no Parquet view log: its histogram is left out (HVP's candidate pairs are "
+                "i.i.d. views from the same augmentation, i.e. what a baseline trains on)"
+            )
         fig("iou_hist", plot_iou_hist, pairs, base_pairs)
         result["logged_steps"] = int(len(np.unique(pairs["step"])))
         result["logged_pairs"] = int(len(pairs["step"]))
@@ -119,8 +144,10 @@ def analyse(run_dir: Path | str, baseline_dir: Path | str | None = None, out_dir
         if "skipped" not in imp:
             fig("importance", plot_importance, imp)
             if imp["r2_test"] <= 0.05:
-                notes.append(f"importance: the forest explains no held-out variance (R^2 = {imp['r2_test']:.2f}); "
-                             "its main effects are noise -- log more steps")
+                notes.append(
+                    f"importance: the forest explains no held-out variance (R^2 = {imp['r2_test']:.2f}); "
+                    "its main effects are noise -- log more steps"
+                )
         if gallery > 0:
             try:
                 path = out / "gallery.png"

@@ -21,10 +21,14 @@ def log_to_wandb(run_dir: Path, result: dict[str, Any]) -> str | None:
 
     cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
     lc = cfg.get("logger", {})
-    run = wandb.init(id=run_id, resume="allow", project=lc.get("project"), entity=lc.get("entity"),
-                     dir=str(run_dir))
+    run = wandb.init(id=run_id, resume="allow", project=lc.get("project"), entity=lc.get("entity"), dir=str(run_dir))
     run.log({f"analysis/{k}": wandb.Image(v) for k, v in result["figures"].items()})
-    run.summary.update({f"analysis/{k}": v for k, v in json_safe(result).items()
-                        if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    run.summary.update(
+        {
+            f"analysis/{k}": v
+            for k, v in json_safe(result).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+    )
     run.finish()
     return run_id

@@ -19,8 +19,9 @@ the reference the batched ops are tested against.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 from torchvision.transforms.v2 import functional as F
@@ -34,8 +35,21 @@ CROP_TRIES = 10  # RandomResizedCrop's attempts before its centre-crop fallback
 
 # Scalar parameters recorded per view (plus ``jitter_order``: the 4 jitter ops' order).
 PARAM_NAMES = (
-    "crop_x", "crop_y", "crop_w", "crop_h", "src_w", "src_h", "flip", "jitter",
-    "brightness", "contrast", "saturation", "hue", "grayscale", "blur_sigma", "solarize",
+    "crop_x",
+    "crop_y",
+    "crop_w",
+    "crop_h",
+    "src_w",
+    "src_h",
+    "flip",
+    "jitter",
+    "brightness",
+    "contrast",
+    "saturation",
+    "hue",
+    "grayscale",
+    "blur_sigma",
+    "solarize",
 )
 
 
@@ -93,6 +107,7 @@ def sample_params(img: torch.Tensor, aug: ViewAug, key: int) -> dict[str, torch.
     view is the same in any worker, process or order. Loader workers call this per view;
     :func:`draw_params` computes the same values from the same uniforms for whole batches on a
     device (tests check both against each other and torchvision's distributions)."""
+
     def u(j: int) -> float:
         return key_uniform(key, j)
 
@@ -144,7 +159,7 @@ def draw_params(uniforms: torch.Tensor, src_h: int, src_w: int, aug: ViewAug) ->
     n, device = uniforms.shape[0], uniforms.device
 
     def u(j: int, k: int = 0) -> torch.Tensor:
-        return uniforms[:, j:j + k] if k else uniforms[:, j]
+        return uniforms[:, j : j + k] if k else uniforms[:, j]
 
     area = float(src_h * src_w)
     lo, hi = aug.scale
@@ -171,15 +186,30 @@ def draw_params(uniforms: torch.Tensor, src_h: int, src_w: int, aug: ViewAug) ->
     jitter = bernoulli(U_JITTER, aug.jitter_p)
     order = u(U_ORDER, 4).argsort(dim=1)
     on = jitter > 0
-    factors = [torch.where(on, uniform(U_FACTORS + k, max(0.0, 1 - r), 1 + r), 1.0)
-               for k, r in enumerate((aug.brightness, aug.contrast, aug.saturation))]
+    factors = [
+        torch.where(on, uniform(U_FACTORS + k, max(0.0, 1 - r), 1 + r), 1.0)
+        for k, r in enumerate((aug.brightness, aug.contrast, aug.saturation))
+    ]
     hue = torch.where(on, uniform(U_FACTORS + 3, -aug.hue, aug.hue), 0.0)
     gray = bernoulli(U_GRAY, aug.gray_p)
     sigma = uniform(U_SIGMA, *aug.blur_sigma) * bernoulli(U_BLUR, aug.blur_p)
     solarize = bernoulli(U_SOLARIZE, aug.solarize_p)
     f32 = torch.float32
-    values = (left.to(f32), top.to(f32), cw.to(f32), ch.to(f32), torch.full((n,), float(src_w), device=device),
-              torch.full((n,), float(src_h), device=device), flip, jitter, *factors, hue, gray, sigma, solarize)
+    values = (
+        left.to(f32),
+        top.to(f32),
+        cw.to(f32),
+        ch.to(f32),
+        torch.full((n,), float(src_w), device=device),
+        torch.full((n,), float(src_h), device=device),
+        flip,
+        jitter,
+        *factors,
+        hue,
+        gray,
+        sigma,
+        solarize,
+    )
     params = dict(zip(PARAM_NAMES, values))
     params["jitter_order"] = torch.where(on[:, None], order, -1)
     return params
@@ -197,8 +227,15 @@ def centre_crop_size(src_h: int, src_w: int, ratio: tuple[float, float]) -> tupl
 
 def crop_flip(img: torch.Tensor, params: Mapping[str, Any], size: int) -> torch.Tensor:
     """The geometric part of a view (what loader workers do): uint8 ``[3, size, size]``."""
-    x = F.resized_crop(img, int(params["crop_y"]), int(params["crop_x"]), int(params["crop_h"]),
-                       int(params["crop_w"]), [size, size], antialias=True)
+    x = F.resized_crop(
+        img,
+        int(params["crop_y"]),
+        int(params["crop_x"]),
+        int(params["crop_h"]),
+        int(params["crop_w"]),
+        [size, size],
+        antialias=True,
+    )
     return F.horizontal_flip(x) if params["flip"] else x
 
 
@@ -273,8 +310,10 @@ def draw_view_params(augs: Sequence[ViewAug], src_h: int, src_w: int, keys: torc
     groups: dict[ViewAug, list[int]] = {}
     for i, a in enumerate(augs):
         groups.setdefault(a, []).append(i)
-    parts = {a: draw_params(torch.stack([uniforms[:, i] for i in idx], 1).view(-1, UNIFORMS), src_h, src_w, a)
-             for a, idx in groups.items()}  # image-major: [n * len(idx)]
+    parts = {
+        a: draw_params(torch.stack([uniforms[:, i] for i in idx], 1).view(-1, UNIFORMS), src_h, src_w, a)
+        for a, idx in groups.items()
+    }  # image-major: [n * len(idx)]
     slot = {i: (a, k) for a, idx in groups.items() for k, i in enumerate(idx)}  # view -> (its draw, position)
     out: dict[str, torch.Tensor] = {}
     for key in parts[augs[0]]:

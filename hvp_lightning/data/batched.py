@@ -35,7 +35,7 @@ from per-view recorded parameters (docs/DESIGN.md, "View pipeline").
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as tF
@@ -162,7 +162,7 @@ def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel: int, trim: bool 
     w = gaussian_weights(sigma, kernel)
     if trim:
         half = int((w > NEGLIGIBLE_TAP).any(0).nonzero().max()) - kernel // 2
-        w = w[:, kernel // 2 - half:kernel // 2 + half + 1]
+        w = w[:, kernel // 2 - half : kernel // 2 + half + 1]
     pad = w.shape[1] // 2
     w = w.view(*w.shape, 1, 1, 1)
     y = _taps(tF.pad(x, (pad, pad, pad, pad), mode="reflect"), w, dim=2, length=hgt)  # along height
@@ -180,8 +180,9 @@ def _taps(y: torch.Tensor, w: torch.Tensor, dim: int, length: int) -> torch.Tens
 JITTER_OPS: tuple[Op, ...] = (brightness, contrast, saturation, hue)
 
 
-def colour(x: torch.Tensor, params: dict[str, torch.Tensor], blur_kernel: int,
-           sync_free: bool | None = None) -> torch.Tensor:
+def colour(
+    x: torch.Tensor, params: dict[str, torch.Tensor], blur_kernel: int, sync_free: bool | None = None
+) -> torch.Tensor:
     """Photometric part of ``n`` views: ``x`` uint8 ``[n, 3, H, W]``, ``params`` with ``[n]``
     scalars and ``jitter_order`` ``[n, 4]`` -> float32 ``[n, 3, H, W]`` with integer values
     0..255, as torchvision's ``reference_colour`` view by view. ``sync_free`` picks how ops
@@ -195,17 +196,17 @@ def _colour_per_view(x: torch.Tensor, params: dict[str, torch.Tensor], blur_kern
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     order, gray, sigma, sol = (params[k].tolist() for k in ("jitter_order", "grayscale", "blur_sigma", "solarize"))
     for i in range(x.shape[0]):
-        v = x[i:i + 1].to(torch.float32)
+        v = x[i : i + 1].to(torch.float32)
         for op_idx in order[i]:
             if op_idx >= 0:
-                v = JITTER_OPS[op_idx](v, params[JITTER_KEYS[op_idx]][i:i + 1])
+                v = JITTER_OPS[op_idx](v, params[JITTER_KEYS[op_idx]][i : i + 1])
         if gray[i]:
             v = grayscale(v)
         if sigma[i] > 0:
-            v = gaussian_blur(v, params["blur_sigma"][i:i + 1], blur_kernel, trim=True)
+            v = gaussian_blur(v, params["blur_sigma"][i : i + 1], blur_kernel, trim=True)
         if sol[i]:
             v = solarize(v)
-        out[i:i + 1] = v
+        out[i : i + 1] = v
     return out
 
 
@@ -225,8 +226,12 @@ def _colour_masked(x: torch.Tensor, params: dict[str, torch.Tensor], blur_kernel
     return where(params["solarize"].to(x.device) > 0, solarize(x), x)
 
 
-def finish_views(views: Sequence[torch.Tensor], params: dict[str, torch.Tensor],
-                 augs: Sequence[ViewAug], sync_free: bool | None = None) -> list[torch.Tensor]:
+def finish_views(
+    views: Sequence[torch.Tensor],
+    params: dict[str, torch.Tensor],
+    augs: Sequence[ViewAug],
+    sync_free: bool | None = None,
+) -> list[torch.Tensor]:
     """Colour + normalise a loader batch: ``views`` are N uint8 ``[B, 3, S_i, S_i]`` (view i
     drawn from ``augs[i]``), ``params`` ``{name: [B, N, ...]}``. Views that share a size,
     blur kernel and normalisation go through :func:`colour` together (on an accelerator all

@@ -12,10 +12,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from ..options import DATASETS
 from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
 from .datasets import SafeImageFolder
-from ..options import DATASETS
 from .layout import split_dir
 from .resident import IndexDataset, ResidentImages, stack_images
 from .sampler import EpochSampler, ResumableLoader
@@ -80,7 +80,9 @@ class FinishedViews(Dataset):
 
     def __getitem__(self, key: tuple[int, int] | int) -> dict[str, Any]:
         item = self.items[key]
-        views = finish_views([v[None] for v in item["views"]], {k: v[None] for k, v in item["params"].items()}, self.augs)
+        views = finish_views(
+            [v[None] for v in item["views"]], {k: v[None] for k, v in item["params"].items()}, self.augs
+        )
         return dict(item, views=[v[0] for v in views])
 
 
@@ -122,10 +124,19 @@ def build_raw_datasets(cfg) -> tuple[Dataset, Dataset, Dataset, list[str]]:
 def view_aug(cfg) -> ViewAug:
     a = cfg.aug
     return ViewAug(
-        size=cfg.crop_size, scale=tuple(a.scale), flip_p=a.flip_p, jitter_p=a.jitter_p,
-        brightness=a.brightness, contrast=a.contrast, saturation=a.saturation, hue=a.hue,
-        gray_p=a.gray_p, blur_p=a.blur_p, solarize_p=a.solarize_p,
-        mean=tuple(cfg.mean), std=tuple(cfg.std),
+        size=cfg.crop_size,
+        scale=tuple(a.scale),
+        flip_p=a.flip_p,
+        jitter_p=a.jitter_p,
+        brightness=a.brightness,
+        contrast=a.contrast,
+        saturation=a.saturation,
+        hue=a.hue,
+        gray_p=a.gray_p,
+        blur_p=a.blur_p,
+        solarize_p=a.solarize_p,
+        mean=tuple(cfg.mean),
+        std=tuple(cfg.std),
     )
 
 
@@ -136,8 +147,12 @@ def usable_workers(requested: int) -> int:
     if requested <= cores:
         return requested
     if rank_zero_only.rank == 0:
-        log.warning("data.num_workers=%d is more than the %d CPU cores this process may use: using %d loader "
-                    "workers", requested, cores, cores)
+        log.warning(
+            "data.num_workers=%d is more than the %d CPU cores this process may use: using %d loader workers",
+            requested,
+            cores,
+            cores,
+        )
     return cores
 
 
@@ -157,8 +172,15 @@ class SSLDataModule(L.LightningDataModule):
     there as well, in :meth:`on_after_batch_transfer`.
     """
 
-    def __init__(self, cfg, views: tuple[ViewAug, ...], batch_size: int, num_workers: int, seed: int = 0,
-                 colour_in_workers: bool | None = None) -> None:
+    def __init__(
+        self,
+        cfg,
+        views: tuple[ViewAug, ...],
+        batch_size: int,
+        num_workers: int,
+        seed: int = 0,
+        colour_in_workers: bool | None = None,
+    ) -> None:
         super().__init__()
         self.cfg, self.views, self.batch_size, self.seed = cfg, views, batch_size, seed
         self.num_workers = usable_workers(num_workers)
@@ -180,7 +202,9 @@ class SSLDataModule(L.LightningDataModule):
             self.train_set: Dataset = IndexDataset(len(self.resident))
         else:
             self.train_set = MultiViewDataset(pre, MultiViewTransform(self.views, self.seed))
-        evaluate = EvalTransform(self.cfg.crop_size, self.cfg.eval_crop_ratio, tuple(self.cfg.mean), tuple(self.cfg.std))
+        evaluate = EvalTransform(
+            self.cfg.crop_size, self.cfg.eval_crop_ratio, tuple(self.cfg.mean), tuple(self.cfg.std)
+        )
         self.bank_set = EvalDataset(bank, evaluate)
         self.test_set = EvalDataset(test, evaluate)
 
@@ -191,8 +215,13 @@ class SSLDataModule(L.LightningDataModule):
     def _loader_options(self) -> dict[str, Any]:
         # A generator of its own: each iterator draws its workers' base seed from it, not from
         # the training process's global RNG (whose state a checkpoint restores at the step).
-        return dict(batch_size=self.batch_size, num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
-                    pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(self.seed))
+        return dict(
+            batch_size=self.batch_size,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+            generator=torch.Generator().manual_seed(self.seed),
+        )
 
     def trained_position(self) -> tuple[int, int]:
         """(epoch, batches of it trained) at this moment of the fit: where a run resumed from a

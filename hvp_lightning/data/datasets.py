@@ -1,6 +1,7 @@
 """Raw image datasets: ``ds[i] -> (image, label)`` with image a PIL image or uint8 tensor.
 
-* :class:`~hvp_lightning.data.textures.SyntheticTextures` (its own module) -- the built-in offline default, generated in memory
+* :class:`~hvp_lightning.data.textures.SyntheticTextures` (its own module) -- the built-in offline
+  default, generated in memory
   (hvp_lightning/data/textures.py: the class is a texture; colours, period, phase and shading vary).
 * :class:`SafeImageFolder` -- ImageNet-layout folders that skip unreadable files with a
   warning instead of killing a multi-day run.
@@ -10,8 +11,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import torch
@@ -46,8 +47,12 @@ class SafeImageFolder(ImageFolder):
         super().__init__(str(root), loader=read_image, is_valid_file=is_image_file, allow_empty=True)
         empty = sorted(set(self.classes) - {self.classes[label] for _, label in self.samples})
         if empty and rank_zero_only.rank == 0:
-            log.warning("%s: %d class folder(s) without images (kept as classes): %s", root, len(empty),
-                        ", ".join(empty[:10]) + (", ..." if len(empty) > 10 else ""))
+            log.warning(
+                "%s: %d class folder(s) without images (kept as classes): %s",
+                root,
+                len(empty),
+                ", ".join(empty[:10]) + (", ..." if len(empty) > 10 else ""),
+            )
         if not self.samples:
             raise FileNotFoundError(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) in the class folders of {root}")
 

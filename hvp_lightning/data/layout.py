@@ -52,4 +52,3 @@ def resolve_auto_crop(cfg) -> None:
         cfg.crop_size = side if side <= 96 else 224
     if cfg.get("eval_crop_ratio") == "auto":
         cfg.eval_crop_ratio = 1.0 if cfg.crop_size <= 96 else 0.875
-

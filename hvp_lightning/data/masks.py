@@ -10,8 +10,9 @@ import numpy as np
 import torch
 
 
-def block_mask(h: int, w: int, num_masked: float, rng: random.Random, min_aspect: float = 0.3,
-               attempts: int = 10) -> np.ndarray:
+def block_mask(
+    h: int, w: int, num_masked: float, rng: random.Random, min_aspect: float = 0.3, attempts: int = 10
+) -> np.ndarray:
     """Bool ``[h, w]`` patch mask of about ``num_masked`` patches made of random rectangles.
 
     BEiT's rule, as iBOT's loader uses it: repeatedly draw a block of area
@@ -34,7 +35,7 @@ def block_mask(h: int, w: int, num_masked: float, rng: random.Random, min_aspect
             if bh >= h or bw >= w:
                 continue
             top, left = rng.randint(0, h - bh), rng.randint(0, w - bw)
-            block = mask[top:top + bh, left:left + bw]
+            block = mask[top : top + bh, left : left + bw]
             new = bh * bw - int(block.sum())
             if 0 < new <= budget:
                 block[...] = True
@@ -46,8 +47,9 @@ def block_mask(h: int, w: int, num_masked: float, rng: random.Random, min_aspect
     return mask
 
 
-def ibot_masks(n: int, h: int, w: int, ratio: tuple[float, float], prob: float, min_aspect: float,
-               rng: random.Random) -> torch.Tensor:
+def ibot_masks(
+    n: int, h: int, w: int, ratio: tuple[float, float], prob: float, min_aspect: float, rng: random.Random
+) -> torch.Tensor:
     """``n`` independent masks ``[n, h, w]``: each image is masked with probability ``prob``,
     at a ratio ``U(ratio)`` of its patches, else not at all. iBOT's ViT recipe
     (``pred_ratio 0 0.3``, ``pred_ratio_var 0 0.2``) is ``prob=0.5``, ``ratio=(0.1, 0.5)``."""

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -100,8 +101,10 @@ def read_images(raw: Dataset, workers: int = 0) -> tuple[torch.Tensor, torch.Ten
     first = to_uint8_tensor(raw[0][0])
     need = n * first.numel()
     if need > MAX_RESIDENT_BYTES:
-        raise ValueError(f"data.on_device=true would hold {n} images of {tuple(first.shape[1:])} px: "
-                         f"{need / 2**30:.1f} GiB, more than {MAX_RESIDENT_BYTES / 2**30:.0f} GiB; set data.on_device=false")
+        raise ValueError(
+            f"data.on_device=true would hold {n} images of {tuple(first.shape[1:])} px: "
+            f"{need / 2**30:.1f} GiB, more than {MAX_RESIDENT_BYTES / 2**30:.0f} GiB; set data.on_device=false"
+        )
     say = log.info if rank_zero_only.rank == 0 else (lambda *args: None)  # every rank reads; one says so
     say("data.on_device: reading %d training images (%.0f MiB) into one tensor", n, need / 2**20)
     images = torch.empty((n, *first.shape), dtype=torch.uint8)
@@ -110,10 +113,12 @@ def read_images(raw: Dataset, workers: int = 0) -> tuple[torch.Tensor, torch.Ten
     for batch, batch_labels in DataLoader(raw, batch_size=256, num_workers=workers, collate_fn=uint8_items):
         if isinstance(batch, list) or batch.shape[1:] != first.shape:  # a list: sizes differ within the batch
             odd = next(k for k, img in enumerate(batch) if img.shape != first.shape)
-            raise ValueError(f"data.on_device=true needs images of one size: image 0 is {tuple(first.shape[1:])}, "
-                             f"image {i + odd} is {tuple(batch[odd].shape[1:])}; set data.on_device=false")
-        images[i:i + len(batch)] = batch
-        labels[i:i + len(batch)] = batch_labels
+            raise ValueError(
+                f"data.on_device=true needs images of one size: image 0 is {tuple(first.shape[1:])}, "
+                f"image {i + odd} is {tuple(batch[odd].shape[1:])}; set data.on_device=false"
+            )
+        images[i : i + len(batch)] = batch
+        labels[i : i + len(batch)] = batch_labels
         i += len(batch)
         if i // 256 % 40 == 0 and i < n:  # about every 10,000 images
             say("data.on_device: %d/%d images read (%.0f s)", i, n, time.monotonic() - start)

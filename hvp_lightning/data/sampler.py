@@ -19,7 +19,8 @@ written at any batch end trains exactly the batches the interrupted one had not.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -64,12 +65,12 @@ class EpochSampler(DistributedSampler):
     def shard(self, epoch: int) -> torch.Tensor:
         """This rank's indices of epoch ``epoch``, in order."""
         n = len(self.dataset)  # type: ignore[arg-type]
-        return epoch_order(n, self.seed, epoch)[: len(self) * self.num_replicas][self.rank::self.num_replicas]
+        return epoch_order(n, self.seed, epoch)[: len(self) * self.num_replicas][self.rank :: self.num_replicas]
 
     def __iter__(self) -> Iterator[tuple[int, int]]:  # type: ignore[override]
         epoch, start = self.epoch, self.start
         self.start = 0  # once: the epoch after a resumed one starts at its beginning
-        for i in self.shard(epoch)[start * self.batch_size:].tolist():
+        for i in self.shard(epoch)[start * self.batch_size :].tolist():
             yield epoch, i
 
 
@@ -80,8 +81,9 @@ class ResumableLoader(DataLoader):
     how many of its batches are trained; :meth:`load_state_dict` makes the sampler continue
     there. No worker or RNG state is needed: the views are functions of their keys."""
 
-    def __init__(self, dataset: Dataset, sampler: EpochSampler, position: Callable[[], tuple[int, int]],
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, dataset: Dataset, sampler: EpochSampler, position: Callable[[], tuple[int, int]], **kwargs: Any
+    ) -> None:
         super().__init__(dataset, sampler=sampler, **kwargs)
         self.position = position
 

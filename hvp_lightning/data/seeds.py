@@ -24,7 +24,7 @@ import torch
 MASK = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: 2^64 / golden ratio, odd
 MIX1, MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
-TO_UNIT = 2.0 ** -53  # the top 53 bits of a 64-bit word -> a double in [0, 1)
+TO_UNIT = 2.0**-53  # the top 53 bits of a 64-bit word -> a double in [0, 1)
 
 
 def mix64(z: int) -> int:

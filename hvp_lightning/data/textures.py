@@ -22,7 +22,7 @@ deterministic from a seed; no files, no download.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -46,8 +46,9 @@ def _bricks(u: torch.Tensor, v: torch.Tensor, period: torch.Tensor) -> torch.Ten
     return joints * ((row.abs() > 0.25).float() * 2 - 1)
 
 
-def _patterns(u: torch.Tensor, v: torch.Tensor, r: torch.Tensor, period: torch.Tensor,
-              blobs: torch.Tensor, speckle: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
+def _patterns(
+    u: torch.Tensor, v: torch.Tensor, r: torch.Tensor, period: torch.Tensor, blobs: torch.Tensor, speckle: torch.Tensor
+) -> dict[str, Callable[[], torch.Tensor]]:
     """Signed fields per class (> 0: foreground colour) over the image coordinates: ``u`` along,
     ``v`` across the class's orientation, ``r`` the distance to a random centre (pixels)."""
     tau = 2 * math.pi
@@ -89,8 +90,9 @@ def generate_textures(num_images: int, image_size: int = 32, seed: int = 0) -> t
     v = -xx * angle.sin() + yy * angle.cos() + shift_v
     cx, cy = uniform(0, s)[:, None, None], uniform(0, s)[:, None, None]
     r = ((xx - cx) ** 2 + (yy - cy) ** 2).sqrt()
-    blobs = F.interpolate(torch.randn(n, 1, max(1, s // 4), max(1, s // 4), generator=g), size=(s, s),
-                          mode="bicubic", align_corners=False)[:, 0]
+    blobs = F.interpolate(
+        torch.randn(n, 1, max(1, s // 4), max(1, s // 4), generator=g), size=(s, s), mode="bicubic", align_corners=False
+    )[:, 0]
     speckle = torch.rand(n, s, s, generator=g)
 
     field = torch.zeros(n, s, s)

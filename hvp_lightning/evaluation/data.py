@@ -53,8 +53,15 @@ def eval_data(data_cfg: DictConfig) -> EvalData:
 
 def eval_loader(ds: Dataset, batch_size: int, workers: int, train: bool, drop_last: bool = False) -> DataLoader:
     """Shuffled for training, in order for features and testing; no workers kept between loaders."""
-    return DataLoader(ds, batch_size=batch_size, shuffle=train, drop_last=drop_last, num_workers=workers,
-                      persistent_workers=False, pin_memory=torch.cuda.is_available())
+    return DataLoader(
+        ds,
+        batch_size=batch_size,
+        shuffle=train,
+        drop_last=drop_last,
+        num_workers=workers,
+        persistent_workers=False,
+        pin_memory=torch.cuda.is_available(),
+    )
 
 
 def eval_transform(d: DictConfig) -> EvalTransform:

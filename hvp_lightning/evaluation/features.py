@@ -58,10 +58,20 @@ def eval_trainer(cfg: DictConfig, logger=False, max_epochs: int | None = None) -
     level = quiet.level
     quiet.setLevel(logging.WARNING)
     try:
-        return L.Trainer(accelerator=cfg.accelerator, devices=cfg.devices, precision=cfg.precision, logger=logger,
-                         max_epochs=max_epochs or 1, enable_checkpointing=False, enable_model_summary=False,
-                         enable_progress_bar=bool(cfg.progress_bar), num_sanity_val_steps=0,
-                         log_every_n_steps=1, check_val_every_n_epoch=10**9, deterministic=False)
+        return L.Trainer(
+            accelerator=cfg.accelerator,
+            devices=cfg.devices,
+            precision=cfg.precision,
+            logger=logger,
+            max_epochs=max_epochs or 1,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=bool(cfg.progress_bar),
+            num_sanity_val_steps=0,
+            log_every_n_steps=1,
+            check_val_every_n_epoch=10**9,
+            deterministic=False,
+        )
     finally:
         quiet.setLevel(level)
 

@@ -23,10 +23,20 @@ def eval_logger(cfg: DictConfig, train_cfg: DictConfig, out_dir: Path, run_dir: 
         return CSVLogger(save_dir=str(out_dir), name="csv", version="")
     if lc.name != "wandb":
         fail("logger.name", lc.name, "csv or wandb")
-    mode = os.environ.get("WANDB_MODE") or (lc.mode if lc.mode != "auto" else ("online" if wandb_logged_in() else "offline"))
-    return WandbLogger(project=lc.project, entity=lc.entity, group=run_dir.name, job_type=f"eval-{protocol}",
-                       name=f"{run_dir.name}-eval-{protocol}", save_dir=str(out_dir), mode=mode,
-                       tags=[*lc.get("tags", []), "eval", protocol], config=OmegaConf.to_container(cfg, resolve=True))
+    mode = os.environ.get("WANDB_MODE") or (
+        lc.mode if lc.mode != "auto" else ("online" if wandb_logged_in() else "offline")
+    )
+    return WandbLogger(
+        project=lc.project,
+        entity=lc.entity,
+        group=run_dir.name,
+        job_type=f"eval-{protocol}",
+        name=f"{run_dir.name}-eval-{protocol}",
+        save_dir=str(out_dir),
+        mode=mode,
+        tags=[*lc.get("tags", []), "eval", protocol],
+        config=OmegaConf.to_container(cfg, resolve=True),
+    )
 
 
 def finish_logger(logger, summary: dict[str, Any]) -> None:

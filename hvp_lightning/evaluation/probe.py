@@ -25,8 +25,14 @@ class Classifier(L.LightningModule):
     """A linear head on features: frozen (linear probe, backbone in eval mode, no gradients),
     trained (fine-tuning) or precomputed (``features=None``: batches are feature tensors)."""
 
-    def __init__(self, features: FeatureNet | None, feature_dim: int, num_classes: int, settings: dict[str, Any],
-                 finetune: bool = False) -> None:
+    def __init__(
+        self,
+        features: FeatureNet | None,
+        feature_dim: int,
+        num_classes: int,
+        settings: dict[str, Any],
+        finetune: bool = False,
+    ) -> None:
         super().__init__()
         self.features, self.settings, self.finetune, self.num_classes = features, settings, finetune, num_classes
         self.head = nn.Linear(feature_dim, num_classes)
@@ -61,7 +67,9 @@ class Classifier(L.LightningModule):
         logits = self(x)
         loss = F.cross_entropy(logits.float(), y)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=y.shape[0])
-        self.log("train/acc", (logits.argmax(1) == y).float().mean(), on_step=False, on_epoch=True, batch_size=y.shape[0])
+        self.log(
+            "train/acc", (logits.argmax(1) == y).float().mean(), on_step=False, on_epoch=True, batch_size=y.shape[0]
+        )
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False, batch_size=1)  # type: ignore[union-attr]
         return loss
 
@@ -72,7 +80,9 @@ class Classifier(L.LightningModule):
         x, y = self._xy(batch)
         top = self(x).topk(min(5, self.num_classes), dim=1).indices
         hit = top == y[:, None]
-        self.test_counts += torch.stack([hit[:, 0].sum(), hit.any(1).sum(), torch.full_like(hit[:, 0].sum(), y.shape[0])])
+        self.test_counts += torch.stack(
+            [hit[:, 0].sum(), hit.any(1).sum(), torch.full_like(hit[:, 0].sum(), y.shape[0])]
+        )
 
     def on_validation_epoch_end(self) -> None:
         n = max(1, int(self.test_counts[2]))
@@ -109,8 +119,12 @@ class FirstEpochETA(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.current_epoch == 0 and trainer.max_epochs:
             took = time.perf_counter() - self.start
-            log.info("epoch 1 of %d took %.1f s: about %.0f s to go", trainer.max_epochs, took,
-                     took * (trainer.max_epochs - 1))
+            log.info(
+                "epoch 1 of %d took %.1f s: about %.0f s to go",
+                trainer.max_epochs,
+                took,
+                took * (trainer.max_epochs - 1),
+            )
 
 
 def probe_batch_size(recipe_batch: int, num_train: int, min_steps: int = 16) -> int:
@@ -144,15 +158,21 @@ def warn_if_lars_cannot_fit(s: dict[str, Any], steps_per_epoch: int) -> None:
     total = s["epochs"] * steps_per_epoch
     growth = lars_growth_bound(s["lr"], total, int(s.get("warmup_epochs", 0) * steps_per_epoch), s.get("momentum", 0.9))
     if growth < 2.0:
-        log.warning("protocol.optimizer=lars at batch %d (lr %.3g) for %d steps can grow the linear head's weights "
-                    "at most %.2fx from their init (std 0.01): too little to fit it; its accuracy would measure the "
-                    "optimiser, not the features. The recipe's own scale (batch 4,096, 90 ImageNet epochs) allows "
-                    "e^225. Use protocol.optimizer=sgd here, or raise protocol.base_lr / protocol.epochs.",
-                    s["batch_size"], s["lr"], total, growth)
+        log.warning(
+            "protocol.optimizer=lars at batch %d (lr %.3g) for %d steps can grow the linear head's weights "
+            "at most %.2fx from their init (std 0.01): too little to fit it; its accuracy would measure the "
+            "optimiser, not the features. The recipe's own scale (batch 4,096, 90 ImageNet epochs) allows "
+            "e^225. Use protocol.optimizer=sgd here, or raise protocol.base_lr / protocol.epochs.",
+            s["batch_size"],
+            s["lr"],
+            total,
+            growth,
+        )
 
 
-def fit_classifier(cfg: DictConfig, model: Classifier, train_loader: DataLoader, test_loader: DataLoader,
-                   epochs: int, logger=False) -> dict[str, Any]:
+def fit_classifier(
+    cfg: DictConfig, model: Classifier, train_loader: DataLoader, test_loader: DataLoader, epochs: int, logger=False
+) -> dict[str, Any]:
     """Train ``model`` for ``epochs``, then top-1/top-5 on ``test_loader`` (and the last
     epoch's training loss)."""
     trainer = eval_trainer(cfg, logger=logger, max_epochs=epochs)

@@ -10,8 +10,16 @@ from ..config import fail, int_at_least
 from ..options import OPTIMIZERS
 
 # Finetune tables: which one a method's checkpoint uses (the paper has DINO ViT-S and SimSiam RN50).
-FINETUNE_TABLE = {"dino": "dino", "ibot": "dino", "simsiam": "simsiam", "simclr": "simsiam",
-                  "byol": "simsiam", "mocov3": "simsiam", "vicreg": "simsiam", "barlow_twins": "simsiam"}
+FINETUNE_TABLE = {
+    "dino": "dino",
+    "ibot": "dino",
+    "simsiam": "simsiam",
+    "simclr": "simsiam",
+    "byol": "simsiam",
+    "mocov3": "simsiam",
+    "vicreg": "simsiam",
+    "barlow_twins": "simsiam",
+}
 
 
 def protocol_settings(p: DictConfig, method: str, dataset: str) -> dict[str, Any]:
@@ -32,8 +40,14 @@ def protocol_settings(p: DictConfig, method: str, dataset: str) -> dict[str, Any
         row = p.table_row if p.table_row != "auto" else (dataset if dataset in table.base_lr else "cifar10")
         if row not in table.base_lr:
             fail("protocol.table_row", p.table_row, f"auto or one of {', '.join(table.base_lr)}")
-        base = {"optimizer": "adamw", "batch_size": table.batch_size, "weight_decay": table.weight_decay,
-                "base_lr": table.base_lr[row], "epochs": table.epochs[row], "table_row": row}
+        base = {
+            "optimizer": "adamw",
+            "batch_size": table.batch_size,
+            "weight_decay": table.weight_decay,
+            "base_lr": table.base_lr[row],
+            "epochs": table.epochs[row],
+            "table_row": row,
+        }
     skip = {"name", "recipe", "recipes", "tables", "table_row"}
     for key, value in p.items():
         if key not in skip and value is not None:
@@ -47,7 +61,11 @@ def validate_settings(s: dict[str, Any], protocol: str) -> None:
     node = OmegaConf.create({"protocol": {k: v for k, v in s.items()}})
     if protocol == "knn":
         ks = s["ks"]
-        if not isinstance(ks, list) or not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
+        if (
+            not isinstance(ks, list)
+            or not ks
+            or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks)
+        ):
             fail("protocol.ks", ks, "a non-empty list of integers >= 1")
         if not isinstance(s["temperature"], (int, float)) or not s["temperature"] > 0:
             fail("protocol.temperature", s["temperature"], "expected > 0")
@@ -62,8 +80,12 @@ def validate_settings(s: dict[str, Any], protocol: str) -> None:
     if not isinstance(s["weight_decay"], (int, float)) or s["weight_decay"] < 0:
         fail("protocol.weight_decay", s["weight_decay"], "expected >= 0")
     scale = s["train_crop_scale"]
-    if (not isinstance(scale, list) or len(scale) != 2 or not all(isinstance(v, (int, float)) for v in scale)
-            or not 0 < scale[0] <= scale[1] <= 1):
+    if (
+        not isinstance(scale, list)
+        or len(scale) != 2
+        or not all(isinstance(v, (int, float)) for v in scale)
+        or not 0 < scale[0] <= scale[1] <= 1
+    ):
         fail("protocol.train_crop_scale", s["train_crop_scale"], "two numbers 0 < min <= max <= 1")
     for key in ("momentum", "warmup_epochs"):
         if key in s and (isinstance(s[key], bool) or not isinstance(s[key], (int, float)) or s[key] < 0):

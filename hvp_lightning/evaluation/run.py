@@ -43,30 +43,51 @@ log = logging.getLogger(__name__)
 def run_knn(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[str, Any], logger) -> dict[str, Any]:
     d = data.cfg
     net = FeatureNet(backbone)
-    bank, bank_y = extract(cfg, net, eval_loader(EvalDataset(data.train, eval_transform(d)), s["batch_size"], d.num_workers, False))
-    query, query_y = extract(cfg, net, eval_loader(EvalDataset(data.test, eval_transform(d)), s["batch_size"], d.num_workers, False))
+    bank, bank_y = extract(
+        cfg, net, eval_loader(EvalDataset(data.train, eval_transform(d)), s["batch_size"], d.num_workers, False)
+    )
+    query, query_y = extract(
+        cfg, net, eval_loader(EvalDataset(data.test, eval_transform(d)), s["batch_size"], d.num_workers, False)
+    )
     device = "cuda" if torch.cuda.is_available() and cfg.accelerator in ("gpu", "cuda", "auto") else "cpu"
-    res = knn_accuracies(bank.to(device), bank_y.to(device), query.to(device), query_y.to(device),
-                         len(data.classes), s["ks"], s["temperature"])
+    res = knn_accuracies(
+        bank.to(device),
+        bank_y.to(device),
+        query.to(device),
+        query_y.to(device),
+        len(data.classes),
+        s["ks"],
+        s["temperature"],
+    )
     ref = 20 if 20 in res else s["ks"][0]
     logger.log_metrics({f"eval/knn_k{k}_{m}": v for k, r in res.items() for m, v in r.items()}, step=0)
-    return {"top1": res[ref]["top1"], "top5": res[ref]["top5"], "k_for_top1": ref,
-            **{f"k{k}": v for k, v in sorted(res.items())}}
+    return {
+        "top1": res[ref]["top1"],
+        "top5": res[ref]["top5"],
+        "k_for_top1": ref,
+        **{f"k{k}": v for k, v in sorted(res.items())},
+    }
 
 
-def run_classifier(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[str, Any], logger,
-                   finetune: bool) -> dict[str, Any]:
+def run_classifier(
+    cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[str, Any], logger, finetune: bool
+) -> dict[str, Any]:
     d, n_cls = data.cfg, len(data.classes)
     if cfg.protocol.get("batch_size") is None:  # the recipe's batch, sized to this dataset
         s["batch_size"] = probe_batch_size(s["batch_size"], len(data.train))
     if s["batch_size"] > len(data.train):  # tiny data: one full batch per step
-        log.warning("protocol.batch_size=%d > %d training images: using %d", s["batch_size"], len(data.train), len(data.train))
+        log.warning(
+            "protocol.batch_size=%d > %d training images: using %d", s["batch_size"], len(data.train), len(data.train)
+        )
         s["batch_size"] = len(data.train)
     if s.get("augment") == "auto":
         s["augment"] = not runs_on_cpu(str(cfg.accelerator))
     s["lr"] = s["base_lr"] * s["batch_size"] / s["lr_ref_batch"]
-    net = FeatureNet(copy.deepcopy(backbone) if finetune else backbone,
-                     s.get("n_last_blocks") or 1, bool(s.get("avgpool_patchtokens")))
+    net = FeatureNet(
+        copy.deepcopy(backbone) if finetune else backbone,
+        s.get("n_last_blocks") or 1,
+        bool(s.get("avgpool_patchtokens")),
+    )
     if net.is_vit and net.n > len(backbone.trunk.blocks):
         fail("protocol.n_last_blocks", net.n, f"at most the backbone's depth ({len(backbone.trunk.blocks)})")
     if not net.is_vit:
@@ -76,13 +97,22 @@ def run_classifier(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[
     cached = not finetune and not s["augment"]
     per_image = forward_seconds(cfg, net, EvalDataset(data.train, test_tf), min(s["batch_size"], 64))
     forwards = len(data.test) + len(data.train) * (1 if cached else s["epochs"])
-    log.info("%s: %d epochs x %d steps of batch %d on %s; %d images through the backbone at %.1f ms each: "
-             "about %.0f s%s", "linear probe" if not finetune else "fine-tuning", s["epochs"],
-             math.ceil(len(data.train) / s["batch_size"]), s["batch_size"],
-             "cached features (augment=false)" if cached else "augmented views", forwards, 1e3 * per_image,
-             forwards * per_image * (3 if finetune else 1), " + the head's steps (timed after epoch 1)" if cached else "")
+    log.info(
+        "%s: %d epochs x %d steps of batch %d on %s; %d images through the backbone at %.1f ms each: about %.0f s%s",
+        "linear probe" if not finetune else "fine-tuning",
+        s["epochs"],
+        math.ceil(len(data.train) / s["batch_size"]),
+        s["batch_size"],
+        "cached features (augment=false)" if cached else "augmented views",
+        forwards,
+        1e3 * per_image,
+        forwards * per_image * (3 if finetune else 1),
+        " + the head's steps (timed after epoch 1)" if cached else "",
+    )
     if cached:  # fast path: centre-crop features once, then a linear model on them
-        train_x, train_y = extract(cfg, net, eval_loader(EvalDataset(data.train, test_tf), s["batch_size"], d.num_workers, False))
+        train_x, train_y = extract(
+            cfg, net, eval_loader(EvalDataset(data.train, test_tf), s["batch_size"], d.num_workers, False)
+        )
         test_x, test_y = extract(cfg, net, eval_loader(test_ds, s["batch_size"], d.num_workers, False))
         model = Classifier(None, net.feature_dim, n_cls, s)
         train_loader = DataLoader(TensorDataset(train_x, train_y), batch_size=s["batch_size"], shuffle=True)
@@ -91,8 +121,13 @@ def run_classifier(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[
         train_tf = TrainTransform(d.crop_size, tuple(s["train_crop_scale"]), tuple(d.mean), tuple(d.std))
         model = Classifier(net, net.feature_dim, n_cls, s, finetune=finetune)
         # Fine-tuning trains BatchNorm: no batch of 1 (drop the incomplete last batch).
-        train_loader = eval_loader(EvalDataset(data.train, train_tf), s["batch_size"], d.num_workers, True,
-                               drop_last=finetune and len(data.train) > s["batch_size"])
+        train_loader = eval_loader(
+            EvalDataset(data.train, train_tf),
+            s["batch_size"],
+            d.num_workers,
+            True,
+            drop_last=finetune and len(data.train) > s["batch_size"],
+        )
         test_loader = eval_loader(test_ds, s["batch_size"], d.num_workers, False)
     warn_if_lars_cannot_fit(s, len(train_loader))
     return fit_classifier(cfg, model, train_loader, test_loader, s["epochs"], logger)
@@ -120,8 +155,11 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     pretrain = {"epochs": int(ckpt.get("epoch", -1)) + 1, "steps": ckpt.get("global_step")}
     del ckpt
     backbone = model.backbone if cfg.student else model.eval_backbone
-    which = "student backbone" if cfg.student and backbone is not model.eval_backbone else (
-        "teacher backbone" if backbone is not model.backbone else "backbone")
+    which = (
+        "student backbone"
+        if cfg.student and backbone is not model.eval_backbone
+        else ("teacher backbone" if backbone is not model.backbone else "backbone")
+    )
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     set_matmul_precision()  # as in training: the run's k-NN monitor and this one agree on GPUs too
     data = eval_data(data_cfg)
@@ -130,9 +168,19 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     out_dir = Path(cfg.out_dir) if cfg.get("out_dir") else run_dir / "eval" / protocol
     out_dir.mkdir(parents=True, exist_ok=True)
     logger = eval_logger(cfg, train_cfg, out_dir, run_dir, protocol)
-    log.info("%s evaluation of %s (%s, %s, %s) on %s: %d train / %d test images, %d classes; accelerator=%s",
-             protocol, ckpt_path, train_cfg.method.name, train_cfg.backbone.name, which, data_cfg.name, len(data.train),
-             len(data.test), len(data.classes), cfg.accelerator)
+    log.info(
+        "%s evaluation of %s (%s, %s, %s) on %s: %d train / %d test images, %d classes; accelerator=%s",
+        protocol,
+        ckpt_path,
+        train_cfg.method.name,
+        train_cfg.backbone.name,
+        which,
+        data_cfg.name,
+        len(data.train),
+        len(data.test),
+        len(data.classes),
+        cfg.accelerator,
+    )
     if protocol == "knn":
         metrics = run_knn(cfg, backbone, data, settings, logger)
     else:
@@ -142,8 +190,13 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
         "metrics": metrics,
         "checkpoint": str(ckpt_path.resolve()),
         "run_dir": str(run_dir.resolve()),
-        "dataset": {"name": data_cfg.name, "train_images": len(data.train), "test_images": len(data.test),
-                    "num_classes": len(data.classes), "crop_size": data_cfg.crop_size},
+        "dataset": {
+            "name": data_cfg.name,
+            "train_images": len(data.train),
+            "test_images": len(data.test),
+            "num_classes": len(data.classes),
+            "crop_size": data_cfg.crop_size,
+        },
         "method": train_cfg.method.name,
         "backbone": train_cfg.backbone.name,
         "features": which,

@@ -11,8 +11,13 @@ tables hold the leave-one-out increase of the batch loss (docs/DESIGN.md, sectio
 rank-one updates of the batch statistics (:mod:`.swap`).
 """
 
-from .barlow_twins import (all_reduce_with_grad, barlow_twins_loss, barlow_twins_loss_terms, barlow_twins_pair_table,
-                           standardise)
+from .barlow_twins import (
+    all_reduce_with_grad,
+    barlow_twins_loss,
+    barlow_twins_loss_terms,
+    barlow_twins_pair_table,
+    standardise,
+)
 from .byol import byol_loss, byol_pair_table
 from .dino import combination_loss, dino_ce_table, dino_cross_entropy, dino_loss, student_log_probs, teacher_probs
 from .ibot import ibot_loss, ibot_loss_terms, ibot_pair_table, ibot_patch_loss
@@ -25,10 +30,35 @@ from .swap import RowSwap, row_swap
 from .vicreg import vicreg_loss, vicreg_loss_terms, vicreg_pair_table
 
 __all__ = [
-    "RowSwap", "all_reduce_with_grad", "barlow_twins_loss", "barlow_twins_loss_terms", "barlow_twins_pair_table",
-    "byol_loss", "byol_pair_table", "combination_loss", "dino_ce_table", "dino_cross_entropy", "dino_loss",
-    "exact_fp32", "gather_with_grad", "ibot_loss", "ibot_loss_terms", "ibot_pair_table", "ibot_patch_loss",
-    "mocov3_loss", "mocov3_pair_table", "nt_xent_loss", "pair_index", "simclr_pair_table", "simsiam_loss",
-    "row_swap", "simsiam_pair_table", "standardise", "student_log_probs", "teacher_probs", "vicreg_loss",
-    "vicreg_loss_terms", "vicreg_pair_table",
+    "RowSwap",
+    "all_reduce_with_grad",
+    "barlow_twins_loss",
+    "barlow_twins_loss_terms",
+    "barlow_twins_pair_table",
+    "byol_loss",
+    "byol_pair_table",
+    "combination_loss",
+    "dino_ce_table",
+    "dino_cross_entropy",
+    "dino_loss",
+    "exact_fp32",
+    "gather_with_grad",
+    "ibot_loss",
+    "ibot_loss_terms",
+    "ibot_pair_table",
+    "ibot_patch_loss",
+    "mocov3_loss",
+    "mocov3_pair_table",
+    "nt_xent_loss",
+    "pair_index",
+    "simclr_pair_table",
+    "simsiam_loss",
+    "row_swap",
+    "simsiam_pair_table",
+    "standardise",
+    "student_log_probs",
+    "teacher_probs",
+    "vicreg_loss",
+    "vicreg_loss_terms",
+    "vicreg_pair_table",
 ]

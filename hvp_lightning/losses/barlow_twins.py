@@ -50,8 +50,9 @@ def standardise(z: torch.Tensor, eps: float = BN_EPS) -> torch.Tensor:
     return (z - mean) / torch.sqrt(var + eps)
 
 
-def barlow_twins_loss_terms(z1: torch.Tensor, z2: torch.Tensor,
-                            eps: float = BN_EPS) -> tuple[torch.Tensor, torch.Tensor]:
+def barlow_twins_loss_terms(
+    z1: torch.Tensor, z2: torch.Tensor, eps: float = BN_EPS
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(sum_i (1 - C_ii)^2, sum_{i != j} C_ij^2)`` of projector outputs ``z1``, ``z2`` ``[B, D]``,
     in fp32, over the global batch (the same values on every rank)."""
     with torch.autocast(z1.device.type, enabled=False):
@@ -79,9 +80,13 @@ def barlow_twins_loss(z1: torch.Tensor, z2: torch.Tensor, lambd: float = 0.0051,
     return on_diag + lambd * off_diag
 
 
-def barlow_twins_pair_table(z: torch.Tensor, lambd: float = 0.0051, eps: float = BN_EPS,
-                            reference: tuple[torch.Tensor, torch.Tensor] | None = None,
-                            offset: int = 0) -> torch.Tensor:
+def barlow_twins_pair_table(
+    z: torch.Tensor,
+    lambd: float = 0.0051,
+    eps: float = BN_EPS,
+    reference: tuple[torch.Tensor, torch.Tensor] | None = None,
+    offset: int = 0,
+) -> torch.Tensor:
     """Leave-one-out score of every candidate pair: ``z`` ``[N, B, D]`` -> ``[B, N(N-1)/2]``.
 
     Entry (b, c), pair ``(k, l) = pair_index(N)[c]``, is ``M * (L' - L)``: ``L`` the
@@ -120,8 +125,7 @@ def barlow_twins_pair_table(z: torch.Tensor, lambd: float = 0.0051, eps: float =
         p, q = 1 / (sx.sq_new / m + eps), 1 / (sy.sq_new / m + eps)  # [B, N, D]
         hp, hq = p - p0, q - q0
         # change of p^T W q: hp.(W q0) + (W^T p0).hq + hp^T W hq, [B, N(first), N(second)]
-        frob = ((hp @ (w @ q0))[:, :, None] + (hq @ (w.T @ p0))[:, None, :]
-                + torch.einsum("bkd,bld->bkl", hp, hq @ w.T))
+        frob = (hp @ (w @ q0))[:, :, None] + (hq @ (w.T @ p0))[:, None, :] + torch.einsum("bkd,bld->bkl", hp, hq @ w.T)
         us = (sx.new, sx.old.expand_as(sx.new), sx.step)
         vs = (sy.new, sy.old.expand_as(sy.new), sy.step)
         signs = (1.0, -1.0, -1.0 / m)
@@ -132,8 +136,9 @@ def barlow_twins_pair_table(z: torch.Tensor, lambd: float = 0.0051, eps: float =
                 frob = frob + s * t * ((p * u * u2).sum(-1)[:, :, None] * (q * v * v2).sum(-1)[:, None, :])
         k, l = pair_index(n, device=z.device).unbind(1)
         diag_old = torch.sqrt(p0 * q0) * cross.diagonal() / m  # [D]
-        k_diag = (cross.diagonal() + sx.new[:, k] * sy.new[:, l] - sx.old * sy.old
-                  - sx.step[:, k] * sy.step[:, l] / m)  # [B, P, D]
+        k_diag = (
+            cross.diagonal() + sx.new[:, k] * sy.new[:, l] - sx.old * sy.old - sx.step[:, k] * sy.step[:, l] / m
+        )  # [B, P, D]
         diag_new = torch.sqrt(p[:, k] * q[:, l]) * k_diag / m
         on_diag = ((1 - diag_new).pow(2) - (1 - diag_old).pow(2)).sum(-1)
         off_diag = frob[:, k, l] / m**2 - (diag_new.pow(2) - diag_old.pow(2)).sum(-1)

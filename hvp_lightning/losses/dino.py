@@ -11,7 +11,7 @@ into a pair term and unary local terms).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,14 +27,20 @@ def student_log_probs(s: torch.Tensor, tau_s: float) -> torch.Tensor:
     return F.log_softmax(s.float() / tau_s, dim=-1)
 
 
-def dino_cross_entropy(teacher_logits: torch.Tensor, student_logits: torch.Tensor, center: torch.Tensor,
-                       tau_t: float, tau_s: float) -> torch.Tensor:
+def dino_cross_entropy(
+    teacher_logits: torch.Tensor, student_logits: torch.Tensor, center: torch.Tensor, tau_t: float, tau_s: float
+) -> torch.Tensor:
     """Per-sample ``CE(t->s) = -sum_d softmax((t - c)/tau_t)_d log_softmax(s/tau_s)_d``: ``[B]``."""
     return -(teacher_probs(teacher_logits, center, tau_t) * student_log_probs(student_logits, tau_s)).sum(-1)
 
 
-def dino_loss(teacher_out: Sequence[torch.Tensor], student_out: Sequence[torch.Tensor], center: torch.Tensor,
-              tau_t: float, tau_s: float) -> torch.Tensor:
+def dino_loss(
+    teacher_out: Sequence[torch.Tensor],
+    student_out: Sequence[torch.Tensor],
+    center: torch.Tensor,
+    tau_t: float,
+    tau_s: float,
+) -> torch.Tensor:
     """Official DINO loss per sample ``[B]``: teacher crop i against every student crop
     j != i (student crops 0, 1 are the same globals as the teacher's), averaged over the
     ``2 * (2 + L) - 2 = 2L + 2`` terms. ``.mean()`` of it is the official batch loss.
@@ -64,8 +70,9 @@ def dino_loss(teacher_out: Sequence[torch.Tensor], student_out: Sequence[torch.T
     return total / terms  # type: ignore[return-value]
 
 
-def dino_ce_table(teacher: torch.Tensor, student: torch.Tensor, center: torch.Tensor, tau_t: float,
-                  tau_s: float) -> torch.Tensor:
+def dino_ce_table(
+    teacher: torch.Tensor, student: torch.Tensor, center: torch.Tensor, tau_t: float, tau_s: float
+) -> torch.Tensor:
     """Every teacher/student cross-entropy at once: ``teacher [G, B, K]``, ``student [V, B, K]``
     -> ``[B, G, V]`` with entry (b, g, v) = ``CE_b(g -> v)``.
 

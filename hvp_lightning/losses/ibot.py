@@ -10,15 +10,21 @@ teacher and student patch tokens of the same global g, averaged over g's masked 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from .dino import combination_loss, dino_loss, student_log_probs, teacher_probs
 
 
-def ibot_patch_loss(teacher_patch_logits: torch.Tensor, student_patch_logits: torch.Tensor, mask: torch.Tensor,
-                    center2: torch.Tensor, tau_t: float, tau_s: float) -> torch.Tensor:
+def ibot_patch_loss(
+    teacher_patch_logits: torch.Tensor,
+    student_patch_logits: torch.Tensor,
+    mask: torch.Tensor,
+    center2: torch.Tensor,
+    tau_t: float,
+    tau_s: float,
+) -> torch.Tensor:
     """Masked-token mean cross-entropy ``M_b`` of one global view, per sample ``[B]``.
 
     Teacher and student patch logits ``[B, N, K]`` of the same view; ``mask`` ``[B, N]`` or
@@ -26,16 +32,25 @@ def ibot_patch_loss(teacher_patch_logits: torch.Tensor, student_patch_logits: to
     ``-softmax((t - c2)/tau_t) . log_softmax(s/tau_s)`` over the number of masked tokens
     (clamped to >= 1, so an unmasked image contributes 0)."""
     with torch.autocast(teacher_patch_logits.device.type, enabled=False):  # rank the loss in fp32
-        ce = -(teacher_probs(teacher_patch_logits, center2, tau_t)
-               * student_log_probs(student_patch_logits, tau_s)).sum(-1)  # [B, N]
+        ce = -(
+            teacher_probs(teacher_patch_logits, center2, tau_t) * student_log_probs(student_patch_logits, tau_s)
+        ).sum(-1)  # [B, N]
         m = mask.flatten(1).to(ce.dtype)
         return (ce * m).sum(-1) / m.sum(-1).clamp(min=1.0)
 
 
-def ibot_loss_terms(teacher_cls: Sequence[torch.Tensor], student_cls: Sequence[torch.Tensor],
-                    teacher_patch: Sequence[torch.Tensor], student_patch: Sequence[torch.Tensor],
-                    masks: Sequence[torch.Tensor], center: torch.Tensor, center2: torch.Tensor, tau_t: float,
-                    tau_t2: float, tau_s: float) -> tuple[torch.Tensor, torch.Tensor]:
+def ibot_loss_terms(
+    teacher_cls: Sequence[torch.Tensor],
+    student_cls: Sequence[torch.Tensor],
+    teacher_patch: Sequence[torch.Tensor],
+    student_patch: Sequence[torch.Tensor],
+    masks: Sequence[torch.Tensor],
+    center: torch.Tensor,
+    center2: torch.Tensor,
+    tau_t: float,
+    tau_t2: float,
+    tau_s: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Unweighted per-sample terms ``(CLS_b, mean_i M_b(i))``, each ``[B]`` (see module doc).
 
     ``teacher_cls``/``teacher_patch``/``student_patch``/``masks``: the globals (same order);
@@ -43,15 +58,26 @@ def ibot_loss_terms(teacher_cls: Sequence[torch.Tensor], student_cls: Sequence[t
     if not len(teacher_patch) == len(student_patch) == len(masks) == len(teacher_cls):
         raise ValueError("one teacher/student patch output and one mask per global view")
     cls = dino_loss(teacher_cls, student_cls, center, tau_t, tau_s)
-    patch = torch.stack([ibot_patch_loss(t, s, m, center2, tau_t2, tau_s)
-                         for t, s, m in zip(teacher_patch, student_patch, masks)]).mean(0)
+    patch = torch.stack(
+        [ibot_patch_loss(t, s, m, center2, tau_t2, tau_s) for t, s, m in zip(teacher_patch, student_patch, masks)]
+    ).mean(0)
     return cls, patch
 
 
-def ibot_loss(teacher_cls: Sequence[torch.Tensor], student_cls: Sequence[torch.Tensor],
-              teacher_patch: Sequence[torch.Tensor], student_patch: Sequence[torch.Tensor],
-              masks: Sequence[torch.Tensor], center: torch.Tensor, center2: torch.Tensor, tau_t: float,
-              tau_t2: float, tau_s: float, lambda1: float = 1.0, lambda2: float = 1.0) -> torch.Tensor:
+def ibot_loss(
+    teacher_cls: Sequence[torch.Tensor],
+    student_cls: Sequence[torch.Tensor],
+    teacher_patch: Sequence[torch.Tensor],
+    student_patch: Sequence[torch.Tensor],
+    masks: Sequence[torch.Tensor],
+    center: torch.Tensor,
+    center2: torch.Tensor,
+    tau_t: float,
+    tau_t2: float,
+    tau_s: float,
+    lambda1: float = 1.0,
+    lambda2: float = 1.0,
+) -> torch.Tensor:
     """Official iBOT loss per sample ``[B]``: ``lambda1 * CLS_b + lambda2 * mean_i M_b(i)``;
     its ``.mean()`` is the official batch loss (CLS over ``2L + 2`` terms, patch over 2).
 
@@ -75,13 +101,15 @@ def ibot_loss(teacher_cls: Sequence[torch.Tensor], student_cls: Sequence[torch.T
     Raises:
         ValueError: If the teacher/student patch outputs, masks and teacher CLS outputs differ in number.
     """
-    cls, patch = ibot_loss_terms(teacher_cls, student_cls, teacher_patch, student_patch, masks, center, center2,
-                                 tau_t, tau_t2, tau_s)
+    cls, patch = ibot_loss_terms(
+        teacher_cls, student_cls, teacher_patch, student_patch, masks, center, center2, tau_t, tau_t2, tau_s
+    )
     return lambda1 * cls + lambda2 * patch
 
 
-def ibot_pair_table(ce: torch.Tensor, patch_terms: torch.Tensor, pairs: torch.Tensor, lambda1: float = 1.0,
-                    lambda2: float = 1.0) -> torch.Tensor:
+def ibot_pair_table(
+    ce: torch.Tensor, patch_terms: torch.Tensor, pairs: torch.Tensor, lambda1: float = 1.0, lambda2: float = 1.0
+) -> torch.Tensor:
     """Per-sample loss of each global pair ``pairs`` ``[P, 2]`` (:func:`global_pair_index`)
     with the fixed locals: ``[B, P]``, one column per row of ``pairs``.
 

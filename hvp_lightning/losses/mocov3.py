@@ -25,8 +25,9 @@ from .precision import exact_fp32
 from .simclr import gather_with_grad
 
 
-def mocov3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, temperature: float,
-                gather: bool = False) -> torch.Tensor:
+def mocov3_loss(
+    q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, temperature: float, gather: bool = False
+) -> torch.Tensor:
     """Per-sample symmetrised MoCo v3 loss ``[B]`` for queries ``q1``, ``q2`` and keys ``k1``,
     ``k2`` ``[B, D]`` (keys detached here); its mean is the official loss. ``gather=True``
     takes the keys of every rank (local ones at this rank's offset), as the official code.

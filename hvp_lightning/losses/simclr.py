@@ -69,8 +69,9 @@ def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float, gather:
     return 0.5 * (loss[:b] + loss[b:])
 
 
-def simclr_pair_table(z: torch.Tensor, temperature: float, keys: torch.Tensor | None = None,
-                      offset: int = 0) -> torch.Tensor:
+def simclr_pair_table(
+    z: torch.Tensor, temperature: float, keys: torch.Tensor | None = None, offset: int = 0
+) -> torch.Tensor:
     """Per-sample NT-Xent of every candidate pair: ``z`` ``[N, B, D]`` -> ``[B, N(N-1)/2]``.
 
     Column c is pair ``(k, l) = pair_index(N)[c]``; entry (b, c) equals

@@ -53,8 +53,14 @@ def vicreg_loss_terms(z1: torch.Tensor, z2: torch.Tensor, gather: bool = False) 
     return invariance, variance, covariance
 
 
-def vicreg_loss(z1: torch.Tensor, z2: torch.Tensor, sim_coeff: float = 25.0, std_coeff: float = 25.0,
-                cov_coeff: float = 1.0, gather: bool = False) -> torch.Tensor:
+def vicreg_loss(
+    z1: torch.Tensor,
+    z2: torch.Tensor,
+    sim_coeff: float = 25.0,
+    std_coeff: float = 25.0,
+    cov_coeff: float = 1.0,
+    gather: bool = False,
+) -> torch.Tensor:
     """The official VICReg batch loss of two views.
 
     Args:
@@ -95,8 +101,14 @@ def branch_increase(swap: RowSwap, std_coeff: float, cov_coeff: float) -> torch.
     return variance + covariance
 
 
-def vicreg_pair_table(z: torch.Tensor, sim_coeff: float = 25.0, std_coeff: float = 25.0, cov_coeff: float = 1.0,
-                      reference: tuple[torch.Tensor, torch.Tensor] | None = None, offset: int = 0) -> torch.Tensor:
+def vicreg_pair_table(
+    z: torch.Tensor,
+    sim_coeff: float = 25.0,
+    std_coeff: float = 25.0,
+    cov_coeff: float = 1.0,
+    reference: tuple[torch.Tensor, torch.Tensor] | None = None,
+    offset: int = 0,
+) -> torch.Tensor:
     """Leave-one-out score of every candidate pair: ``z`` ``[N, B, D]`` -> ``[B, N(N-1)/2]``.
 
     Entry (b, c), pair ``(k, l) = pair_index(N)[c]``, is ``M * (L' - L)`` with ``L`` the

@@ -10,7 +10,15 @@ from .simclr import SimCLR
 from .simsiam import SimSiam
 from .vicreg import VICReg
 
-METHODS: dict[str, type[SSLMethod]] = {"dino": DINO, "ibot": IBOT, "simsiam": SimSiam, "simclr": SimCLR,
-                                     "byol": BYOL, "mocov3": MoCoV3, "vicreg": VICReg, "barlow_twins": BarlowTwins}
+METHODS: dict[str, type[SSLMethod]] = {
+    "dino": DINO,
+    "ibot": IBOT,
+    "simsiam": SimSiam,
+    "simclr": SimCLR,
+    "byol": BYOL,
+    "mocov3": MoCoV3,
+    "vicreg": VICReg,
+    "barlow_twins": BarlowTwins,
+}
 
 __all__ = ["BYOL", "DINO", "IBOT", "METHODS", "BarlowTwins", "MoCoV3", "SSLMethod", "SimCLR", "SimSiam", "VICReg"]

@@ -47,5 +47,7 @@ class BarlowTwins(BatchLossMethod):
         scaled by the global batch / 256 and the schedule), as the official code's two groups."""
         o = self.cfg.method.optimizer
         params = [p for p in self.parameters() if p.requires_grad]
-        return [{"params": [p for p in params if p.ndim > 1]},
-                {"params": [p for p in params if p.ndim <= 1], "lr_scale": float(o.base_lr_biases) / float(o.base_lr)}]
+        return [
+            {"params": [p for p in params if p.ndim > 1]},
+            {"params": [p for p in params if p.ndim <= 1], "lr_scale": float(o.base_lr_biases) / float(o.base_lr)},
+        ]

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from ..backbones import build_backbone
-from ..distributed import gather_per_rank, rank_entries
 from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
 from ..data.datasets import note_skipped
+from ..distributed import gather_per_rank, rank_entries
 from ..knn import knn_accuracy
 from ..optim import OPTIMIZERS, make_optimizer, warmup_cosine
 from ..selection import hvp_config
@@ -100,8 +100,9 @@ class SSLMethod(L.LightningModule):
                 g["lr"] = lr * g.pop("lr_scale")
         if opt_cfg.name not in OPTIMIZERS:
             raise ValueError(f"method.optimizer.name={opt_cfg.name!r}; allowed: {', '.join(OPTIMIZERS)}")
-        opt = make_optimizer(opt_cfg.name, groups, lr, opt_cfg.weight_decay, opt_cfg.get("momentum", 0.9),
-                             opt_cfg.get("eta", 1e-3))
+        opt = make_optimizer(
+            opt_cfg.name, groups, lr, opt_cfg.weight_decay, opt_cfg.get("momentum", 0.9), opt_cfg.get("eta", 1e-3)
+        )
         total = max(1, int(self.trainer.estimated_stepping_batches))
         steps_per_epoch = max(1, total // max(1, self.trainer.max_epochs or 1))
         warmup = int(opt_cfg.warmup_epochs * steps_per_epoch)
@@ -139,7 +140,9 @@ class SSLMethod(L.LightningModule):
             return
         self.images_seen = int(state["images_seen"])
         self.skipped_files = set().union(*rank_entries(per_rank_files(state["skipped_files"])))
-        self.knn_result = {k: (int(v) if k in ("epoch", "step", "queries") else v) for k, v in state["knn_result"].items()}
+        self.knn_result = {
+            k: (int(v) if k in ("epoch", "step", "queries") else v) for k, v in state["knn_result"].items()
+        }
         self.knn_init = state.get("knn_init")
         self.knn_history = list(state.get("knn_history", []))
 
@@ -180,9 +183,15 @@ class SSLMethod(L.LightningModule):
         knn = self.cfg.eval
         res = knn_accuracy(bank, bank_labels, queries, query_labels, self.num_classes, knn.knn_k, knn.knn_temperature)
         self.knn_result = dict(res, epoch=self.current_epoch, step=self.global_step, queries=int(queries.shape[0]))
-        self.knn_history.append({"step": int(self.global_step), "epoch": round(self._epochs_done(), 4),
-                                 "images_seen": int(self.images_seen), "top1": float(res["top1"]),
-                                 "top5": float(res["top5"])})
+        self.knn_history.append(
+            {
+                "step": int(self.global_step),
+                "epoch": round(self._epochs_done(), 4),
+                "images_seen": int(self.images_seen),
+                "top1": float(res["top1"]),
+                "top5": float(res["top5"]),
+            }
+        )
         self.log("knn/top1", res["top1"], prog_bar=True, add_dataloader_idx=False)
         self.log("knn/top5", res["top5"], add_dataloader_idx=False)
         self.log("knn/epoch", self.knn_history[-1]["epoch"], add_dataloader_idx=False)  # the curves' x (W&B)

@@ -23,8 +23,9 @@ class BatchLossMethod(HardViewMixin, SSLMethod):
         m = self.cfg.method
         # Linear-BN-ReLU x (L-1), then a Linear without bias (both official projectors): the
         # losses centre the embeddings, so an output bias would get no gradient.
-        self.projector = mlp(self.backbone.feature_dim, m.proj_hidden_dim, m.proj_dim, m.proj_layers,
-                             last_bn=False, last_bias=False)
+        self.projector = mlp(
+            self.backbone.feature_dim, m.proj_hidden_dim, m.proj_dim, m.proj_layers, last_bn=False, last_bias=False
+        )
 
     def batch_loss(self, z1: torch.Tensor, z2: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         raise NotImplementedError  # pragma: no cover

@@ -19,7 +19,8 @@ baseline); HVP on, ``[G global candidates (pipelines 1,2,1,2,...), Lc local cand
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -30,8 +31,14 @@ from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
 from ..heads import DINOHead
 from ..losses.dino import dino_ce_table, dino_loss
-from ..selection import (HardViewMixin, candidate_counts, chosen_views_batch, dino_combination_table,
-                         gather_combination_views, stable_seed)
+from ..selection import (
+    HardViewMixin,
+    candidate_counts,
+    chosen_views_batch,
+    dino_combination_table,
+    gather_combination_views,
+    stable_seed,
+)
 from ..teacher import Centering, TeacherStudentMixin
 from .base import SSLMethod
 
@@ -90,8 +97,15 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
     def build_head(self) -> DINOHead:
         """The student head (the teacher's is a copy); a hook so iBOT can add patch outputs."""
         m = self.cfg.method
-        return DINOHead(self.backbone.feature_dim, m.out_dim, m.head_hidden_dim, m.bottleneck_dim, m.head_layers,
-                        m.use_bn_in_head, m.norm_last_layer)
+        return DINOHead(
+            self.backbone.feature_dim,
+            m.out_dim,
+            m.head_hidden_dim,
+            m.bottleneck_dim,
+            m.head_layers,
+            m.use_bn_in_head,
+            m.norm_last_layer,
+        )
 
     # --- views ------------------------------------------------------------------------------
     @classmethod
@@ -110,11 +124,19 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
         m = cfg.method
         check_multicrop(cfg)
         base = dataclasses.replace(view_aug(cfg.data), saturation=float(m.jitter_saturation))
-        glob = [dataclasses.replace(base, size=int(cfg.data.crop_size), scale=tuple(m.global_scale),
-                                    blur_p=float(m.global_blur_p[i]), solarize_p=float(m.global_solarize_p[i]))
-                for i in range(2)]
-        loc = dataclasses.replace(base, size=int(m.local_crop_size), scale=tuple(m.local_scale),
-                                  blur_p=float(m.local_blur_p), solarize_p=0.0)
+        glob = [
+            dataclasses.replace(
+                base,
+                size=int(cfg.data.crop_size),
+                scale=tuple(m.global_scale),
+                blur_p=float(m.global_blur_p[i]),
+                solarize_p=float(m.global_solarize_p[i]),
+            )
+            for i in range(2)
+        ]
+        loc = dataclasses.replace(
+            base, size=int(m.local_crop_size), scale=tuple(m.local_scale), blur_p=float(m.local_blur_p), solarize_p=0.0
+        )
         g, lc = cls.view_counts(cfg)
         return tuple(glob[i % 2] for i in range(g)) + (loc,) * lc
 
@@ -127,7 +149,7 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
         out: list[torch.Tensor] = []
         group = max(1, group)
         for i in range(0, len(crops), group):
-            chunk = crops[i:i + group]
+            chunk = crops[i : i + group]
             out += list(head(backbone(torch.cat(list(chunk)))).chunk(len(chunk)))
         return out
 
@@ -158,13 +180,25 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
         teacher = torch.stack(self._forward(self.teacher.backbone, self.teacher.head, globals_, 2))  # [G, B, K]
         student = self._forward(self.backbone, self.head, globals_, 2)
         student += self._forward(self.backbone, self.head, locals_, self.num_local)
-        ce = dino_ce_table(teacher, torch.stack(student), self.centering.center, self.teacher_temp(),
-                           self.cfg.method.student_temp)
-        table = dino_combination_table(ce, g, self.num_local, self.hvp.mode, self.hvp.max_combinations,
-                                       self._locals_generator(), self.hvp.global_pairs)
+        ce = dino_ce_table(
+            teacher, torch.stack(student), self.centering.center, self.teacher_temp(), self.cfg.method.student_temp
+        )
+        table = dino_combination_table(
+            ce,
+            g,
+            self.num_local,
+            self.hvp.mode,
+            self.hvp.max_combinations,
+            self._locals_generator(),
+            self.hvp.global_pairs,
+        )
         reuse = self.teacher_reuse and self.selection_outputs_reusable()
-        self._selection = {"key": views[0], "pairs": table.pairs, "locals": table.locals,
-                           "teacher": teacher if reuse else None}
+        self._selection = {
+            "key": views[0],
+            "pairs": table.pairs,
+            "locals": table.locals,
+            "teacher": teacher if reuse else None,
+        }
         return table.loss
 
     def select_views(self, batch: dict[str, Any], choice: torch.Tensor) -> dict[str, Any]:
@@ -193,5 +227,6 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
         consume nor mirror the global RNG stream (the selection pass restores that anyway)."""
         if self.hvp.mode != "random" and self.hvp.max_combinations is None:
             return None
-        return torch.Generator().manual_seed(stable_seed(self.seed, self.global_step, self.global_rank, 1,
-                                                          self.hvp_batch_idx))
+        return torch.Generator().manual_seed(
+            stable_seed(self.seed, self.global_step, self.global_rank, 1, self.hvp_batch_idx)
+        )

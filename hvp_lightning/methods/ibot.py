@@ -28,7 +28,8 @@ without HVP; ``batch["masks"]`` holds one bool ``[B, h, w]`` patch mask per glob
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -36,8 +37,8 @@ from torch import nn
 
 from ..backbones import vit_tokens
 from ..config import check_ibot
-from ..errors import ConfigError
 from ..data.masks import ibot_masks
+from ..errors import ConfigError
 from ..heads import IBOTHead
 from ..losses.dino import dino_ce_table
 from ..losses.ibot import ibot_loss_terms, ibot_pair_table, ibot_patch_loss
@@ -83,8 +84,10 @@ class IBOT(DINO):
         super().__init__(cfg)
         m = self.cfg.method
         if self.hvp.enabled and self.hvp.max_combinations is not None:
-            raise ConfigError(f"hvp.max_combinations={self.hvp.max_combinations!r} is not allowed for method=ibot: "
-                              "it selects exactly over the global pairs (leave it null)")
+            raise ConfigError(
+                f"hvp.max_combinations={self.hvp.max_combinations!r} is not allowed for method=ibot: "
+                "it selects exactly over the global pairs (leave it null)"
+            )
         self.patch_centering = Centering(self.patch_dim, m.center_momentum2)
         self.mask_token = nn.Parameter(torch.zeros(1, self.backbone.feature_dim))  # zero-init, as iBOT
         self.token_path: Callable[..., tuple[torch.Tensor, torch.Tensor]] = vit_tokens  # compiled by configure_model
@@ -97,8 +100,17 @@ class IBOT(DINO):
 
     def build_head(self) -> IBOTHead:
         m = self.cfg.method
-        return IBOTHead(self.backbone.feature_dim, m.out_dim, self.patch_dim, bool(m.shared_head), m.head_hidden_dim,
-                        m.bottleneck_dim, m.head_layers, m.use_bn_in_head, m.norm_last_layer)
+        return IBOTHead(
+            self.backbone.feature_dim,
+            m.out_dim,
+            self.patch_dim,
+            bool(m.shared_head),
+            m.head_hidden_dim,
+            m.bottleneck_dim,
+            m.head_layers,
+            m.use_bn_in_head,
+            m.norm_last_layer,
+        )
 
     @classmethod
     def view_counts(cls, cfg: DictConfig) -> tuple[int, int]:
@@ -113,8 +125,9 @@ class IBOT(DINO):
 
     def teacher_patch_temp(self) -> float:
         m = self.cfg.method
-        return teacher_temperature(self.current_epoch, m.teacher_patch_temp, m.warmup_teacher_patch_temp,
-                                   int(m.warmup_teacher_temp_epochs))
+        return teacher_temperature(
+            self.current_epoch, m.teacher_patch_temp, m.warmup_teacher_patch_temp, int(m.warmup_teacher_temp_epochs)
+        )
 
     def configure_model(self) -> None:
         """With ``method.compile`` the backbones are compiled (the local crops' path) and so is
@@ -139,8 +152,12 @@ class IBOT(DINO):
         h, w = views[0].shape[-2] // ps, views[0].shape[-1] // ps
         rng = random.Random(stable_seed(self.seed, self.global_step, self.global_rank, 2, batch_idx))
         ratio = (float(m.mask_ratio[0]), float(m.mask_ratio[1]))
-        masks = torch.stack([ibot_masks(views[0].shape[0], h, w, ratio, float(m.mask_prob), float(m.mask_min_aspect), rng)
-                             for _ in range(self.num_globals)])  # drawn on the host, as official iBOT's loader does
+        masks = torch.stack(
+            [
+                ibot_masks(views[0].shape[0], h, w, ratio, float(m.mask_prob), float(m.mask_min_aspect), rng)
+                for _ in range(self.num_globals)
+            ]
+        )  # drawn on the host, as official iBOT's loader does
         if views[0].device.type == "cuda":  # a copy from pinned memory does not wait for the GPU's queue
             masks = masks.pin_memory()
         return list(masks.to(views[0].device, non_blocking=True).unbind(0))
@@ -156,8 +173,13 @@ class IBOT(DINO):
         return super().training_step(batch, batch_idx)
 
     # --- forward ----------------------------------------------------------------------------
-    def _token_forward(self, backbone: nn.Module, head: IBOTHead, crops: Sequence[torch.Tensor],
-                       masks: Sequence[torch.Tensor] | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def _token_forward(
+        self,
+        backbone: nn.Module,
+        head: IBOTHead,
+        crops: Sequence[torch.Tensor],
+        masks: Sequence[torch.Tensor] | None = None,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """CLS and patch logits per crop; the crops (same size) share one forward."""
         images, mask = torch.cat(list(crops)), torch.cat(list(masks)) if masks is not None else None
         for t in (images, mask) if self.compiled_modules else ():  # one graph for a step's 2 views and N candidates
@@ -182,8 +204,18 @@ class IBOT(DINO):
         s_cls += self._forward(self.backbone, self.head, locals_, len(locals_))
         m = self.cfg.method
         tau_t, tau_t2 = self.teacher_temp(), self.teacher_patch_temp()
-        cls, patch = ibot_loss_terms(t_cls, s_cls, t_patch, s_patch, masks, self.centering.center,
-                                     self.patch_centering.center, tau_t, tau_t2, m.student_temp)
+        cls, patch = ibot_loss_terms(
+            t_cls,
+            s_cls,
+            t_patch,
+            s_patch,
+            masks,
+            self.centering.center,
+            self.patch_centering.center,
+            tau_t,
+            tau_t2,
+            m.student_temp,
+        )
         loss_cls, loss_patch = m.lambda1 * cls.mean(), m.lambda2 * patch.mean()
         loss = loss_cls + loss_patch
         # After the loss, as iBOT: both centres from this step's teacher outputs, applied once
@@ -207,11 +239,13 @@ class IBOT(DINO):
         reuse = self.teacher_reuse and self.selection_outputs_reusable()
         t_cls, t_patch, s_cls, patch_terms = [], [], [], []
         for i in range(0, g, 2):  # globals two at a time, as the training step forwards them
-            crops, crop_masks = globals_[i:i + 2], masks[i:i + 2]
+            crops, crop_masks = globals_[i : i + 2], masks[i : i + 2]
             tc, tp = self._token_forward(self.teacher.backbone, self.teacher.head, crops)
             sc, sp = self._token_forward(self.backbone, self.head, crops, crop_masks)
-            patch_terms += [ibot_patch_loss(t, s, k, self.patch_centering.center, tau_t2, tau_s)
-                            for t, s, k in zip(tp, sp, crop_masks)]
+            patch_terms += [
+                ibot_patch_loss(t, s, k, self.patch_centering.center, tau_t2, tau_s)
+                for t, s, k in zip(tp, sp, crop_masks)
+            ]
             t_cls += tc
             s_cls += sc
             if reuse:

@@ -36,17 +36,26 @@ class OnlineTargetMethod(MomentumTargetMixin, HardViewMixin, SSLMethod):
         m = self.cfg.method
         # A last BatchNorm (MoCo v3's projectors, its ViT predictor) has no affine parameters,
         # as in the MoCo v3 code; BYOL's MLPs end in a Linear layer.
-        self.projector = mlp(self.backbone.feature_dim, m.proj_hidden_dim, m.proj_dim, m.proj_layers,
-                             last_bn=bool(m.proj_last_bn), last_bn_affine=False)
-        self.predictor = mlp(m.proj_dim, m.pred_hidden_dim, m.proj_dim, m.pred_layers,
-                             last_bn=bool(m.pred_last_bn), last_bn_affine=False)
+        self.projector = mlp(
+            self.backbone.feature_dim,
+            m.proj_hidden_dim,
+            m.proj_dim,
+            m.proj_layers,
+            last_bn=bool(m.proj_last_bn),
+            last_bn_affine=False,
+        )
+        self.predictor = mlp(
+            m.proj_dim, m.pred_hidden_dim, m.proj_dim, m.pred_layers, last_bn=bool(m.pred_last_bn), last_bn_affine=False
+        )
         # Target initialised as a copy of the online network (both papers).
-        self.target = nn.ModuleDict({"backbone": make_teacher(self.backbone),
-                                     "projector": make_teacher(self.projector)})
+        self.target = nn.ModuleDict(
+            {"backbone": make_teacher(self.backbone), "projector": make_teacher(self.projector)}
+        )
 
     # --- hooks for the two methods -------------------------------------------------------------
-    def pair_loss(self, p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor,
-                  z2: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+    def pair_loss(
+        self, p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor, z2: torch.Tensor
+    ) -> torch.Tensor:  # pragma: no cover
         """Per-sample loss ``[B]`` of online outputs ``p1``, ``p2`` and target outputs ``z1``, ``z2``."""
         raise NotImplementedError
 

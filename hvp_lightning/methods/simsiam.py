@@ -35,8 +35,9 @@ class SimSiam(HardViewMixin, SSLMethod):
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         m = self.cfg.method
-        self.projector = mlp(self.backbone.feature_dim, m.proj_hidden_dim, m.proj_dim, m.proj_layers,
-                             last_bn=True, last_bn_affine=False)
+        self.projector = mlp(
+            self.backbone.feature_dim, m.proj_hidden_dim, m.proj_dim, m.proj_layers, last_bn=True, last_bn_affine=False
+        )
         self.predictor = mlp(m.proj_dim, m.pred_hidden_dim, m.proj_dim, 2, last_bn=False)
 
     def forward_view(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,8 +51,13 @@ class SimSiam(HardViewMixin, SSLMethod):
         loss = simsiam_loss(p1, p2, z1, z2).mean()
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=x1.shape[0])
         # Collapse monitor from the SimSiam paper: std of l2-normalised z, ~1/sqrt(d) if healthy.
-        self.log("train/z_std", F.normalize(z1.detach().float(), dim=1).std(0).mean(), on_step=True, on_epoch=False,
-                 batch_size=x1.shape[0])
+        self.log(
+            "train/z_std",
+            F.normalize(z1.detach().float(), dim=1).std(0).mean(),
+            on_step=True,
+            on_epoch=False,
+            batch_size=x1.shape[0],
+        )
         return loss
 
     def candidate_scores(self, batch: dict[str, Any]) -> torch.Tensor:

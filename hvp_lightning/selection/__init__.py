@@ -21,19 +21,55 @@ in :mod:`hvp_lightning.losses`, which this package imports; the methods import b
 """
 
 from .choice import MODES, choose, stable_seed
-from .forward_pass import (PRECISIONS, STEP_DTYPES, ambient_autocast_dtype, frozen_state,
-                           resolve_selection_dtype, step_autocast_dtype)
+from .forward_pass import (
+    PRECISIONS,
+    STEP_DTYPES,
+    ambient_autocast_dtype,
+    frozen_state,
+    resolve_selection_dtype,
+    step_autocast_dtype,
+)
 from .mixin import HardViewMixin
-from .multicrop import (CombinationTable, DinoSelection, chosen_views_batch, dino_combination_table,
-                        dino_exact_selection, gather_combination_views)
+from .multicrop import (
+    CombinationTable,
+    DinoSelection,
+    chosen_views_batch,
+    dino_combination_table,
+    dino_exact_selection,
+    gather_combination_views,
+)
 from .pairs import GLOBAL_PAIRS, gather_pair_params, gather_pairs, gather_view_params, global_pair_index, pair_index
 from .settings import HVPConfig, candidate_counts, hvp_config, num_global_candidates
 from .totals import TOTALS, hvp_summary, summarise_totals
 
 __all__ = [
-    "GLOBAL_PAIRS", "MODES", "PRECISIONS", "STEP_DTYPES", "TOTALS", "CombinationTable", "DinoSelection", "HVPConfig",
-    "HardViewMixin", "ambient_autocast_dtype", "candidate_counts", "choose", "chosen_views_batch",
-    "dino_combination_table", "dino_exact_selection", "frozen_state", "gather_combination_views", "gather_pair_params",
-    "gather_pairs", "gather_view_params", "global_pair_index", "hvp_config", "hvp_summary", "num_global_candidates",
-    "pair_index", "resolve_selection_dtype", "stable_seed", "step_autocast_dtype", "summarise_totals",
+    "GLOBAL_PAIRS",
+    "MODES",
+    "PRECISIONS",
+    "STEP_DTYPES",
+    "TOTALS",
+    "CombinationTable",
+    "DinoSelection",
+    "HVPConfig",
+    "HardViewMixin",
+    "ambient_autocast_dtype",
+    "candidate_counts",
+    "choose",
+    "chosen_views_batch",
+    "dino_combination_table",
+    "dino_exact_selection",
+    "frozen_state",
+    "gather_combination_views",
+    "gather_pair_params",
+    "gather_pairs",
+    "gather_view_params",
+    "global_pair_index",
+    "hvp_config",
+    "hvp_summary",
+    "num_global_candidates",
+    "pair_index",
+    "resolve_selection_dtype",
+    "stable_seed",
+    "step_autocast_dtype",
+    "summarise_totals",
 ]

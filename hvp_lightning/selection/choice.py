@@ -41,7 +41,8 @@ def choose(table: torch.Tensor, mode: str, generator: torch.Generator | None = N
         raise FloatingPointError(
             f"HVP selection: every candidate loss is non-finite (NaN/inf) for {len(bad)} of {table.shape[0]} "
             f"samples (batch positions {bad[:8]}); refusing to train on them. The model may have diverged "
-            "(learning rate?), or hvp.selection_precision=fp16 overflowed (try bf16 or fp32).")
+            "(learning rate?), or hvp.selection_precision=fp16 overflowed (try bf16 or fp32)."
+        )
     if mode == "hard":
         return table.masked_fill(~finite, float("-inf")).argmax(dim=1)
     if mode == "easy":

@@ -10,8 +10,8 @@ either way (:func:`hvp_lightning.losses.exact_fp32`), so the argmax ranks the lo
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import nn
@@ -21,8 +21,7 @@ from ..options import PRECISIONS
 
 # Autocast dtype Lightning runs a training step under, per trainer.precision (the ones
 # config.py allows); None = no autocast.
-STEP_DTYPES: dict[str, torch.dtype | None] = {"32-true": None, "bf16-mixed": torch.bfloat16,
-                                              "16-mixed": torch.float16}
+STEP_DTYPES: dict[str, torch.dtype | None] = {"32-true": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
 def step_autocast_dtype(trainer_precision: str) -> torch.dtype | None:
@@ -40,8 +39,9 @@ def ambient_autocast_dtype(device_type: str) -> torch.dtype | None:
     return torch.get_autocast_dtype(device_type)
 
 
-def resolve_selection_dtype(precision: str, device_type: str,
-                            step_dtype: torch.dtype | None = None) -> torch.dtype | None:
+def resolve_selection_dtype(
+    precision: str, device_type: str, step_dtype: torch.dtype | None = None
+) -> torch.dtype | None:
     """Autocast dtype for the selection forward, or None for full fp32.
 
     ``auto`` follows the training step (``step_dtype``, see :func:`step_autocast_dtype`) so
@@ -88,8 +88,11 @@ def frozen_state(module: nn.Module, device: torch.device) -> Iterator[None]:
         A context manager (generator-based); the selection forward runs inside it.
     """
     names = ("running_mean", "running_var", "num_batches_tracked")
-    kept = [(m, [getattr(m, n) for n in names]) for m in module.modules()
-            if isinstance(m, _BatchNorm) and m.track_running_stats]
+    kept = [
+        (m, [getattr(m, n) for n in names])
+        for m in module.modules()
+        if isinstance(m, _BatchNorm) and m.track_running_stats
+    ]
     devices = [device] if device.type == "cuda" else []
     try:
         for m, buffers in kept:

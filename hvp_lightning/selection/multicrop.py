@@ -33,15 +33,22 @@ class CombinationTable(NamedTuple):
     locals: torch.Tensor  # [B, C, L]
 
 
-def _uniform_subsets(shape: tuple[int, ...], n: int, k: int, generator: torch.Generator | None,
-                    device: torch.device) -> torch.Tensor:
+def _uniform_subsets(
+    shape: tuple[int, ...], n: int, k: int, generator: torch.Generator | None, device: torch.device
+) -> torch.Tensor:
     """Uniformly random k-subsets of ``range(n)``, one per entry of ``shape``: ``[*shape, k]``."""
     return torch.rand(*shape, n, generator=generator).argsort(-1)[..., :k].to(device)
 
 
-def dino_combination_table(ce: torch.Tensor, num_globals: int, num_local: int, mode: str = "hard",
-                           max_combinations: int | None = None, generator: torch.Generator | None = None,
-                           global_pairs: str = "cross") -> CombinationTable:
+def dino_combination_table(
+    ce: torch.Tensor,
+    num_globals: int,
+    num_local: int,
+    mode: str = "hard",
+    max_combinations: int | None = None,
+    generator: torch.Generator | None = None,
+    global_pairs: str = "cross",
+) -> CombinationTable:
     """Candidate combinations of every sample, sized so that ``choose(table.loss, mode)``
     returns the exact optimum over all ``P * C(Lc,L)`` combinations, P the global pairs of
     ``global_pairs`` (:func:`~hvp_lightning.selection.global_pair_index`).
@@ -97,8 +104,9 @@ def dino_combination_table(ce: torch.Tensor, num_globals: int, num_local: int, m
     return CombinationTable(loss, pairs.expand(bsz, -1, -1), idx)
 
 
-def gather_combination_views(views: list[torch.Tensor], num_globals: int, pair: torch.Tensor,
-                             locals_: torch.Tensor) -> list[torch.Tensor]:
+def gather_combination_views(
+    views: list[torch.Tensor], num_globals: int, pair: torch.Tensor, locals_: torch.Tensor
+) -> list[torch.Tensor]:
     """Each sample's chosen globals ``pair`` ``[B, 2]`` and locals ``locals_`` ``[B, L]`` from
     the loader's ``[G global candidates, Lc local candidates]``, in the baseline's layout
     ``[global1, global2, local_1..local_L]``."""
@@ -119,9 +127,19 @@ class DinoSelection(NamedTuple):
     loss: torch.Tensor  # [B] official DINO loss of the chosen combination
 
 
-def dino_exact_selection(T: torch.Tensor, S_glob: torch.Tensor, S_loc: torch.Tensor, L: int, center: torch.Tensor,
-                         tau_t: float, tau_s: float, mode: str = "hard", max_combinations: int | None = None,
-                         generator: torch.Generator | None = None, global_pairs: str = "cross") -> DinoSelection:
+def dino_exact_selection(
+    T: torch.Tensor,
+    S_glob: torch.Tensor,
+    S_loc: torch.Tensor,
+    L: int,
+    center: torch.Tensor,
+    tau_t: float,
+    tau_s: float,
+    mode: str = "hard",
+    max_combinations: int | None = None,
+    generator: torch.Generator | None = None,
+    global_pairs: str = "cross",
+) -> DinoSelection:
     """Per-sample choice of 2 globals + L locals from ``T``/``S_glob`` ``[G, B, K]`` (teacher /
     student logits of the global candidates) and ``S_loc`` ``[Lc, B, K]``: the argmax (hard),
     argmin (easy) or a uniform draw (random) of the DINO loss over all combinations whose
@@ -136,8 +154,14 @@ def dino_exact_selection(T: torch.Tensor, S_glob: torch.Tensor, S_loc: torch.Ten
     return DinoSelection(table.pairs[b, choice], table.locals[b, choice], table.loss[b, choice])
 
 
-def chosen_views_batch(batch: dict[str, Any], views: list[torch.Tensor], pair: torch.Tensor, locs: torch.Tensor,
-                       num_globals: int, teacher_out: Any = None) -> dict[str, Any]:
+def chosen_views_batch(
+    batch: dict[str, Any],
+    views: list[torch.Tensor],
+    pair: torch.Tensor,
+    locs: torch.Tensor,
+    num_globals: int,
+    teacher_out: Any = None,
+) -> dict[str, Any]:
     """``batch`` with ``views`` (each sample's chosen 2 globals + locals: global candidates
     ``pair`` ``[B, 2]``, local candidates ``locs`` ``[B, L]``) in place of its candidates, the
     selection's teacher outputs for them (None: the training step runs the teacher) and, where

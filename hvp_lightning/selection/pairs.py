@@ -60,8 +60,9 @@ def gather_pairs(views: torch.Tensor, pairs: torch.Tensor, choice: torch.Tensor)
     return views[k, b], views[l, b]
 
 
-def gather_pair_params(params: dict[str, torch.Tensor], pairs: torch.Tensor,
-                       choice: torch.Tensor) -> dict[str, torch.Tensor]:
+def gather_pair_params(
+    params: dict[str, torch.Tensor], pairs: torch.Tensor, choice: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """Keep the augmentation parameters of the chosen views: ``[B, N, ...]`` -> ``[B, 2, ...]``."""
     return gather_view_params(params, pairs[choice])  # the pair's two view positions
 

@@ -46,9 +46,15 @@ def hvp_config(cfg: DictConfig) -> HVPConfig:
     node = cfg.get("hvp")
     if node is None or not node.get("enabled", False):
         return HVPConfig(enabled=False)
-    return HVPConfig(enabled=True, num_views=node.num_views, mode=node.mode, every_n_steps=node.every_n_steps,
-                     selection_precision=node.selection_precision, max_combinations=node.get("max_combinations"),
-                     global_pairs=node.get("global_pairs", "cross"))
+    return HVPConfig(
+        enabled=True,
+        num_views=node.num_views,
+        mode=node.mode,
+        every_n_steps=node.every_n_steps,
+        selection_precision=node.selection_precision,
+        max_combinations=node.get("max_combinations"),
+        global_pairs=node.get("global_pairs", "cross"),
+    )
 
 
 def num_global_candidates(cfg: DictConfig) -> int:

@@ -8,16 +8,29 @@ import torch
 from .settings import HVPConfig
 
 # Layout of ``HardViewMixin.hvp_totals`` (sums over all HVP steps, all micro-batches).
-TOTALS = ("selection_selected_loss_sum", "selection_candidate_loss_sum", "selection_samples", "trained_loss_sum",
-          "trained_samples", "nonfinite_candidates")
+TOTALS = (
+    "selection_selected_loss_sum",
+    "selection_candidate_loss_sum",
+    "selection_samples",
+    "trained_loss_sum",
+    "trained_samples",
+    "nonfinite_candidates",
+)
 
 
-def add_totals(totals: torch.Tensor | None, selected: torch.Tensor, candidates: torch.Tensor,
-               trained: torch.Tensor, nonfinite: torch.Tensor) -> torch.Tensor:
+def add_totals(
+    totals: torch.Tensor | None,
+    selected: torch.Tensor,
+    candidates: torch.Tensor,
+    trained: torch.Tensor,
+    nonfinite: torch.Tensor,
+) -> torch.Tensor:
     """``totals`` plus one HVP step: per-sample ``selected`` and mean ``candidates`` losses
     ``[B]``, the ``trained`` loss (a scalar, the step's mean) and the count of ``nonfinite``
     candidate entries; in :data:`TOTALS` order, float64, on the step's device."""
-    n = torch.full((), float(selected.shape[0]), dtype=selected.dtype, device=selected.device)  # no host copy (a GPU sync)
+    n = torch.full(
+        (), float(selected.shape[0]), dtype=selected.dtype, device=selected.device
+    )  # no host copy (a GPU sync)
     inc = torch.stack([selected.sum(), candidates.sum(), n, trained * n, n, nonfinite]).double()
     if totals is not None and totals.numel() < inc.numel():  # a checkpoint from before trained/nonfinite totals
         totals = torch.cat([totals.to(inc.device), inc.new_zeros(inc.numel() - totals.numel())])
@@ -42,5 +55,10 @@ def summarise_totals(totals: torch.Tensor | None) -> dict[str, float | int | Non
 def hvp_summary(hvp: HVPConfig, totals: torch.Tensor | None) -> dict[str, object]:
     """``summary.json``'s ``hvp`` entry: the settings that matter for comparing runs, then
     :func:`summarise_totals`."""
-    return {"num_views": hvp.num_views, "mode": hvp.mode, "every_n_steps": hvp.every_n_steps,
-            "selection_precision": hvp.selection_precision, **summarise_totals(totals)}
+    return {
+        "num_views": hvp.num_views,
+        "mode": hvp.mode,
+        "every_n_steps": hvp.every_n_steps,
+        "selection_precision": hvp.selection_precision,
+        **summarise_totals(totals),
+    }

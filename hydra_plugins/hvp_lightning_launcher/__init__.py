@@ -4,12 +4,12 @@ Hydra instantiates launchers from this namespace only, so the class lives here; 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from hydra.core.utils import JobReturn
 from hydra.errors import CompactHydraException
-from omegaconf import DictConfig
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+from omegaconf import DictConfig
 
 from hvp_lightning.errors import ConfigError
 from hvp_lightning.slurm import check_slurm_job
@@ -31,8 +31,10 @@ class CheckedSlurmLauncher(SlurmLauncher):
         jobs: list[tuple[str, DictConfig]] = [("", self.config)]
         loader = self.hydra_context.config_loader
         for num, overrides in enumerate(job_overrides, start=initial_job_idx):
-            which = (f" (job #{num}: {' '.join(overrides)}; the launcher is sized once per sweep, from the "
-                     "values not swept: one sweep per layout)")
+            which = (
+                f" (job #{num}: {' '.join(overrides)}; the launcher is sized once per sweep, from the "
+                "values not swept: one sweep per layout)"
+            )
             jobs.append((which, loader.load_sweep_config(self.config, list(overrides))))
         for which, job in jobs:
             try:

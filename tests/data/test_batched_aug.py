@@ -12,7 +12,14 @@ from torchvision import transforms as T
 from torchvision.transforms.v2 import functional as F
 
 from hvp_lightning.data.augment import (
-    PARAM_NAMES, UNIFORMS, MultiViewTransform, ViewAug, augment, crop_flip, draw_params, reference_colour,
+    PARAM_NAMES,
+    UNIFORMS,
+    MultiViewTransform,
+    ViewAug,
+    augment,
+    crop_flip,
+    draw_params,
+    reference_colour,
     sample_params,
 )
 from hvp_lightning.data.batched import colour, finish_views, gaussian_blur, hue
@@ -71,10 +78,10 @@ def test_hue_matches_torchvision_on_every_kind_of_colour() -> None:
 @pytest.mark.parametrize("shift", [-0.5, -0.0731, 0.1])
 def test_hue_matches_torchvision_on_all_colours(shift: float) -> None:
     """Every one of the 2^24 RGB colours, bit-exact (~35 s a shift on 2 cores at load 9)."""
-    allc = torch.arange(256 ** 3)
+    allc = torch.arange(256**3)
     rgb = torch.stack([allc // 65536, (allc // 256) % 256, allc % 256]).to(torch.uint8)
-    for j in range(0, 256 ** 3, 1 << 20):
-        img = rgb[:, j:j + (1 << 20)].view(3, 1024, 1024)
+    for j in range(0, 256**3, 1 << 20):
+        img = rgb[:, j : j + (1 << 20)].view(3, 1024, 1024)
         assert torch.equal(hue(img[None].float(), torch.tensor([shift]))[0], F.adjust_hue(img, shift).float()), j
 
 
@@ -122,8 +129,11 @@ def test_finish_views_equals_the_reference_pipeline_under_one_seed() -> None:
     """Worker part + batched part = torchvision's whole view: same parameters from the same RNG
     stream (so HVP-off training sees the views it always saw), pixels within 1/255 after
     normalisation, views of two sizes (multi-crop) grouped and returned in order."""
-    augs = (ALL_OPS, ALL_OPS, ViewAug(size=12, scale=(0.05, 0.4), jitter_p=1.0, blur_p=1.0, mean=(0.5,) * 3,
-                                      std=(0.25,) * 3))
+    augs = (
+        ALL_OPS,
+        ALL_OPS,
+        ViewAug(size=12, scale=(0.05, 0.4), jitter_p=1.0, blur_p=1.0, mean=(0.5,) * 3, std=(0.25,) * 3),
+    )
     imgs = [_photo(seed=s) for s in range(6)]
     ref = [[augment(img, a, view_key(7, 2, b, v)) for v, a in enumerate(augs)] for b, img in enumerate(imgs)]
     items = [MultiViewTransform(augs, seed=7)(img, 2, b) for b, img in enumerate(imgs)]
@@ -145,8 +155,9 @@ def _per_view(img: torch.Tensor, aug: ViewAug, n: int) -> dict[str, torch.Tensor
 
 SAMPLERS = {  # torchvision's samplers one view at a time (workers), and the vectorised draw (data.on_device)
     "per_view": _per_view,
-    "vectorised": lambda img, aug, n: draw_params(key_uniforms(view_keys(1, 0, torch.arange(n), 1)[:, 0], UNIFORMS),
-                                                  img.shape[1], img.shape[2], aug),
+    "vectorised": lambda img, aug, n: draw_params(
+        key_uniforms(view_keys(1, 0, torch.arange(n), 1)[:, 0], UNIFORMS), img.shape[1], img.shape[2], aug
+    ),
 }
 
 
@@ -164,8 +175,9 @@ def test_parameter_distributions_match_torchvision_samplers(sampler: str, shape:
     assert set(p) == {*PARAM_NAMES, "jitter_order"} and p["jitter_order"].shape == (n, 4)
     assert (p["crop_x"] + p["crop_w"] <= shape[1]).all() and (p["crop_y"] + p["crop_h"] <= shape[0]).all()
     torch.manual_seed(2)
-    boxes = torch.tensor([T.RandomResizedCrop.get_params(img, list(aug.scale), list(aug.ratio)) for _ in range(n)],
-                         dtype=torch.float32)  # top, left, h, w
+    boxes = torch.tensor(
+        [T.RandomResizedCrop.get_params(img, list(aug.scale), list(aug.ratio)) for _ in range(n)], dtype=torch.float32
+    )  # top, left, h, w
     ours = {"area": p["crop_w"] * p["crop_h"], "ratio": p["crop_w"] / p["crop_h"], "x": p["crop_x"], "y": p["crop_y"]}
     theirs = {"area": boxes[:, 3] * boxes[:, 2], "ratio": boxes[:, 3] / boxes[:, 2], "x": boxes[:, 1], "y": boxes[:, 0]}
     for k in ours:

@@ -28,7 +28,7 @@ def test_augment_records_crop_box_in_source_pixels():
         view, p = augment(img, aug, view_key(0, 0, _, 0))
         x, y, w, h = (int(p[k]) for k in ("crop_x", "crop_y", "crop_w", "crop_h"))
         assert (p["src_w"], p["src_h"]) == (60, 40) and 0 <= x and x + w <= 60 and 0 <= y and y + h <= 40
-        inside = img[0, y:y + h, x:x + w].float().mean() / 255  # share of white pixels in the box
+        inside = img[0, y : y + h, x : x + w].float().mean() / 255  # share of white pixels in the box
         seen = (view[0] * 0.229 + 0.485).clamp(0, 1).mean()  # de-normalised view intensity
         assert abs(inside.item() - seen.item()) < 0.08
 
@@ -104,16 +104,29 @@ def test_imagefolder_skips_bad_files_and_reads_every_mode(messy_tree, caplog, cf
 def test_end_to_end_on_messy_imagefolder_counts_skips(messy_tree, cfg_factory, tmp_path):
     from hvp_lightning.train import run
 
-    cfg = cfg_factory("data=imagefolder", f"data.root={messy_tree}", "data.crop_size=16", "method.batch_size=4",
-                      "+hvp=on", "hvp.num_views=3")
+    cfg = cfg_factory(
+        "data=imagefolder",
+        f"data.root={messy_tree}",
+        "data.crop_size=16",
+        "method.batch_size=4",
+        "+hvp=on",
+        "hvp.num_views=3",
+    )
     summary = run(cfg, tmp_path / "run")
-    assert summary["skipped_images"] == 2 and all(f.endswith(("corrupt.jpg", "truncated.jpg")) for f in summary["skipped_files"])
+    assert summary["skipped_images"] == 2 and all(
+        f.endswith(("corrupt.jpg", "truncated.jpg")) for f in summary["skipped_files"]
+    )
 
 
 @pytest.mark.skipif(not (SHARED_CIFAR / "train").is_dir(), reason=f"shared CIFAR-10 not found at {SHARED_CIFAR}")
 def test_shared_cifar10_imagefolder(cfg_factory):
-    cfg = cfg_factory("data=imagefolder", f"data.root={SHARED_CIFAR}", "data.crop_size=auto", "data.train_subset=64",
-                      "data.test_subset=32")
+    cfg = cfg_factory(
+        "data=imagefolder",
+        f"data.root={SHARED_CIFAR}",
+        "data.crop_size=auto",
+        "data.train_subset=64",
+        "data.test_subset=32",
+    )
     validate(cfg)  # resolves crop_size: auto from the images themselves
     assert (cfg.data.crop_size, cfg.data.eval_crop_ratio) == (32, 1.0)
     dm = SSLDataModule(cfg.data, (ViewAug(size=32),) * 4, batch_size=8, num_workers=0)

@@ -91,8 +91,14 @@ def test_unreadable_file_is_named_once_across_workers_and_epochs(tmp_path, caplo
     def collate(items):
         return [path for _, _, path in items]
 
-    loader = DataLoader(ds, batch_size=3, num_workers=2, persistent_workers=True, collate_fn=collate,
-                        sampler=[0, 1, 0, 1, 0, 1, 0, 1, 0])  # the bad file, by itself and as a retry
+    loader = DataLoader(
+        ds,
+        batch_size=3,
+        num_workers=2,
+        persistent_workers=True,
+        collate_fn=collate,
+        sampler=[0, 1, 0, 1, 0, 1, 0, 1, 0],
+    )  # the bad file, by itself and as a retry
     seen: set[str] = set()
     with caplog.at_level(logging.WARNING):
         for _ in range(2):  # two epochs
@@ -113,7 +119,9 @@ def test_jpegs_decode_to_load_images_pixels(tmp_path):
     from hvp_lightning.data.datasets import read_image
 
     rng = np.random.default_rng(1)
-    smooth = np.asarray(Image.fromarray(rng.integers(0, 255, (6, 5, 3), dtype=np.uint8)).resize((50, 40), Image.BICUBIC))
+    smooth = np.asarray(
+        Image.fromarray(rng.integers(0, 255, (6, 5, 3), dtype=np.uint8)).resize((50, 40), Image.BICUBIC)
+    )
     noisy = np.clip(smooth + rng.normal(0, 20, smooth.shape), 0, 255).astype(np.uint8)
     Image.fromarray(noisy).save(tmp_path / "rgb.jpg", quality=90)
     Image.fromarray(noisy).convert("L").save(tmp_path / "grey.JPEG")

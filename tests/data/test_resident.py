@@ -13,7 +13,15 @@ import torch.nn.functional as tF
 from torch.utils.data import Dataset, Subset
 from torchvision.transforms.v2 import functional as F
 
-from hvp_lightning.data.augment import PARAM_NAMES, UNIFORMS, ViewAug, crop_flip, draw_params, draw_view_params, to_uint8_tensor
+from hvp_lightning.data.augment import (
+    PARAM_NAMES,
+    UNIFORMS,
+    ViewAug,
+    crop_flip,
+    draw_params,
+    draw_view_params,
+    to_uint8_tensor,
+)
 from hvp_lightning.data.batched import finish_views
 from hvp_lightning.data.datamodule import SSLDataModule
 from hvp_lightning.data.resident import ResidentImages, crop_flip_batch, resample_weights, stack_images
@@ -30,7 +38,10 @@ def _photos(n: int, h: int, w: int, seed: int = 0) -> torch.Tensor:
 
 
 CASES = [  # source h, w, view size, crop scale: up- and downscaling, square and not, multi-crop
-    (32, 32, 32, (0.08, 1.0)), (96, 96, 64, (0.2, 1.0)), (120, 100, 32, (0.05, 1.0)), (200, 180, 96, (0.05, 0.4)),
+    (32, 32, 32, (0.08, 1.0)),
+    (96, 96, 64, (0.2, 1.0)),
+    (120, 100, 32, (0.05, 1.0)),
+    (200, 180, 96, (0.05, 0.4)),
 ]
 
 
@@ -47,8 +58,20 @@ def test_batched_crops_match_torchvision(h: int, w: int, size: int, scale: tuple
     assert out.dtype == torch.uint8 and out.shape == (48, 3, size, size)
     rows = [{k: v[i] for k, v in p.items()} for i in range(48)]
     uint8 = torch.stack([crop_flip(img, r, size) for img, r in zip(imgs, rows)])
-    floats = torch.stack([F.resized_crop(img.float(), int(r["crop_y"]), int(r["crop_x"]), int(r["crop_h"]),
-                                         int(r["crop_w"]), [size, size], antialias=True) for img, r in zip(imgs, rows)])
+    floats = torch.stack(
+        [
+            F.resized_crop(
+                img.float(),
+                int(r["crop_y"]),
+                int(r["crop_x"]),
+                int(r["crop_h"]),
+                int(r["crop_w"]),
+                [size, size],
+                antialias=True,
+            )
+            for img, r in zip(imgs, rows)
+        ]
+    )
     floats = torch.where(p["flip"].view(-1, 1, 1, 1) > 0, floats.flip(-1), floats).round().clamp(0, 255)
     d_float, d_uint8 = (out.float() - floats).abs(), (out.int() - uint8.int()).abs()
     assert d_float.max() <= 1 and (d_float > 0).float().mean() < 1e-3
@@ -68,7 +91,9 @@ def test_resample_weights_are_the_interpolation_of_the_segment() -> None:
     signal = torch.rand(40, dtype=torch.float64)
     for k in range(3):
         a, n = int(start[k]), int(length[k])
-        want = tF.interpolate(signal[a:a + n].view(1, 1, 1, -1), size=(1, 16), mode="bilinear", antialias=True)[0, 0, 0]
+        want = tF.interpolate(signal[a : a + n].view(1, 1, 1, -1), size=(1, 16), mode="bilinear", antialias=True)[
+            0, 0, 0
+        ]
         torch.testing.assert_close((w[k].double() @ signal), want, atol=1e-6, rtol=0)
 
 
@@ -118,7 +143,9 @@ def test_run_dirs_from_before_the_key_still_resume() -> None:
 
     old = OmegaConf.create({"data": {"name": "cifar10"}})
     assert config_differences(old, OmegaConf.create({"data": {"name": "cifar10", "on_device": False}})) == []
-    assert config_differences(old, OmegaConf.create({"data": {"name": "cifar10", "on_device": True}})) == ["data.on_device"]
+    assert config_differences(old, OmegaConf.create({"data": {"name": "cifar10", "on_device": True}})) == [
+        "data.on_device"
+    ]
 
 
 def test_draw_view_params_keeps_each_views_distribution() -> None:
@@ -176,7 +203,9 @@ def test_stack_images_takes_the_arrays_each_dataset_holds() -> None:
     images, labels = stack_images(stl)
     assert images.shape == (4, 3, 8, 6) and labels.tolist() == [-1, 0, 1, 2]
     with pytest.raises(ValueError, match="data.on_device=true needs images of one size"):
-        stack_images(_Items([(torch.zeros(3, 8, 8, dtype=torch.uint8), 0), (torch.zeros(3, 8, 9, dtype=torch.uint8), 1)]))
+        stack_images(
+            _Items([(torch.zeros(3, 8, 8, dtype=torch.uint8), 0), (torch.zeros(3, 8, 9, dtype=torch.uint8), 1)])
+        )
 
 
 def test_a_folder_of_one_image_size_is_held_and_a_too_large_one_refused(tmp_path, cfg_factory, monkeypatch) -> None:
@@ -192,7 +221,9 @@ def test_a_folder_of_one_image_size_is_held_and_a_too_large_one_refused(tmp_path
         for cls in ("a", "b"):
             (tmp_path / split / cls).mkdir(parents=True)
             for i in range(3):
-                Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(tmp_path / split / cls / f"{i}.jpg")
+                Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(
+                    tmp_path / split / cls / f"{i}.jpg"
+                )
     cfg = cfg_factory("data=imagefolder", f"data.root={tmp_path}", "data.on_device=true", "data.crop_size=12")
     dm = SSLDataModule(cfg.data, (ViewAug(size=12),) * 2, batch_size=2, num_workers=0)
     dm.setup("fit")

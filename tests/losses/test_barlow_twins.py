@@ -28,7 +28,8 @@ def loop_barlow(x: list[list[float]], y: list[list[float]], lambd: float, eps: f
     a, b = norm(x), norm(y)
     c = [[sum(a[i][p] * b[i][q] for i in range(m)) / m for q in range(d)] for p in range(d)]
     return sum((1 - c[p][p]) ** 2 for p in range(d)) + lambd * sum(
-        c[p][q] ** 2 for p in range(d) for q in range(d) if p != q)
+        c[p][q] ** 2 for p in range(d) for q in range(d) if p != q
+    )
 
 
 def official_barlow(z1: torch.Tensor, z2: torch.Tensor, lambd: float) -> torch.Tensor:

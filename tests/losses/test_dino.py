@@ -9,8 +9,14 @@ import torch.nn.functional as F
 from hvp_lightning.losses import dino_cross_entropy, dino_loss
 
 
-def reference_dino_loss(student_output: torch.Tensor, teacher_output: torch.Tensor, center: torch.Tensor,
-                        tau_t: float, tau_s: float, ncrops: int) -> torch.Tensor:
+def reference_dino_loss(
+    student_output: torch.Tensor,
+    teacher_output: torch.Tensor,
+    center: torch.Tensor,
+    tau_t: float,
+    tau_s: float,
+    ncrops: int,
+) -> torch.Tensor:
     """The official DINO loss, written in its loop form (concatenated crops, chunked)."""
     student_out = (student_output / tau_s).chunk(ncrops)
     teacher_out = F.softmax((teacher_output - center) / tau_t, dim=-1).chunk(2)

@@ -13,8 +13,22 @@ from hvp_lightning.selection import choose, global_pair_index
 from ..conftest import official_pairs
 
 
-def reference_ibot_loss(student_cls, student_patch, teacher_cls, teacher_patch, student_mask, center, center2,
-                        tau_t, tau_t2, tau_s, ngcrops, ncrops, lambda1, lambda2):
+def reference_ibot_loss(
+    student_cls,
+    student_patch,
+    teacher_cls,
+    teacher_patch,
+    student_mask,
+    center,
+    center2,
+    tau_t,
+    tau_t2,
+    tau_s,
+    ngcrops,
+    ncrops,
+    lambda1,
+    lambda2,
+):
     """The official iBOT loss in its loop form: crops concatenated along the batch, chunked,
     CLS terms for q != v, patch terms for q == v, each averaged over its number of terms."""
     s_cls = (student_cls / tau_s).chunk(ncrops)
@@ -53,12 +67,25 @@ def test_ibot_loss_matches_official_loop(num_local: int, lambdas: tuple[float, f
     masks = _masks(2, b, 2, 3, seed=4)
     masks[0, 1] = False  # an unmasked image: its patch term is 0 (sum / clamp(0, 1))
     c, c2 = _logits(1, k, seed=5) * 0.1, _logits(1, k2, seed=6) * 0.1
-    per_sample = ibot_loss(list(t_cls), list(s_cls), list(t_patch), list(s_patch), list(masks), c, c2, 0.04, 0.07,
-                           0.1, *lambdas)
+    per_sample = ibot_loss(
+        list(t_cls), list(s_cls), list(t_patch), list(s_patch), list(masks), c, c2, 0.04, 0.07, 0.1, *lambdas
+    )
     assert per_sample.shape == (b,)
-    expected = reference_ibot_loss(s_cls.flatten(0, 1), s_patch.flatten(0, 1), t_cls.flatten(0, 1),
-                                   t_patch.flatten(0, 1), list(masks), c, c2[None], 0.04, 0.07, 0.1, 2, 2 + num_local,
-                                   *lambdas)
+    expected = reference_ibot_loss(
+        s_cls.flatten(0, 1),
+        s_patch.flatten(0, 1),
+        t_cls.flatten(0, 1),
+        t_patch.flatten(0, 1),
+        list(masks),
+        c,
+        c2[None],
+        0.04,
+        0.07,
+        0.1,
+        2,
+        2 + num_local,
+        *lambdas,
+    )
     torch.testing.assert_close(per_sample.mean(), expected)
     # The patch term of one view: masked-token mean of the token cross-entropies.
     m = ibot_patch_loss(t_patch[1], s_patch[1], masks[1], c2, 0.07, 0.1)
@@ -81,8 +108,26 @@ def test_pair_table_equals_brute_force(mode: str, G: int, L: int, rule: str) -> 
     patch = torch.stack([ibot_patch_loss(TP[g], SP[g], M[g], c2, tau_t2, tau_s) for g in range(G)], 1)
     pairs = global_pair_index(G, rule)
     table = ibot_pair_table(dino_ce_table(T, torch.cat([S, S_loc]), c, tau_t, tau_s), patch, pairs, l1, l2)
-    brute = torch.stack([ibot_loss([T[a], T[b]], [S[a], S[b], *S_loc], [TP[a], TP[b]], [SP[a], SP[b]], [M[a], M[b]],
-                                   c, c2, tau_t, tau_t2, tau_s, l1, l2) for a, b in official_pairs(G, rule)], 1)
+    brute = torch.stack(
+        [
+            ibot_loss(
+                [T[a], T[b]],
+                [S[a], S[b], *S_loc],
+                [TP[a], TP[b]],
+                [SP[a], SP[b]],
+                [M[a], M[b]],
+                c,
+                c2,
+                tau_t,
+                tau_t2,
+                tau_s,
+                l1,
+                l2,
+            )
+            for a, b in official_pairs(G, rule)
+        ],
+        1,
+    )
     assert table.shape == (B, len(official_pairs(G, rule)))
     torch.testing.assert_close(table, brute)
     assert torch.equal(choose(table, mode), choose(brute, mode))

@@ -15,10 +15,10 @@ from hvp_lightning.losses import mocov3_loss, mocov3_pair_table
 from hvp_lightning.selection import choose, pair_index
 
 
-def mocov3_reference(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor,
-                     tau: float) -> list[float]:
+def mocov3_reference(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, tau: float) -> list[float]:
     """MoCo v3 Algorithm 1 (``ctr(q1, k2) + ctr(q2, k1)``, ``ctr = 2 tau CE(q k^T / tau, own)``)
     per sample, in float64 loops over the keys."""
+
     def unit(v: torch.Tensor) -> list[float]:
         norm = math.sqrt(sum(float(x) ** 2 for x in v))
         return [float(x) / norm for x in v]

@@ -28,8 +28,9 @@ def test_dino_matches_lightly(num_local):
     b, k, tau_t, tau_s = 5, 32, 0.04, 0.1
     teacher = [torch.randn(b, k, generator=g) for _ in range(2)]
     student = [torch.randn(b, k, generator=g) for _ in range(2 + num_local)]
-    oracle = lightly_loss.DINOLoss(output_dim=k, warmup_teacher_temp=tau_t, teacher_temp=tau_t,
-                                   warmup_teacher_temp_epochs=0, student_temp=tau_s)
+    oracle = lightly_loss.DINOLoss(
+        output_dim=k, warmup_teacher_temp=tau_t, teacher_temp=tau_t, warmup_teacher_temp_epochs=0, student_temp=tau_s
+    )
     expected = oracle(teacher, student, epoch=0)  # its centre starts at zero
     ours = dino_loss(teacher, student, torch.zeros(1, k), tau_t, tau_s).mean()
     assert torch.allclose(ours, expected, atol=1e-5)

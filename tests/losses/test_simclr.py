@@ -64,8 +64,10 @@ def test_pair_table_with_gathered_keys_equals_global_rows() -> None:
     z = _candidates(n=3, b=6)
     full = simclr_pair_table(z, 0.5)
     for rank in range(2):
-        local = z[:, 3 * rank:3 * (rank + 1)]
-        torch.testing.assert_close(simclr_pair_table(local, 0.5, keys=z, offset=3 * rank), full[3 * rank:3 * (rank + 1)])
+        local = z[:, 3 * rank : 3 * (rank + 1)]
+        torch.testing.assert_close(
+            simclr_pair_table(local, 0.5, keys=z, offset=3 * rank), full[3 * rank : 3 * (rank + 1)]
+        )
 
 
 @pytest.mark.parametrize("mode", ["hard", "easy"])
@@ -82,8 +84,8 @@ def test_selection_equals_brute_force(mode: str) -> None:
 
 def _ddp_worker(rank: int, world: int, z1: torch.Tensor, z2: torch.Tensor) -> tuple[torch.Tensor, ...]:
     b = z1.shape[0] // world
-    a1 = z1[rank * b:(rank + 1) * b].clone().requires_grad_(True)
-    a2 = z2[rank * b:(rank + 1) * b].clone().requires_grad_(True)
+    a1 = z1[rank * b : (rank + 1) * b].clone().requires_grad_(True)
+    a2 = z2[rank * b : (rank + 1) * b].clone().requires_grad_(True)
     loss = nt_xent_loss(a1, a2, 0.5, gather=True)
     loss.mean().backward()
     return loss.detach(), a1.grad.detach(), a2.grad.detach()

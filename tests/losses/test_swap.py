@@ -18,8 +18,10 @@ from .test_barlow_twins import LAMBD
 
 LOSSES = {  # the batch loss and its table
     "vicreg": (lambda x, y: vicreg_loss(x, y), lambda z, **kw: vicreg_pair_table(z, **kw)),
-    "barlow_twins": (lambda x, y: barlow_twins_loss(x, y, LAMBD),
-                     lambda z, **kw: barlow_twins_pair_table(z, LAMBD, **kw)),
+    "barlow_twins": (
+        lambda x, y: barlow_twins_loss(x, y, LAMBD),
+        lambda z, **kw: barlow_twins_pair_table(z, LAMBD, **kw),
+    ),
 }
 
 
@@ -84,5 +86,3 @@ def test_fp32_table_ranks_like_fp64(method: str) -> None:
     assert fp32.dtype == torch.float32
     spread = (exact.amax(1) - exact.amin(1)).mean()
     assert (fp32.double() - exact).abs().max() < 1e-4 * spread
-
-

@@ -11,8 +11,9 @@ import torch
 from hvp_lightning.losses.vicreg import vicreg_loss
 
 
-def loop_vicreg(x: list[list[float]], y: list[list[float]], lam: float = 25.0, mu: float = 25.0,
-                nu: float = 1.0) -> float:
+def loop_vicreg(
+    x: list[list[float]], y: list[list[float]], lam: float = 25.0, mu: float = 25.0, nu: float = 1.0
+) -> float:
     """The official VICReg loss (main_vicreg.py) with a loop per sum. (The paper's Algorithm 1
     adds the two branches' variance terms; the official code averages them, as here.)"""
     m, d = len(x), len(x[0])
@@ -20,8 +21,10 @@ def loop_vicreg(x: list[list[float]], y: list[list[float]], lam: float = 25.0, m
     var = cov = 0.0
     for z in (x, y):
         mean = [sum(z[i][j] for i in range(m)) / m for j in range(d)]
-        c = [[sum((z[i][p] - mean[p]) * (z[i][q] - mean[q]) for i in range(m)) / (m - 1) for q in range(d)]
-             for p in range(d)]
+        c = [
+            [sum((z[i][p] - mean[p]) * (z[i][q] - mean[q]) for i in range(m)) / (m - 1) for q in range(d)]
+            for p in range(d)
+        ]
         var += sum(max(0.0, 1 - math.sqrt(c[j][j] + 1e-4)) for j in range(d)) / d / 2
         cov += sum(c[p][q] ** 2 for p in range(d) for q in range(d) if p != q) / d
     return lam * inv + mu * var + nu * cov

@@ -29,8 +29,11 @@ def _model_and_batch(method: str, *extra: str, b: int = 8):
     model.train()
     g = torch.Generator().manual_seed(1)
     n = model.hvp.views_per_image
-    batch = {"views": [torch.randn(b, 3, 16, 16, generator=g) for _ in range(n)], "label": torch.zeros(b, dtype=torch.long),
-             "index": torch.arange(b)}
+    batch = {
+        "views": [torch.randn(b, 3, 16, 16, generator=g) for _ in range(n)],
+        "label": torch.zeros(b, dtype=torch.long),
+        "index": torch.arange(b),
+    }
     return model, batch
 
 
@@ -72,16 +75,23 @@ def test_presets_build(preset: str) -> None:
     from hvp_lightning.config import validate
     from hvp_lightning.methods import METHODS
 
-    cfg = make_cfg(f"method={preset}", "backbone=resnet18_narrow", "backbone.width=4", "logger=csv",
-                   "data.num_workers=0", tiny=False)
+    cfg = make_cfg(
+        f"method={preset}",
+        "backbone=resnet18_narrow",
+        "backbone.width=4",
+        "logger=csv",
+        "data.num_workers=0",
+        tiny=False,
+    )
     validate(cfg)
     model = METHODS[cfg.method.name](cfg)
     linears = [m for m in model.projector if isinstance(m, nn.Linear)]
     dim = PRESETS[preset]
     assert [m.out_features for m in linears] == [dim] * 3 and linears[-1].bias is None
     assert sum(isinstance(m, nn.BatchNorm1d) for m in model.projector) == 2
-    model.trainer = SimpleNamespace(world_size=1, accumulate_grad_batches=1, estimated_stepping_batches=100,
-                                    max_epochs=10)  # type: ignore[assignment]
+    model.trainer = SimpleNamespace(
+        world_size=1, accumulate_grad_batches=1, estimated_stepping_batches=100, max_epochs=10
+    )  # type: ignore[assignment]
     opt = model.configure_optimizers()["optimizer"]
     o = cfg.method.optimizer
     peak = o.base_lr * cfg.method.batch_size / 256
@@ -95,11 +105,14 @@ def test_presets_build(preset: str) -> None:
         assert [g["initial_lr"] for g in opt.param_groups] == [pytest.approx(peak)]
 
 
-@pytest.mark.parametrize(("override", "key"), [
-    ("method=vicreg_cifar method.std_coeff=-1", "method.std_coeff=-1"),
-    ("method=barlow_twins_cifar method.lambd=abc", "method.lambd='abc'"),
-    ("method=barlow_twins_cifar method.optimizer.base_lr_biases=0", "method.optimizer.base_lr_biases=0"),
-])
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("method=vicreg_cifar method.std_coeff=-1", "method.std_coeff=-1"),
+        ("method=barlow_twins_cifar method.lambd=abc", "method.lambd='abc'"),
+        ("method=barlow_twins_cifar method.optimizer.base_lr_biases=0", "method.optimizer.base_lr_biases=0"),
+    ],
+)
 def test_config_errors_name_key_value_and_allowed(override: str, key: str) -> None:
     from hvp_lightning.config import ConfigError, validate
 

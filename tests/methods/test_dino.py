@@ -15,17 +15,35 @@ from hvp_lightning.losses import dino_loss
 from hvp_lightning.methods import METHODS
 from hvp_lightning.methods.dino import DINO
 from hvp_lightning.selection import candidate_counts, choose
-from hvp_lightning.teacher import (Centering, clip_gradients_per_parameter, cosine_momentum, ema_update, make_teacher,
-                                   teacher_temperature)
+from hvp_lightning.teacher import (
+    Centering,
+    clip_gradients_per_parameter,
+    cosine_momentum,
+    ema_update,
+    make_teacher,
+    teacher_temperature,
+)
 
-from ..conftest import make_cfg as compose_cfg, official_pairs, score_and_assert_stateless, tiny_vit_run
+from ..conftest import make_cfg as compose_cfg
+from ..conftest import official_pairs, score_and_assert_stateless, tiny_vit_run
 from ..losses.test_dino import reference_dino_loss
 from ..selection.test_multicrop import _brute_force
 
-VIT = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32", "+backbone.depth=1",
-       "backbone.drop_path_rate=0.0"]
-TINY = ["method=dino_cifar", "method.out_dim=64", "method.head_hidden_dim=32",
-        "method.bottleneck_dim=16", "logger=csv", "data.num_workers=0"]
+VIT = [
+    "backbone=vit_tiny",
+    "backbone.patch_size=8",
+    "backbone.img_size=32",
+    "+backbone.depth=1",
+    "backbone.drop_path_rate=0.0",
+]
+TINY = [
+    "method=dino_cifar",
+    "method.out_dim=64",
+    "method.head_hidden_dim=32",
+    "method.bottleneck_dim=16",
+    "logger=csv",
+    "data.num_workers=0",
+]
 
 
 def make_cfg(*overrides: str, backbone: tuple[str, ...] = tuple(VIT)) -> DictConfig:
@@ -38,8 +56,12 @@ def make_batch(cfg: DictConfig, b: int = 3, seed: int = 0) -> dict:
     views = [torch.randn(b, 3, a.size, a.size, generator=g) for a in augs]
     # crop_x encodes (sample, view position) so tests can check that parameters travel along.
     crop_x = torch.arange(b)[:, None] * 100.0 + torch.arange(len(augs))[None].float()
-    return {"views": views, "params": {"crop_x": crop_x}, "label": torch.zeros(b, dtype=torch.long),
-            "index": torch.arange(b)}
+    return {
+        "views": views,
+        "params": {"crop_x": crop_x},
+        "label": torch.zeros(b, dtype=torch.long),
+        "index": torch.arange(b),
+    }
 
 
 # --- the LightningModule ---------------------------------------------------------------------
@@ -95,8 +117,14 @@ def test_model_selection_equals_brute_force_and_gathers_views() -> None:
 def test_selection_pass_leaves_state_unchanged() -> None:
     torch.manual_seed(0)
     resnet = ("backbone=resnet18_narrow", "backbone.width=4", "backbone.channels_last=false")
-    cfg = make_cfg("+hvp=on", "hvp.mode=random", "method.use_bn_in_head=true", "method.local_crop_size=8",
-                   "data.crop_size=16", backbone=resnet)
+    cfg = make_cfg(
+        "+hvp=on",
+        "hvp.mode=random",
+        "method.use_bn_in_head=true",
+        "method.local_crop_size=8",
+        "data.crop_size=16",
+        backbone=resnet,
+    )
     model = DINO(cfg).train()
     assert not model.teacher_reuse  # BatchNorm teacher: the training step forwards again
     batch = make_batch(cfg, b=4)
@@ -151,7 +179,7 @@ def test_hvp_off_equals_baseline_step() -> None:
     hvp.hvp_active = lambda: False  # type: ignore[method-assign]
     hvp_batch = make_batch(make_cfg("+hvp=on"), b=3)
     g = hvp.num_globals
-    plain = dict(hvp_batch, views=hvp_batch["views"][:2] + hvp_batch["views"][g:g + 2])
+    plain = dict(hvp_batch, views=hvp_batch["views"][:2] + hvp_batch["views"][g : g + 2])
     base.centering.center.copy_(c)
     torch.testing.assert_close(hvp.training_step(hvp_batch, 0), base.training_step(plain, 0))
 

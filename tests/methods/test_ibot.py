@@ -20,13 +20,25 @@ from hvp_lightning.methods.ibot import IBOT
 from hvp_lightning.selection import choose
 from hvp_lightning.teacher import ema_update
 
-from ..conftest import make_cfg as compose_cfg, official_pairs, score_and_assert_stateless, tiny_vit_run
+from ..conftest import make_cfg as compose_cfg
+from ..conftest import official_pairs, score_and_assert_stateless, tiny_vit_run
 from ..losses.test_ibot import reference_ibot_loss
 
-VIT = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32", "+backbone.depth=1",
-       "backbone.drop_path_rate=0.0"]
-TINY = ["method=ibot_cifar", "method.out_dim=64", "method.head_hidden_dim=32", "method.bottleneck_dim=16",
-        "logger=csv", "data.num_workers=0"]
+VIT = [
+    "backbone=vit_tiny",
+    "backbone.patch_size=8",
+    "backbone.img_size=32",
+    "+backbone.depth=1",
+    "backbone.drop_path_rate=0.0",
+]
+TINY = [
+    "method=ibot_cifar",
+    "method.out_dim=64",
+    "method.head_hidden_dim=32",
+    "method.bottleneck_dim=16",
+    "logger=csv",
+    "data.num_workers=0",
+]
 TOL = dict(rtol=1e-4, atol=1e-5)
 
 
@@ -40,8 +52,12 @@ def make_batch(cfg: DictConfig, b: int = 3, seed: int = 0) -> dict:
     views = [torch.randn(b, 3, a.size, a.size, generator=g) for a in augs]
     # crop_x encodes (sample, view position) so tests can check that parameters travel along.
     crop_x = torch.arange(b)[:, None] * 100.0 + torch.arange(len(augs))[None].float()
-    return {"views": views, "params": {"crop_x": crop_x}, "label": torch.zeros(b, dtype=torch.long),
-            "index": torch.arange(b)}
+    return {
+        "views": views,
+        "params": {"crop_x": crop_x},
+        "label": torch.zeros(b, dtype=torch.long),
+        "index": torch.arange(b),
+    }
 
 
 def with_masks(model: IBOT, batch: dict, seed: int = 0) -> dict:
@@ -103,9 +119,20 @@ def _model_loss(model: IBOT, views: list, masks: list, teacher_out=None) -> torc
         sc, sp = model._token_forward(model.backbone, model.head, views[:2], masks)
         sc += [model.head(model.backbone(v)) for v in views[2:]]
         m = model.cfg.method
-        return ibot_loss(teacher_out[0], sc, teacher_out[1], sp, masks, model.centering.center,
-                         model.patch_centering.center, model.teacher_temp(), model.teacher_patch_temp(),
-                         m.student_temp, m.lambda1, m.lambda2)
+        return ibot_loss(
+            teacher_out[0],
+            sc,
+            teacher_out[1],
+            sp,
+            masks,
+            model.centering.center,
+            model.patch_centering.center,
+            model.teacher_temp(),
+            model.teacher_patch_temp(),
+            m.student_temp,
+            m.lambda1,
+            m.lambda2,
+        )
 
 
 @pytest.mark.parametrize("rule", ["cross", "all"])
@@ -121,8 +148,13 @@ def test_model_selection_equals_brute_force_and_masks_travel(rule: str) -> None:
     table = model.score_candidates(batch)
     assert table.shape == (3, len(official_pairs(G, rule)))
     views, masks = batch["views"], batch["masks"]
-    brute = torch.stack([_model_loss(model, [views[a], views[b], *views[G:]], [masks[a], masks[b]])
-                         for a, b in official_pairs(G, rule)], 1)
+    brute = torch.stack(
+        [
+            _model_loss(model, [views[a], views[b], *views[G:]], [masks[a], masks[b]])
+            for a, b in official_pairs(G, rule)
+        ],
+        1,
+    )
     torch.testing.assert_close(table, brute, **TOL)
     choice = choose(table, "hard")
     assert torch.equal(choice, brute.argmax(1))
@@ -202,9 +234,22 @@ def test_hvp_off_equals_baseline_step() -> None:
         s_cls, s_patch = base.head.forward_tokens(sc, sp)
         s_cls = torch.cat([s_cls, *(base.head(base.backbone(v)) for v in batch["views"][2:])])
     m = cfg.method
-    expected = reference_ibot_loss(s_cls, s_patch, t_cls, t_patch, masks, c, c2[None], base.teacher_temp(),
-                                   base.teacher_patch_temp(), m.student_temp, 2, len(batch["views"]), m.lambda1,
-                                   m.lambda2)
+    expected = reference_ibot_loss(
+        s_cls,
+        s_patch,
+        t_cls,
+        t_patch,
+        masks,
+        c,
+        c2[None],
+        base.teacher_temp(),
+        base.teacher_patch_temp(),
+        m.student_temp,
+        2,
+        len(batch["views"]),
+        m.lambda1,
+        m.lambda2,
+    )
     torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-6)
     # HVP enabled on an off-step (every_n_steps): globals 0, 1 with their masks, i.e. the baseline.
     hvp_cfg = make_cfg("+hvp=on", "hvp.every_n_steps=2")

@@ -13,10 +13,14 @@ from ..conftest import make_cfg
 from .test_momentum import build_preset, out_features
 
 
-@pytest.mark.parametrize(("preset", "proj", "pred"), [
-    ("mocov3", [4096, 256], [4096, 256]), ("mocov3_cifar", [2048, 256], [2048, 256]),
-    ("mocov3_vit", [4096, 4096, 256], [4096, 256]),
-])
+@pytest.mark.parametrize(
+    ("preset", "proj", "pred"),
+    [
+        ("mocov3", [4096, 256], [4096, 256]),
+        ("mocov3_cifar", [2048, 256], [2048, 256]),
+        ("mocov3_vit", [4096, 4096, 256], [4096, 256]),
+    ],
+)
 def test_presets_build_the_papers_heads(preset: str, proj: list[int], pred: list[int]) -> None:
     model = build_preset(preset)
     assert out_features(model.projector) == proj and out_features(model.predictor) == pred
@@ -26,10 +30,13 @@ def test_presets_build_the_papers_heads(preset: str, proj: list[int], pred: list
     assert not vit or not model.predictor[-1].affine
 
 
-@pytest.mark.parametrize(("override", "key"), [
-    ("method.temperature=0", "method.temperature=0"),
-    ("method.proj_last_bn=maybe", "method.proj_last_bn='maybe'"),
-])
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("method.temperature=0", "method.temperature=0"),
+        ("method.proj_last_bn=maybe", "method.proj_last_bn='maybe'"),
+    ],
+)
 def test_config_errors_name_key_value_and_allowed(override: str, key: str) -> None:
     with pytest.raises(ConfigError) as err:
         validate(make_cfg("method=mocov3_cifar", override))

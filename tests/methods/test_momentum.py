@@ -19,8 +19,13 @@ from hvp_lightning.methods import METHODS
 from ..conftest import make_cfg, score_and_assert_stateless
 
 # Tiny networks: ResNet-18 CIFAR stem at width 8, 16 px crops, small heads.
-SMALL = ["backbone.width=8", "data.crop_size=16", "method.proj_hidden_dim=32", "method.proj_dim=16",
-         "method.pred_hidden_dim=32"]
+SMALL = [
+    "backbone.width=8",
+    "data.crop_size=16",
+    "method.proj_hidden_dim=32",
+    "method.proj_dim=16",
+    "method.pred_hidden_dim=32",
+]
 
 
 def _model(method: str, *extra: str) -> tuple[nn.Module, dict]:
@@ -36,8 +41,10 @@ def _model(method: str, *extra: str) -> tuple[nn.Module, dict]:
 @pytest.mark.parametrize("method", ["byol", "mocov3"])
 def test_target_starts_as_a_frozen_copy_and_is_not_optimised(method: str) -> None:
     model, _ = _model(method)
-    online = {**{f"backbone.{k}": v for k, v in model.backbone.state_dict().items()},
-              **{f"projector.{k}": v for k, v in model.projector.state_dict().items()}}
+    online = {
+        **{f"backbone.{k}": v for k, v in model.backbone.state_dict().items()},
+        **{f"projector.{k}": v for k, v in model.projector.state_dict().items()},
+    }
     target = model.target.state_dict()
     assert online.keys() == target.keys()
     assert all(torch.equal(online[k], target[k]) for k in online)
@@ -85,9 +92,14 @@ def test_baseline_step_equals_hand_written_official_step(method: str) -> None:
     rule -- BYOL: ``tau_k = 1 - (1 - tau_base)(cos(pi k / K) + 1) / 2`` at k = 0 after the
     update; MoCo v3: ``m = 1 - 0.5 (1 + cos(pi t / T)) (1 - m_base)`` of the next step (t = 1/K
     of training), applied before that step's keys."""
-    model, batch = _model(method, "method.optimizer.name=sgd", "method.optimizer.warmup_epochs=0",
-                          "method.optimizer.weight_decay=0.0", "method.optimizer.momentum=0.0",
-                          "method.optimizer.base_lr=0.5")
+    model, batch = _model(
+        method,
+        "method.optimizer.name=sgd",
+        "method.optimizer.warmup_epochs=0",
+        "method.optimizer.weight_decay=0.0",
+        "method.optimizer.momentum=0.0",
+        "method.optimizer.base_lr=0.5",
+    )
     online = nn.ModuleDict({k: copy.deepcopy(getattr(model, k)) for k in ("backbone", "projector", "predictor")})
     target = nn.ModuleDict({k: copy.deepcopy(getattr(model, k)) for k in ("backbone", "projector")})
     x1, x2 = batch["views"]
@@ -98,9 +110,11 @@ def test_baseline_step_equals_hand_written_official_step(method: str) -> None:
     if method == "byol":
         loss = (2 - 2 * F.cosine_similarity(p1, z2)).mean() + (2 - 2 * F.cosine_similarity(p2, z1)).mean()
     else:
+
         def ctr(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
             logits = F.normalize(q, dim=1) @ F.normalize(k, dim=1).T / 0.2
             return F.cross_entropy(logits, torch.arange(q.shape[0])) * 2 * 0.2
+
         loss = ctr(p1, z2) + ctr(p2, z1)
     loss.backward()
     lr = 0.5 * model.cfg.method.batch_size / 256  # the linear rule uses the configured batch
@@ -108,14 +122,25 @@ def test_baseline_step_equals_hand_written_official_step(method: str) -> None:
         for p in online.parameters():
             p -= lr * p.grad
         base, total = model.cfg.method.base_momentum, 4
-        m = (1 - (1 - base) * (math.cos(0) + 1) / 2 if method == "byol"
-             else 1 - 0.5 * (1 + math.cos(math.pi * 1 / total)) * (1 - base))
+        m = (
+            1 - (1 - base) * (math.cos(0) + 1) / 2
+            if method == "byol"
+            else 1 - 0.5 * (1 + math.cos(math.pi * 1 / total)) * (1 - base)
+        )
         for t, o in zip(target.parameters(), [*online.backbone.parameters(), *online.projector.parameters()]):
             t.mul_(m).add_(o, alpha=1 - m)
     # --- the LightningModule's step
-    trainer = L.Trainer(max_steps=total, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        limit_val_batches=0, callbacks=[_StopAfterFirstStep()])
+    trainer = L.Trainer(
+        max_steps=total,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[_StopAfterFirstStep()],
+    )
     loader = torch.utils.data.DataLoader(_OneBatch(batch, total), batch_size=None)
     trainer.fit(model, train_dataloaders=loader)
     assert trainer.global_step == 1 and trainer.estimated_stepping_batches == total
@@ -134,8 +159,11 @@ def build_preset(preset: str) -> nn.Module:
     preset's own): for the per-method preset tests."""
     from hvp_lightning.config import validate
 
-    vit = ["backbone=vit_tiny", "backbone.patch_size=4", "backbone.img_size=16", "+backbone.depth=1",
-           "data.crop_size=16"] if preset.endswith("vit") else ["backbone=resnet18_narrow", "backbone.width=4"]
+    vit = (
+        ["backbone=vit_tiny", "backbone.patch_size=4", "backbone.img_size=16", "+backbone.depth=1", "data.crop_size=16"]
+        if preset.endswith("vit")
+        else ["backbone=resnet18_narrow", "backbone.width=4"]
+    )
     cfg = make_cfg(f"method={preset}", "logger=csv", "data.num_workers=0", *vit, tiny=False)
     validate(cfg)
     return METHODS[cfg.method.name](cfg)

@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch import nn
 
-
 from ..conftest import make_cfg
 
 

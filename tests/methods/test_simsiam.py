@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hvp_lightning.methods.base import SSLMethod
 from hvp_lightning.losses import simsiam_loss
+from hvp_lightning.methods.base import SSLMethod
 from hvp_lightning.methods.simsiam import SimSiam
 
 
@@ -100,4 +100,4 @@ def test_every_n_steps_selects_only_on_those_steps(cfg_factory, every):
 
 def test_z_std_collapse_monitor_is_cosine_scale():
     z = torch.randn(512, 64)
-    assert abs(F.normalize(z, dim=1).std(0).mean().item() - 64 ** -0.5) < 0.02
+    assert abs(F.normalize(z, dim=1).std(0).mean().item() - 64**-0.5) < 0.02

@@ -12,19 +12,32 @@ import torch
 from hvp_lightning.losses import dino_loss
 from hvp_lightning.selection import dino_exact_selection
 
-from ..losses.test_dino import _logits
 from ..conftest import official_pairs
+from ..losses.test_dino import _logits
 
-VIT = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=32", "+backbone.depth=1",
-       "backbone.drop_path_rate=0.0"]
-TINY = ["method=dino_cifar", "method.out_dim=64", "method.head_hidden_dim=32",
-        "method.bottleneck_dim=16", "logger=csv", "data.num_workers=0"]
+VIT = [
+    "backbone=vit_tiny",
+    "backbone.patch_size=8",
+    "backbone.img_size=32",
+    "+backbone.depth=1",
+    "backbone.drop_path_rate=0.0",
+]
+TINY = [
+    "method=dino_cifar",
+    "method.out_dim=64",
+    "method.head_hidden_dim=32",
+    "method.bottleneck_dim=16",
+    "logger=csv",
+    "data.num_workers=0",
+]
 
 
 def _brute_force(T, S_glob, S_loc, L, center, tau_t, tau_s, rule="all"):
     combos = [(p, loc) for p in official_pairs(T.shape[0], rule) for loc in combinations(range(S_loc.shape[0]), L)]
-    losses = [dino_loss([T[g1], T[g2]], [S_glob[g1], S_glob[g2], *(S_loc[j] for j in loc)], center, tau_t, tau_s)
-              for (g1, g2), loc in combos]
+    losses = [
+        dino_loss([T[g1], T[g2]], [S_glob[g1], S_glob[g2], *(S_loc[j] for j in loc)], center, tau_t, tau_s)
+        for (g1, g2), loc in combos
+    ]
     return torch.stack(losses, 1), combos  # [B, C(G,2) * C(Lc,L)]
 
 
@@ -69,8 +82,9 @@ def test_random_and_sampled_selection() -> None:
     again = dino_exact_selection(T, S_glob, S_loc, L, center, tau_t, tau_s, "random", generator=gen())
     assert torch.equal(rand.pair, again.pair) and torch.equal(rand.locals, again.locals)
     # K sampled combinations (the paper's setting): the best of them, never above the exact max.
-    sampled = dino_exact_selection(T, S_glob, S_loc, L, center, tau_t, tau_s, "hard", max_combinations=8,
-                                   generator=gen())
+    sampled = dino_exact_selection(
+        T, S_glob, S_loc, L, center, tau_t, tau_s, "hard", max_combinations=8, generator=gen()
+    )
     torch.testing.assert_close(_loss_of_choice(T, S_glob, S_loc, sampled, center, tau_t, tau_s), sampled.loss)
     assert (sampled.loss <= brute.max(1).values + 1e-6).all()
     # K >= all combinations is the exact search.

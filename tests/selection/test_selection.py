@@ -9,8 +9,17 @@ import torch
 
 from hvp_lightning.losses import simsiam_loss, simsiam_pair_table
 from hvp_lightning.methods.simsiam import SimSiam
-from hvp_lightning.selection import (ambient_autocast_dtype, choose, frozen_state, gather_pairs, global_pair_index,
-                                     pair_index, resolve_selection_dtype, step_autocast_dtype, summarise_totals)
+from hvp_lightning.selection import (
+    ambient_autocast_dtype,
+    choose,
+    frozen_state,
+    gather_pairs,
+    global_pair_index,
+    pair_index,
+    resolve_selection_dtype,
+    step_autocast_dtype,
+    summarise_totals,
+)
 
 from ..conftest import official_pairs, precision_flags
 
@@ -30,7 +39,9 @@ def test_simsiam_choice_equals_brute_force(n, mode):
     choice = choose(table, mode)
     pairs = list(itertools.combinations(range(n), 2))
     for s in range(b):  # pair by pair with the official per-sample loss
-        losses = torch.stack([simsiam_loss(p[k, s:s + 1], p[l, s:s + 1], z[k, s:s + 1], z[l, s:s + 1])[0] for k, l in pairs])
+        losses = torch.stack(
+            [simsiam_loss(p[k, s : s + 1], p[l, s : s + 1], z[k, s : s + 1], z[l, s : s + 1])[0] for k, l in pairs]
+        )
         assert torch.allclose(table[s], losses, atol=1e-6)
         best = losses.argmax() if mode == "hard" else losses.argmin()
         assert choice[s].item() == best.item()
@@ -149,9 +160,16 @@ def test_cpu_low_precision_selection_falls_back_loudly():
         resolve_selection_dtype("int8", "cuda")
 
 
-@pytest.mark.parametrize(("trainer_precision", "device", "expected"), [
-    ("32-true", "cuda", None), ("bf16-mixed", "cuda", torch.bfloat16), ("16-mixed", "cuda", torch.float16),
-    ("32-true", "cpu", None), ("bf16-mixed", "cpu", None)])
+@pytest.mark.parametrize(
+    ("trainer_precision", "device", "expected"),
+    [
+        ("32-true", "cuda", None),
+        ("bf16-mixed", "cuda", torch.bfloat16),
+        ("16-mixed", "cuda", torch.float16),
+        ("32-true", "cpu", None),
+        ("bf16-mixed", "cpu", None),
+    ],
+)
 def test_auto_selection_precision_follows_the_training_step(trainer_precision, device, expected, recwarn):
     """``auto``: the step's autocast dtype on GPU, fp32 on CPU (slow low-precision convs there),
     silently -- it is the default, not a request; ``fp32`` stays fp32 under any step."""
@@ -198,6 +216,7 @@ def test_bf16_selection_runs_sync_batchnorm_as_cuda_allows(cfg_factory, monkeypa
     first bf16 HVP step of a DDP run crashed that way while the selection switched
     ``track_running_stats`` off. On CPU the kernel's rule stands in for it, and the selection
     must still leave every buffer as it was."""
+
     def cuda_rule(self, x):
         running_stats = not self.training or self.track_running_stats  # as SyncBatchNorm.forward passes them
         if self.training and not running_stats and x.dtype != torch.float32:
@@ -256,7 +275,9 @@ def tf32_matmuls(request, monkeypatch, matmul_precision_restored):
         return False
 
     monkeypatch.setattr(torch, "einsum", lambda eq, *ops: einsum(eq, *(_tf32(o) if rounded() else o for o in ops)))
-    monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: matmul(_tf32(a), _tf32(b)) if rounded() else matmul(a, b))
+    monkeypatch.setattr(
+        torch.Tensor, "__matmul__", lambda a, b: matmul(_tf32(a), _tf32(b)) if rounded() else matmul(a, b)
+    )
     if request.param == "legacy":
         torch.set_float32_matmul_precision("high")
     else:  # from torch's default, as in a fresh process
@@ -276,8 +297,11 @@ def test_candidate_tables_are_exact_fp32_where_tf32_is_allowed(tf32_matmuls):
     g = torch.Generator().manual_seed(0)
     t, s, center = torch.randn(2, 8, 4096, generator=g), torch.randn(5, 8, 4096, generator=g), torch.zeros(4096)
     p, z = torch.randn(4, 8, 256, generator=g), torch.randn(4, 8, 256, generator=g)
-    tables = {"dino": lambda: dino_ce_table(t, s, center, 0.04, 0.1), "simsiam": lambda: simsiam_pair_table(p, z),
-              "simclr": lambda: simclr_pair_table(z, 0.1)}
+    tables = {
+        "dino": lambda: dino_ce_table(t, s, center, 0.04, 0.1),
+        "simsiam": lambda: simsiam_pair_table(p, z),
+        "simclr": lambda: simclr_pair_table(z, 0.1),
+    }
     tf32_matmuls["on"] = False  # the references: plain fp32
     want = {name: table() for name, table in tables.items()}
     q, logp = teacher_probs(t, center, 0.04), student_log_probs(s, 0.1)

@@ -154,7 +154,8 @@ def test_preempted_and_timed_out_jobs_are_requeued_and_end_as_the_uninterrupted_
     """(c) one sweep of two identical jobs: #0 runs through, #1 gets ``scancel --signal=USR2`` mid-epoch
     (what SLURM sends before a pre-emption); beside it, a job whose ``--time`` (2 min) ends before its
     training does. Both are requeued by submitit and end with #0's weights, bit for bit."""
-    train = ["trainer.devices=1", "data.train_size=512", "trainer.max_epochs=12"]
+    # long enough (~2x a minute of training on 2 cores) that the 2-minute job cannot finish before its signal
+    train = ["trainer.devices=1", "data.train_size=1024", "trainer.max_epochs=12"]
     pre, limit = tmp_path / "preempt", tmp_path / "timelimit"
     procs = [
         subprocess.Popen(

@@ -68,7 +68,7 @@ def test_easy_mode_selects_below_the_candidate_mean(cfg_factory, tmp_path):
         ("+hvp=on hvp.every_n_steps=0", "hvp.every_n_steps=0"),
         ("+hvp=on hvp.selection_precision=int8", "hvp.selection_precision='int8'"),
         ("method=dino_cifar +hvp=on hvp.global_pairs=same", "hvp.global_pairs='same'"),
-        ("method.name=byol", "method.name='byol'"),
+        ("method.name=swav", "method.name='swav'"),
         ("backbone.name=resnet7", "backbone.name='resnet7'"),
         ("data.name=mnist", "data.name='mnist'"),
         ("data=imagefolder data.root=/nonexistent/path", "data.root='/nonexistent/path'"),

@@ -4,6 +4,7 @@ same weights as an uninterrupted one; atomic writes; safe loading and clear erro
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -285,7 +286,10 @@ def test_wandb_resume_continues_the_same_run(tmp_path, monkeypatch):
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
     run(resume_config(tmp_path, make_cfg("logger=wandb", "trainer.max_epochs=2"), ["trainer.max_epochs=2"]), tmp_path)
     runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(r.name.endswith(run_id) for r in runs)
+    # offline-run-<date>_<time>-<id>; W&B appends -1 when two sessions start within the same second
+    assert len(runs) == 2 and all(
+        re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{run_id}(-\d+)?", r.name) for r in runs
+    ), runs
 
 
 def test_checkpoint_settings_are_validated():

@@ -45,7 +45,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .atomic import atomic_write
 from .checkpoint_paths import LAST, resolve_checkpoint
-from .distributed import gather_per_rank, rank_and_world
+from .distributed import gather_per_rank, rank_and_world, rank_entries
+from .epoch_metrics import merge_partial_epoch_sums, partial_epoch_sums, unmerged_keys
 from .errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -193,9 +194,12 @@ class RunCheckpoint(Checkpoint):
     last only). Writes go through the trainer, so with :class:`AtomicCheckpointIO` as plugin
     each file appears atomically.
 
-    Its checkpoint state is the RNG streams of every rank, restored on resume, and the last
-    epoch's training loss (mean over ranks), which the run's summary reports -- a resumed run
-    that trains nothing more included. (The wall
+    Its checkpoint state is the RNG streams of every rank, restored on resume; in a checkpoint
+    inside an epoch, every rank's running sums of that epoch's ``on_epoch`` metrics
+    (:mod:`hvp_lightning.epoch_metrics`), added back when the resumed run logs them, so the
+    epoch's ``*_epoch`` values cover the whole epoch; and the last epoch's training loss (mean
+    over ranks), which the run's summary reports -- a resumed run that trains nothing more
+    included. (The wall
     time over all sessions is :class:`hvp_lightning.run_logs.RunRecord`'s: a session killed
     after its last checkpoint has spent time no checkpoint knows of.)"""
 
@@ -215,6 +219,8 @@ class RunCheckpoint(Checkpoint):
         self.train_loss: float | None = None  # mean over ranks of the last epoch's train/loss_epoch
         self._rng: dict[str, Any] | None = None  # the RNG state save_step writes instead of the current one
         self._due_rng: dict[str, Any] | None = None  # an every_n_steps save due at the next batch's start
+        self._epoch_sums: dict[str, Any] | None = None  # in save_step's save: this rank's partial epoch sums
+        self._pending_sums: list[dict[str, Any]] = []  # restored partial sums not yet merged into this epoch's
 
     @property
     def state_key(self) -> str:
@@ -231,6 +237,8 @@ class RunCheckpoint(Checkpoint):
         writes its own checkpoint, after the k-NN). Written at the next batch's start, as a
         pre-emption's (:meth:`save_step`): callbacks run before the module's own batch-end hook
         (EMA teacher, centres, counters) and the step's log rows."""
+        if self._pending_sums:  # the resumed epoch's first step has logged: its keys exist now
+            merge_partial_epoch_sums(trainer, self._pending_sums)
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         if (
             self.every_n_steps
@@ -251,6 +259,14 @@ class RunCheckpoint(Checkpoint):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
             return
+        if self._pending_sums:
+            log.warning(
+                "resume: %s were logged before the interruption but in no step after it; their "
+                "*_epoch values for epoch %d cover the resumed steps only",
+                ", ".join(unmerged_keys(self._pending_sums)),
+                trainer.current_epoch,
+            )
+            self._pending_sums = []
         loss = trainer.callback_metrics.get("train/loss_epoch")
         if loss is not None:  # each rank's own epoch mean; every rank takes part in the reduce
             loss = trainer.strategy.reduce(loss.detach().float().to(pl_module.device), reduce_op="mean")
@@ -273,11 +289,11 @@ class RunCheckpoint(Checkpoint):
         every checkpoint."""
         for logger in trainer.loggers:  # the step's rows reach the disk with the checkpoint
             logger.save()
-        self._rng = rng
+        self._rng, self._epoch_sums = rng, partial_epoch_sums(trainer)
         try:
             trainer.save_checkpoint(self.last_path, weights_only=False)
         finally:
-            self._rng = None
+            self._rng, self._epoch_sums = None, None
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         """A save between two batches (:meth:`save_step`, from the next batch's start: that batch
@@ -291,10 +307,14 @@ class RunCheckpoint(Checkpoint):
                 counts["ready"] = counts["started"]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rng": gather_per_rank(self._rng or rng_state()), "train_loss": self.train_loss}
+        state = {"rng": gather_per_rank(self._rng or rng_state()), "train_loss": self.train_loss}
+        if self._epoch_sums is not None:  # a save inside an epoch (every rank's, a collective)
+            state["epoch_sums"] = gather_per_rank(self._epoch_sums)
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.train_loss = state_dict.get("train_loss")
+        self._pending_sums = rank_entries(state_dict.get("epoch_sums") or [])
         states = state_dict.get("rng") or []
         rank, world = rank_and_world()
         if len(states) == world:

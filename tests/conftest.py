@@ -151,6 +151,27 @@ def score_and_assert_stateless(model: torch.nn.Module, batch: dict) -> torch.Ten
     return table
 
 
+def assert_same_reported_run(resumed: Path, straight: Path) -> None:
+    """What a user reads of a run -- ``summary.json``'s train_loss and k-NN, and every epoch-level
+    value of ``csv/metrics.csv`` (``*_epoch``, ``knn/*``) -- is the uninterrupted run's, exactly
+    (a resumed epoch's aggregates cover the whole epoch, not the resumed session's steps)."""
+    import csv
+    import json
+
+    def reported(run_dir: Path) -> tuple[dict, dict]:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        with (run_dir / "csv" / "metrics.csv").open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        columns = [k for k in rows[0] if k.endswith("_epoch") or k.startswith("knn/")]
+        epochs = {k: [(r["step"], r[k]) for r in rows if r[k]] for k in columns}
+        return {k: summary[k] for k in ("train_loss", "knn_top1", "steps")}, epochs
+
+    (summary_a, epochs_a), (summary_b, epochs_b) = reported(straight), reported(resumed)
+    assert summary_a["train_loss"] is not None and epochs_a.get("train/loss_epoch")
+    assert summary_b == summary_a
+    assert epochs_b == epochs_a
+
+
 def wandb_records(run_dir: Path, timeout_s: float = 30.0) -> list:
     """Every record of the one offline W&B run under ``run_dir/wandb``: the run (project, group,
     tags, name, config), metric definitions, history rows, ... (``wandb_internal_pb2.Record``).

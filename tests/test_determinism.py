@@ -19,7 +19,7 @@ from hvp_lightning.data.resident import ResidentImages
 from hvp_lightning.data.seeds import key_uniform, key_uniforms, view_key, view_keys
 from hvp_lightning.train import run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, make_cfg
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, assert_same_reported_run, make_cfg
 
 # 96 images, batch 16: 6 steps an epoch; SimSiam + HVP (its selection draws from torch's RNG,
 # which the checkpoint carries), the default loader workers of the synthetic data (2, persistent).
@@ -147,6 +147,7 @@ def test_killed_mid_epoch_resumes_bit_for_bit_with_workers(tmp_path, method: str
     summary = run(make_cfg(*overrides, tiny=False), tmp_path / "resumed")
     assert summary["steps"] == 12
     _assert_same_weights(_weights(tmp_path / "straight"), _weights(tmp_path / "resumed"))
+    assert_same_reported_run(tmp_path / "resumed", tmp_path / "straight")
 
 
 @pytest.mark.slow
@@ -174,3 +175,4 @@ def test_ddp_killed_mid_epoch_resumes_bit_for_bit(tmp_path) -> None:
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _assert_same_weights(_weights(tmp_path / "straight"), _weights(tmp_path / "resumed"))
+    assert_same_reported_run(tmp_path / "resumed", tmp_path / "straight")

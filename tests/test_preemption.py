@@ -24,7 +24,7 @@ from hvp_lightning.preemption import cluster_plugins, preempt_signal
 from hvp_lightning.run_logs import read_record
 from hvp_lightning.train import run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, make_cfg
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, assert_same_reported_run, make_cfg
 
 VIT = [
     "method=dino_cifar",
@@ -89,6 +89,7 @@ def _assert_same_run(resumed: Path, straight: Path) -> None:
     steps = _per_column_steps(resumed)
     assert steps == _per_column_steps(straight)
     assert steps["train/loss_step"] == list(range(2 * STEPS_PER_EPOCH))
+    assert_same_reported_run(resumed, straight)
 
 
 @pytest.fixture(scope="module")

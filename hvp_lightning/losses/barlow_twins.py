@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from .pairs import pair_index
 from .precision import exact_fp32
-from .swap import row_swap
+from .swap import pair_swap
 
 BN_EPS = 1e-5  # torch.nn.BatchNorm1d's default, the official code's
 
@@ -111,13 +111,10 @@ def barlow_twins_pair_table(
     Returns:
         ``(B, N(N-1)/2)`` scores in fp32 (fp64 for fp64 input), columns in :func:`pair_index` order.
     """
-    n, b, _ = z.shape
+    n = z.shape[0]
     with exact_fp32(z.device.type):
-        z = z.to(torch.promote_types(z.dtype, torch.float32))  # fp32 at least (fp64 stays: the tests)
-        ref1, ref2 = (z[0], z[1]) if reference is None else (reference[0].to(z.dtype), reference[1].to(z.dtype))
-        rows = torch.arange(b, device=z.device) + offset
-        cand = z.transpose(0, 1)  # [B, N, D]
-        sx, sy = row_swap(ref1, cand, rows), row_swap(ref2, cand, rows)
+        pair = pair_swap(z, reference, offset)
+        sx, sy = pair.first, pair.second
         m = sx.m
         cross = sx.centred.T @ sy.centred  # K [D, D]
         w = cross * cross

@@ -46,3 +46,34 @@ def row_swap(reference: torch.Tensor, candidates: torch.Tensor, rows: torch.Tens
     sq_old = (centred * centred).sum(0)
     sq_new = sq_old + new * new - old * old - step * step / m
     return RowSwap(m, centred, new, old, step, sq_old, sq_new)
+
+
+@dataclass(frozen=True)
+class PairSwap:
+    """Both branches of a two-view batch loss with one sample's pair of rows swapped for each
+    candidate: the shared set-up of the leave-one-out tables (VICReg, Barlow Twins)."""
+
+    cand: torch.Tensor  # [B, N, D] the candidates, by sample (fp32 at least)
+    rows: torch.Tensor  # [B] each sample's row in the reference
+    ref1: torch.Tensor  # [M, D] first-branch reference rows
+    ref2: torch.Tensor  # [M, D] second-branch reference rows
+    first: RowSwap  # the first branch with its row swapped for each candidate
+    second: RowSwap  # the second branch likewise
+
+
+def pair_swap(z: torch.Tensor, reference: tuple[torch.Tensor, torch.Tensor] | None, offset: int) -> PairSwap:
+    """The row swaps of every candidate in both branches of the reference batch.
+
+    Args:
+        z: candidate embeddings ``(N, B, D)``: N views of this rank's B samples.
+        reference: under DDP, all ranks' pair-(0, 1) embeddings ``((M, D), (M, D))``; None: ``z[0], z[1]`` (M = B).
+        offset: the row of this rank's first sample in ``reference``.
+
+    Returns:
+        The :class:`PairSwap`, in ``z``'s dtype promoted to fp32 at least (fp64 stays: the tests).
+    """
+    z = z.to(torch.promote_types(z.dtype, torch.float32))
+    ref1, ref2 = (z[0], z[1]) if reference is None else (reference[0].to(z.dtype), reference[1].to(z.dtype))
+    rows = torch.arange(z.shape[1], device=z.device) + offset
+    cand = z.transpose(0, 1)
+    return PairSwap(cand, rows, ref1, ref2, row_swap(ref1, cand, rows), row_swap(ref2, cand, rows))

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from .pairs import pair_index
 from .precision import exact_fp32
 from .simclr import gather_with_grad
-from .swap import RowSwap, row_swap
+from .swap import RowSwap, pair_swap
 
 VAR_EPS = 1e-4  # official: sqrt(var + 0.0001)
 
@@ -130,16 +130,12 @@ def vicreg_pair_table(
     Returns:
         ``(B, N(N-1)/2)`` scores in fp32 (fp64 for fp64 input), columns in :func:`pair_index` order.
     """
-    n, b, _ = z.shape
     with exact_fp32(z.device.type):
-        z = z.to(torch.promote_types(z.dtype, torch.float32))  # fp32 at least (fp64 stays: the tests)
-        ref1, ref2 = (z[0], z[1]) if reference is None else (reference[0].to(z.dtype), reference[1].to(z.dtype))
-        m, dim = ref1.shape
-        rows = torch.arange(b, device=z.device) + offset
-        cand = z.transpose(0, 1)  # [B, N, D]
-        first = branch_increase(row_swap(ref1, cand, rows), std_coeff, cov_coeff)
-        second = branch_increase(row_swap(ref2, cand, rows), std_coeff, cov_coeff)
-        k, l = pair_index(n, device=z.device).unbind(1)
-        inv_new = (cand[:, k] - cand[:, l]).pow(2).sum(-1)
-        inv_old = (ref1[rows] - ref2[rows]).pow(2).sum(-1)[:, None]
+        sw = pair_swap(z, reference, offset)
+        m, dim = sw.ref1.shape
+        first = branch_increase(sw.first, std_coeff, cov_coeff)
+        second = branch_increase(sw.second, std_coeff, cov_coeff)
+        k, l = pair_index(z.shape[0], device=z.device).unbind(1)
+        inv_new = (sw.cand[:, k] - sw.cand[:, l]).pow(2).sum(-1)
+        inv_old = (sw.ref1[sw.rows] - sw.ref2[sw.rows]).pow(2).sum(-1)[:, None]
         return sim_coeff / dim * (inv_new - inv_old) + m * (first[:, k] + second[:, l])

@@ -9,21 +9,25 @@
 #   python3 -m pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3
 #   tar czf cifar10.tar.gz -C ../shared/datasets cifar10
 # There, one call per stage, carrying .whl (and cifar10.tar.gz for the cifar stage):
-#   bash benchmarks/gpu_session.sh tests-runs   # test_run_on_one_gpu: every method x precision x HVP
+#   bash benchmarks/gpu_session.sh tests-runs   # test_run_on_one_gpu: the paper's methods x precision x HVP
+#   bash benchmarks/gpu_session.sh tests-runs-more  # the same for BYOL, MoCo v3, VICReg, Barlow Twins
 #   bash benchmarks/gpu_session.sh tests-compile  # compiled HVP steps (inductor compiles: minutes)
-#   bash benchmarks/gpu_session.sh tests-rest   # the rest of pytest -m gpu
+#   bash benchmarks/gpu_session.sh tests-rest   # the rest of pytest -m gpu, but for the four below
+#   bash benchmarks/gpu_session.sh tests-rest-more  # the rest for BYOL, MoCo v3, VICReg, Barlow Twins
 #   bash benchmarks/gpu_session.sh simsiam      # SimSiam R50 224 px HVP N=4 bf16 compiled: >= 1,300 images/s
 #   bash benchmarks/gpu_session.sh dino         # DINO ViT-S/16 HVP 4+16 crops bf16: >= 500 images/s
 #   bash benchmarks/gpu_session.sh cifar        # CIFAR-10 SimCLR R18 HVP N=4 bf16, 100 epochs: <= 10 min
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?"stage: tests-runs, tests-compile, tests-rest, simsiam, dino or cifar"}
+stage=${1:?"stage: tests-runs, tests-runs-more, tests-compile, tests-rest, tests-rest-more, simsiam, dino or cifar"}
 out=${OUT:-/tmp/gpu_session}
 mkdir -p "$out"
 [ -d /tmp/site/hydra ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site WANDB_MODE=disabled
 { date -u; nvidia-smi -L || true; python3 -c "import torch, torchvision, lightning; print(torch.__version__, \
 torchvision.__version__, lightning.__version__)"; git log --oneline -1 2>/dev/null || true; } > "$out/$stage.env.txt"
+
+more="byol or mocov3 or vicreg or barlow_twins"  # the methods beyond the paper's: stages of their own
 
 loader() {  # benchmarks/loader.py with the issue's loader settings; table appended to results.md
     timeout 570 python3 benchmarks/loader.py --crop 224 --views 4 --workers 14 --batches 50 --device cuda \
@@ -32,11 +36,15 @@ loader() {  # benchmarks/loader.py with the issue's loader settings; table appen
 
 case "$stage" in
     tests-runs) timeout 570 python3 -m pytest -m gpu -q -rfE --durations=15 tests/test_gpu.py \
-                    -k test_run_on_one_gpu 2>&1 | tee "$out/$stage.txt" ;;
+                    -k "test_run_on_one_gpu and not ($more)" 2>&1 | tee "$out/$stage.txt" ;;
+    tests-runs-more) timeout 570 python3 -m pytest -m gpu -q -rfE --durations=15 tests/test_gpu.py \
+                    -k "test_run_on_one_gpu and ($more)" 2>&1 | tee "$out/$stage.txt" ;;
     tests-compile) timeout 570 python3 -m pytest -m gpu -q -rfE --durations=15 tests/test_gpu.py \
                     -k compiled 2>&1 | tee "$out/$stage.txt" ;;
     tests-rest) timeout 570 python3 -m pytest -m gpu -q -rfE --durations=15 \
-                    -k "not test_run_on_one_gpu and not compiled" 2>&1 | tee "$out/$stage.txt" ;;  # every file
+                    -k "not test_run_on_one_gpu and not compiled and not ($more)" 2>&1 | tee "$out/$stage.txt" ;;  # every file
+    tests-rest-more) timeout 570 python3 -m pytest -m gpu -q -rfE --durations=15 \
+                    -k "not test_run_on_one_gpu and not compiled and ($more)" 2>&1 | tee "$out/$stage.txt" ;;
     simsiam) loader --method simsiam --batch-size 128 --backbone resnet50 \
                  --override trainer.precision=bf16-mixed method.compile=true ;;
     dino) loader --method dino --batch-size 64 --backbone vit_small --override trainer.precision=bf16-mixed ;;

@@ -54,6 +54,10 @@ METHOD = {
     "simclr": ["method=simclr_cifar"],
     "dino": ["method=dino_cifar", *VIT],
     "ibot": ["method=ibot_cifar", *VIT],
+    "byol": ["method=byol_cifar", "method.pred_hidden_dim=32"],
+    "mocov3": ["method=mocov3_cifar", "method.pred_hidden_dim=32"],
+    "vicreg": ["method=vicreg_cifar"],
+    "barlow_twins": ["method=barlow_twins_cifar"],
 }
 STEPS = 64 // 16  # data.train_size / method.batch_size: steps per epoch
 # (hvp, selection_precision): HVP off, and HVP at both selection precisions

@@ -46,7 +46,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from .atomic import atomic_write
 from .checkpoint_paths import LAST, resolve_checkpoint
 from .distributed import gather_per_rank, rank_and_world, rank_entries
-from .epoch_metrics import merge_partial_epoch_sums, partial_epoch_sums, unmerged_keys
+from .epoch_metrics import partial_epoch_sums, restore_partial_epoch_sums
 from .errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ class RunCheckpoint(Checkpoint):
         self._rng: dict[str, Any] | None = None  # the RNG state save_step writes instead of the current one
         self._due_rng: dict[str, Any] | None = None  # an every_n_steps save due at the next batch's start
         self._epoch_sums: dict[str, Any] | None = None  # in save_step's save: this rank's partial epoch sums
-        self._pending_sums: list[dict[str, Any]] = []  # restored partial sums not yet merged into this epoch's
+        self._resumed_sums: list[dict[str, Any]] = []  # the checkpoint's partial epoch sums, until restored
 
     @property
     def state_key(self) -> str:
@@ -237,8 +237,9 @@ class RunCheckpoint(Checkpoint):
         writes its own checkpoint, after the k-NN). Written at the next batch's start, as a
         pre-emption's (:meth:`save_step`): callbacks run before the module's own batch-end hook
         (EMA teacher, centres, counters) and the step's log rows."""
-        if self._pending_sums:  # the resumed epoch's first step has logged: its keys exist now
-            merge_partial_epoch_sums(trainer, self._pending_sums)
+        if self._resumed_sums:  # the resumed epoch's first step has logged (and reset its hooks' sums)
+            sums, self._resumed_sums = self._resumed_sums, []
+            restore_partial_epoch_sums(trainer, sums)
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         if (
             self.every_n_steps
@@ -259,14 +260,6 @@ class RunCheckpoint(Checkpoint):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
             return
-        if self._pending_sums:
-            log.warning(
-                "resume: %s were logged before the interruption but in no step after it; their "
-                "*_epoch values for epoch %d cover the resumed steps only",
-                ", ".join(unmerged_keys(self._pending_sums)),
-                trainer.current_epoch,
-            )
-            self._pending_sums = []
         loss = trainer.callback_metrics.get("train/loss_epoch")
         if loss is not None:  # each rank's own epoch mean; every rank takes part in the reduce
             loss = trainer.strategy.reduce(loss.detach().float().to(pl_module.device), reduce_op="mean")
@@ -314,7 +307,7 @@ class RunCheckpoint(Checkpoint):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.train_loss = state_dict.get("train_loss")
-        self._pending_sums = rank_entries(state_dict.get("epoch_sums") or [])
+        self._resumed_sums = rank_entries(state_dict.get("epoch_sums") or [])
         states = state_dict.get("rng") or []
         rank, world = rank_and_world()
         if len(states) == world:

@@ -5,9 +5,9 @@ Lightning 2.x keeps the running sums behind every ``*_epoch`` metric (``train/lo
 them in no checkpoint. A run resumed from a step checkpoint (``checkpoint.every_n_steps``, a
 pre-emption) would log, and report in ``summary.json``, that epoch's aggregate over the resumed
 session's steps only. :class:`hvp_lightning.checkpoint.RunCheckpoint` saves each rank's partial
-sums with a step checkpoint (:func:`partial_epoch_sums`) and adds them back when the resumed
-session logs the same key again (:func:`merge_partial_epoch_sums`): at the first resumed step,
-which makes the epoch's aggregate bit for bit the uninterrupted run's (``0 + a + s == s + a``).
+sums with a step checkpoint (:func:`partial_epoch_sums`) and puts them back at the end of the
+resumed session's first step (:func:`restore_partial_epoch_sums`), which makes each epoch
+aggregate bit for bit the uninterrupted run's (``0 + a + s == s + a``, then the same additions).
 
 The result collection is Lightning's internal state (``fit_loop.epoch_loop._results``, the same
 in Lightning 2.0-2.6); the resume tests of ``tests/test_determinism.py`` and
@@ -30,6 +30,12 @@ _COMBINE = {
 }
 
 
+# Hooks that run again in every session, so also in one resumed inside an epoch: what they logged
+# before the stop they log once more after it, and their sums are not carried over (they would count
+# twice). ``on_train_epoch_start`` is not one: Lightning skips it when it resumes inside the epoch.
+_RERUN_HOOKS = ("on_train_start",)
+
+
 def _reduction(meta: Any) -> str | None:
     for name in _COMBINE:
         if getattr(meta, f"is_{name}_reduction"):
@@ -42,57 +48,81 @@ def _training_results(trainer: L.Trainer) -> dict[str, Any]:
 
 
 def partial_epoch_sums(trainer: L.Trainer) -> dict[str, dict[str, Any]]:
-    """This rank's running epoch aggregates of the training hooks' ``on_epoch`` tensor metrics.
+    """This rank's running epoch aggregates of the training hooks' ``on_epoch`` tensor metrics,
+    with what it takes to log each one again (its ``self.log`` arguments).
 
     Args:
         trainer: a trainer between two training steps of an epoch.
 
     Returns:
-        ``{key: {"reduction", "value", "count"}}`` with CPU tensors (``count``: the summed batch
-        sizes of a mean, None otherwise); metrics not logged this epoch are left out.
+        ``{key: {"reduction", "value", "count", "log"}}`` with CPU tensors (``count``: the summed
+        batch sizes of a mean, None otherwise); metrics not logged this epoch are left out.
     """
     out: dict[str, dict[str, Any]] = {}
     for key, metric in _training_results(trainer).items():
-        reduction = _reduction(metric.meta)
-        if not (metric.is_tensor and metric.meta.on_epoch and reduction and metric.update_called):
+        meta, reduction = metric.meta, _reduction(metric.meta)
+        if not (metric.is_tensor and meta.on_epoch and reduction and metric.update_called):
             continue
+        if meta.fx.split(".")[0] in _RERUN_HOOKS or meta.sync.group is not None:
+            continue
+        args = {
+            "fx": meta.fx,
+            "name": meta.name,
+            "prog_bar": meta.prog_bar,
+            "logger": meta.logger,
+            "on_step": meta.on_step,
+            "on_epoch": meta.on_epoch,
+            "enable_graph": meta.enable_graph,
+            "add_dataloader_idx": meta.add_dataloader_idx,
+            "metric_attribute": meta.metric_attribute,
+            "sync_dist": meta.sync.should,
+            "rank_zero_only": meta.sync.rank_zero_only,
+        }
         count = metric.cumulated_batch_size.detach().cpu().clone() if reduction == "mean" else None
-        out[key] = {"reduction": reduction, "value": metric.value.detach().cpu().clone(), "count": count}
+        out[key] = {"reduction": reduction, "value": metric.value.detach().cpu().clone(), "count": count, "log": args}
     return out
 
 
-def merge_partial_epoch_sums(trainer: L.Trainer, pending: list[dict[str, dict[str, Any]]]) -> None:
-    """Add the saved aggregates of ``pending`` (from :func:`partial_epoch_sums`) into the metrics of
-    the same keys this session has logged; merged keys leave ``pending`` (in place), the others
-    wait for a later call.
+def restore_partial_epoch_sums(trainer: L.Trainer, saved: list[dict[str, dict[str, Any]]]) -> None:
+    """Put the saved aggregates (from :func:`partial_epoch_sums`) back into the resumed epoch's
+    metrics: added into those this session has logged already, logged anew (with the saved
+    arguments, so that a later ``self.log`` of the key matches) for the others -- such as what
+    ``on_train_epoch_start`` logged, which Lightning does not run again inside an epoch.
 
     Args:
-        trainer: the resumed trainer, after a training step's logging.
-        pending: saved aggregates, one dict per rank whose sums this rank takes (in place).
+        trainer: the resumed trainer, at the end of its first training batch (after the
+            first ``self.log`` of each hook has reset that hook's aggregates for the epoch).
+        saved: one dict per rank whose sums this rank takes.
     """
     results = _training_results(trainer)
-    for saved in pending:
-        for key in [k for k in saved if k in results]:
-            entry, metric = saved.pop(key), results[key]
-            if _reduction(metric.meta) != entry["reduction"]:  # logged with other arguments: not the same metric
-                continue
-            value = entry["value"].to(device=metric.value.device, dtype=metric.value.dtype)
-            metric.value = _COMBINE[entry["reduction"]](metric.value, value)
-            if entry["count"] is not None:
-                count = entry["count"].to(metric.cumulated_batch_size.device)
-                metric.cumulated_batch_size = metric.cumulated_batch_size + count
-            metric._computed = None  # noqa: SLF001 -- a value computed before the merge is stale
-    pending[:] = [saved for saved in pending if saved]
-
-
-def unmerged_keys(pending: list[dict[str, dict[str, Any]]]) -> list[str]:
-    """The keys of ``pending`` no step of the resumed epoch logged (their epoch aggregate covers the
-    resumed steps only).
-
-    Args:
-        pending: what :func:`merge_partial_epoch_sums` left.
-
-    Returns:
-        The keys, sorted.
-    """
-    return sorted({key for saved in pending for key in saved})
+    device = trainer.strategy.root_device
+    for entries in saved:
+        for key, entry in entries.items():
+            reduction = entry["reduction"]
+            if key not in results:
+                args = dict(entry["log"])
+                fx, name = args.pop("fx"), args.pop("name")
+                results.log(
+                    fx,
+                    name,
+                    torch.zeros((), device=device),
+                    reduce_fx=getattr(torch, reduction),
+                    batch_size=1,
+                    sync_dist_fn=trainer.strategy.reduce,
+                    **args,
+                )
+                metric = results[key]
+                metric.value = entry["value"].to(device=metric.value.device, dtype=metric.value.dtype)
+                if entry["count"] is not None:
+                    metric.cumulated_batch_size = entry["count"].to(metric.cumulated_batch_size.device)
+                metric._forward_cache = None  # noqa: SLF001 -- no value for this step's row
+            else:
+                metric = results[key]
+                if _reduction(metric.meta) != reduction:  # logged with other arguments: not the same metric
+                    continue
+                value = entry["value"].to(device=metric.value.device, dtype=metric.value.dtype)
+                metric.value = _COMBINE[reduction](metric.value, value)
+                if entry["count"] is not None:
+                    count = entry["count"].to(metric.cumulated_batch_size.device)
+                    metric.cumulated_batch_size = metric.cumulated_batch_size + count
+            metric._computed = None  # noqa: SLF001 -- a value computed before the restore is stale

@@ -1,5 +1,6 @@
 """A run resumed from a checkpoint inside an epoch logs that epoch's ``on_epoch`` aggregates over
-the whole epoch -- mean, sum, max and min alike -- exactly as the uninterrupted run does."""
+the whole epoch -- mean, sum, max and min alike, and what the epoch's start logged -- exactly as
+the uninterrupted run does."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from torch.utils.data import Dataset
 from hvp_lightning.checkpoint import RunCheckpoint
 from hvp_lightning.data.sampler import EpochSampler, ResumableLoader
 
-STEPS = 6  # one epoch of 6 batches; every_n_steps=2 writes after steps 2 and 4
+STEPS = 6  # batches an epoch; every_n_steps=2 writes after steps 2 and 4 (and 8, 10)
+EPOCHS = 2  # the second epoch logs every key again: the restored ones must match its self.log calls
 STOP_AT = 3  # the first session stops inside step 4's batch: it continues from step 2's checkpoint
 
 
@@ -55,16 +57,32 @@ class Logs(L.LightningModule):
         self.log("m/min", loss, reduce_fx="min", **kw)
         return loss
 
+    def on_train_epoch_start(self) -> None:
+        """Lightning does not run it again in a session resumed inside the epoch: its value is carried over."""
+        self.log("m/at_start", 2.0, on_step=False, on_epoch=True, reduce_fx="sum", batch_size=1)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _fit(run_dir: Path, stop_at: int | None = None, ckpt_path: str | None = None) -> L.Trainer:
+class EpochValues(L.Callback):
+    """Each finished epoch's epoch-level values."""
+
+    def __init__(self) -> None:
+        self.epochs: list[dict[str, torch.Tensor]] = []
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        values = trainer.callback_metrics.items()
+        self.epochs.append({k: v.clone() for k, v in values if k.endswith("_epoch") or k == "m/at_start"})
+
+
+def _fit(run_dir: Path, stop_at: int | None = None, ckpt_path: str | None = None) -> list[dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     rows = Rows(torch.randn(STEPS * 4 - 3, 3))  # the last batch is smaller: batch sizes 4, 4, 4, 4, 4, 1
+    values = EpochValues()
     trainer = L.Trainer(
-        max_epochs=1,
-        callbacks=[RunCheckpoint(run_dir, every_n_steps=2)],
+        max_epochs=EPOCHS,
+        callbacks=[RunCheckpoint(run_dir, every_n_steps=2), values],
         logger=False,
         enable_checkpointing=True,
         enable_progress_bar=False,
@@ -76,30 +94,32 @@ def _fit(run_dir: Path, stop_at: int | None = None, ckpt_path: str | None = None
     position = lambda: (trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed)
     loader = ResumableLoader(rows, EpochSampler(rows, batch_size=4, seed=0), position, batch_size=4)
     trainer.fit(Logs(stop_at), loader, ckpt_path=ckpt_path)
-    return trainer
-
-
-def _epoch_values(trainer: L.Trainer) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in trainer.callback_metrics.items() if k.endswith("_epoch")}
+    return values.epochs
 
 
 def test_every_reduction_of_a_resumed_epoch_covers_the_whole_epoch(tmp_path: Path) -> None:
-    want = _epoch_values(_fit(tmp_path / "straight"))
-    assert set(want) == {"m/mean_epoch", "m/sum_epoch", "m/max_epoch", "m/min_epoch"}
+    want = _fit(tmp_path / "straight")
+    assert len(want) == EPOCHS
+    assert set(want[0]) == {"m/mean_epoch", "m/sum_epoch", "m/max_epoch", "m/min_epoch", "m/at_start"}
     with pytest.raises(Stopped):
         _fit(tmp_path / "resumed", stop_at=STOP_AT)
     saved = torch.load(tmp_path / "resumed" / "last.ckpt", weights_only=False)
     assert saved["global_step"] == 2 and saved["callbacks"]["RunCheckpoint"]["epoch_sums"][0].keys() == {
-        f"training_step.m/{r}" for r in ("mean", "sum", "max", "min")
+        *(f"training_step.m/{r}" for r in ("mean", "sum", "max", "min")),
+        "on_train_epoch_start.m/at_start",
     }
-    got = _epoch_values(_fit(tmp_path / "resumed", ckpt_path=str(tmp_path / "resumed" / "last.ckpt")))
-    assert got.keys() == want.keys()
-    for key in want:
-        assert torch.equal(got[key], want[key]), (key, got[key], want[key])
+    got = _fit(tmp_path / "resumed", ckpt_path=str(tmp_path / "resumed" / "last.ckpt"))
+    assert len(got) == EPOCHS  # the resumed epoch, then one more
+    for got_epoch, want_epoch in zip(got, want):
+        assert got_epoch.keys() == want_epoch.keys()
+        for key in want_epoch:
+            assert torch.equal(got_epoch[key], want_epoch[key]), (key, got_epoch[key], want_epoch[key])
 
 
 def test_an_epoch_end_checkpoint_carries_no_partial_sums(tmp_path: Path) -> None:
     """The epoch's own end resets the aggregates: a resume from there must not add them in again."""
-    _fit(tmp_path)
+    with pytest.raises(Stopped):  # in the second epoch's second batch: last.ckpt is the first epoch's end
+        _fit(tmp_path, stop_at=STEPS + 1)
     saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == STEPS
     assert "epoch_sums" not in saved["callbacks"]["RunCheckpoint"]

@@ -45,7 +45,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .atomic import atomic_write
 from .checkpoint_paths import LAST, resolve_checkpoint
-from .distributed import gather_per_rank, rank_and_world, rank_entries
+from .distributed import gather_per_rank, rank_and_world
 from .epoch_metrics import partial_epoch_sums, restore_partial_epoch_sums
 from .errors import CheckpointError
 
@@ -237,7 +237,7 @@ class RunCheckpoint(Checkpoint):
         writes its own checkpoint, after the k-NN). Written at the next batch's start, as a
         pre-emption's (:meth:`save_step`): callbacks run before the module's own batch-end hook
         (EMA teacher, centres, counters) and the step's log rows."""
-        if self._resumed_sums:  # the resumed epoch's first step has logged (and reset its hooks' sums)
+        if self._resumed_sums:  # the resumed session's first step has logged: its keys exist now
             sums, self._resumed_sums = self._resumed_sums, []
             restore_partial_epoch_sums(trainer, sums)
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
@@ -307,9 +307,17 @@ class RunCheckpoint(Checkpoint):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.train_loss = state_dict.get("train_loss")
-        self._resumed_sums = rank_entries(state_dict.get("epoch_sums") or [])
-        states = state_dict.get("rng") or []
+        sums, states = state_dict.get("epoch_sums") or [], state_dict.get("rng") or []
         rank, world = rank_and_world()
+        if len(sums) == world:
+            self._resumed_sums = [sums[rank]]
+        elif sums:
+            log.warning(
+                "resume: the checkpoint holds the epoch's partial sums of %d processes, this run has %d; "
+                "the resumed epoch's *_epoch values cover its resumed steps only",
+                len(sums),
+                world,
+            )
         if len(states) == world:
             set_rng_state(states[rank])
         elif states:

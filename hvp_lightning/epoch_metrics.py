@@ -8,6 +8,8 @@ session's steps only. :class:`hvp_lightning.checkpoint.RunCheckpoint` saves each
 sums with a step checkpoint (:func:`partial_epoch_sums`) and puts them back at the end of the
 resumed session's first step (:func:`restore_partial_epoch_sums`), which makes each epoch
 aggregate bit for bit the uninterrupted run's (``0 + a + s == s + a``, then the same additions).
+Not covered: what a callback logs in ``on_train_batch_start`` (the save, at the next batch's
+start, comes after it, so that batch's value would count twice; no callback here logs there).
 
 The result collection is Lightning's internal state (``fit_loop.epoch_loop._results``, the same
 in Lightning 2.0-2.6); the resume tests of ``tests/test_determinism.py`` and
@@ -61,7 +63,8 @@ def partial_epoch_sums(trainer: L.Trainer) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for key, metric in _training_results(trainer).items():
         meta, reduction = metric.meta, _reduction(metric.meta)
-        if not (metric.is_tensor and meta.on_epoch and reduction and metric.update_called):
+        updated = getattr(metric, "_update_count", 0) > 0  # torchmetrics 0.x and 1.x alike
+        if not (metric.is_tensor and meta.on_epoch and reduction and updated):
             continue
         if meta.fx.split(".")[0] in _RERUN_HOOKS or meta.sync.group is not None:
             continue
@@ -90,8 +93,8 @@ def restore_partial_epoch_sums(trainer: L.Trainer, saved: list[dict[str, dict[st
     ``on_train_epoch_start`` logged, which Lightning does not run again inside an epoch.
 
     Args:
-        trainer: the resumed trainer, at the end of its first training batch (after the
-            first ``self.log`` of each hook has reset that hook's aggregates for the epoch).
+        trainer: the resumed trainer, in the callbacks' ``on_train_batch_end`` of its first batch
+            (after the first ``self.log`` of each earlier hook has reset that hook's aggregates).
         saved: one dict per rank whose sums this rank takes.
     """
     results = _training_results(trainer)
@@ -126,3 +129,7 @@ def restore_partial_epoch_sums(trainer: L.Trainer, saved: list[dict[str, dict[st
                     count = entry["count"].to(metric.cumulated_batch_size.device)
                     metric.cumulated_batch_size = metric.cumulated_batch_size + count
             metric._computed = None  # noqa: SLF001 -- a value computed before the restore is stale
+    # Lightning resets a hook's aggregates at that hook's first self.log in a session's first batch,
+    # unless that hook was the last to log. The module's own on_train_batch_end runs after the
+    # callbacks': mark its hook as logging already, so that its first self.log keeps the restored sums.
+    trainer._logger_connector._current_fx = "on_train_batch_end"  # noqa: SLF001

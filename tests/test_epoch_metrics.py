@@ -1,6 +1,7 @@
 """A run resumed from a checkpoint inside an epoch logs that epoch's ``on_epoch`` aggregates over
-the whole epoch -- mean, sum, max and min alike, and what the epoch's start logged -- exactly as
-the uninterrupted run does."""
+the whole epoch -- mean, sum, max and min alike, what the epoch's start logged and what the batch
+end logs on some steps only -- exactly as the uninterrupted run does, wherever in the epoch it
+resumes (the last batch included)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ from torch.utils.data import Dataset
 from hvp_lightning.checkpoint import RunCheckpoint
 from hvp_lightning.data.sampler import EpochSampler, ResumableLoader
 
-STEPS = 6  # batches an epoch; every_n_steps=2 writes after steps 2 and 4 (and 8, 10)
+STEPS = 6  # batches an epoch
 EPOCHS = 2  # the second epoch logs every key again: the restored ones must match its self.log calls
-STOP_AT = 3  # the first session stops inside step 4's batch: it continues from step 2's checkpoint
 
 
 class Stopped(Exception):
@@ -61,6 +61,13 @@ class Logs(L.LightningModule):
         """Lightning does not run it again in a session resumed inside the epoch: its value is carried over."""
         self.log("m/at_start", 2.0, on_step=False, on_epoch=True, reduce_fx="sum", batch_size=1)
 
+    def on_train_batch_end(self, outputs: dict, batch: torch.Tensor, batch_idx: int) -> None:
+        """An every-other-step value (as HVP's analysis with ``hvp.every_n_steps=2``), then one on
+        every step: that hook's first ``self.log`` of a session resets its epoch aggregates."""
+        if self.global_step % 2 == 0:
+            self.log("m/even_steps", outputs["loss"], on_step=True, on_epoch=True, reduce_fx="sum", batch_size=1)
+        self.log("m/lr", 0.1, on_step=True, on_epoch=False, batch_size=1)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
@@ -76,13 +83,15 @@ class EpochValues(L.Callback):
         self.epochs.append({k: v.clone() for k, v in values if k.endswith("_epoch") or k == "m/at_start"})
 
 
-def _fit(run_dir: Path, stop_at: int | None = None, ckpt_path: str | None = None) -> list[dict[str, torch.Tensor]]:
+def _fit(
+    run_dir: Path, stop_at: int | None = None, ckpt_path: str | None = None, every_n_steps: int = 2
+) -> list[dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     rows = Rows(torch.randn(STEPS * 4 - 3, 3))  # the last batch is smaller: batch sizes 4, 4, 4, 4, 4, 1
     values = EpochValues()
     trainer = L.Trainer(
         max_epochs=EPOCHS,
-        callbacks=[RunCheckpoint(run_dir, every_n_steps=2), values],
+        callbacks=[RunCheckpoint(run_dir, every_n_steps=every_n_steps), values],
         logger=False,
         enable_checkpointing=True,
         enable_progress_bar=False,
@@ -97,18 +106,27 @@ def _fit(run_dir: Path, stop_at: int | None = None, ckpt_path: str | None = None
     return values.epochs
 
 
-def test_every_reduction_of_a_resumed_epoch_covers_the_whole_epoch(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("every_n_steps", "stop_at"),
+    [(2, 3), (5, 5)],
+    ids=["resumed_at_step_2_of_6", "resumed_at_the_last_batch"],  # (5, 5): the one resumed batch ends the epoch
+)
+def test_every_reduction_of_a_resumed_epoch_covers_the_whole_epoch(tmp_path: Path, every_n_steps, stop_at) -> None:
+    """Stopped inside step ``stop_at + 1``'s batch, resumed from the last ``every_n_steps`` checkpoint."""
     want = _fit(tmp_path / "straight")
     assert len(want) == EPOCHS
-    assert set(want[0]) == {"m/mean_epoch", "m/sum_epoch", "m/max_epoch", "m/min_epoch", "m/at_start"}
+    keys = {"m/mean_epoch", "m/sum_epoch", "m/max_epoch", "m/min_epoch", "m/at_start", "m/even_steps_epoch"}
+    assert set(want[0]) == keys
     with pytest.raises(Stopped):
-        _fit(tmp_path / "resumed", stop_at=STOP_AT)
+        _fit(tmp_path / "resumed", stop_at=stop_at, every_n_steps=every_n_steps)
     saved = torch.load(tmp_path / "resumed" / "last.ckpt", weights_only=False)
-    assert saved["global_step"] == 2 and saved["callbacks"]["RunCheckpoint"]["epoch_sums"][0].keys() == {
+    assert saved["global_step"] == stop_at - stop_at % every_n_steps
+    assert saved["callbacks"]["RunCheckpoint"]["epoch_sums"][0].keys() == {
         *(f"training_step.m/{r}" for r in ("mean", "sum", "max", "min")),
         "on_train_epoch_start.m/at_start",
+        "on_train_batch_end.m/even_steps",
     }
-    got = _fit(tmp_path / "resumed", ckpt_path=str(tmp_path / "resumed" / "last.ckpt"))
+    got = _fit(tmp_path / "resumed", ckpt_path=str(tmp_path / "resumed" / "last.ckpt"), every_n_steps=every_n_steps)
     assert len(got) == EPOCHS  # the resumed epoch, then one more
     for got_epoch, want_epoch in zip(got, want):
         assert got_epoch.keys() == want_epoch.keys()

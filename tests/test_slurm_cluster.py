@@ -153,6 +153,7 @@ def job_dirs(sweep: Path) -> list[Path]:
 
 
 USR2_BIT = 1 << (signal.SIGUSR2 - 1)  # in /proc/<pid>/status's pending-signal masks
+SIGNAL_DELAY_S = 60  # the time-limited job's --signal=USR2@60, with --time=2 (minutes)
 
 
 def job_pythons(job: str) -> list[int]:
@@ -185,16 +186,30 @@ def usr2_pending(pid: int) -> bool:
 
 
 def stopped(pid: int) -> bool:
-    return proc_status(pid).get("State", "").startswith("T")
+    """Stopped, or no longer running at all (exited, zombie, dead): nothing more to wait for."""
+    return proc_status(pid).get("State", "X")[0] in "TZX"
 
 
-def hold_until_time_limit_signal(sweep: Path, deadline: float, held: list[str]) -> None:
+def seconds_left(job: str) -> float | None:
+    """The job's time left before its limit (``squeue %L``: [days-]hours:minutes:seconds), if known."""
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True).stdout.split()
+    if not out or not re.fullmatch(r"(\d+-)?(\d+:){0,2}\d+", out[0]):
+        return None
+    days, _, clock = out[0].rpartition("-")
+    seconds = 0
+    for part in clock.split(":"):
+        seconds = 60 * seconds + int(part)
+    return seconds + 86400 * int(days or 0)
+
+
+def hold_until_time_limit_signal(sweep: Path, deadline: float, held: list[str], done: threading.Event) -> None:
     """Freeze the time-limited job's training (SIGSTOP) once its first checkpoint is written, until
     slurmctld's time-limit USR2 comes, so that the signal lands in the middle of its training
     whatever this machine's speed (on quiet cores the job could otherwise finish before slurmctld's
     signal, which comes up to ~30 s late). slurmstepd sends SIGCONT before the signal itself, which
-    ends the hold; a USR2 pending on a held process ends it too. Notes what happened in ``held``."""
-    while time.monotonic() < deadline:
+    ends the hold; a USR2 pending on a held process ends it too. Not held when the signal is due
+    already (a slow start). Notes what happened in ``held``; ``done`` ends it early (test over)."""
+    while time.monotonic() < deadline and not done.is_set():
         dirs = job_dirs(sweep) if sweep.exists() else []
         if dirs and (dirs[0] / "checkpoints" / "last.ckpt").exists():
             break
@@ -203,20 +218,25 @@ def hold_until_time_limit_signal(sweep: Path, deadline: float, held: list[str]) 
         held.append("not held: no checkpoint")
         return
     [job] = job_ids(sweep)
+    left = seconds_left(job)
+    if left is None or left < SIGNAL_DELAY_S + 10:
+        held.append(f"not held: the time-limit signal is due already ({left} s left)")
+        return
     pids = job_pythons(job)
-    if not pids or any(usr2_pending(pid) for pid in pids):
-        held.append("not held: no task found, or the signal already came")
+    if not pids:
+        held.append("not held: no task found")
         return
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     try:
-        while time.monotonic() < deadline and not all(stopped(pid) for pid in pids if proc_status(pid)):
+        settle = time.monotonic() + 5
+        while time.monotonic() < settle and not all(stopped(pid) for pid in pids):
             time.sleep(0.05)  # SIGSTOP takes effect asynchronously
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not done.is_set():
             if any(usr2_pending(pid) for pid in pids):
                 held.append("held until the signal was pending")
                 return
-            if not any(stopped(pid) for pid in pids):
+            if not all(stopped(pid) for pid in pids):
                 held.append("held until slurmstepd continued it for the signal")
                 return
             time.sleep(0.1)
@@ -247,7 +267,12 @@ def test_preempted_and_timed_out_jobs_are_requeued_and_end_as_the_uninterrupted_
         ),
         subprocess.Popen(
             command(
-                conf_dir, limit, *train, "seed=0", "hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=60"
+                conf_dir,
+                limit,
+                *train,
+                "seed=0",
+                "hydra.launcher.timeout_min=2",
+                f"hydra.launcher.signal_delay_s={SIGNAL_DELAY_S}",
             ),
             cwd=REPO,
             stdout=subprocess.PIPE,
@@ -257,7 +282,8 @@ def test_preempted_and_timed_out_jobs_are_requeued_and_end_as_the_uninterrupted_
     ]
     deadline = time.monotonic() + JOB_TIMEOUT_S
     held: list[str] = []
-    holder = threading.Thread(target=hold_until_time_limit_signal, args=(limit, deadline, held), daemon=True)
+    done = threading.Event()
+    holder = threading.Thread(target=hold_until_time_limit_signal, args=(limit, deadline, held, done), daemon=True)
     holder.start()
     try:
         ckpt = None
@@ -274,6 +300,7 @@ def test_preempted_and_timed_out_jobs_are_requeued_and_end_as_the_uninterrupted_
         outs = [p.communicate(timeout=JOB_TIMEOUT_S)[0] for p in procs]
         holder.join(timeout=60)
     finally:
+        done.set()
         for p in procs:
             if p.poll() is None:
                 p.kill()
@@ -281,7 +308,7 @@ def test_preempted_and_timed_out_jobs_are_requeued_and_end_as_the_uninterrupted_
     assert [p.returncode for p in procs] == [0, 0], [o[-3000:] for o in outs]
     reference, preempted = job_dirs(pre)
     [timed_out] = job_dirs(limit)
-    assert held and held[0] not in ("no signal came", "not held: no checkpoint"), held
+    assert held and held[0] not in ("no signal came", "not held: no checkpoint", "not held: no task found"), held
     assert sessions(reference) == 1 and sessions(preempted) >= 2 and sessions(timed_out) >= 2
     for sweep, job in ((pre, f"{array}_1"), (limit, next(iter(job_ids(limit))))):
         logs = "".join(p.read_text() for p in (sweep / ".submitit").glob(f"{job}*/*_log.out"))

@@ -11,9 +11,10 @@ aggregate bit for bit the uninterrupted run's (``0 + a + s == s + a``, then the 
 Not covered: what a callback logs in ``on_train_batch_start`` (the save, at the next batch's
 start, comes after it, so that batch's value would count twice; no callback here logs there).
 
-The result collection is Lightning's internal state (``fit_loop.epoch_loop._results``, the same
-in Lightning 2.0-2.6); the resume tests of ``tests/test_determinism.py`` and
-``tests/test_preemption.py`` fail if its layout changes.
+The result collection and the logger connector's ``_current_fx`` are Lightning's internal state
+(``fit_loop.epoch_loop._results``; written against Lightning 2.6.6, the locked version); the tests
+of ``tests/test_epoch_metrics.py``, ``tests/test_determinism.py`` and ``tests/test_preemption.py``
+fail if their layout changes.
 """
 
 from __future__ import annotations

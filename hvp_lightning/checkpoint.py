@@ -196,8 +196,8 @@ class RunCheckpoint(Checkpoint):
 
     Its checkpoint state is the RNG streams of every rank, restored on resume; in a checkpoint
     inside an epoch, every rank's running sums of that epoch's ``on_epoch`` metrics
-    (:mod:`hvp_lightning.epoch_metrics`), added back when the resumed run logs them, so the
-    epoch's ``*_epoch`` values cover the whole epoch; and the last epoch's training loss (mean
+    (:mod:`hvp_lightning.epoch_metrics`), put back at the end of the resumed session's first
+    step, so the epoch's ``*_epoch`` values cover the whole epoch; and the last epoch's training loss (mean
     over ranks), which the run's summary reports -- a resumed run that trains nothing more
     included. (The wall
     time over all sessions is :class:`hvp_lightning.run_logs.RunRecord`'s: a session killed

@@ -24,6 +24,8 @@ job continues from the last epoch-end checkpoint.
    exit with status ``128 + signal``, as do all ranks where no handler was installed
    before (a local run).
 
+Loader workers get the signal too, and ignore it (:mod:`hvp_lightning.job_signals`).
+
 The requeued job runs the same command in the same run dir, which resumes ``last.ckpt``
 (:func:`hvp_lightning.checkpoint.resume_checkpoint`). Lightning's own SLURM auto-requeue
 (a SIGUSR1 handler that saves from inside the handler, mid-step) is switched off:
@@ -33,7 +35,6 @@ The requeued job runs the same command in the same run dir, which resumes ``last
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 from collections.abc import Callable
@@ -44,14 +45,10 @@ import lightning as L
 import torch
 
 from .checkpoint import RunCheckpoint, rng_state
+from .job_signals import preempt_signal
 from .run_logs import RunRecord
 
 log = logging.getLogger(__name__)
-
-
-def preempt_signal() -> signal.Signals:
-    """The signal submitit treats as pre-emption: ``SIGUSR2``, or ``SIG$SUBMITIT_PREEMPT_SIGNAL``."""
-    return signal.Signals["SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2")]
 
 
 def cluster_plugins() -> list[Any]:

@@ -12,6 +12,9 @@ any job is submitted: ``hydra_plugins.hvp_lightning_launcher.CheckedSlurmLaunche
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -103,3 +106,50 @@ def check_slurm_job(trainer: DictConfig, launcher: dict[str, Any]) -> None:
                 f"{keys} is not allowed with trainer.accelerator='cpu': the GPUs would sit idle "
                 "(set it to null, or trainer.accelerator=gpu)"
             )
+
+
+def partition_cpus(partition: str | None) -> dict[str, int] | None:
+    """The CPUs of every node of ``partition`` (a name, a comma-separated list, or None: the cluster's
+    default partition), as ``sinfo`` reports them; None where ``sinfo`` is missing or cannot tell
+    (the check below is then skipped: SLURM itself stays the judge)."""
+    if shutil.which("sinfo") is None:
+        return None
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %c %P"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    wanted = set(partition.split(",")) if partition else None
+    cpus: dict[str, int] = {}
+    for line in out.stdout.splitlines():
+        fields = line.split()
+        if len(fields) != 3 or not fields[1].isdigit():
+            continue
+        node, count, part = fields
+        if (wanted is None and part.endswith("*")) or (wanted is not None and part.rstrip("*") in wanted):
+            cpus[node] = int(count)
+    return cpus or None
+
+
+def check_fits_partition(launcher: Mapping[str, Any], node_cpus: Mapping[str, int] | None) -> None:
+    """Raise :class:`ConfigError` when no set of ``hydra.launcher.nodes`` nodes of the partition
+    (``node_cpus``: :func:`partition_cpus`) has the CPUs one node of the job asks for (tasks per node
+    x CPUs per task). SLURM would queue such a job and leave it pending for ever (reason
+    ``PartitionConfig``), while the submitting process waits. None: not known, not checked."""
+    if not node_cpus:
+        return
+    nodes, tasks = launcher.get("nodes") or 1, launcher.get("tasks_per_node") or 1
+    per_task = launcher.get("cpus_per_task") or 1
+    need = tasks * per_task
+    fitting = sum(count >= need for count in node_cpus.values())
+    if fitting >= nodes:
+        return
+    where = f"partition {launcher['partition']!r}" if launcher.get("partition") else "the default partition"
+    sizes = ", ".join(f"{n} node{'s' * (n > 1)} of {c} CPUs" for c, n in sorted(Counter(node_cpus.values()).items()))
+    raise ConfigError(
+        f"hydra.launcher.tasks_per_node={tasks} x hydra.launcher.cpus_per_task={per_task} = {need} CPUs per node "
+        f"on hydra.launcher.nodes={nodes} node(s) does not fit {where}: {fitting} of its nodes have {need} CPUs "
+        f"(sinfo: {sizes}). Lower data.num_workers (CPUs per task = workers + 1) or trainer.devices, or set "
+        "hydra.launcher.cpus_per_task or hydra.launcher.partition"
+    )

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from hvp_lightning.job_signals import preempt_signal
 from hvp_lightning.methods.base import SSLMethod
-from hvp_lightning.preemption import cluster_plugins, preempt_signal
+from hvp_lightning.preemption import cluster_plugins
 from hvp_lightning.run_logs import read_record
 from hvp_lightning.train import run
 

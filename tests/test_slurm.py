@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 import hvp_lightning.slurm  # noqa: F401  registers the presets' ${hvp_slurm_*:...} resolvers
 from hvp_lightning.errors import ConfigError
-from hvp_lightning.slurm import check_slurm_job, slurm_threads
+from hvp_lightning.slurm import check_fits_partition, check_slurm_job, partition_cpus, slurm_threads
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, compose_with_hydra
 
@@ -125,16 +126,22 @@ def test_check_names_the_keys_that_disagree(overrides, keys):
             ["trainer.devices=2", "trainer.devices=1,2"],
             ["tasks_per_node=2 differs from trainer.devices=1", "(job #0: ", "one sweep per layout"],
         ),
+        (  # the default data's 2 workers: 3 CPUs per task, 6 per node, on the small nodes of FAKE_SINFO
+            ["trainer.devices=2", "seed=0,1"],
+            ["tasks_per_node=2", "cpus_per_task=3", "6 CPUs per node", "data.num_workers", "2 nodes of 4 CPUs"],
+        ),
     ],
-    ids=["tasks-vs-devices", "devices-auto", "gpus-on-cpu", "swept-auto", "swept-devices"],
+    ids=["tasks-vs-devices", "devices-auto", "gpus-on-cpu", "swept-auto", "swept-devices", "cpus-vs-partition"],
 )
 def test_train_m_stops_before_sbatch_with_one_line(tmp_path, overrides, keys):
     """``train.py -m hydra/launcher=slurm`` exactly as a user types it, with an ``sbatch`` on PATH that
-    records being called: the bad sweep ends with exit 1 and one line naming the keys, and sbatch never ran."""
+    records being called (and a ``sinfo`` for a partition of two 4-CPU nodes): the bad sweep ends with
+    exit 1 and one line naming the keys, and sbatch never ran."""
     (tmp_path / "bin").mkdir()
     sbatch = tmp_path / "bin" / "sbatch"
     sbatch.write_text(f"#!/bin/sh\ntouch {tmp_path / 'sbatch_called'}\nexit 1\n")
     sbatch.chmod(0o755)
+    fake_sinfo(tmp_path / "bin", "n1 4 debug*\nn2 4 debug*\n")
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.run(
         [
@@ -158,6 +165,60 @@ def test_train_m_stops_before_sbatch_with_one_line(tmp_path, overrides, keys):
     assert lines[0].startswith("config error: ") and lines[0].endswith("nothing was submitted"), lines[0]
     assert all(key in lines[0] for key in keys), lines[0]
     assert not (tmp_path / "sbatch_called").exists() and not (tmp_path / "sweep" / ".submitit").exists()
+
+
+def fake_sinfo(bin_dir: Path, output: str, rc: int = 0) -> None:
+    """An ``sinfo`` in ``bin_dir`` printing ``output`` (as ``sinfo -h -N -o "%N %c %P"`` does), exiting ``rc``."""
+    (bin_dir / "sinfo.out").write_text(output)
+    sinfo = bin_dir / "sinfo"
+    sinfo.write_text(f"#!/bin/sh\ncat {bin_dir / 'sinfo.out'}\nexit {rc}\n")
+    sinfo.chmod(0o755)
+
+
+SINFO = "a1 8 cpu*\na2 8 cpu*\ng1 64 gpu\ng2 64 gpu\ng1 64 long\nb1 2 tiny\n"
+
+
+@pytest.mark.parametrize(
+    "partition, rc, expected",
+    [
+        (None, 0, {"a1": 8, "a2": 8}),  # the default partition: the one sinfo marks with *
+        ("gpu", 0, {"g1": 64, "g2": 64}),
+        ("gpu,tiny", 0, {"g1": 64, "g2": 64, "b1": 2}),  # sbatch --partition takes a list
+        ("nope", 0, None),  # unknown here: SLURM says so itself at sbatch
+        (None, 1, None),  # sinfo failing: not checked
+    ],
+)
+def test_partition_cpus_reads_sinfo(tmp_path, monkeypatch, partition, rc, expected):
+    fake_sinfo(tmp_path, SINFO, rc)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert partition_cpus(partition) == expected
+
+
+def test_partition_cpus_without_sinfo_is_unknown(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty dir: no sinfo
+    assert partition_cpus(None) is None
+
+
+@pytest.mark.parametrize(
+    "launcher, node_cpus, fits",
+    [
+        (dict(nodes=1, tasks_per_node=2, cpus_per_task=3), {"n1": 6}, True),  # exactly full
+        (dict(nodes=1, tasks_per_node=2, cpus_per_task=3), {"n1": 5, "n2": 5}, False),  # a job never spans nodes' CPUs
+        (dict(nodes=2, tasks_per_node=8, cpus_per_task=8), {"g1": 64, "g2": 64, "g3": 32}, True),
+        (dict(nodes=2, tasks_per_node=8, cpus_per_task=8), {"g1": 64, "g3": 32}, False),  # one node big enough
+        (dict(nodes=3, tasks_per_node=1, cpus_per_task=1), {"n1": 2, "n2": 2}, False),  # more nodes than it has
+        (dict(nodes=1, tasks_per_node=1, cpus_per_task=None), {"n1": 1}, True),  # no CPU count: SLURM gives one
+        (dict(nodes=9, tasks_per_node=9, cpus_per_task=9), None, True),  # sinfo could not tell: not checked
+    ],
+)
+def test_a_job_must_fit_the_partition_nodes(launcher, node_cpus, fits):
+    if fits:
+        check_fits_partition(launcher, node_cpus)
+        return
+    with pytest.raises(ConfigError) as err:
+        check_fits_partition({**launcher, "partition": "gpu"}, node_cpus)
+    need = launcher["tasks_per_node"] * launcher["cpus_per_task"]
+    assert f"{need} CPUs per node" in str(err.value) and "partition 'gpu'" in str(err.value), str(err.value)
 
 
 @pytest.mark.parametrize(

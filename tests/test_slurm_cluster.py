@@ -254,8 +254,15 @@ def test_preempted_and_timed_out_jobs_are_requeued_and_end_as_the_uninterrupted_
     (what SLURM sends before a pre-emption); beside it, a job whose ``--time`` (2 min) ends before its
     training does: slurmctld's USR2 60 s before the limit reaches it mid-training (held for it, see
     :func:`hold_until_time_limit_signal`). Both are requeued by submitit and end as #0, bit for bit:
-    weights, summary and every epoch-level value in their logs."""
-    train = ["trainer.devices=1", "data.train_size=512", "trainer.max_epochs=8"]
+    weights, summary and every epoch-level value in their logs. With the default loader's 2 workers
+    (on one CPU per task: the test nodes have 2 CPUs, and the default asks workers + 1)."""
+    train = [
+        "trainer.devices=1",
+        "data.train_size=512",
+        "trainer.max_epochs=8",
+        "data.num_workers=2",
+        "hydra.launcher.cpus_per_task=1",
+    ]
     pre, limit = tmp_path / "preempt", tmp_path / "timelimit"
     procs = [
         subprocess.Popen(
@@ -362,6 +369,20 @@ def test_without_a_cpu_count_per_task_the_layouts_differ(conf_dir, tmp_path):
     got, want = layout_weights(conf_dir, tmp_path, "hydra.launcher.cpus_per_task=null")
     assert got.keys() == want.keys()
     assert [k for k in want if not torch.equal(got[k], want[k])] != []
+
+
+def test_a_job_larger_than_the_nodes_stops_before_it_is_queued(conf_dir, tmp_path):
+    """A job that asks one node for more CPUs than any node of the partition has would sit in the queue
+    for ever (reason PartitionConfig) while the submitter waits: the launcher reads sinfo and stops it."""
+    cpus = max(
+        int(n) for n in subprocess.run(["sinfo", "-h", "-N", "-o", "%c"], capture_output=True, text=True).stdout.split()
+    )
+    sweep = tmp_path / "sweep"
+    proc = submit(conf_dir, sweep, "trainer.devices=2", f"data.num_workers={cpus}", "seed=0")
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and "HYDRA_FULL_ERROR" not in line]
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr[-3000:]
+    assert f"cpus_per_task={cpus + 1}" in lines[0] and "does not fit the default partition" in lines[0], lines[0]
+    assert not job_ids(sweep)
 
 
 def test_plain_sbatch_script_runs_a_two_node_job(tmp_path):

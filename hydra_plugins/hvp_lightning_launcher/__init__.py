@@ -12,7 +12,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import DictConfig
 
 from hvp_lightning.errors import ConfigError
-from hvp_lightning.slurm import check_slurm_job
+from hvp_lightning.slurm import check_fits_partition, check_slurm_job, partition_cpus
 
 
 class SlurmLaunchError(CompactHydraException):
@@ -41,4 +41,8 @@ class CheckedSlurmLauncher(SlurmLauncher):
                 check_slurm_job(job.trainer, self.params)
             except ConfigError as err:
                 raise SlurmLaunchError(f"config error: {err}{which}; nothing was submitted") from err
+        try:  # the job's size against the partition's nodes (skipped where sinfo cannot tell)
+            check_fits_partition(self.params, partition_cpus(self.params.get("partition")))
+        except ConfigError as err:
+            raise SlurmLaunchError(f"config error: {err}; nothing was submitted") from err
         return super().launch(job_overrides, initial_job_idx)

@@ -1,0 +1,55 @@
+"""SLURM sends its pre-emption / time-limit warning to every process of a job step, loader workers
+included, and a worker is a fork of its training process with that process's Python handlers.
+Only the training process may act on it (hvp_lightning/job_signals.py): a worker running
+submitit's handler would checkpoint and requeue the job from the middle of a step, once per
+worker (seen on the SLURM test cluster: "A temporary saved file already exists")."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+
+from hvp_lightning.data.augment import ViewAug
+from hvp_lightning.data.datamodule import SSLDataModule
+from hvp_lightning.evaluation.data import eval_loader
+from hvp_lightning.job_signals import preempt_signal
+
+
+def signal_the_workers(loader: torch.utils.data.DataLoader) -> int:
+    """Start ``loader``'s workers, send each the pre-emption signal mid-iteration, then read the
+    rest (the workers must go on serving). Returns the batches read."""
+    it = iter(loader)
+    batches = [next(it)]
+    workers = [w.pid for w in it._workers]  # noqa: SLF001 -- torch's multiprocessing iterator
+    assert len(workers) == loader.num_workers
+    for pid in workers:
+        os.kill(pid, preempt_signal())
+    time.sleep(0.5)  # delivered and handled (or ignored) before the iterator shuts them down
+    batches += list(it)
+    return len(batches)
+
+
+def test_loader_workers_leave_the_preemption_signal_to_the_training_process(cfg_factory, tmp_path: Path):
+    marks = tmp_path / "acted"
+    marks.mkdir()
+
+    def act(signum: int, frame: object) -> None:  # stands for submitit's handler: acts where it runs
+        (marks / str(os.getpid())).touch()
+
+    previous = signal.signal(preempt_signal(), act)  # in place before the workers fork, as submitit's is
+    try:
+        cfg = cfg_factory("data.train_size=32", "data.test_size=16")
+        dm = SSLDataModule(cfg.data, (ViewAug(size=16),) * 2, batch_size=4, num_workers=2)
+        dm.setup()
+        loaders = [dm.train_dataloader(), *dm.val_dataloader(), eval_loader(dm.test_set, 4, 2, train=False)]
+        read = [signal_the_workers(loader) for loader in loaders]
+        os.kill(os.getpid(), preempt_signal())  # the training process still acts on it
+        time.sleep(0.1)
+    finally:
+        signal.signal(preempt_signal(), previous)
+    assert read == [8, 8, 4, 4]
+    assert sorted(p.name for p in marks.iterdir()) == [str(os.getpid())]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -53,3 +54,23 @@ def test_loader_workers_leave_the_preemption_signal_to_the_training_process(cfg_
         signal.signal(preempt_signal(), previous)
     assert read == [8, 8, 4, 4]
     assert sorted(p.name for p in marks.iterdir()) == [str(os.getpid())]
+
+
+def test_a_worker_ended_by_sigterm_does_not_fail_the_training_process(cfg_factory):
+    """SLURM's requeue SIGTERMs every process of the step while the training process is stopping:
+    a worker killed by the signal would make torch raise in the training process (its SIGCHLD
+    check), turning the requeue into a failed job. The worker ends with status 0 instead."""
+    cfg = cfg_factory("data.train_size=32", "data.test_size=16")
+    dm = SSLDataModule(cfg.data, (ViewAug(size=16),) * 2, batch_size=4, num_workers=2)
+    dm.setup()
+    loader = dm.train_dataloader()  # persistent workers, as the training loop keeps them
+    it = iter(loader)
+    next(it)
+    workers = list(it._workers)  # noqa: SLF001 -- torch's multiprocessing iterator
+    # From another process, as slurmstepd sends it (torch's worker exits quietly on its parent's SIGTERM only).
+    subprocess.run(["kill", "-TERM", *(str(worker.pid) for worker in workers)], check=True)
+    for worker in workers:
+        worker.join(timeout=10)
+    time.sleep(0.5)  # torch's SIGCHLD check runs here, in this process, and would raise
+    assert [worker.exitcode for worker in workers] == [0, 0]
+    it._shutdown_workers()  # noqa: SLF001 -- what the loop's teardown does; nothing to raise either

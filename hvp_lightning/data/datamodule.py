@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from ..job_signals import leave_job_signal_to_trainer
+from ..job_signals import leave_job_signals_to_trainer
 from ..options import DATASETS
 from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
@@ -222,7 +222,7 @@ class SSLDataModule(L.LightningDataModule):
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
             generator=torch.Generator().manual_seed(self.seed),
-            worker_init_fn=leave_job_signal_to_trainer,  # SLURM's warning is the training process's
+            worker_init_fn=leave_job_signals_to_trainer,  # SLURM's warning is the training process's
         )
 
     def trained_position(self) -> tuple[int, int]:

@@ -33,7 +33,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from ..job_signals import leave_job_signal_to_trainer
+from ..job_signals import leave_job_signals_to_trainer
 from .augment import ViewAug, draw_view_params, to_uint8_tensor
 from .seeds import view_keys
 from .textures import SyntheticTextures
@@ -112,7 +112,7 @@ def read_images(raw: Dataset, workers: int = 0) -> tuple[torch.Tensor, torch.Ten
     labels = torch.empty(n, dtype=torch.int64)
     start, i = time.monotonic(), 0
     for batch, batch_labels in DataLoader(
-        raw, batch_size=256, num_workers=workers, collate_fn=uint8_items, worker_init_fn=leave_job_signal_to_trainer
+        raw, batch_size=256, num_workers=workers, collate_fn=uint8_items, worker_init_fn=leave_job_signals_to_trainer
     ):
         if isinstance(batch, list) or batch.shape[1:] != first.shape:  # a list: sizes differ within the batch
             odd = next(k for k, img in enumerate(batch) if img.shape != first.shape)

@@ -15,7 +15,7 @@ from ..config import validate_backbone, validate_data
 from ..data.augment import EvalTransform, normalize, to_uint8_tensor
 from ..data.datamodule import build_raw_datasets, subset, usable_workers
 from ..data.layout import resolve_auto_crop
-from ..job_signals import leave_job_signal_to_trainer
+from ..job_signals import leave_job_signals_to_trainer
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def eval_loader(ds: Dataset, batch_size: int, workers: int, train: bool, drop_la
         num_workers=workers,
         persistent_workers=False,
         pin_memory=torch.cuda.is_available(),
-        worker_init_fn=leave_job_signal_to_trainer,
+        worker_init_fn=leave_job_signals_to_trainer,
     )
 
 

@@ -20,6 +20,7 @@ from .data.datamodule import SSLDataModule
 from .device import check_accelerator, device_line, set_matmul_precision
 from .distributed import gather_per_rank, sync_batchnorm_plugins
 from .errors import ConfigError
+from .job_signals import handled_in_this_process_only
 from .methods import METHODS, SSLMethod
 from .preemption import StopOnSignal, cluster_plugins
 from .run_logs import RunRecord, continue_csv_log, wandb_resume
@@ -65,7 +66,15 @@ def wandb_logged_in() -> bool:
 
 def run(cfg: DictConfig, run_dir: Path, options_checked: bool = False) -> dict[str, Any]:
     """Pretrain as configured and return the summary (also written to run_dir/summary.json).
-    ``options_checked``: :func:`hvp_lightning.config.check_options` has passed on ``cfg`` (the CLI)."""
+    ``options_checked``: :func:`hvp_lightning.config.check_options` has passed on ``cfg`` (the CLI).
+    SLURM's warning signal is acted on in this process only, not in its loader workers
+    (:mod:`hvp_lightning.job_signals`)."""
+    with handled_in_this_process_only():
+        return _pretrain(cfg, run_dir, options_checked)
+
+
+def _pretrain(cfg: DictConfig, run_dir: Path, options_checked: bool) -> dict[str, Any]:
+    """:func:`run`'s work."""
     quiet_console()
     validate(cfg, options_checked)
     check_accelerator("trainer.accelerator", str(cfg.trainer.get("accelerator", "auto")))

@@ -17,14 +17,15 @@ import torch
 from hvp_lightning.data.augment import ViewAug
 from hvp_lightning.data.datamodule import SSLDataModule
 from hvp_lightning.evaluation.data import eval_loader
-from hvp_lightning.job_signals import preempt_signal
+from hvp_lightning.job_signals import handled_in_this_process_only, preempt_signal
 
 
 def signal_the_workers(loader: torch.utils.data.DataLoader) -> int:
-    """Start ``loader``'s workers, send each the pre-emption signal mid-iteration, then read the
-    rest (the workers must go on serving). Returns the batches read."""
+    """Start ``loader``'s workers, send each the pre-emption signal mid-iteration (after each has
+    served a batch: its ``worker_init_fn`` has run), then read the rest (the workers must go on
+    serving). Returns the batches read."""
     it = iter(loader)
-    batches = [next(it)]
+    batches = [next(it) for _ in range(loader.num_workers)]  # batches go round the workers
     workers = [w.pid for w in it._workers]  # noqa: SLF001 -- torch's multiprocessing iterator
     assert len(workers) == loader.num_workers
     for pid in workers:
@@ -53,6 +54,37 @@ def test_loader_workers_leave_the_preemption_signal_to_the_training_process(cfg_
     finally:
         signal.signal(preempt_signal(), previous)
     assert read == [8, 8, 4, 4]
+    assert sorted(p.name for p in marks.iterdir()) == [str(os.getpid())]
+
+
+class Items(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.full((2,), float(index))
+
+
+def test_a_fork_signalled_before_its_init_does_nothing(tmp_path: Path):
+    """Inside :func:`handled_in_this_process_only` (around every run), even a worker with no
+    ``worker_init_fn`` -- as each is just after its fork -- does nothing on the signal; this process
+    still acts, and the handler is put back afterwards."""
+    marks = tmp_path / "acted"
+    marks.mkdir()
+
+    def act(signum: int, frame: object) -> None:
+        (marks / str(os.getpid())).touch()
+
+    previous = signal.signal(preempt_signal(), act)
+    try:
+        with handled_in_this_process_only():
+            read = signal_the_workers(torch.utils.data.DataLoader(Items(), batch_size=2, num_workers=2))
+            os.kill(os.getpid(), preempt_signal())
+            time.sleep(0.1)
+        assert signal.getsignal(preempt_signal()) is act
+    finally:
+        signal.signal(preempt_signal(), previous)
+    assert read == 8
     assert sorted(p.name for p in marks.iterdir()) == [str(os.getpid())]
 
 

@@ -385,35 +385,57 @@ def test_a_job_larger_than_the_nodes_stops_before_it_is_queued(conf_dir, tmp_pat
     assert not job_ids(sweep)
 
 
-def test_plain_sbatch_script_runs_a_two_node_job(tmp_path):
-    """scripts/slurm_train.sbatch as docs/distributed.md shows it for CPU nodes, sized on sbatch's command line."""
+def test_plain_sbatch_script_runs_a_two_node_job_and_requeues_itself(tmp_path):
+    """scripts/slurm_train.sbatch as docs/distributed.md shows it for CPU nodes, sized on sbatch's command
+    line: a 2-node job that gets SLURM's warning mid-run (``scancel --signal=USR2``, what its
+    ``--signal=USR2@120`` sends before the time limit) checkpoints at its step, requeues itself and
+    finishes with every step trained once, in two sessions."""
     import json
 
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
+    epochs, steps_per_epoch = 8, 512 // 16 // 2  # 512 images, batches of 16 on each of 2 ranks
+    tiny = [o for o in TINY if not o.startswith(("data.train_size=", "trainer.max_epochs="))]
+    submitted = subprocess.run(
         [
             "sbatch",
-            "--wait",
+            "--parsable",
             "--nodes=2",
             "--ntasks-per-node=1",
             "--gpus-per-node=0",
             "--cpus-per-task=1",
             "--mem=0",
+            "--open-mode=append",  # the requeued session's lines after the first's
             f"--output={tmp_path / 'slurm-%j.out'}",
             "scripts/slurm_train.sbatch",
             "trainer.accelerator=cpu",
             "trainer.precision=32-true",
             "logger=csv",
-            *TINY,
+            *tiny,
+            "data.train_size=512",
+            f"trainer.max_epochs={epochs}",
             f"hydra.run.dir={run_dir}",
         ],
         cwd=REPO,
         env={**os.environ, "PYTHON": sys.executable},
         capture_output=True,
         text=True,
-        timeout=JOB_TIMEOUT_S,
+        check=True,
     )
+    job = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    try:
+        while not (run_dir / "checkpoints" / "last.ckpt").exists():  # past its first epoch
+            assert time.monotonic() < deadline, "the job wrote no checkpoint"
+            time.sleep(0.5)
+        time.sleep(1.0)
+        subprocess.run(["scancel", "--signal=USR2", job], check=True)
+        while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
+            assert time.monotonic() < deadline, "the job did not end"
+            time.sleep(1.0)
+    finally:
+        subprocess.run(["scancel", job], check=False)
     out = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
-    assert proc.returncode == 0, proc.stderr + out[-3000:]
+    assert "requeueing job" in out and sessions(run_dir) == 2, out[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert (summary["images_seen"], summary["steps"]) == (64, 2), summary  # 64 images, batches of 16 on 2 ranks
+    assert summary["steps"] == epochs * steps_per_epoch, summary
+    assert summary["images_seen"] == epochs * 512, summary

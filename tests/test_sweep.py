@@ -206,6 +206,9 @@ def test_slurm_launcher_renders_one_task_per_gpu(tmp_path, monkeypatch):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "srun").write_text("#!/bin/sh\nexit 1\n")
     (tmp_path / "bin" / "srun").chmod(0o755)
+    # The partition the launcher checks the job against (sinfo -h -N -o "%N %c %P"): two 64-CPU nodes.
+    (tmp_path / "bin" / "sinfo").write_text("#!/bin/sh\nprintf 'g1 64 gpu*\\ng2 64 gpu*\\n'\n")
+    (tmp_path / "bin" / "sinfo").chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     scripts: list[str] = []
 

@@ -55,10 +55,8 @@ def handled_in_this_process_only() -> Iterator[None]:
     thread, where no Python handler is in place, or inside another such block."""
     sig = preempt_signal()
     current = signal.getsignal(sig)
-    if threading.current_thread() is not threading.main_thread() or not callable(current):
-        yield
-        return
-    if isinstance(current, OwnProcessOnly) and current.owner == os.getpid():
+    guarded = isinstance(current, OwnProcessOnly) and current.owner == os.getpid()
+    if threading.current_thread() is not threading.main_thread() or not callable(current) or guarded:
         yield
         return
     guard = OwnProcessOnly(current)

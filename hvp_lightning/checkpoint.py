@@ -342,6 +342,7 @@ RESUMABLE_KEYS = (
     "logger",
     "analysis",
     "data.num_workers",
+    "limits",
     "data.root",
     "data.download",
     "trainer.enable_progress_bar",

@@ -64,6 +64,20 @@ def _prob(cfg: DictConfig, key: str) -> None:
         fail(key, value, "expected a probability in [0, 1]")
 
 
+def seconds_above_zero(cfg: DictConfig, key: str) -> None:
+    value = _get(cfg, key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        fail(key, value, "expected a number of seconds > 0")
+
+
+def check_limits(cfg: DictConfig) -> None:
+    """``limits.*`` (hvp_lightning/waits.py), where the config has them (a run dir from before
+    the keys resumes with their defaults)."""
+    for key in ("limits.wait_s", "limits.stop_grace_s"):
+        if OmegaConf.select(cfg, key) is not None:
+            seconds_above_zero(cfg, key)
+
+
 def _get(cfg: DictConfig, key: str) -> Any:
     node: Any = cfg
     for part in key.split("."):
@@ -176,6 +190,7 @@ def check_options(cfg: DictConfig) -> None:
     if OmegaConf.select(cfg, "checkpoint.every_n_steps") is not None:
         int_at_least(cfg, "checkpoint.every_n_steps", 1)
     int_at_least(cfg, "eval.knn_k", 1)
+    check_limits(cfg)
     if not isinstance(cfg.eval.at_start, bool):
         fail("eval.at_start", cfg.eval.at_start, "true or false")
     if not cfg.eval.knn_temperature > 0:
@@ -210,6 +225,7 @@ def check_eval_options(cfg: DictConfig) -> None:
     _int_in(cfg, "seed", 0, 2**32 - 1)
     if cfg.get("num_workers") is not None:
         int_at_least(cfg, "num_workers", 0)
+    check_limits(cfg)
     if cfg.get("data") is not None:
         validate_data(cfg)
     if cfg.get("logger") is not None:

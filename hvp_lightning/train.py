@@ -20,12 +20,12 @@ from .data.datamodule import SSLDataModule
 from .device import check_accelerator, device_line, set_matmul_precision
 from .distributed import gather_per_rank, sync_batchnorm_plugins
 from .errors import ConfigError
-from .job_signals import handled_in_this_process_only
 from .methods import METHODS, SSLMethod
 from .preemption import StopOnSignal, cluster_plugins
 from .run_logs import RunRecord, continue_csv_log, wandb_resume
 from .selection import hvp_summary
 from .slurm import use_slurm_threads
+from .waits import StopWatch, WaitedTooLong, ddp_strategy, describe_wait_error, end_descendants, limits
 from .wandb_logging import WandbCharts, current_sweep_dir, run_names
 from .warning_filters import quiet_console
 
@@ -67,10 +67,21 @@ def wandb_logged_in() -> bool:
 def run(cfg: DictConfig, run_dir: Path, options_checked: bool = False) -> dict[str, Any]:
     """Pretrain as configured and return the summary (also written to run_dir/summary.json).
     ``options_checked``: :func:`hvp_lightning.config.check_options` has passed on ``cfg`` (the CLI).
-    SLURM's warning signal is acted on in this process only, not in its loader workers
-    (:mod:`hvp_lightning.job_signals`)."""
-    with handled_in_this_process_only():
-        return _pretrain(cfg, run_dir, options_checked)
+
+    Nothing waits forever (:mod:`hvp_lightning.waits`): a wait on another rank or on loader
+    workers longer than ``limits.wait_s`` fails the run with :class:`~hvp_lightning.waits.WaitedTooLong`,
+    a failure ends the processes this one started, and a SIGTERM or Ctrl-C that the run cannot
+    act on within ``limits.stop_grace_s`` (it waits in native code) ends it anyway."""
+    lim = limits(cfg)
+    with StopWatch(lim.stop_grace_s):
+        try:
+            return _pretrain(cfg, run_dir, options_checked)
+        except Exception as err:
+            described = describe_wait_error(err, lim.wait_s)
+            if described is None:
+                raise
+            end_descendants()  # other ranks Lightning launched, loader workers: none left waiting or stopped
+            raise WaitedTooLong(described) from err
 
 
 def _pretrain(cfg: DictConfig, run_dir: Path, options_checked: bool) -> dict[str, Any]:
@@ -85,7 +96,10 @@ def _pretrain(cfg: DictConfig, run_dir: Path, options_checked: bool) -> dict[str
     set_matmul_precision()
     use_slurm_threads()  # the same arithmetic whatever the SLURM layout (hvp_lightning/slurm.py)
     method_cls = METHODS[cfg.method.name]
-    dm = SSLDataModule(cfg.data, method_cls.view_augs(cfg), cfg.method.batch_size, cfg.data.num_workers, cfg.seed)
+    wait_s = limits(cfg).wait_s
+    dm = SSLDataModule(
+        cfg.data, method_cls.view_augs(cfg), cfg.method.batch_size, cfg.data.num_workers, cfg.seed, wait_s=wait_s
+    )
     dm.setup("fit")
     if len(dm.train_set) < cfg.method.batch_size:
         raise ConfigError(
@@ -97,6 +111,7 @@ def _pretrain(cfg: DictConfig, run_dir: Path, options_checked: bool) -> dict[str
     model: SSLMethod = method_cls(cfg)
     trainer_kwargs: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
     sync_bn = sync_batchnorm_plugins(trainer_kwargs.pop("sync_batchnorm", "auto"), model)  # DDP only
+    trainer_kwargs["strategy"] = ddp_strategy(trainer_kwargs, wait_s)  # collectives wait at most wait_s
     checkpointer = RunCheckpoint(
         run_dir / "checkpoints",
         OmegaConf.select(cfg, "checkpoint.every_n_epochs"),

@@ -10,9 +10,8 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
-from ..job_signals import leave_job_signals_to_trainer
 from ..options import DATASETS
 from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
@@ -21,6 +20,7 @@ from .layout import split_dir
 from .resident import IndexDataset, ResidentImages, stack_images
 from .sampler import EpochSampler, ResumableLoader
 from .textures import SyntheticTextures
+from .workers import worker_context, worker_options
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +171,11 @@ class SSLDataModule(L.LightningDataModule):
     With ``data.on_device=true`` the training images are held whole on the training device
     (:class:`.resident.ResidentImages`): the loader yields indices only, and the crops are cut
     there as well, in :meth:`on_after_batch_transfer`.
+
+    Workers start from a clean fork server, never from the training process, and every wait
+    for a batch is limited to ``wait_s`` seconds (:mod:`.workers`). The k-NN loaders keep their
+    workers from one pass to the next (the at-start pass, the passes inside the fit and the
+    final one are the same two loaders).
     """
 
     def __init__(
@@ -181,10 +186,15 @@ class SSLDataModule(L.LightningDataModule):
         num_workers: int,
         seed: int = 0,
         colour_in_workers: bool | None = None,
+        wait_s: float = 600.0,
     ) -> None:
         super().__init__()
         self.cfg, self.views, self.batch_size, self.seed = cfg, views, batch_size, seed
         self.num_workers = usable_workers(num_workers)
+        self.wait_s = wait_s
+        if self.num_workers > 0:
+            worker_context()  # the fork server imports while this process sets up
+        self._val_loaders: dict[tuple[int, int], list[DataLoader]] = {}  # (rank, world) -> bank, test
         self.colour_in_workers = colour_in_workers
         self.class_names: list[str] = []
         self.resident: ResidentImages | None = None
@@ -199,7 +209,7 @@ class SSLDataModule(L.LightningDataModule):
         test = subset(test, self.cfg.test_subset, seed=1)
         self.train_raw = pre  # what the logged ``index`` of a training view points into
         if self.cfg.get("on_device", False):
-            self.resident = ResidentImages(*stack_images(pre, self.num_workers), self.views, self.seed)
+            self.resident = ResidentImages(*stack_images(pre, self.num_workers, self.wait_s), self.views, self.seed)
             self.train_set: Dataset = IndexDataset(len(self.resident))
         else:
             self.train_set = MultiViewDataset(pre, MultiViewTransform(self.views, self.seed))
@@ -213,16 +223,14 @@ class SSLDataModule(L.LightningDataModule):
     def num_classes(self) -> int:
         return len(self.class_names)
 
-    def _loader_options(self) -> dict[str, Any]:
+    def _loader_options(self, workers: bool = True) -> dict[str, Any]:
         # A generator of its own: each iterator draws its workers' base seed from it, not from
         # the training process's global RNG (whose state a checkpoint restores at the step).
         return dict(
             batch_size=self.batch_size,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
             generator=torch.Generator().manual_seed(self.seed),
-            worker_init_fn=leave_job_signals_to_trainer,  # SLURM's warning is the training process's
+            **worker_options(self.num_workers if workers else 0, self.wait_s, persistent=True),
         )
 
     def trained_position(self) -> tuple[int, int]:
@@ -264,10 +272,9 @@ class SSLDataModule(L.LightningDataModule):
         written at (:class:`.sampler.ResumableLoader`)."""
         trainer = self.trainer  # None outside a fit (tests, benchmarks): one process
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        options = self._loader_options()
-        if self.resident is not None:  # indices only: no worker processes needed
+        options = self._loader_options(workers=self.resident is None)
+        if self.resident is not None:  # indices only, no workers needed; pinned: a truly asynchronous copy
             ds: Dataset = self.train_set
-            options.update(num_workers=0, persistent_workers=False)  # pinned: a truly asynchronous copy
         else:
             ds = FinishedViews(self.train_set, self.views) if self._workers_colour() else self.train_set
         sampler = EpochSampler(ds, self.batch_size, self.seed, rank, world)
@@ -277,4 +284,21 @@ class SSLDataModule(L.LightningDataModule):
         return ResumableLoader(ds, sampler, self.trained_position, drop_last=True, **options)
 
     def val_dataloader(self) -> list[DataLoader]:
-        return [DataLoader(ds, shuffle=False, **self._loader_options()) for ds in (self.bank_set, self.test_set)]
+        """The k-NN bank and test loaders, the same two objects on every call for this rank, so that
+        their persistent workers serve every k-NN pass. Each rank reads its ``DistributedSampler``
+        share (in order, padded, as Lightning's own would be: Lightning keeps a sampler that is one
+        instead of re-making the loader, and its workers, for every pass)."""
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        if (rank, world) not in self._val_loaders:
+            self._val_loaders[rank, world] = [
+                DataLoader(ds, sampler=self._eval_sampler(ds, rank, world), **self._loader_options())
+                for ds in (self.bank_set, self.test_set)
+            ]
+        return self._val_loaders[rank, world]
+
+    @staticmethod
+    def _eval_sampler(ds: Dataset, rank: int, world: int) -> Any:
+        if world == 1:
+            return None  # in order
+        return DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False)

@@ -33,10 +33,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from ..job_signals import leave_job_signals_to_trainer
 from .augment import ViewAug, draw_view_params, to_uint8_tensor
 from .seeds import view_keys
 from .textures import SyntheticTextures
+from .workers import worker_options
 
 BOX_KEYS = ("crop_x", "crop_y", "crop_w", "crop_h", "flip")  # the parameters a crop needs
 log = logging.getLogger(__name__)
@@ -76,15 +76,16 @@ def crop_flip_batch(images: torch.Tensor, params: dict[str, torch.Tensor], size:
     return out if per_image else out[:, 0]
 
 
-def stack_images(raw: Dataset, workers: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def stack_images(raw: Dataset, workers: int = 0, wait_s: float = 600.0) -> tuple[torch.Tensor, torch.Tensor]:
     """uint8 ``[N, 3, H, W]`` images and int64 ``[N]`` labels of an in-memory dataset (CIFAR,
     STL-10, the textures, an image folder of one image size, or a ``Subset`` of one). The
     arrays a dataset holds are taken as they are, a subset's rows picked before the copy
-    (50,000 CIFAR images cost milliseconds); others are read once, by ``workers`` processes."""
+    (50,000 CIFAR images cost milliseconds); others are read once, by ``workers`` processes
+    (:mod:`.workers`; each wait for a batch at most ``wait_s`` seconds)."""
     base, index = (raw.dataset, list(raw.indices)) if isinstance(raw, Subset) else (raw, None)
     held = held_arrays(base)
     if held is None:
-        return read_images(raw, workers)
+        return read_images(raw, workers, wait_s)
     images, labels = held
     if index is not None:
         rows = torch.as_tensor(index, dtype=torch.int64)
@@ -92,7 +93,7 @@ def stack_images(raw: Dataset, workers: int = 0) -> tuple[torch.Tensor, torch.Te
     return images.contiguous(), labels
 
 
-def read_images(raw: Dataset, workers: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def read_images(raw: Dataset, workers: int = 0, wait_s: float = 600.0) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`stack_images` through ``__getitem__`` (decoded in ``workers`` loader processes),
     for datasets that hold no arrays; refuses more than :data:`MAX_RESIDENT_BYTES` before
     reading them all, and images of another size than the first."""
@@ -112,7 +113,7 @@ def read_images(raw: Dataset, workers: int = 0) -> tuple[torch.Tensor, torch.Ten
     labels = torch.empty(n, dtype=torch.int64)
     start, i = time.monotonic(), 0
     for batch, batch_labels in DataLoader(
-        raw, batch_size=256, num_workers=workers, collate_fn=uint8_items, worker_init_fn=leave_job_signals_to_trainer
+        raw, batch_size=256, collate_fn=uint8_items, **worker_options(workers, wait_s)
     ):
         if isinstance(batch, list) or batch.shape[1:] != first.shape:  # a list: sizes differ within the batch
             odd = next(k for k, img in enumerate(batch) if img.shape != first.shape)

@@ -15,7 +15,7 @@ from ..config import validate_backbone, validate_data
 from ..data.augment import EvalTransform, normalize, to_uint8_tensor
 from ..data.datamodule import build_raw_datasets, subset, usable_workers
 from ..data.layout import resolve_auto_crop
-from ..job_signals import leave_job_signals_to_trainer
+from ..data.workers import worker_options
 
 
 @dataclass(frozen=True)
@@ -52,17 +52,19 @@ def eval_data(data_cfg: DictConfig) -> EvalData:
     return EvalData(bank, test, list(classes), data_cfg)
 
 
-def eval_loader(ds: Dataset, batch_size: int, workers: int, train: bool, drop_last: bool = False) -> DataLoader:
-    """Shuffled for training, in order for features and testing; no workers kept between loaders."""
+def eval_loader(
+    ds: Dataset, batch_size: int, workers: int, train: bool, drop_last: bool = False, wait_s: float = 600.0
+) -> DataLoader:
+    """Shuffled for training (workers kept from epoch to epoch), in order for features and
+    testing; workers from the clean fork server, each wait for a batch at most ``wait_s``
+    seconds (:mod:`hvp_lightning.data.workers`)."""
     return DataLoader(
         ds,
         batch_size=batch_size,
         shuffle=train,
         drop_last=drop_last,
-        num_workers=workers,
-        persistent_workers=False,
         pin_memory=torch.cuda.is_available(),
-        worker_init_fn=leave_job_signals_to_trainer,
+        **worker_options(workers, wait_s, persistent=train),
     )
 
 

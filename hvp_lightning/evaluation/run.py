@@ -30,6 +30,7 @@ from ..data.datamodule import EvalDataset
 from ..device import check_accelerator, runs_on_cpu, set_matmul_precision
 from ..errors import ConfigError
 from ..knn import knn_accuracies
+from ..waits import limits
 from ..warning_filters import quiet_console
 from .data import EvalData, TrainTransform, eval_data, eval_data_cfg, eval_loader, eval_transform
 from .features import FeatureNet, extract, forward_seconds
@@ -44,10 +45,18 @@ def run_knn(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[str, An
     d = data.cfg
     net = FeatureNet(backbone)
     bank, bank_y = extract(
-        cfg, net, eval_loader(EvalDataset(data.train, eval_transform(d)), s["batch_size"], d.num_workers, False)
+        cfg,
+        net,
+        eval_loader(
+            EvalDataset(data.train, eval_transform(d)), s["batch_size"], d.num_workers, False, wait_s=limits(cfg).wait_s
+        ),
     )
     query, query_y = extract(
-        cfg, net, eval_loader(EvalDataset(data.test, eval_transform(d)), s["batch_size"], d.num_workers, False)
+        cfg,
+        net,
+        eval_loader(
+            EvalDataset(data.test, eval_transform(d)), s["batch_size"], d.num_workers, False, wait_s=limits(cfg).wait_s
+        ),
     )
     device = "cuda" if torch.cuda.is_available() and cfg.accelerator in ("gpu", "cuda", "auto") else "cpu"
     res = knn_accuracies(
@@ -111,9 +120,15 @@ def run_classifier(
     )
     if cached:  # fast path: centre-crop features once, then a linear model on them
         train_x, train_y = extract(
-            cfg, net, eval_loader(EvalDataset(data.train, test_tf), s["batch_size"], d.num_workers, False)
+            cfg,
+            net,
+            eval_loader(
+                EvalDataset(data.train, test_tf), s["batch_size"], d.num_workers, False, wait_s=limits(cfg).wait_s
+            ),
         )
-        test_x, test_y = extract(cfg, net, eval_loader(test_ds, s["batch_size"], d.num_workers, False))
+        test_x, test_y = extract(
+            cfg, net, eval_loader(test_ds, s["batch_size"], d.num_workers, False, wait_s=limits(cfg).wait_s)
+        )
         model = Classifier(None, net.feature_dim, n_cls, s)
         train_loader = DataLoader(TensorDataset(train_x, train_y), batch_size=s["batch_size"], shuffle=True)
         test_loader = DataLoader(TensorDataset(test_x, test_y), batch_size=s["batch_size"])
@@ -127,8 +142,9 @@ def run_classifier(
             d.num_workers,
             True,
             drop_last=finetune and len(data.train) > s["batch_size"],
+            wait_s=limits(cfg).wait_s,
         )
-        test_loader = eval_loader(test_ds, s["batch_size"], d.num_workers, False)
+        test_loader = eval_loader(test_ds, s["batch_size"], d.num_workers, False, wait_s=limits(cfg).wait_s)
     warn_if_lars_cannot_fit(s, len(train_loader))
     return fit_classifier(cfg, model, train_loader, test_loader, s["epochs"], logger)
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
+from hvp_lightning import job_signals
 from hvp_lightning.data.augment import ViewAug
 from hvp_lightning.data.datamodule import SSLDataModule
-from hvp_lightning.evaluation.data import eval_loader
-from hvp_lightning import job_signals
 from hvp_lightning.data.workers import worker_options
+from hvp_lightning.evaluation.data import eval_loader
 from hvp_lightning.job_signals import preempt_signal
 
 
@@ -88,9 +88,7 @@ def test_a_worker_serves_on_after_sigterm_until_its_loader_ends_it(cfg_factory):
 def test_a_worker_left_alone_after_sigterm_ends_by_itself():
     """A worker whose training process never ends it (stuck, or gone without a word) ends
     :data:`~hvp_lightning.job_signals.WORKER_GRACE_S` after the SIGTERM, even while blocked."""
-    loader = torch.utils.data.DataLoader(
-        list(range(8)), batch_size=2, **worker_options(1, wait_s=60, persistent=True)
-    )
+    loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2, **worker_options(1, wait_s=60, persistent=True))
     loader.worker_init_fn = _grace_of_one_second
     it = iter(loader)
     next(it)

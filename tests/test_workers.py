@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time

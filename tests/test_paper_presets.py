@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hvp_lightning.config import check_options
 
-from .test_experiments import EXPERIMENTS, composed, experiment_cfg, global_batch
+from .test_experiments import EXPERIMENTS, composed, global_batch, imagenet_folder
 
 DINO_TABLE = "tab:hypers_dino"
 SIMSIAM_TABLE = "tab:hypers_simsiam"
@@ -212,6 +212,14 @@ PAPER: dict[str, dict[str, tuple[Any, str]]] = {
     "dino_vittiny_cifar10": MULTICROP_CIFAR,
     "ibot_vittiny_cifar10": MULTICROP_CIFAR,
 }
+
+
+def experiment_cfg(name: str, tmp_path: Path, *more: str) -> DictConfig:
+    """``+experiment=NAME`` composed once, with a data root the checks accept (torchvision sets:
+    download=true, so that no files are needed; nothing is downloaded without training)."""
+    imagenet = name.endswith("_imagenet")
+    data = f"data.root={imagenet_folder(tmp_path / 'imagenet')}" if imagenet else "data.download=true"
+    return composed(f"+experiment={name}", data, *more)
 
 
 def value(cfg: DictConfig, key: str) -> Any:

@@ -122,9 +122,9 @@ def main(argv: list[str] | None = None) -> None:
     ]
     floats = crops.float()
 
-    def per_image(f: Callable[[torch.Tensor, dict, int], torch.Tensor], ps: dict[str, torch.Tensor]) -> None:
+    def per_image(f: Callable[[torch.Tensor, dict, ViewAug], torch.Tensor], ps: dict[str, torch.Tensor]) -> None:
         for i in range(n):
-            f(crops[i], {key: v[i] for key, v in ps.items()}, k)
+            f(crops[i], {key: v[i] for key, v in ps.items()}, aug)
 
     ops = ("brightness", "contrast", "saturation", "hue", "grayscale", "blur", "solarize")
     sigma = torch.empty(n).uniform_(0.1, 2.0).tolist()
@@ -171,9 +171,9 @@ def main(argv: list[str] | None = None) -> None:
     }
     for op in ops:
         p1 = only(params, op)
-        stages[f"{op}: batched, every view"] = (lambda p1=p1: colour(crops, p1, k), n)
+        stages[f"{op}: batched, every view"] = (lambda p1=p1: colour(crops, p1, aug), n)
         stages[f"{op}: torchvision per image, every view"] = (lambda op=op: [reference[op](i) for i in range(n)], n)
-    stages["colour step, params as drawn: batched"] = (lambda: colour(crops, params, k), n)
+    stages["colour step, params as drawn: batched"] = (lambda: colour(crops, params, aug), n)
     stages["colour step, params as drawn: torchvision per image"] = (lambda: per_image(reference_colour, params), n)
     if args.baseline:
         old = load_baseline(args.baseline)

@@ -46,10 +46,15 @@ class _WidthResNet(tvr.ResNet):
     state_dict loads into ``torchvision.models.resnet18()`` unchanged.
     """
 
-    def __init__(self, block: type[nn.Module], layers: list[int], width: int, cifar_stem: bool) -> None:
+    def __init__(
+        self, block: type[nn.Module], layers: list[int], width: int, cifar_stem: bool, zero_init_residual: bool = False
+    ) -> None:
         self._scale = width / 64
         self._first_layer = True
-        super().__init__(block, layers)  # type: ignore[arg-type]
+        # zero_init_residual: each residual branch's last BatchNorm starts at gamma = 0 (every block
+        # the identity at init; Goyal et al. 2017), as the SimCLR table of the HVP paper and the
+        # official SimSiam code set it
+        super().__init__(block, layers, zero_init_residual=zero_init_residual)  # type: ignore[arg-type]
         if cifar_stem:
             # CIFAR variant (SimCLR/SimSiam papers): 3x3 stride-1 stem, no max-pool.
             self.conv1 = nn.Conv2d(3, width, kernel_size=3, stride=1, padding=1, bias=False)
@@ -81,9 +86,11 @@ _VITS: dict[str, dict[str, int]] = {
 }
 
 
-def build_resnet(name: str, width: int = 64, cifar_stem: bool = False, channels_last: bool = True) -> Backbone:
+def build_resnet(
+    name: str, width: int = 64, cifar_stem: bool = False, channels_last: bool = True, zero_init_residual: bool = False
+) -> Backbone:
     block, layers = _RESNETS[name]
-    trunk = _WidthResNet(block, layers, width=width, cifar_stem=cifar_stem)
+    trunk = _WidthResNet(block, layers, width=width, cifar_stem=cifar_stem, zero_init_residual=zero_init_residual)
     feature_dim = round(512 * width / 64) * block.expansion  # type: ignore[attr-defined]
     return Backbone(trunk, feature_dim, channels_last=channels_last)
 
@@ -125,7 +132,13 @@ def build_backbone(cfg) -> Backbone:
         raise KeyError(name)
     spec = BACKBONES[name]
     if spec.family == "resnet":
-        return build_resnet(name, width=cfg.width, cifar_stem=cfg.cifar_stem, channels_last=cfg.channels_last)
+        return build_resnet(
+            name,
+            width=cfg.width,
+            cifar_stem=cfg.cifar_stem,
+            channels_last=cfg.channels_last,
+            zero_init_residual=cfg.get("zero_init_residual", False),  # absent in runs started before the key
+        )
     return build_vit(
         name,
         img_size=cfg.img_size,

@@ -23,10 +23,12 @@ from .data.layout import is_image_file, resolve_auto_crop, split_dir, typical_im
 from .errors import ConfigError
 from .options import (
     BACKBONE_FAMILIES,
+    BLUR_KINDS,
     DATASETS,
     GLOBAL_PAIRS,
     IMAGE_EXTENSIONS,
     IMAGE_SIDES,
+    INTERPOLATIONS,
     LOGGERS,
     METHOD_NAMES,
     MODES,
@@ -249,6 +251,8 @@ def validate_backbone(cfg: DictConfig) -> None:
     int_at_least(cfg, "data.crop_size", 1)
     if BACKBONE_FAMILIES[b.name] == "resnet":
         int_at_least(cfg, "backbone.width", 1)
+        if not isinstance(b.get("zero_init_residual", False), bool):
+            fail("backbone.zero_init_residual", b.zero_init_residual, "true or false")
         smallest = 8 if b.cifar_stem else 32  # the trunk downsamples 8x (CIFAR stem) or 32x
         if crop < smallest:
             fail("data.crop_size", crop, f">= {smallest} px for {b.name} with cifar_stem={b.cifar_stem}")
@@ -294,6 +298,10 @@ def validate_data(cfg: DictConfig) -> None:
     lo, hi = d.aug.scale
     if not 0 < lo <= hi <= 1:
         fail("data.aug.scale", list(d.aug.scale), "two numbers 0 < min <= max <= 1")
+    if d.aug.get("blur_kind", "simclr") not in BLUR_KINDS:
+        fail("data.aug.blur_kind", d.aug.blur_kind, f"one of {', '.join(BLUR_KINDS)}")
+    if d.aug.get("interpolation", "bilinear") not in INTERPOLATIONS:
+        fail("data.aug.interpolation", d.aug.interpolation, f"one of {', '.join(INTERPOLATIONS)}")
     int_at_least(cfg, "data.num_workers", 0)
     on_device = d.get("on_device", False)
     if not isinstance(on_device, bool):

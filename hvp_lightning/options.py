@@ -25,6 +25,10 @@ DATASETS = ("synthetic", "imagefolder", "cifar10", "cifar100", "stl10")
 # Where torchvision keeps each dataset under data.root, and its images' side in pixels.
 TORCHVISION_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "stl10": "stl10_binary"}
 IMAGE_SIDES = {"cifar10": 32, "cifar100": 32, "stl10": 96}
+# data.aug.blur_kind: PIL's ImageFilter.GaussianBlur (SimSiam, DINO, iBOT) | SimCLR's 10%-of-crop kernel
+BLUR_KINDS = ("pil", "simclr")
+# data.aug.interpolation: the crop's antialiased resize (SimSiam: bilinear; DINO, iBOT, SimCLR: bicubic)
+INTERPOLATIONS = ("bilinear", "bicubic")
 # torchvision's ImageFolder extensions (torchvision.datasets.folder.IMG_EXTENSIONS) plus GIF
 # (its first frame is the image).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".gif")

@@ -3,6 +3,7 @@ batch with known parameters and choice, the bounded Parquet log, and the CLI end
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -203,10 +204,11 @@ def test_replay_matches_augment() -> None:
     torch.manual_seed(3)
     img = torch.randint(0, 255, (3, 40, 36), dtype=torch.uint8)
     aug = ViewAug(size=16, jitter_p=1.0, gray_p=0.5, blur_p=1.0, solarize_p=0.5, mean=(0.5,) * 3, std=(0.25,) * 3)
-    for i in range(6):
-        out, p = augment(img, aug, view_key(3, 0, i, 0))
-        row = {k: (v.numpy() if k == "jitter_order" else v.item()) for k, v in p.items()}
-        torch.testing.assert_close(normalize(replay_view(img, row, 16, aug.blur_kernel), aug.mean, aug.std), out)
+    for a in (aug, dataclasses.replace(aug, blur_kind="pil", interpolation="bicubic")):
+        for i in range(6):
+            out, p = augment(img, a, view_key(3, 0, i, 0))
+            row = {k: (v.numpy() if k == "jitter_order" else v.item()) for k, v in p.items()}
+            torch.testing.assert_close(normalize(replay_view(img, row, a), a.mean, a.std), out)
 
 
 def test_importance_recovers_a_planted_dependence() -> None:

@@ -11,13 +11,14 @@ import numpy as np
 from .plots import pyplot
 
 
-def replay_view(img, row: dict[str, Any], size: int, blur_kernel: int | None = None):
+def replay_view(img, row: dict[str, Any], aug):
     """Re-apply one logged view's augmentation to the uint8 source image ``[3, H, W]``: crop,
     flip, jitter in its logged order, grayscale, blur, solarize (before normalisation), with
-    the reference kernels of :func:`hvp_lightning.data.augment.augment`."""
-    from ..data.augment import ViewAug, crop_flip, reference_colour
+    the reference kernels of :func:`hvp_lightning.data.augment.augment` and the size, resize
+    and blur of ``aug`` (the run's :class:`~hvp_lightning.data.augment.ViewAug`)."""
+    from ..data.augment import crop_flip, reference_colour
 
-    return reference_colour(crop_flip(img, row, size), row, blur_kernel or ViewAug(size=size).blur_kernel)
+    return reference_colour(crop_flip(img, row, aug.size, aug.interpolation), row, aug)
 
 
 def load_train_images(run_dir: Path):
@@ -42,6 +43,7 @@ def plot_gallery(
     from matplotlib.patches import Rectangle
 
     from ..data.augment import to_uint8_tensor
+    from ..data.datamodule import view_aug
 
     plt = pyplot()
     cfg, raw = load_train_images(run_dir)
@@ -52,7 +54,7 @@ def plot_gallery(
     samples = np.unique(pairs["sample"][at])[:num_images]
     vat = (views["step"] == step) & (views["rank"] == rank0) & (views.get("micro", 0) == 0)
     n = int(views["view"][vat].max()) + 1
-    size = int(cfg.data.crop_size)
+    aug = view_aug(cfg.data)
     colors = plt.get_cmap("tab10").colors
     fig, axes = plt.subplots(len(samples), n + 1, figsize=(2.1 * (n + 1) + 0.6, 2.3 * len(samples)), squeeze=False)
     for r, s in enumerate(samples):
@@ -78,7 +80,7 @@ def plot_gallery(
                     ls="-" if chosen_v else "--",
                 )
             )
-            view = replay_view(img, row, size)
+            view = replay_view(img, row, aug)
             vax = axes[r, v + 1]
             vax.imshow(view.permute(1, 2, 0).numpy(), interpolation="nearest")
             vax.set_xticks([])

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torchvision.transforms.v2 import functional as F
 
+from ..options import INTERPOLATIONS
 from .datasets import to_rgb8
 from .seeds import key_uniform, key_uniforms, view_key
 
@@ -55,7 +56,9 @@ PARAM_NAMES = (
 
 @dataclass(frozen=True)
 class ViewAug:
-    """One view's augmentation distribution (defaults: SimSiam/BYOL ImageNet pipeline)."""
+    """One view's augmentation distribution (defaults: the SimSiam/BYOL ImageNet distributions,
+    with the blur and resize this library had before ``blur_kind``/``interpolation`` existed;
+    the ``data.aug`` presets set both as each method's official code: conf/data/aug/)."""
 
     size: int = 224
     scale: tuple[float, float] = (0.2, 1.0)
@@ -72,10 +75,14 @@ class ViewAug:
     solarize_p: float = 0.0
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
+    # "pil": PIL's ImageFilter.GaussianBlur(radius=sigma), untruncated (SimSiam, DINO, iBOT);
+    # "simclr": a Gaussian kernel of 10% of the crop (SimCLR's, with torchvision's reflect padding)
+    blur_kind: str = "simclr"
+    interpolation: str = "bilinear"  # the crop's antialiased resize: bilinear (SimSiam) | bicubic (DINO, iBOT, SimCLR)
 
     @property
     def blur_kernel(self) -> int:
-        """Odd kernel of ~10% of the crop (23 px at 224, as in SimCLR/BYOL/DINO)."""
+        """SimCLR's odd kernel of ~10% of the crop (23 px at 224); used with ``blur_kind="simclr"``."""
         k = max(3, int(0.1 * self.size))
         return k if k % 2 == 1 else k + 1
 
@@ -225,8 +232,12 @@ def centre_crop_size(src_h: int, src_w: int, ratio: tuple[float, float]) -> tupl
     return src_w, src_h
 
 
-def crop_flip(img: torch.Tensor, params: Mapping[str, Any], size: int) -> torch.Tensor:
-    """The geometric part of a view (what loader workers do): uint8 ``[3, size, size]``."""
+INTERPOLATION_MODES = {name: F.InterpolationMode[name.upper()] for name in INTERPOLATIONS}  # options.INTERPOLATIONS
+
+
+def crop_flip(img: torch.Tensor, params: Mapping[str, Any], size: int, interpolation: str = "bilinear") -> torch.Tensor:
+    """The geometric part of a view (what loader workers do): uint8 ``[3, size, size]``,
+    torchvision's antialiased ``resized_crop`` with ``interpolation`` (``ViewAug.interpolation``)."""
     x = F.resized_crop(
         img,
         int(params["crop_y"]),
@@ -234,14 +245,24 @@ def crop_flip(img: torch.Tensor, params: Mapping[str, Any], size: int) -> torch.
         int(params["crop_h"]),
         int(params["crop_w"]),
         [size, size],
+        interpolation=INTERPOLATION_MODES[interpolation],
         antialias=True,
     )
     return F.horizontal_flip(x) if params["flip"] else x
 
 
-def reference_colour(x: torch.Tensor, params: Mapping[str, Any], blur_kernel: int) -> torch.Tensor:
-    """The photometric part of one view with torchvision's own uint8 kernels, from recorded
-    parameters: the reference that :mod:`.batched` reproduces for whole batches on device."""
+def pil_gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
+    """PIL's ``ImageFilter.GaussianBlur(radius=sigma)`` of a uint8 ``[3, H, W]`` image (what
+    SimSiam's, DINO's and iBOT's pipelines call): the reference :func:`.batched.pil_blur` matches."""
+    from PIL import ImageFilter
+
+    return F.pil_to_tensor(F.to_pil_image(x).filter(ImageFilter.GaussianBlur(radius=sigma)))
+
+
+def reference_colour(x: torch.Tensor, params: Mapping[str, Any], aug: ViewAug) -> torch.Tensor:
+    """The photometric part of one view with torchvision's own uint8 kernels (PIL's blur for
+    ``aug.blur_kind="pil"``), from recorded parameters: the reference that :mod:`.batched`
+    reproduces for whole batches on device."""
     if params["jitter"]:
         ops = (F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue)
         factors = [float(params[k]) for k in ("brightness", "contrast", "saturation", "hue")]
@@ -250,8 +271,10 @@ def reference_colour(x: torch.Tensor, params: Mapping[str, Any], blur_kernel: in
     if params["grayscale"]:
         x = F.rgb_to_grayscale(x, num_output_channels=3)
     sigma = float(params["blur_sigma"])
-    if sigma > 0:
-        x = F.gaussian_blur(x, [blur_kernel, blur_kernel], [sigma, sigma])
+    if sigma > 0 and aug.blur_kind == "pil":
+        x = pil_gaussian_blur(x, sigma)
+    elif sigma > 0:
+        x = F.gaussian_blur(x, [aug.blur_kernel, aug.blur_kernel], [sigma, sigma])
     if params["solarize"]:
         x = F.solarize(x, 128)
     return x
@@ -262,7 +285,7 @@ def augment(img: torch.Tensor, aug: ViewAug, key: int) -> tuple[torch.Tensor, di
     image with torchvision (the reference pipeline; training runs :class:`MultiViewTransform`
     + :func:`.batched.finish_views` instead)."""
     params = sample_params(img, aug, key)
-    x = reference_colour(crop_flip(img, params, aug.size), params, aug.blur_kernel)
+    x = reference_colour(crop_flip(img, params, aug.size, aug.interpolation), params, aug)
     return normalize(x, aug.mean, aug.std), params
 
 
@@ -295,7 +318,7 @@ class MultiViewTransform:
     def __call__(self, img, epoch: int, index: int) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
         img = to_uint8_tensor(img)
         plist = [sample_params(img, a, view_key(self.seed, epoch, index, slot)) for slot, a in enumerate(self.augs)]
-        views = [crop_flip(img, p, a.size) for p, a in zip(plist, self.augs)]
+        views = [crop_flip(img, p, a.size, a.interpolation) for p, a in zip(plist, self.augs)]
         params = {k: torch.stack([p[k] for p in plist]) for k in plist[0]}
         return views, params
 

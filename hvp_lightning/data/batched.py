@@ -10,10 +10,18 @@ transfer, or in the loader workers when training runs on the CPU
 Pixels follow torchvision's uint8 kernels (:func:`.augment.reference_colour`): images are
 float32 holding integer values 0..255, and every op truncates or rounds to an integer exactly
 where torchvision converts back to uint8; jitter, grayscale and solarize match bit for bit
-(the hue on every one of the 2^24 colours: 8 shifts checked by hand, 3 in a slow test). The blur is
-separable (two 1-D passes of shifted multiply-adds, 2k instead of k*k multiplies per pixel),
-which reorders its float sums: a blurred pixel can land one level (1/255) from torchvision's
-at a rounding boundary (~3e-5 of pixels measured).
+(the hue on every one of the 2^24 colours: 8 shifts checked by hand, 3 in a slow test). The blur
+is one of two, as the method's official pipeline (``ViewAug.blur_kind``):
+
+* ``pil`` (SimSiam, DINO, iBOT: PIL's ``ImageFilter.GaussianBlur(radius=sigma)``, not cut to a
+  kernel): PIL's own algorithm, three extended box blurs along rows then three along columns
+  (Pillow's BoxBlur.c, Gwosdek et al. 2011), in its integer arithmetic, rounding to uint8 after
+  each pass as PIL does, with the box radius computed in PIL's float32/float64 steps: bit for
+  bit PIL's output (the tests compare with PIL itself).
+* ``simclr`` (SimCLR's kernel of 10% of the crop): separable (two 1-D passes of shifted
+  multiply-adds, 2k instead of k*k multiplies per pixel), which reorders its float sums: a
+  blurred pixel can land one level (1/255) from torchvision's ``gaussian_blur`` at a rounding
+  boundary (~3e-5 of pixels measured).
 
 Which samples an op touches is chosen two ways, with the same op functions:
 
@@ -40,7 +48,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as tF
 
-from .augment import ViewAug, normalize
+from .augment import ViewAug, normalize, pil_gaussian_blur
 
 Op = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 JITTER_KEYS = ("brightness", "contrast", "saturation", "hue")  # jitter_order indexes these
@@ -169,6 +177,60 @@ def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel: int, trim: bool 
     return _taps(y, w, dim=3, length=wid).round_()  # along width
 
 
+PIL_PASSES = 3  # ImageFilter.GaussianBlur's box blurs per direction
+
+
+def pil_box(sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PIL's extended box for ``GaussianBlur(radius=sigma)`` per sample (``[n]``): integer
+    radius ``r``, the weight ``ww`` of the ``2r + 1`` inner taps and ``fw`` of the two outer ones
+    (fixed point, sum 2^24), with the float32 (and float64, where C computes in double) steps
+    of Pillow's ``_gaussian_blur_radius`` and ``ImagingHorizontalBoxBlur``. Divisions are
+    tensor by tensor: a division by a Python scalar may run as a multiplication by its
+    reciprocal on CUDA, one bit off."""
+    s = sigma.to(torch.float32)
+    three = torch.full_like(s, float(PIL_PASSES))
+    sigma2 = s * s / three
+    big_l = (sigma2.double() * 12.0 + 1.0).sqrt().float()
+    small_l = ((big_l.double() - 1.0) * 0.5).floor().float()
+    a = (small_l * 2 + 1) * (small_l * (small_l + 1) - sigma2 * 3)
+    a = a / ((sigma2 - (small_l + 1) * (small_l + 1)) * 6)
+    radius = small_l + a
+    r = radius.to(torch.int64)  # C's (int): truncation, radius >= 0
+    ww = (torch.full_like(radius, float(2**24)) / (radius * 2 + 1)).to(torch.int64)
+    fw = (2**24 - (2 * r + 1) * ww) // 2
+    return r, ww, fw
+
+
+def pil_blur(x: torch.Tensor, sigma: torch.Tensor, max_radius: int) -> torch.Tensor:
+    """PIL's ``GaussianBlur(radius=sigma)`` with a per-sample ``sigma`` ``[n]`` (> 0) of float
+    images ``[n, C, H, W]`` holding integers 0..255, for a whole batch on its device: three box
+    passes along the width, then three along the height, each ``(ww * inner sum + fw * outer
+    pair + 2^23) >> 24`` with the edge pixels repeated. The sums of pixels are exact in float32,
+    the fixed-point products in float64 (< 2^33). ``max_radius`` (>= every sample's integer
+    radius, :func:`pil_max_radius`) sets the taps; a sample's taps past its own radius count 0,
+    so nothing is read on the host."""
+    r, ww, fw = pil_box(sigma)
+    offsets = torch.arange(-max_radius - 1, max_radius + 2, device=x.device).abs()  # [T]
+    inner = (offsets <= r[:, None]).to(torch.float32).view(-1, offsets.numel(), 1, 1, 1)  # [n, T, 1, 1, 1]
+    outer = (offsets == r[:, None] + 1).to(torch.float32).view_as(inner)
+    ww, fw = ww.to(torch.float64).view(-1, 1, 1, 1), fw.to(torch.float64).view(-1, 1, 1, 1)
+    for dim in (3, 3, 3, 2, 2, 2):
+        length = x.shape[dim]
+        index = torch.arange(-max_radius - 1, length + max_radius + 1, device=x.device).clamp_(0, length - 1)
+        padded = x.index_select(dim, index)  # edges repeated
+        box, far = _taps(padded, inner, dim, length), _taps(padded, outer, dim, length)
+        x = box.double().mul_(ww).add_(far.double().mul_(fw)).add_(2**23).mul_(2.0**-24).floor_().float()
+    return x
+
+
+def pil_max_radius(max_sigma: float) -> int:
+    """A bound on the integer box radius of PIL's blur for sigmas up to ``max_sigma``: PIL's is
+    ``floor((L - 1) / 2)`` with ``L = sqrt(4 sigma^2 + 1)`` (three passes), growing with sigma;
+    ``floor(L / 2)`` is at least that whatever the float rounding. Plain Python: the static tap
+    count of :func:`pil_blur` on accelerators, known without reading a tensor."""
+    return math.floor(math.sqrt(12 * max_sigma**2 / PIL_PASSES + 1) / 2)
+
+
 def _taps(y: torch.Tensor, w: torch.Tensor, dim: int, length: int) -> torch.Tensor:
     """``sum_t w[:, t] * y[t : t + length]`` along ``dim``."""
     out = y.narrow(dim, 0, length) * w[:, 0]
@@ -181,18 +243,30 @@ JITTER_OPS: tuple[Op, ...] = (brightness, contrast, saturation, hue)
 
 
 def colour(
-    x: torch.Tensor, params: dict[str, torch.Tensor], blur_kernel: int, sync_free: bool | None = None
+    x: torch.Tensor, params: dict[str, torch.Tensor], aug: ViewAug, sync_free: bool | None = None
 ) -> torch.Tensor:
-    """Photometric part of ``n`` views: ``x`` uint8 ``[n, 3, H, W]``, ``params`` with ``[n]``
-    scalars and ``jitter_order`` ``[n, 4]`` -> float32 ``[n, 3, H, W]`` with integer values
-    0..255, as torchvision's ``reference_colour`` view by view. ``sync_free`` picks how ops
-    find their samples (module docstring); ``None``: masks off the CPU, per view on it."""
+    """Photometric part of ``n`` views drawn from ``aug`` (its blur kind, kernel and sigma
+    range): ``x`` uint8 ``[n, 3, H, W]``, ``params`` with ``[n]`` scalars and ``jitter_order``
+    ``[n, 4]`` -> float32 ``[n, 3, H, W]`` with integer values 0..255, as
+    :func:`.augment.reference_colour` view by view. ``sync_free`` picks how ops find their
+    samples (module docstring); ``None``: masks off the CPU, per view on it."""
     if sync_free is None:
         sync_free = x.device.type != "cpu"
-    return _colour_masked(x, params, blur_kernel) if sync_free else _colour_per_view(x, params, blur_kernel)
+    return _colour_masked(x, params, aug) if sync_free else _colour_per_view(x, params, aug)
 
 
-def _colour_per_view(x: torch.Tensor, params: dict[str, torch.Tensor], blur_kernel: int) -> torch.Tensor:
+def _blur(x: torch.Tensor, sigma: torch.Tensor, aug: ViewAug, sync_free: bool) -> torch.Tensor:
+    """``aug``'s blur of a batch (``sync_free``) or of one view on the CPU: there PIL itself
+    (:func:`.augment.pil_gaussian_blur`; ~2 ms at 224 px where :func:`pil_blur`'s float64
+    passes take ~7 ms on one core) -- the same pixels."""
+    if aug.blur_kind == "pil" and sync_free:
+        return pil_blur(x, sigma, pil_max_radius(aug.blur_sigma[1]))
+    if aug.blur_kind == "pil":
+        return pil_gaussian_blur(x[0].to(torch.uint8), float(sigma[0]))[None].to(torch.float32)
+    return gaussian_blur(x, sigma, aug.blur_kernel, trim=not sync_free)
+
+
+def _colour_per_view(x: torch.Tensor, params: dict[str, torch.Tensor], aug: ViewAug) -> torch.Tensor:
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     order, gray, sigma, sol = (params[k].tolist() for k in ("jitter_order", "grayscale", "blur_sigma", "solarize"))
     for i in range(x.shape[0]):
@@ -203,14 +277,14 @@ def _colour_per_view(x: torch.Tensor, params: dict[str, torch.Tensor], blur_kern
         if gray[i]:
             v = grayscale(v)
         if sigma[i] > 0:
-            v = gaussian_blur(v, params["blur_sigma"][i : i + 1], blur_kernel, trim=True)
+            v = _blur(v, params["blur_sigma"][i : i + 1], aug, sync_free=False)
         if sol[i]:
             v = solarize(v)
         out[i : i + 1] = v
     return out
 
 
-def _colour_masked(x: torch.Tensor, params: dict[str, torch.Tensor], blur_kernel: int) -> torch.Tensor:
+def _colour_masked(x: torch.Tensor, params: dict[str, torch.Tensor], aug: ViewAug) -> torch.Tensor:
     def where(mask: torch.Tensor, y: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         return torch.where(mask.view(-1, 1, 1, 1), y, other)
 
@@ -222,7 +296,7 @@ def _colour_masked(x: torch.Tensor, params: dict[str, torch.Tensor], blur_kernel
     x = where(params["grayscale"].to(x.device) > 0, grayscale(x), x)
     sigma = params["blur_sigma"].to(x.device)
     blurred = sigma > 0
-    x = where(blurred, gaussian_blur(x, torch.where(blurred, sigma, 1.0), blur_kernel), x)
+    x = where(blurred, _blur(x, torch.where(blurred, sigma, 1.0), aug, sync_free=True), x)
     return where(params["solarize"].to(x.device) > 0, solarize(x), x)
 
 
@@ -234,18 +308,20 @@ def finish_views(
 ) -> list[torch.Tensor]:
     """Colour + normalise a loader batch: ``views`` are N uint8 ``[B, 3, S_i, S_i]`` (view i
     drawn from ``augs[i]``), ``params`` ``{name: [B, N, ...]}``. Views that share a size,
-    blur kernel and normalisation go through :func:`colour` together (on an accelerator all
+    blur and normalisation go through :func:`colour` together (on an accelerator all
     N*B images in one launch per op; ``sync_free`` as there). Returns N float ``[B, 3, S_i, S_i]``."""
     if len(views) != len(augs):
         raise ValueError(f"{len(views)} views in the batch but {len(augs)} view augmentations")
     groups: dict[tuple, list[int]] = {}
     for i, (v, a) in enumerate(zip(views, augs)):
-        groups.setdefault((tuple(v.shape[1:]), a.blur_kernel, a.mean, a.std), []).append(i)
+        blur = (a.blur_kind, a.blur_kernel if a.blur_kind == "simclr" else a.blur_sigma[1])
+        groups.setdefault((tuple(v.shape[1:]), blur, a.mean, a.std), []).append(i)
     out: list[torch.Tensor | None] = [None] * len(views)
-    for (_, kernel, mean, std), idx in groups.items():
+    for idx in groups.values():
         x = torch.cat([views[i] for i in idx])
         p = {k: torch.cat([v[:, i] for i in idx]) for k, v in params.items()}
-        y = normalize(colour(x, p, kernel, sync_free), mean, std)
+        aug = augs[idx[0]]  # what colour() reads of it (blur, normalisation) is the group's
+        y = normalize(colour(x, p, aug, sync_free), aug.mean, aug.std)
         for i, part in zip(idx, y.chunk(len(idx))):
             out[i] = part
     return out  # type: ignore[return-value]

@@ -138,6 +138,9 @@ def view_aug(cfg) -> ViewAug:
         solarize_p=a.solarize_p,
         mean=tuple(cfg.mean),
         std=tuple(cfg.std),
+        # absent from the configs of runs started before these keys: the blur and resize they had
+        blur_kind=a.get("blur_kind", "simclr"),
+        interpolation=a.get("interpolation", "bilinear"),
     )
 
 

@@ -10,10 +10,11 @@ the colour step follows as for loader batches (:func:`.batched.finish_views`). N
 workers, no host-to-device copies of images, no per-image Python.
 
 The crop is a resampling written as two batched matrix products: output row ``i`` of a crop is
-a weighted sum of source rows, with the weights of PyTorch's antialiased bilinear resize
-(``interpolate(..., antialias=True)``, which ``torchvision``'s ``resized_crop`` calls: a
-triangle filter stretched by the downscale factor, normalised over the taps inside the crop),
-and likewise for columns; a flip reverses the column weights. The products run in float64:
+a weighted sum of source rows, with the weights of PyTorch's antialiased bilinear or bicubic
+resize (``interpolate(..., antialias=True)``, which ``torchvision``'s ``resized_crop`` calls: a
+triangle filter, or Keys' cubic with a = -0.5 as PIL's, stretched by the downscale factor and
+normalised over the taps inside the crop), and likewise for columns; a flip reverses the
+column weights. The products run in float64:
 ``train.py`` allows TF32 matmuls on GPUs (``set_float32_matmul_precision("high")``), whose
 10-bit inputs would move 2-3% of the pixels by a level; in float64 (exact for uint8 inputs)
 the result, rounded to uint8, is torchvision's float path up to its own float32 rounding, and
@@ -43,35 +44,52 @@ log = logging.getLogger(__name__)
 MAX_RESIDENT_BYTES = 16 * 2**30  # STL-10 with its unlabelled split is 2.9 GB; ImageNet at 224 px ~190 GB
 
 
-def resample_weights(start: torch.Tensor, length: torch.Tensor, in_size: int, out_size: int) -> torch.Tensor:
+def resample_weights(
+    start: torch.Tensor, length: torch.Tensor, in_size: int, out_size: int, interpolation: str = "bilinear"
+) -> torch.Tensor:
     """``[n, out_size, in_size]`` weights that resize the segment ``[start, start + length)`` of
     each of ``n`` rows (or columns) of ``in_size`` pixels to ``out_size`` pixels, as
-    ``interpolate(mode="bilinear", antialias=True, align_corners=False)`` of the cropped segment."""
+    ``interpolate(mode=interpolation, antialias=True, align_corners=False)`` of the cropped segment."""
     start, length = start.to(torch.float32)[:, None, None], length.to(torch.float32)[:, None, None]
     scale = length / out_size  # PyTorch's scale for a given output size: in / out
     centre = scale * (torch.arange(out_size, dtype=torch.float32, device=start.device)[None, :, None] + 0.5)
     j = torch.arange(in_size, dtype=torch.float32, device=start.device)[None, None, :] - start  # crop coordinates
     stretch = scale.clamp_min(1.0)  # the filter widens with the downscale factor only
-    w = (1 - ((j - centre + 0.5) / stretch).abs()).clamp_min_(0)
+    t = ((j - centre + 0.5) / stretch).abs()
+    w = _cubic(t) if interpolation == "bicubic" else (1 - t).clamp_min_(0)
     w = w * ((j >= 0) & (j < length))
     return w / w.sum(dim=2, keepdim=True)
 
 
-def crop_flip_batch(images: torch.Tensor, params: dict[str, torch.Tensor], size: int) -> torch.Tensor:
+def _cubic(t: torch.Tensor, a: float = -0.5) -> torch.Tensor:
+    """Keys' cubic convolution kernel at ``|x|`` = ``t`` (PyTorch's antialiased bicubic filter, PIL's a)."""
+    near = ((a + 2) * t - (a + 3)) * t * t + 1
+    far = (((t - 5) * t + 8) * t - 4) * a
+    return torch.where(t < 1, near, torch.where(t < 2, far, 0.0))
+
+
+def crop_flip_batch(
+    images: torch.Tensor, params: dict[str, torch.Tensor], size: int, interpolation: str = "bilinear"
+) -> torch.Tensor:
     """The crops of ``n`` images, uint8: ``images`` uint8 ``[n, 3, H, W]``, ``params`` crop boxes
     and flips as drawn by :func:`.augment.draw_params`, ``[n]`` (one view of each image ->
     ``[n, 3, size, size]``) or ``[n, K]`` (K views of each -> ``[n, K, 3, size, size]``: the
-    row weights of all K stack into one product per image, so the images are not copied K times)."""
+    column weights of all K stack into one product per image, so the images are not copied K
+    times). ``interpolation``: ``ViewAug.interpolation``."""
     n, _, h, w = images.shape
     per_image = params["crop_x"].dim() == 2
     k = params["crop_x"].shape[1] if per_image else 1
     box = {key: params[key].reshape(-1) for key in BOX_KEYS}  # image-major: image i's K views together
-    rows = resample_weights(box["crop_y"], box["crop_h"], h, size).double()  # [n * K, S, H]
-    cols = resample_weights(box["crop_x"], box["crop_w"], w, size).double()  # [n * K, S, W]
+    rows = resample_weights(box["crop_y"], box["crop_h"], h, size, interpolation).double()  # [n * K, S, H]
+    cols = resample_weights(box["crop_x"], box["crop_w"], w, size, interpolation).double()  # [n * K, S, W]
     cols = torch.where(box["flip"].view(-1, 1, 1) > 0, cols.flip(1), cols)
-    x = torch.matmul(rows.view(n, 1, k * size, h), images.to(torch.float64))  # [n, 3, K * S, W]
-    x = x.view(n, 3, k, size, w).transpose(1, 2)  # [n, K, 3, S, W]
-    x = torch.matmul(x, cols.view(n, k, 1, size, w).transpose(-1, -2))  # [n, K, 3, S, S]
+    # along the width first, then the height, as PIL and PyTorch's uint8 kernel; a bicubic crop
+    # is rounded to 0..255 in between as theirs (its overshoot at edges is cut there)
+    x = torch.matmul(images.to(torch.float64), cols.view(n, 1, k * size, w).transpose(-1, -2))  # [n, 3, H, K * S]
+    if interpolation == "bicubic":
+        x = x.round_().clamp_(0, 255)
+    x = x.view(n, 3, h, k, size).permute(0, 3, 1, 2, 4)  # [n, K, 3, H, S]
+    x = torch.matmul(rows.view(n, k, 1, size, h), x)  # [n, K, 3, S, S]
     out = x.round_().clamp_(0, 255).to(torch.uint8)
     return out if per_image else out[:, 0]
 
@@ -191,13 +209,13 @@ class ResidentImages:
         images = self.images[index]
         h, w = images.shape[-2:]
         params = draw_view_params(self.augs, h, w, view_keys(self.seed, epoch, index, len(self.augs)))
-        by_size: dict[int, list[int]] = {}
+        by_size: dict[tuple[int, str], list[int]] = {}
         for v, aug in enumerate(self.augs):
-            by_size.setdefault(aug.size, []).append(v)
+            by_size.setdefault((aug.size, aug.interpolation), []).append(v)
         views: list[torch.Tensor] = [images] * len(self.augs)  # each replaced below
-        for size, idx in by_size.items():  # one resampling for all views of a size
+        for (size, interpolation), idx in by_size.items():  # one resampling for all views of a size
             box = {k: torch.stack([params[k][:, v] for v in idx], dim=1) for k in BOX_KEYS}  # [B, K]: no index tensor
-            crops = crop_flip_batch(images, box, size)  # [B, K, 3, S, S]
+            crops = crop_flip_batch(images, box, size, interpolation)  # [B, K, 3, S, S]
             for j, v in enumerate(idx):
                 views[v] = crops[:, j]
         return {"views": views, "params": params, "label": self.labels[index], "index": index}

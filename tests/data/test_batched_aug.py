@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -19,15 +20,17 @@ from hvp_lightning.data.augment import (
     augment,
     crop_flip,
     draw_params,
+    pil_gaussian_blur,
     reference_colour,
     sample_params,
 )
-from hvp_lightning.data.batched import colour, finish_views, gaussian_blur, hue
+from hvp_lightning.data.batched import colour, finish_views, gaussian_blur, hue, pil_blur, pil_box, pil_max_radius
 from hvp_lightning.data.datamodule import SSLDataModule, finish_batch
 from hvp_lightning.data.seeds import key_uniforms, view_key, view_keys
 
 # Every photometric op is drawn often, and jitter always (its 24 orders all occur).
 ALL_OPS = ViewAug(size=24, jitter_p=1.0, gray_p=0.3, blur_p=0.5, solarize_p=0.3)
+ALL_OPS_PIL = dataclasses.replace(ALL_OPS, blur_kind="pil")  # PIL's blur (SimSiam, DINO, iBOT)
 
 
 def _photo(h: int = 60, w: int = 52, seed: int = 0) -> torch.Tensor:
@@ -39,23 +42,41 @@ def _photo(h: int = 60, w: int = 52, seed: int = 0) -> torch.Tensor:
 
 def _draw(img: torch.Tensor, aug: ViewAug, n: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[dict]]:
     plist = [sample_params(img, aug, view_key(0, 0, i, 0)) for i in range(n)]
-    crops = torch.stack([crop_flip(img, p, aug.size) for p in plist])
+    crops = torch.stack([crop_flip(img, p, aug.size, aug.interpolation) for p in plist])
     return crops, {k: torch.stack([p[k] for p in plist]) for k in plist[0]}, plist
 
 
-def test_batched_colour_matches_torchvision_pixels() -> None:
-    """Jitter (any order), grayscale and solarize are bit-exact; the separable blur may move a
-    pixel by one level at a rounding boundary (float sums in another order), never more."""
+@pytest.mark.parametrize("sync_free", [False, True])
+@pytest.mark.parametrize("aug", [ALL_OPS, ALL_OPS_PIL], ids=["simclr_blur", "pil_blur"])
+def test_batched_colour_matches_torchvision_pixels(aug: ViewAug, sync_free: bool) -> None:
+    """Jitter (any order), grayscale and solarize are bit-exact; PIL's blur is bit-exact too
+    (against PIL's ``GaussianBlur`` itself); SimCLR's separable kernel blur may move a pixel by
+    one level at a rounding boundary (float sums in another order), never more."""
     torch.manual_seed(0)
     img = _photo()
-    crops, params, plist = _draw(img, ALL_OPS, 160)
-    ref = torch.stack([reference_colour(c, p, ALL_OPS.blur_kernel) for c, p in zip(crops, plist)])
-    out = colour(crops, params, ALL_OPS.blur_kernel)
+    crops, params, plist = _draw(img, aug, 160)
+    ref = torch.stack([reference_colour(c, p, aug) for c, p in zip(crops, plist)])
+    out = colour(crops, params, aug, sync_free=sync_free)
     assert out.dtype == torch.float32 and torch.equal(out, out.round())
     diff = (out - ref.float()).abs()
     blurred = params["blur_sigma"] > 0
-    assert torch.equal(out[~blurred], ref[~blurred].float())
+    assert torch.equal(out[~blurred], ref[~blurred].float()) and blurred.any()
+    if aug.blur_kind == "pil":
+        assert torch.equal(out, ref.float())
     assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3
+
+
+def test_pil_blur_is_pils_for_any_sigma_and_size() -> None:
+    """The batched PIL blur against ``PIL.ImageFilter.GaussianBlur(radius=sigma)`` of noise
+    (every rounding case) at sigmas over and past the views' 0.1-2 range, on crops down to
+    smaller than the box (edges repeated): every pixel equal; the static tap bound holds."""
+    g = torch.Generator().manual_seed(0)
+    for h, w, top in ((23, 31, 2.0), (5, 3, 6.0), (96, 96, 2.0)):
+        sigma = torch.cat([torch.tensor([0.1, top]), 0.1 + (top - 0.1) * torch.rand(14, generator=g)])
+        x = torch.randint(0, 256, (16, 3, h, w), generator=g, dtype=torch.uint8)
+        want = torch.stack([pil_gaussian_blur(v, s) for v, s in zip(x, sigma.tolist())]).float()
+        assert torch.equal(pil_blur(x.float(), sigma, pil_max_radius(top)), want), (h, w)
+        assert int(pil_box(sigma)[0].max()) <= pil_max_radius(top)
 
 
 def test_hue_matches_torchvision_on_every_kind_of_colour() -> None:
@@ -100,14 +121,15 @@ def test_blur_at_a_larger_kernel_stays_within_one_level() -> None:
         assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3, trim
 
 
-def test_sync_free_path_equals_the_per_view_path_without_host_syncs(monkeypatch) -> None:
+@pytest.mark.parametrize("aug", [ALL_OPS, ALL_OPS_PIL], ids=["simclr_blur", "pil_blur"])
+def test_sync_free_path_equals_the_per_view_path_without_host_syncs(monkeypatch, aug: ViewAug) -> None:
     """The accelerator path (every op on the whole batch, ``torch.where`` masks) runs here on
     the CPU: same pixels as the per-view CPU path (the blur, untrimmed, within one level), and
     nothing in it reads a tensor on the host or copies host data to the device (``nonzero``,
     ``item``, ``tolist``, ``bool``, ``torch.tensor``), which on a GPU would stall the stream."""
     torch.manual_seed(0)
-    crops, params, _ = _draw(_photo(), ALL_OPS, 64)
-    per_view = colour(crops, params, ALL_OPS.blur_kernel, sync_free=False)
+    crops, params, _ = _draw(_photo(), aug, 64)
+    per_view = colour(crops, params, aug, sync_free=False)
 
     def sync(*args, **kwargs):
         raise AssertionError("host sync in the sync-free colour path")
@@ -115,25 +137,23 @@ def test_sync_free_path_equals_the_per_view_path_without_host_syncs(monkeypatch)
     for name in ("nonzero", "item", "tolist", "__bool__", "cpu", "numpy"):
         monkeypatch.setattr(torch.Tensor, name, sync)
     monkeypatch.setattr(torch, "tensor", sync)
-    masked = finish_views([crops], {k: v[:, None] for k, v in params.items()}, (ALL_OPS,), sync_free=True)[0]
-    coloured = colour(crops, params, ALL_OPS.blur_kernel, sync_free=True)
+    masked = finish_views([crops], {k: v[:, None] for k, v in params.items()}, (aug,), sync_free=True)[0]
+    coloured = colour(crops, params, aug, sync_free=True)
     monkeypatch.undo()
     blurred = params["blur_sigma"] > 0
     assert torch.equal(coloured[~blurred], per_view[~blurred])
-    assert (coloured - per_view).abs().max() <= 1
-    want = finish_views([crops], {k: v[:, None] for k, v in params.items()}, (ALL_OPS,))[0]
-    torch.testing.assert_close(masked, want, rtol=0, atol=1 / 255 / min(ALL_OPS.std) + 1e-5)
+    assert (coloured - per_view).abs().max() <= (0 if aug.blur_kind == "pil" else 1)
+    want = finish_views([crops], {k: v[:, None] for k, v in params.items()}, (aug,))[0]
+    torch.testing.assert_close(masked, want, rtol=0, atol=1 / 255 / min(aug.std) + 1e-5)
 
 
 def test_finish_views_equals_the_reference_pipeline_under_one_seed() -> None:
     """Worker part + batched part = torchvision's whole view: same parameters from the same RNG
     stream (so HVP-off training sees the views it always saw), pixels within 1/255 after
-    normalisation, views of two sizes (multi-crop) grouped and returned in order."""
-    augs = (
-        ALL_OPS,
-        ALL_OPS,
-        ViewAug(size=12, scale=(0.05, 0.4), jitter_p=1.0, blur_p=1.0, mean=(0.5,) * 3, std=(0.25,) * 3),
-    )
+    normalisation, views of two sizes (multi-crop) grouped and returned in order, each with its
+    blur and resize (SimCLR's kernel and bilinear; PIL's blur and bicubic as DINO's crops)."""
+    small = ViewAug(size=12, scale=(0.05, 0.4), jitter_p=1.0, blur_p=1.0, mean=(0.5,) * 3, std=(0.25,) * 3)
+    augs = (ALL_OPS, ALL_OPS, dataclasses.replace(small, blur_kind="pil", interpolation="bicubic"))
     imgs = [_photo(seed=s) for s in range(6)]
     ref = [[augment(img, a, view_key(7, 2, b, v)) for v, a in enumerate(augs)] for b, img in enumerate(imgs)]
     items = [MultiViewTransform(augs, seed=7)(img, 2, b) for b, img in enumerate(imgs)]
@@ -238,20 +258,22 @@ def test_datamodule_colours_views_after_transfer_or_in_the_workers(cfg_factory) 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_finish_views_on_cuda_equals_cpu() -> None:
-    """Same views on the GPU (sync-free path, and no host sync while it runs) as on the CPU."""
+@pytest.mark.parametrize("aug", [ALL_OPS, ALL_OPS_PIL], ids=["simclr_blur", "pil_blur"])
+def test_finish_views_on_cuda_equals_cpu(aug: ViewAug) -> None:
+    """Same views on the GPU (sync-free path, and no host sync while it runs) as on the CPU
+    (PIL's blur: the same integers, whatever the device's float division)."""
     torch.manual_seed(0)
-    crops, params, _ = _draw(_photo(), ALL_OPS, 64)
-    cpu = finish_views([crops], {k: v[:, None] for k, v in params.items()}, (ALL_OPS,))[0]
+    crops, params, _ = _draw(_photo(), aug, 64)
+    cpu = finish_views([crops], {k: v[:, None] for k, v in params.items()}, (aug,))[0]
     views, gparams = [crops.cuda()], {k: v[:, None].cuda() for k, v in params.items()}
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        gpu = finish_views(views, gparams, (ALL_OPS,))[0]
+        gpu = finish_views(views, gparams, (aug,))[0]
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert gpu.device.type == "cuda"
-    torch.testing.assert_close(gpu.cpu(), cpu, rtol=0, atol=1 / 255 / min(ALL_OPS.std) + 1e-5)
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=0, atol=1 / 255 / min(aug.std) + 1e-5)
 
 
 def test_normalize_is_torchvisions_up_to_float_rounding() -> None:

@@ -169,3 +169,30 @@ def test_tiny_train_run_counts_fallbacks(cfg_factory, tmp_path, on_device):
     col = header.split(",").index("data/iou_fallbacks")
     logged = [float(r.split(",")[col]) for r in rows if r.split(",")[col]]
     assert logged == [batches * cfg.method.batch_size] and math.isfinite(summary["train_loss"])
+
+
+def test_resume_continues_the_same_views_and_fallback_count(cfg_factory, tmp_path):
+    """A run restarted from its epoch-1 checkpoint ends with the 2-epoch run's weights and counts
+    the same fallbacks (the run total travels in the checkpoint)."""
+    over = (
+        "+data/iou_policy=on",
+        "data.iou_policy.start=0.3",
+        "data.iou_policy.end=0.6",
+        "data.iou_policy.max_tries=2",
+        "trainer.max_epochs=2",
+        "checkpoint.every_n_epochs=1",
+        "+trainer.deterministic=true",
+    )
+    straight = run(cfg_factory(*over), tmp_path / "straight")
+    (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "resumed" / "checkpoints" / "last.ckpt").write_bytes(
+        (tmp_path / "straight" / "checkpoints" / "epoch=001.ckpt").read_bytes()
+    )
+    resumed = run(cfg_factory(*over), tmp_path / "resumed")
+    a, b = (
+        torch.load(tmp_path / d / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+        for d in ("straight", "resumed")
+    )
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-6, msg=key)
+    assert 0 < resumed["iou_policy"]["fallback_pairs"] == straight["iou_policy"]["fallback_pairs"]

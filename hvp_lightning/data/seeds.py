@@ -92,8 +92,3 @@ def try_keys(keys: torch.Tensor, tries: torch.Tensor) -> torch.Tensor:
     """:func:`try_key` elementwise: int64 ``keys`` and ``tries`` broadcast together."""
     t = tries.to(device=keys.device, dtype=torch.int64)
     return torch.where(t == 0, keys, mix64_tensor(keys + _signed(GOLDEN) + t))
-
-
-def unsigned(key: torch.Tensor | int) -> int:
-    """A key held as an int64 bit pattern (:func:`view_keys`) as the 64-bit word :func:`view_key` returns."""
-    return int(key) & MASK

@@ -26,9 +26,11 @@ from .options import (
     BLUR_KINDS,
     DATASETS,
     GLOBAL_PAIRS,
+    HVP_COLOURS,
     IMAGE_EXTENSIONS,
     IMAGE_SIDES,
     INTERPOLATIONS,
+    IOU_SCHEDULES,
     LOGGERS,
     METHOD_NAMES,
     MODES,
@@ -174,6 +176,7 @@ def check_options(cfg: DictConfig) -> None:
     resolve_auto_crop(cfg.data)
     validate_backbone(cfg)
     _validate_hvp(cfg)
+    _validate_iou_policy(cfg)
     if cfg.method.name in ("dino", "ibot"):
         check_multicrop(cfg)
     if cfg.method.name == "ibot":
@@ -407,6 +410,46 @@ def _validate_hvp(cfg: DictConfig) -> None:
             )
     if h.get("global_pairs", "cross") not in GLOBAL_PAIRS:
         fail("hvp.global_pairs", h.global_pairs, f"one of {', '.join(GLOBAL_PAIRS)}")
+    colour = h.get("colour", "per_view")
+    if colour not in HVP_COLOURS:
+        fail("hvp.colour", colour, f"one of {', '.join(HVP_COLOURS)}")
+    if colour == "static" and cfg.method.name in ("dino", "ibot"):
+        fail(
+            "hvp.colour",
+            colour,
+            f"per_view for method {cfg.method.name} (static colour shares one colour draw between the "
+            "candidates of a pair method; DINO/iBOT's global pipelines differ in blur and solarize)",
+        )
+
+
+IOU_POLICY_KEYS = ("enabled", "schedule", "start", "end", "warmup_epochs", "skip_p", "max_tries")
+
+
+def _validate_iou_policy(cfg: DictConfig) -> None:
+    """``data.iou_policy`` (hvp_lightning/data/iou_policy.py): every key of
+    conf/data/iou_policy/on.yaml present and in range; warm-up shorter than the run."""
+    p = cfg.data.get("iou_policy")
+    if p is None:
+        return
+    for key in IOU_POLICY_KEYS:
+        if key not in p:
+            fail(f"data.iou_policy.{key}", None, "set it, or add +data/iou_policy=on for the whole policy")
+    if not isinstance(p.enabled, bool):
+        fail("data.iou_policy.enabled", p.enabled, "true or false")
+    if not p.enabled:
+        return
+    if p.schedule not in IOU_SCHEDULES:
+        fail("data.iou_policy.schedule", p.schedule, f"one of {', '.join(IOU_SCHEDULES)}")
+    for key in ("start", "end"):
+        value = p[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            fail(f"data.iou_policy.{key}", value, "an IoU threshold in [0, 1] (pairs above it are redrawn)")
+    _prob(cfg, "data.iou_policy.skip_p")
+    int_at_least(cfg, "data.iou_policy.max_tries", 1)
+    epochs = _get(cfg, "trainer.max_epochs")
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        fail("trainer.max_epochs", epochs, "an integer >= 1 with data.iou_policy (its schedule spans the epochs)")
+    _int_in(cfg, "data.iou_policy.warmup_epochs", 0, epochs - 1)
 
 
 def check_candidate_counts(cfg: DictConfig) -> None:

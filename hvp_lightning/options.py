@@ -39,6 +39,12 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # Multi-crop methods: which pairs of global candidates are scored. ``cross`` pairs a crop of
 # DINO's global pipeline 1 with one of pipeline 2 (the official HVP code); ``all`` = C(G,2).
 GLOBAL_PAIRS = ("cross", "all")
+# How candidates are coloured: each its own colour draw (per_view), or one per image, applied
+# to the chosen pair after the selection pass saw the candidates uncoloured (static; paper section 6).
+HVP_COLOURS = ("per_view", "static")
+
+# data.iou_policy.* (hvp_lightning/data/iou_policy.py): the threshold's schedule over epochs.
+IOU_SCHEDULES = ("linear", "cosine")
 
 # trainer.precision: mixed precision keeps fp32 master weights, EMA teacher and centres;
 # "*-true" half precision would run them in half precision too. ``auto`` is resolved per machine.

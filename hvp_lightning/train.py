@@ -17,13 +17,14 @@ from .atomic import atomic_write_text
 from .checkpoint import AtomicCheckpointIO, RunCheckpoint, resume_checkpoint
 from .config import validate
 from .data.datamodule import SSLDataModule
+from .data.iou_policy import iou_policy
 from .device import check_accelerator, device_line, set_matmul_precision
 from .distributed import gather_per_rank, sync_batchnorm_plugins
 from .errors import ConfigError
 from .methods import METHODS, SSLMethod
 from .preemption import StopOnSignal, cluster_plugins
 from .run_logs import RunRecord, continue_csv_log, wandb_resume
-from .selection import hvp_summary
+from .selection import hvp_config, hvp_summary
 from .slurm import use_slurm_threads
 from .waits import StopWatch, WaitedTooLong, ddp_strategy, describe_wait_error, end_descendants, limits
 from .wandb_logging import WandbCharts, current_sweep_dir, run_names
@@ -97,8 +98,16 @@ def _pretrain(cfg: DictConfig, run_dir: Path, options_checked: bool) -> dict[str
     use_slurm_threads()  # the same arithmetic whatever the SLURM layout (hvp_lightning/slurm.py)
     method_cls = METHODS[cfg.method.name]
     wait_s = limits(cfg).wait_s
+    hvp = hvp_config(cfg)
     dm = SSLDataModule(
-        cfg.data, method_cls.view_augs(cfg), cfg.method.batch_size, cfg.data.num_workers, cfg.seed, wait_s=wait_s
+        cfg.data,
+        method_cls.view_augs(cfg),
+        cfg.method.batch_size,
+        cfg.data.num_workers,
+        cfg.seed,
+        iou_policy=iou_policy(cfg),
+        defer_colour=hvp.enabled and hvp.colour == "static",  # the training step colours the chosen pair
+        wait_s=wait_s,
     )
     dm.setup("fit")
     if len(dm.train_set) < cfg.method.batch_size:
@@ -215,6 +224,10 @@ def _summary(
         "wall_time_s": round(seconds, 1),
         "run_dir": str(run_dir),
     }
+    if model.iou_policy is not None:  # fallback pairs of all ranks, over the whole run
+        fallbacks = trainer.strategy.reduce(model.iou_fallbacks.to(trainer.strategy.root_device).clone(), "sum")
+        last = model.iou_policy.threshold(max(0, trainer.current_epoch - 1))
+        out["iou_policy"] = {"fallback_pairs": int(fallbacks), "last_threshold": last}
     totals = getattr(model, "hvp_totals", None)
     if model.hvp.enabled:
         if totals is not None:

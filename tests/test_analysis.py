@@ -287,3 +287,58 @@ def test_cli_missing_run_dir_says_so_and_makes_nothing(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="steps-r"):
         main([str(empty)])
     assert list(empty.iterdir()) == []
+
+
+def test_view_log_lowest_iou_share_matches_a_brute_force_count(tmp_path: Path) -> None:
+    """The report's lowest-IoU share from a tiny Parquet view log (two steps, the second with a
+    tie at IoU 0) against counting by hand: a sample is a hit when no candidate pair's IoU is
+    below its selected pair's."""
+    from hvp_lightning.analysis.report import view_log_lowest_share
+
+    g = torch.Generator().manual_seed(3)
+    log, hits, total = ViewLog(tmp_path / "analysis", flush_every=1), 0, 0
+    for step in (0, 1):
+        xy = torch.randint(0, 20, (6, 4, 2), generator=g).float()
+        wh = torch.randint(4, 12, (6, 4, 2), generator=g).float()
+        boxes = torch.cat([xy, wh], -1)
+        if step == 1:  # views 0 and 3 of sample 0 far apart: IoU 0 ties with any other disjoint pair
+            boxes[0, 0], boxes[0, 3] = torch.tensor([0.0, 0, 4, 4]), torch.tensor([30.0, 20, 4, 4])
+        params = make_params(boxes.tolist())
+        choice = torch.randint(0, 6, (6,), generator=g)
+        log.add(step, torch.arange(6), params, torch.zeros(6, 6), choice)
+        for s in range(6):
+            ious = []
+            for a, b in pair_index(4).tolist():
+                (xa, ya, wa, ha), (xb, yb, wb, hb) = boxes[s, a].tolist(), boxes[s, b].tolist()
+                inter = max(0, min(xa + wa, xb + wb) - max(xa, xb)) * max(0, min(ya + ha, yb + hb) - max(ya, yb))
+                ious.append(inter / (wa * ha + wb * hb - inter))
+            hits += ious[int(choice[s])] <= min(ious)
+            total += 1
+    log.flush()
+    assert 0 < hits < total  # the count can go either way
+    assert view_log_lowest_share(load_table(tmp_path, "pairs")) == pytest.approx(hits / total)
+
+
+def test_report_compares_static_and_per_view_colour_runs(tmp_path: Path) -> None:
+    """``--compare``: both runs' lowest-IoU share per epoch in one figure, labelled by hvp.colour."""
+    from hvp_lightning.analysis.__main__ import main
+    from hvp_lightning.analysis.report import summary_stats, view_log_lowest_share
+    from hvp_lightning.train import run
+
+    common = ("+hvp=on", "analysis.log_every_n_steps=2", "eval.every_n_epochs=1")
+    run(make_cfg(*common), tmp_path / "per_view")
+    run(make_cfg(*common, "hvp.colour=static"), tmp_path / "static")
+    argv = [str(tmp_path / "per_view"), "--compare", str(tmp_path / "static"), "--trees", "4", "--gallery", "0"]
+    assert main(argv) == 0
+    out = tmp_path / "per_view" / "analysis"
+    result = json.loads((out / "analysis.json").read_text())
+    assert result["label"] == "per_view: per-view colour"
+    (other,) = result["compare"]
+    assert other["label"] == "static: static colour"
+    static_steps = load_steps(tmp_path / "static")
+    assert other["lowest_iou_share"] == pytest.approx(summary_stats(static_steps)["lowest_iou_share"])
+    assert other["view_log_lowest_iou_share"] == pytest.approx(
+        view_log_lowest_share(load_table(tmp_path / "static", "pairs"))
+    )
+    png = out / "lowest_iou_share_compare.png"
+    assert png.stat().st_size > 5000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,5 +1,5 @@
-"""``hvp-analysis RUN_DIR [BASELINE_RUN_DIR]`` (= ``python -m hvp_lightning.analysis ...``): hard-view analysis figures
-and ``analysis.json`` of an HVP run (see :mod:`hvp_lightning.analysis.report`)."""
+"""``hvp-analysis RUN_DIR [BASELINE_RUN_DIR] [--compare OTHER_HVP_RUN]`` (= ``python -m hvp_lightning.analysis
+...``): hard-view analysis figures and ``analysis.json`` of an HVP run (see :mod:`hvp_lightning.analysis.report`)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,18 @@ def main(argv: list[str] | None = None, prog: str = "hvp-analysis") -> int:
     ap.add_argument("--gallery", type=int, default=6, help="images in the view gallery (0 = none)")
     ap.add_argument("--trees", type=int, default=100, help="random-forest trees for the importance analysis")
     ap.add_argument("--max-samples", type=int, default=200_000, help="candidate pairs used for the importance")
+    ap.add_argument(
+        "--compare",
+        type=Path,
+        action="append",
+        default=[],
+        help="another HVP run (e.g. hvp.colour=static) whose lowest-IoU share is plotted next to RUN_DIR's; repeatable",
+    )
     ap.add_argument("--wandb", action="store_true", help="also log the figures to the run's W&B run (resumed)")
     args = ap.parse_args(argv)
-    result = analyse(args.run_dir, args.baseline_dir, args.out, args.gallery, args.trees, args.max_samples)
+    result = analyse(
+        args.run_dir, args.baseline_dir, args.out, args.gallery, args.trees, args.max_samples, tuple(args.compare)
+    )
     if args.wandb:
         run_id = log_to_wandb(args.run_dir, result)
         print(f"W&B: {'logged to run ' + run_id if run_id else 'no W&B run found under ' + str(args.run_dir)}")

@@ -96,6 +96,25 @@ def plot_lowest_share(hvp: dict[str, np.ndarray], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_lowest_share_compare(runs: list[tuple[str, np.ndarray, np.ndarray]], chance: float, path: Path) -> None:
+    """The lowest-IoU share per epoch of several HVP runs (``(label, epochs, shares)`` each), e.g.
+    per-view against static colour (paper Fig. 4 right)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for (label, epochs, share), color in zip(runs, (HVP_COLOR, "tab:green", "tab:red", "tab:purple", BASE_COLOR)):
+        ax.plot(epochs, 100 * share, "o-", color=color, lw=2, label=label)
+    ax.axhline(100 * chance, color="k", ls="--", lw=1.5, label=f"chance = {100 * chance:.1f}%")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("selected pair = lowest-IoU pair (% of samples)")
+    ax.set_ylim(0, 100)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title("How often HVP's pair is also the lowest-IoU pair")
+    ax.legend(loc="upper right", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def plot_iou_hist(pairs: dict[str, np.ndarray], base_pairs: dict[str, np.ndarray] | None, path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.5))

@@ -12,7 +12,10 @@ K-th step when ``analysis.log_every_n_steps=K``) and writes next to them:
    views a baseline trains on) and, when logged, the baseline run's pairs (Fig. 2 right);
 4. ``importance.png`` -- how much of the candidate-pair loss each pair metric explains;
 5. ``gallery.png`` -- source images with every candidate crop drawn, the selected pair
-   framed, next to the augmented views replayed from the logged parameters (Fig. 1b).
+   framed, next to the augmented views replayed from the logged parameters (Fig. 1b);
+6. with ``--compare OTHER_HVP_RUN``: ``lowest_iou_share_compare.png`` -- the lowest-IoU share
+   per epoch of both runs, labelled by their ``hvp.colour`` (per-view vs static colour, Fig. 4
+   right), and each run's share in ``analysis.json`` (``compare``).
 
 By concern: :mod:`.logs` reads the files, :mod:`.importance` fits the metric importances,
 :mod:`.plots` and :mod:`.gallery` draw, :mod:`.upload` sends the results to W&B.
@@ -29,10 +32,11 @@ from typing import Any
 import numpy as np
 
 from ..atomic import atomic_write_text
+from .callback import TIE_EPS
 from .gallery import plot_gallery
 from .importance import importance
 from .logs import load_steps, load_table
-from .plots import plot_importance, plot_iou_hist, plot_iou_over_training, plot_lowest_share
+from .plots import plot_importance, plot_iou_hist, plot_iou_over_training, plot_lowest_share, plot_lowest_share_compare
 
 # --- statistics ---------------------------------------------------------------------------------
 
@@ -70,6 +74,46 @@ def summary_stats(steps: dict[str, np.ndarray], prefix: str = "") -> dict[str, A
     return out
 
 
+def share_by_epoch(steps: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(epochs, sample-weighted lowest-IoU share of each epoch's selection steps)."""
+    sel = steps["hvp"] & np.isfinite(steps["lowest_iou_share"])
+    epoch = np.floor(steps["epoch"][sel] + 1e-9).astype(np.int64)
+    w, share = steps["samples"][sel], steps["lowest_iou_share"][sel]
+    epochs, inv = np.unique(epoch, return_inverse=True)
+    return epochs, np.bincount(inv, share * w) / np.bincount(inv, w)
+
+
+def view_log_lowest_share(pairs: dict[str, np.ndarray]) -> float | None:
+    """The lowest-IoU share from the view log's candidate pairs: of the samples of all logged
+    selection steps, those whose selected pair's IoU is the minimum of their pairs (ties count,
+    as the online statistic)."""
+    h = pairs["hvp"]
+    if not h.any():
+        return None
+    micro = pairs["micro"] if "micro" in pairs else np.zeros_like(pairs["step"])
+    key = np.stack([pairs[k][h].astype(np.int64) for k in ("rank", "step", "sample")] + [micro[h].astype(np.int64)], 1)
+    _, sample = np.unique(key, axis=0, return_inverse=True)
+    sample = sample.reshape(-1)
+    iou = pairs["iou"][h].astype(np.float64)
+    low = np.full(sample.max() + 1, np.inf)
+    np.minimum.at(low, sample, iou)
+    chosen = pairs["selected"][h]
+    hits = iou[chosen] <= low[sample[chosen]] + TIE_EPS
+    return float(hits.mean())
+
+
+def run_label(run_dir: Path) -> str:
+    """``<dir name>: <hvp.colour> colour`` from the run's saved config (``HVP off`` without HVP)."""
+    from omegaconf import OmegaConf
+
+    for path in (run_dir / "config.yaml", run_dir / ".hydra" / "config.yaml"):
+        if path.is_file():
+            hvp = OmegaConf.load(path).get("hvp") or {}
+            what = f"{hvp.get('colour', 'per_view')} colour" if hvp.get("enabled") else "HVP off"
+            return f"{run_dir.name}: {what.replace('_', '-')}"
+    return run_dir.name
+
+
 # --- the report ---------------------------------------------------------------------------------
 
 
@@ -80,8 +124,10 @@ def analyse(
     gallery: int = 6,
     trees: int = 100,
     max_samples: int = 200_000,
+    compare: tuple[Path | str, ...] = (),
 ) -> dict[str, Any]:
-    """Write the figures and ``analysis.json`` (in ``out_dir``, default ``<run_dir>/analysis``)."""
+    """Write the figures and ``analysis.json`` (in ``out_dir``, default ``<run_dir>/analysis``);
+    ``compare``: other HVP runs whose lowest-IoU share goes next to this run's."""
     run_dir = Path(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir / "analysis"
     if not run_dir.is_dir():  # a typo'd path: say so, and make no folder there
@@ -123,6 +169,24 @@ def analyse(
 
     fig("iou_over_training", plot_iou_over_training, steps, base)
     fig("lowest_iou_share", plot_lowest_share, steps)
+    if compare:
+        runs, result["compare"] = [(run_label(run_dir), *share_by_epoch(steps))], []
+        for other in map(Path, compare):
+            other_steps = load_steps(other)
+            if other_steps is None or not other_steps["hvp"].any():
+                raise SystemExit(f"{other}: no HVP selection steps in analysis/steps-r*.csv to compare with")
+            runs.append((run_label(other), *share_by_epoch(other_steps)))
+            other_pairs = load_table(other, "pairs")
+            result["compare"].append(
+                {
+                    "run_dir": str(other),
+                    "label": runs[-1][0],
+                    "lowest_iou_share": summary_stats(other_steps)["lowest_iou_share"],
+                    "view_log_lowest_iou_share": None if other_pairs is None else view_log_lowest_share(other_pairs),
+                }
+            )
+        result["label"] = runs[0][0]
+        fig("lowest_iou_share_compare", plot_lowest_share_compare, runs, result["lowest_iou_chance"])
     pairs, views = load_table(run_dir, "pairs"), load_table(run_dir, "views")
     if pairs is None or views is None:
         notes.append(
@@ -137,6 +201,7 @@ def analyse(
                 "i.i.d. views from the same augmentation, i.e. what a baseline trains on)"
             )
         fig("iou_hist", plot_iou_hist, pairs, base_pairs)
+        result["view_log_lowest_iou_share"] = view_log_lowest_share(pairs)
         result["logged_steps"] = int(len(np.unique(pairs["step"])))
         result["logged_pairs"] = int(len(pairs["step"]))
         imp = importance(pairs, trees=trees, max_samples=max_samples)

@@ -119,19 +119,7 @@ def sample_params(img: torch.Tensor, aug: ViewAug, key: int) -> dict[str, torch.
         return key_uniform(key, j)
 
     _, h_src, w_src = img.shape
-    area = float(h_src * w_src)
-    lo, hi = aug.scale
-    log_lo, log_hi = math.log(aug.ratio[0]), math.log(aug.ratio[1])
-    for t in range(CROP_TRIES):
-        target = area * (lo + (hi - lo) * u(U_AREA + t))
-        aspect = math.exp(log_lo + (log_hi - log_lo) * u(U_ASPECT + t))
-        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
-        if 0 < w <= w_src and 0 < h <= h_src:
-            top, left = math.floor(u(U_TOP) * (h_src - h + 1)), math.floor(u(U_LEFT) * (w_src - w + 1))
-            break
-    else:
-        w, h = centre_crop_size(h_src, w_src, aug.ratio)
-        top, left = (h_src - h) // 2, (w_src - w) // 2
+    left, top, w, h = crop_box(h_src, w_src, aug, key)
     flip = u(U_FLIP) < aug.flip_p
     jitter = u(U_JITTER) < aug.jitter_p
     factors = (1.0, 1.0, 1.0, 0.0)
@@ -150,6 +138,24 @@ def sample_params(img: torch.Tensor, aug: ViewAug, key: int) -> dict[str, torch.
     params = dict(zip(PARAM_NAMES, torch.tensor([float(v) for v in values]).unbind()))  # one tensor, not 15
     params["jitter_order"] = torch.tensor(order)
     return params
+
+
+def crop_box(h_src: int, w_src: int, aug: ViewAug, key: int) -> tuple[int, int, int, int]:
+    """``(left, top, w, h)`` of the view with ``key``: ``RandomResizedCrop.get_params`` (up to
+    10 tries, the first that fits, else the centre crop), reading only the uniforms it uses
+    (what :func:`sample_params` draws; the IoU policy's retries draw crops alone)."""
+    area = float(h_src * w_src)
+    lo, hi = aug.scale
+    log_lo, log_hi = math.log(aug.ratio[0]), math.log(aug.ratio[1])
+    for t in range(CROP_TRIES):
+        target = area * (lo + (hi - lo) * key_uniform(key, U_AREA + t))
+        aspect = math.exp(log_lo + (log_hi - log_lo) * key_uniform(key, U_ASPECT + t))
+        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < w <= w_src and 0 < h <= h_src:
+            top = math.floor(key_uniform(key, U_TOP) * (h_src - h + 1))
+            return math.floor(key_uniform(key, U_LEFT) * (w_src - w + 1)), top, w, h
+    w, h = centre_crop_size(h_src, w_src, aug.ratio)
+    return (w_src - w) // 2, (h_src - h) // 2, w, h
 
 
 def draw_params(uniforms: torch.Tensor, src_h: int, src_w: int, aug: ViewAug) -> dict[str, torch.Tensor]:
@@ -317,10 +323,18 @@ class MultiViewTransform:
 
     def __call__(self, img, epoch: int, index: int) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
         img = to_uint8_tensor(img)
-        plist = [sample_params(img, a, view_key(self.seed, epoch, index, slot)) for slot, a in enumerate(self.augs)]
-        views = [crop_flip(img, p, a.size, a.interpolation) for p, a in zip(plist, self.augs)]
-        params = {k: torch.stack([p[k] for p in plist]) for k in plist[0]}
-        return views, params
+        return cut_views(img, self.augs, [view_key(self.seed, epoch, index, slot) for slot in range(len(self.augs))])
+
+
+def cut_views(
+    img: torch.Tensor, augs: Sequence[ViewAug], keys: Sequence[int]
+) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """The views ``augs`` of uint8 ``img`` drawn from ``keys`` (one per view): uint8 crops and
+    their parameters stacked over views (what :class:`MultiViewTransform` returns)."""
+    plist = [sample_params(img, a, k) for a, k in zip(augs, keys)]
+    views = [crop_flip(img, p, a.size, a.interpolation) for p, a in zip(plist, augs)]
+    params = {k: torch.stack([p[k] for p in plist]) for k in plist[0]}
+    return views, params
 
 
 def draw_view_params(augs: Sequence[ViewAug], src_h: int, src_w: int, keys: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -16,6 +16,7 @@ from ..options import DATASETS
 from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
 from .datasets import SafeImageFolder
+from .iou_policy import IoUPolicy, IoUPolicyViews
 from .layout import split_dir
 from .resident import IndexDataset, ResidentImages, stack_images
 from .sampler import EpochSampler, ResumableLoader
@@ -179,6 +180,10 @@ class SSLDataModule(L.LightningDataModule):
     for a batch is limited to ``wait_s`` seconds (:mod:`.workers`). The k-NN loaders keep their
     workers from one pass to the next (the at-start pass, the passes inside the fit and the
     final one are the same two loaders).
+
+    ``iou_policy`` redraws the crops of view pairs as :mod:`.iou_policy` says (both paths);
+    ``defer_colour`` leaves training views uint8 (uncoloured) for the training step to colour
+    (HVP's static colour: :class:`~hvp_lightning.selection.HardViewMixin`).
     """
 
     def __init__(
@@ -190,6 +195,8 @@ class SSLDataModule(L.LightningDataModule):
         seed: int = 0,
         colour_in_workers: bool | None = None,
         wait_s: float = 600.0,
+        iou_policy: IoUPolicy | None = None,
+        defer_colour: bool = False,
     ) -> None:
         super().__init__()
         self.cfg, self.views, self.batch_size, self.seed = cfg, views, batch_size, seed
@@ -199,6 +206,7 @@ class SSLDataModule(L.LightningDataModule):
             worker_context()  # the fork server imports while this process sets up
         self._val_loaders: dict[tuple[int, int], list[DataLoader]] = {}  # (rank, world) -> bank, test
         self.colour_in_workers = colour_in_workers
+        self.iou_policy, self.defer_colour = iou_policy, defer_colour
         self.class_names: list[str] = []
         self.resident: ResidentImages | None = None
         self.resume_position: list[int] | None = None  # (epoch, batches trained) of the checkpoint resumed
@@ -212,10 +220,16 @@ class SSLDataModule(L.LightningDataModule):
         test = subset(test, self.cfg.test_subset, seed=1)
         self.train_raw = pre  # what the logged ``index`` of a training view points into
         if self.cfg.get("on_device", False):
-            self.resident = ResidentImages(*stack_images(pre, self.num_workers, self.wait_s), self.views, self.seed)
+            images, labels = stack_images(pre, self.num_workers, self.wait_s)
+            self.resident = ResidentImages(images, labels, self.views, self.seed, self.iou_policy)
             self.train_set: Dataset = IndexDataset(len(self.resident))
         else:
-            self.train_set = MultiViewDataset(pre, MultiViewTransform(self.views, self.seed))
+            transform = (
+                MultiViewTransform(self.views, self.seed)
+                if self.iou_policy is None
+                else IoUPolicyViews(self.views, self.iou_policy, self.seed)
+            )
+            self.train_set = MultiViewDataset(pre, transform)
         evaluate = EvalTransform(
             self.cfg.crop_size, self.cfg.eval_crop_ratio, tuple(self.cfg.mean), tuple(self.cfg.std)
         )
@@ -257,6 +271,8 @@ class SSLDataModule(L.LightningDataModule):
         self.resume_position = state_dict.get("train_position")
 
     def _workers_colour(self) -> bool:
+        if self.defer_colour:
+            return False
         if self.colour_in_workers is not None:
             return self.colour_in_workers
         return self.trainer is None or self.trainer.strategy.root_device.type == "cpu"
@@ -267,7 +283,7 @@ class SSLDataModule(L.LightningDataModule):
         if self.resident is not None and isinstance(batch, torch.Tensor):
             trainer = self.trainer  # None outside a fit (tests, benchmarks): epoch 0
             batch = self.resident.views(batch, epoch=trainer.current_epoch if trainer is not None else 0)
-        return finish_batch(batch, self.views)
+        return batch if self.defer_colour else finish_batch(batch, self.views)
 
     def train_dataloader(self) -> DataLoader:
         """The epoch's order is a function of (seed, epoch), this rank's share of it

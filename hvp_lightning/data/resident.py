@@ -35,6 +35,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from .augment import ViewAug, draw_view_params, to_uint8_tensor
+from .iou_policy import IoUPolicy, constrain_keys
 from .seeds import view_keys
 from .textures import SyntheticTextures
 from .workers import worker_options
@@ -192,11 +193,20 @@ class ResidentImages:
     The parameters of view ``slot`` of image ``index`` in ``epoch`` come from the counter-based
     key ``(seed, epoch, index, slot)`` (:func:`.seeds.view_keys`, computed on the device): the
     same numbers a loader worker draws for that view (:func:`.augment.sample_params`), whatever
-    the batch, the rank or the step a run resumed at."""
+    the batch, the rank or the step a run resumed at. With an ``iou_policy`` the constrained
+    pairs' keys are those of their accepted tries (:func:`.iou_policy.constrain_keys`, the tries
+    a loader worker accepts), and ``params["iou_fallback"]`` flags the pairs that kept their last."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, augs: Sequence[ViewAug], seed: int) -> None:
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        augs: Sequence[ViewAug],
+        seed: int,
+        iou_policy: IoUPolicy | None = None,
+    ) -> None:
         self.images, self.labels, self.augs = images, labels, tuple(augs)
-        self.seed = seed
+        self.seed, self.iou_policy = seed, iou_policy
 
     def __len__(self) -> int:
         return self.images.shape[0]
@@ -208,7 +218,12 @@ class ResidentImages:
             self.images, self.labels = self.images.to(index.device), self.labels.to(index.device)
         images = self.images[index]
         h, w = images.shape[-2:]
-        params = draw_view_params(self.augs, h, w, view_keys(self.seed, epoch, index, len(self.augs)))
+        keys = view_keys(self.seed, epoch, index, len(self.augs))
+        if self.iou_policy is not None:
+            keys, fallback = constrain_keys(self.iou_policy, self.augs, keys, h, w, epoch)
+        params = draw_view_params(self.augs, h, w, keys)
+        if self.iou_policy is not None:
+            params["iou_fallback"] = fallback
         by_size: dict[tuple[int, str], list[int]] = {}
         for v, aug in enumerate(self.augs):
             by_size.setdefault((aug.size, aug.interpolation), []).append(v)

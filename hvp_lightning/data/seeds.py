@@ -79,3 +79,16 @@ def key_uniforms(keys: torch.Tensor, count: int) -> torch.Tensor:
     j = torch.arange(1, count + 1, dtype=torch.int64, device=keys.device) * _signed(GOLDEN)
     bits = _shr(mix64_tensor(keys[..., None] + j), 11)
     return bits.to(torch.float64) * TO_UNIT
+
+
+# --- retries of a view (rejection sampling, :mod:`.iou_policy`) -----------------------------------
+def try_key(key: int, t: int) -> int:
+    """The key of try ``t`` of the view with ``key``: try 0 is the view itself, try ``t > 0``
+    appends a fifth counter to :func:`view_key`'s chain (seed, epoch, index, slot, try)."""
+    return key if t == 0 else mix64((key + GOLDEN + t) & MASK)
+
+
+def try_keys(keys: torch.Tensor, tries: torch.Tensor) -> torch.Tensor:
+    """:func:`try_key` elementwise: int64 ``keys`` and ``tries`` broadcast together."""
+    t = tries.to(device=keys.device, dtype=torch.int64)
+    return torch.where(t == 0, keys, mix64_tensor(keys + _signed(GOLDEN) + t))

@@ -15,6 +15,7 @@ from ..backbones import build_backbone
 from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
 from ..data.datasets import note_skipped
+from ..data.iou_policy import iou_policy
 from ..distributed import gather_per_rank, rank_entries
 from ..knn import knn_accuracy
 from ..optim import OPTIMIZERS, make_optimizer, warmup_cosine
@@ -45,6 +46,8 @@ class SSLMethod(L.LightningModule):
         self.knn_history: list[dict[str, float]] = []  # every k-NN pass: the learning curve in summary.json
         self._val_store: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
         self.compiled_modules: list[str] = []  # filled by configure_model (method.compile)
+        self.iou_policy = iou_policy(cfg) if cfg.get("trainer") is not None else None  # data.iou_policy
+        self.iou_fallbacks = torch.zeros((), dtype=torch.int64)  # this rank's fallback pairs, whole run
 
     # --- hooks for methods ---------------------------------------------------------------
     @classmethod
@@ -118,7 +121,18 @@ class SSLMethod(L.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: dict[str, Any], batch_idx: int) -> None:
         self.images_seen += int(batch["label"].shape[0]) * self.trainer.world_size
         note_skipped(self.skipped_files, batch.get("bad_file", ()))
+        if self.iou_policy is not None:
+            self._log_iou_policy(batch["params"]["iou_fallback"])
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False, batch_size=1)  # type: ignore[union-attr]
+
+    def _log_iou_policy(self, flags: torch.Tensor) -> None:
+        """``data/iou_fallbacks``: pairs that kept their last try (flags mark both views), summed
+        over the epoch and the ranks; ``data/iou_threshold``: the epoch's threshold."""
+        fallbacks = (flags.sum() / 2).round().long()
+        self.iou_fallbacks = self.iou_fallbacks.to(fallbacks.device) + fallbacks  # no host sync
+        kw: dict[str, Any] = {"on_step": False, "on_epoch": True, "batch_size": 1}
+        self.log("data/iou_fallbacks", fallbacks.float(), reduce_fx="sum", sync_dist=True, **kw)
+        self.log("data/iou_threshold", self.iou_policy.threshold(self.current_epoch), **kw)  # type: ignore[union-attr]
 
     # --- run state in checkpoints (resume) ------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -132,6 +146,7 @@ class SSLMethod(L.LightningModule):
             "knn_result": {k: float(v) for k, v in self.knn_result.items()},
             "knn_init": self.knn_init,
             "knn_history": list(self.knn_history),
+            "iou_fallbacks": gather_per_rank(int(self.iou_fallbacks)),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -145,6 +160,7 @@ class SSLMethod(L.LightningModule):
         }
         self.knn_init = state.get("knn_init")
         self.knn_history = list(state.get("knn_history", []))
+        self.iou_fallbacks = torch.tensor(sum(rank_entries(state.get("iou_fallbacks") or [0])), dtype=torch.int64)
 
     # --- online k-NN monitor (validation loop: bank loader 0, query loader 1) ---------------
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:

@@ -26,8 +26,10 @@ from typing import Any
 import lightning as L
 import torch
 
+from ..data.datamodule import view_aug
 from ..distributed import gather_per_rank, rank_entries
 from .choice import choose, stable_seed
+from .colour import coloured, share_colour, uncoloured
 from .forward_pass import ambient_autocast_dtype, frozen_state, resolve_selection_dtype
 from .pairs import gather_pair_params, gather_pairs, pair_index
 from .settings import HVPConfig
@@ -92,14 +94,34 @@ class HardViewMixin(L.LightningModule):
         if not self.hvp.enabled:
             return self.ssl_step(batch, batch_idx)
         self.hvp_batch_idx = batch_idx
+        crops = self._static_colour(batch) if self.hvp.colour == "static" else None
         if not self.hvp_active():
             # Alternating schedule: an ordinary step on the first two (i.i.d.) candidates.
-            return self.ssl_step(self.select_views(batch, self._first_combination(batch)), batch_idx)
+            return self.ssl_step(self._chosen(batch, self._first_combination(batch), crops), batch_idx)
         table = self.score_candidates(batch)
         choice = choose(table, self.hvp.mode, self._choice_generator(batch_idx))
-        loss = self.ssl_step(self.select_views(batch, choice), batch_idx)
+        loss = self.ssl_step(self._chosen(batch, choice, crops), batch_idx)
         self._record_selection(table, choice, loss)
         return loss
+
+    def _static_colour(self, batch: dict[str, Any]) -> list[torch.Tensor]:
+        """``hvp.colour=static`` (:mod:`.colour`): in place, the batch's candidates become what the
+        selection scores (uncoloured, normalised) and their colour parameters view 0's, so
+        callbacks log what the step used; returns the uint8 crops the chosen pair is cut from.
+        Needs the host's ``cfg.data`` (every :class:`~hvp_lightning.methods.base.SSLMethod`)."""
+        crops = batch["views"]
+        if crops[0].dtype != torch.uint8:
+            raise ValueError("hvp.colour=static needs uint8 views: build SSLDataModule with defer_colour=True")
+        batch["params"] = share_colour(batch["params"])
+        batch["views"] = uncoloured(crops, view_aug(self.cfg.data))  # type: ignore[attr-defined]
+        return crops
+
+    def _chosen(self, batch: dict[str, Any], choice: torch.Tensor, crops: list[torch.Tensor] | None) -> dict[str, Any]:
+        """The training batch of ``choice``; with static colour, its crops coloured now."""
+        if crops is None:
+            return self.select_views(batch, choice)
+        chosen = self.select_views(dict(batch, views=crops), choice)
+        return dict(chosen, views=coloured(chosen["views"], chosen["params"], view_aug(self.cfg.data)))  # type: ignore[attr-defined]
 
     def score_candidates(self, batch: dict[str, Any]) -> torch.Tensor:
         """The selection pass: ``candidate_scores`` under :func:`frozen_state`, at the selection

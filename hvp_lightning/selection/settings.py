@@ -22,6 +22,8 @@ class HVPConfig:
         selection_precision: Precision of the selection forward (``auto``: the step's; fp32 on CPU).
         max_combinations: Multi-crop only: score K random combinations; ``None`` = exact.
         global_pairs: Multi-crop only: ``"cross"`` or ``"all"`` (see :func:`global_pair_index`).
+        colour: ``"per_view"`` (each candidate its own colour draw) or ``"static"`` (one per
+            image, applied to the chosen pair after an uncoloured selection; paper section 6).
     """
 
     enabled: bool = False
@@ -34,6 +36,7 @@ class HVPConfig:
     max_combinations: int | None = None
     # Multi-crop methods only: the global pairs scored (GLOBAL_PAIRS).
     global_pairs: str = "cross"
+    colour: str = "per_view"
 
     @property
     def views_per_image(self) -> int:
@@ -54,6 +57,7 @@ def hvp_config(cfg: DictConfig) -> HVPConfig:
         selection_precision=node.selection_precision,
         max_combinations=node.get("max_combinations"),
         global_pairs=node.get("global_pairs", "cross"),
+        colour=node.get("colour", "per_view"),
     )
 
 

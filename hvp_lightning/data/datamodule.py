@@ -16,7 +16,7 @@ from ..job_signals import leave_job_signals_to_trainer
 from ..options import DATASETS
 from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
-from .datasets import SafeImageFolder
+from .datasets import SafeImageFolder, transfer_splits
 from .layout import split_dir
 from .resident import IndexDataset, ResidentImages, stack_images
 from .sampler import EpochSampler, ResumableLoader
@@ -119,6 +119,9 @@ def build_raw_datasets(cfg) -> tuple[Dataset, Dataset, Dataset, list[str]]:
         bank = tvd.STL10(cfg.root, split="train", download=cfg.download)
         test = tvd.STL10(cfg.root, split="test", download=cfg.download)
         return pre, bank, test, list(bank.classes)
+    if name in ("flowers102", "food101", "inat21"):
+        train, test, classes = transfer_splits(name, cfg.root, cfg.download)
+        return train, train, test, classes
     raise ValueError(f"data.name={name!r}; allowed: {', '.join(DATASETS)}")
 
 

@@ -143,6 +143,15 @@ def test_missing_files_are_named_at_start_up(name, first_missing, tmp_path):
         validate_data(cfg)
 
 
+def test_files_torchvision_refuses_are_a_config_error(tmp_path):
+    """Flowers102 with .mat files that are not the released ones (torchvision checks their MD5)."""
+    fake_flowers102(tmp_path)
+    cfg = compose_cfg("config", "data=flowers102", f"data.root={tmp_path}")
+    validate_data(cfg)  # every file is there
+    with pytest.raises(ConfigError, match=rf"data.root='{tmp_path}' is not allowed: torchvision's flowers102 rejects"):
+        build_raw_datasets(cfg.data)
+
+
 def test_transfer_config_carries_eval_keys():
     """transfer.py passes eval.py's keys to every evaluation: the same keys, the same defaults."""
     ev, tr = compose_cfg("eval", "ckpt=x"), compose_cfg("transfer", "ckpt=x")

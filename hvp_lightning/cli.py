@@ -1,12 +1,15 @@
-"""Console commands: ``hvp-train``, ``hvp-eval``, ``hvp-export``, ``hvp-analysis``, ``hvp-sweep-summary``.
+"""Console commands: ``hvp-train``, ``hvp-eval``, ``hvp-transfer``, ``hvp-export``, ``hvp-analysis``,
+``hvp-sweep-summary``.
 
-``python train.py`` / ``python eval.py`` in the repository call :func:`train` / :func:`evaluate_main`
-too. The Hydra configs are the repository's top-level ``conf/``; a wheel ships that same folder
-as ``hvp_lightning/conf`` (pyproject.toml), so an installed copy trains from any directory.
+``python train.py`` / ``python eval.py`` / ``python transfer.py`` in the repository call
+:func:`train` / :func:`evaluate_main` / :func:`transfer_main` too. The Hydra configs are the
+repository's top-level ``conf/``; a wheel ships that same folder as ``hvp_lightning/conf``
+(pyproject.toml), so an installed copy trains from any directory.
 
     hvp-train method=simclr_cifar +hvp=on            # = python train.py ...
     hvp-train -m hvp.num_views=2,4,8 +hvp=on         # Hydra multirun, as with train.py
     hvp-eval protocol=knn ckpt=runs/<date>/<time>_simclr
+    hvp-transfer ckpt=runs/<date>/<time>_simclr root=/datasets   # the paper's transfer table
     hvp-export RUN_DIR/checkpoints/last.ckpt backbone.pt
     hvp-analysis RUN_DIR [BASELINE_RUN_DIR]
     hvp-sweep-summary multirun/<date>/<time>
@@ -221,3 +224,17 @@ def evaluate_main(cfg: DictConfig) -> float | None:
         f"(chance {100 * summary['chance']:.1f}%) | {summary['out_dir']}/eval_summary.json"
     )
     return m["top1"]
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="transfer", version_base="1.3")
+def transfer_main(cfg: DictConfig) -> None:
+    """The paper's transfer table for one checkpoint (:mod:`hvp_lightning.transfer`)."""
+    from .transfer import TABLE_MD, check_transfer_options, run_transfer, transfer_out_dir
+
+    try:
+        jobs = check_transfer_options(cfg)  # settings and every data set's files, before the heavy imports
+        run_transfer(cfg, jobs)
+    except user_errors() as err:  # bad settings or checkpoint: one line, no traceback
+        print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
+    print((transfer_out_dir(cfg) / TABLE_MD).read_text(), end="")

@@ -38,7 +38,7 @@ from .options import (
     OWNED_TRAINER_KEYS,
     PRECISIONS,
     PROTOCOLS,
-    TORCHVISION_FOLDERS,
+    TORCHVISION_FILES,
     TRAINER_PRECISIONS,
     WANDB_MODES,
 )
@@ -332,13 +332,23 @@ def validate_data(cfg: DictConfig) -> None:
                     f"an ImageNet-layout folder with {want} (no image files "
                     f"({', '.join(IMAGE_EXTENSIONS)}) in the class folders of {folder})",
                 )
-    elif d.name in TORCHVISION_FOLDERS and not d.download and not (root / TORCHVISION_FOLDERS[d.name]).is_dir():
-        fail(
-            "data.root",
-            str(d.root),
-            f"a folder holding torchvision's {d.name} files ({TORCHVISION_FOLDERS[d.name]}/ "
-            f"is not in it; set data.download=true to fetch them)",
-        )
+    elif d.name in TORCHVISION_FILES and not d.download:
+        check_torchvision_root(d, "data")
+
+
+def check_torchvision_root(d: DictConfig, key: str) -> None:
+    """The files torchvision's class for data set ``d`` reads are under ``d.root``, or one
+    message naming ``<key>.root``, the path and the first file missing (torchvision itself
+    only says "Dataset not found", and ``INaturalist`` makes the missing root first)."""
+    root = Path(str(d.root)).expanduser()
+    for rel in TORCHVISION_FILES[d.name]:
+        if not (root / rel).exists():
+            fail(
+                f"{key}.root",
+                str(d.root),
+                f"a folder holding torchvision's {d.name} files ({rel} is not in it; "
+                f"set {key}.download=true to fetch them)",
+            )
 
 
 def _warn_upsampled_crops(d: DictConfig) -> None:

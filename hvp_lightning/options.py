@@ -21,9 +21,17 @@ BACKBONE_FAMILIES = {
 }
 OPTIMIZERS = ("sgd", "adamw", "lars")
 
-DATASETS = ("synthetic", "imagefolder", "cifar10", "cifar100", "stl10")
-# Where torchvision keeps each dataset under data.root, and its images' side in pixels.
-TORCHVISION_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "stl10": "stl10_binary"}
+DATASETS = ("synthetic", "imagefolder", "cifar10", "cifar100", "stl10", "flowers102", "food101", "inat21")
+# What torchvision's dataset class reads under data.root (the first path missing is named at
+# start-up), and the images' side in pixels where it is fixed.
+TORCHVISION_FILES = {
+    "cifar10": ("cifar-10-batches-py",),
+    "cifar100": ("cifar-100-python",),
+    "stl10": ("stl10_binary",),
+    "flowers102": ("flowers-102/jpg", "flowers-102/imagelabels.mat", "flowers-102/setid.mat"),
+    "food101": ("food-101/images", "food-101/meta/train.json", "food-101/meta/test.json"),
+    "inat21": ("2021_train_mini", "2021_valid"),
+}
 IMAGE_SIDES = {"cifar10": 32, "cifar100": 32, "stl10": 96}
 # data.aug.blur_kind: PIL's ImageFilter.GaussianBlur (SimSiam, DINO, iBOT) | SimCLR's 10%-of-crop kernel
 BLUR_KINDS = ("pil", "simclr")
@@ -57,3 +65,6 @@ WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 # eval.py
 PROTOCOLS = ("knn", "linear", "finetune")
+# transfer.py: the paper's transfer table, its columns in the paper's order
+TRANSFER_DATASETS = ("cifar10", "cifar100", "flowers102", "inat21", "food101")
+TRANSFER_PROTOCOLS = ("linear", "finetune")

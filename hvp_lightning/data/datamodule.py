@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from ..options import DATASETS
 from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
-from .datasets import SafeImageFolder
+from .datasets import SafeImageFolder, transfer_splits
 from .iou_policy import IoUPolicy, IoUPolicyViews
 from .layout import split_dir
 from .resident import IndexDataset, ResidentImages, stack_images
@@ -120,6 +120,9 @@ def build_raw_datasets(cfg) -> tuple[Dataset, Dataset, Dataset, list[str]]:
         bank = tvd.STL10(cfg.root, split="train", download=cfg.download)
         test = tvd.STL10(cfg.root, split="test", download=cfg.download)
         return pre, bank, test, list(bank.classes)
+    if name in ("flowers102", "food101", "inat21"):
+        train, test, classes = transfer_splits(name, cfg.root, cfg.download)
+        return train, train, test, classes
     raise ValueError(f"data.name={name!r}; allowed: {', '.join(DATASETS)}")
 
 

@@ -6,11 +6,14 @@
 * :class:`SafeImageFolder` -- ImageNet-layout folders that skip unreadable files with a
   warning instead of killing a multi-day run.
 * torchvision CIFAR-10/100 and STL-10 (downloaded only when asked to).
+* :func:`transfer_splits` -- torchvision Flowers102, Food101 and iNaturalist 2021, the paper's
+  transfer data sets, read through :func:`read_image` (downloaded only when asked to).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -18,9 +21,12 @@ import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 from PIL import Image, ImageOps
+from torch.utils.data import Dataset
+from torchvision import datasets as tvd
 from torchvision.datasets import ImageFolder
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
+from ..errors import ConfigError
 from ..options import IMAGE_EXTENSIONS
 from .layout import is_image_file
 
@@ -68,13 +74,49 @@ class SafeImageFolder(ImageFolder):
         raise RuntimeError(f"{self.max_retries} consecutive unreadable images from {self.samples[index][0]}")
 
 
-def read_image(path: str) -> torch.Tensor | Image.Image:
+def transfer_splits(name: str, root: str, download: bool) -> tuple[Dataset, Dataset, list[str]]:
+    """(train, test, class names) of a transfer data set, split as the official HVP code
+    (automl/hvp data.py): Flowers102 ``train`` (10 images a class) and ``test``; Food101
+    ``train`` and ``test``; iNaturalist 2021 ``2021_train_mini`` (50 images a class) and
+    ``2021_valid``, all 10,000 species. Files that torchvision rejects (Flowers102 checks the
+    .mat files' MD5) raise a :class:`ConfigError` naming ``data.root``."""
+    try:
+        return _torchvision_splits(name, root, download)
+    except RuntimeError as err:  # torchvision: "Dataset not found or corrupted"
+        raise ConfigError(
+            f"data.root={root!r} is not allowed: torchvision's {name} rejects the files there ({err}); "
+            "they must be the released ones (docs/data.md)"
+        ) from None
+
+
+def _torchvision_splits(name: str, root: str, download: bool) -> tuple[Dataset, Dataset, list[str]]:
+    if name == "flowers102":
+        train = tvd.Flowers102(root, split="train", download=download, loader=read_image)
+        test = tvd.Flowers102(root, split="test", download=download, loader=read_image)
+        return train, test, list(train.classes)
+    if name == "food101":
+        train = tvd.Food101(root, split="train", download=download, loader=read_image)
+        test = tvd.Food101(root, split="test", download=download, loader=read_image)
+        return train, test, list(train.classes)
+    if name == "inat21":
+        train = tvd.INaturalist(root, version="2021_train_mini", download=download, loader=read_image)
+        test = tvd.INaturalist(root, version="2021_valid", download=download, loader=read_image)
+        if train.all_categories != test.all_categories:
+            raise ValueError(f"{root}: 2021_train_mini and 2021_valid have different class folders")
+        for ds in (train, test):  # torchvision lists each class folder in os.listdir's order
+            ds.index.sort()  # file-system order would make data.*_subset pick other images elsewhere
+        return train, test, list(train.all_categories)
+    raise ValueError(f"not a transfer data set: {name!r}")
+
+
+def read_image(path: str | os.PathLike) -> torch.Tensor | Image.Image:
     """What :class:`SafeImageFolder` loads. A JPEG of grey or YCbCr pixels goes through
     torchvision's libjpeg-turbo decoder straight into a uint8 tensor ``[1 or 3, H, W]``, EXIF
     orientation applied: :func:`load_image`'s pixels (tested) in about 2/3 of its time, with
     no PIL-to-tensor copy (benchmarks/RESULTS.md). Anything else -- other formats, CMYK JPEGs,
     files that are not what their name says, unreadable files (which then raise) -- goes
     through :func:`load_image`."""
+    path = os.fspath(path)  # torchvision's datasets pass Paths
     if path.lower().endswith(JPEG_SUFFIXES):
         try:
             img = decode_jpeg(read_file(path), mode=ImageReadMode.UNCHANGED, apply_exif_orientation=True)

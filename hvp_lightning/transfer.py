@@ -1,0 +1,212 @@
+"""The paper's transfer table for one checkpoint (``transfer.py``, ``hvp-transfer``; conf/transfer.yaml).
+
+Every (data set, protocol) asked for is one evaluation of eval.py's (:func:`hvp_lightning.evaluation.evaluate`),
+one after another in this process, each writing ``<out_dir>/<dataset>/<protocol>/eval_summary.json``.
+After each, the table is rebuilt from those files: ``<out_dir>/transfer_table.csv`` and ``.md``, one
+row for the checkpoint and a column per data set and protocol in the paper's order (its table
+"transfer_classification_results": CIFAR10, CIFAR100, Flowers102, iNat 21, Food101, each Lin. and
+F.T.). Built from disk, the table keeps what an earlier command for the same checkpoint left there:
+a subset run later (``datasets=[inat21]``) fills in its cells, and a failed evaluation loses none.
+
+This module imports neither torch nor Lightning at module level: the settings and every data
+set's files are checked before the heavy imports.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from .atomic import atomic_write_text
+from .checkpoint_paths import resolve_checkpoint
+from .config import check_eval_options, check_torchvision_root, fail
+from .errors import ConfigError
+from .options import TRANSFER_DATASETS, TRANSFER_PROTOCOLS
+
+log = logging.getLogger(__name__)
+
+TITLES = {
+    "cifar10": "CIFAR10",
+    "cifar100": "CIFAR100",
+    "flowers102": "Flowers102",
+    "inat21": "iNat 21",
+    "food101": "Food101",
+}
+SHORT = {"linear": "Lin.", "finetune": "F.T."}
+# eval.py's keys (conf/eval.yaml) that conf/transfer.yaml carries for every evaluation; protocol,
+# data and out_dir are set per evaluation (tests/test_transfer.py checks the two files agree).
+EVAL_KEYS = ("ckpt", "student", "seed", "num_workers", "accelerator", "devices", "precision", "progress_bar", "logger")
+TABLE_CSV, TABLE_MD = "transfer_table.csv", "transfer_table.md"
+
+
+def cell(name: str, protocol: str) -> str:
+    """The table column of one evaluation, e.g. ``flowers102_linear``."""
+    return f"{name}_{protocol}"
+
+
+def transfer_out_dir(cfg: DictConfig) -> Path:
+    """``out_dir``, or ``<run_dir>/eval/transfer`` of the checkpoint."""
+    return Path(cfg.out_dir) if cfg.get("out_dir") else resolve_checkpoint(cfg.ckpt)[1] / "eval" / "transfer"
+
+
+def job_config(cfg: DictConfig, name: str, protocol: str) -> DictConfig:
+    """eval.py's config of one evaluation: ``protocol`` = ``cfg.<protocol>``, ``data`` =
+    ``cfg.data.<name>`` (resolved: its root may be ``${root}/<name>``), eval.py's keys as given."""
+    plain = lambda node: OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node  # noqa: E731
+    job = {key: plain(cfg.get(key)) for key in EVAL_KEYS}
+    job["protocol"], job["data"] = plain(cfg[protocol]), plain(cfg.data[name])
+    job["out_dir"] = str(transfer_out_dir(cfg) / name / protocol)
+    return OmegaConf.create(job)
+
+
+def check_transfer_options(cfg: DictConfig) -> list[tuple[str, str]]:
+    """The (data set, protocol) evaluations asked for, in the paper's order, once every setting
+    and every data set's files have passed (a missing root names ``data.<name>.root``). Torch-free."""
+    for key, allowed in (("datasets", TRANSFER_DATASETS), ("protocols", TRANSFER_PROTOCOLS)):
+        value = cfg.get(key)
+        names = list(value) if OmegaConf.is_list(value) else None
+        if not names or len(set(names)) != len(names) or not set(names) <= set(allowed):
+            shown = names if names is not None else value
+            fail(key, shown, f"a non-empty list of distinct names from {', '.join(allowed)}")
+    datasets = [n for n in TRANSFER_DATASETS if n in cfg.datasets]
+    for name in datasets:
+        d = cfg.data[name]
+        if d.name != name:
+            fail(f"data.{name}.name", d.name, f"{name} (the preset conf/data/{name}.yaml)")
+        if d.download:
+            continue
+        try:
+            check_torchvision_root(d, f"data.{name}")
+        except ConfigError as err:
+            rest = [n for n in datasets if n != name]
+            hint = f"; or leave it out: datasets=[{','.join(rest)}]" if rest else ""
+            raise ConfigError(f"{err}{hint}") from None
+    jobs = [(n, p) for n in datasets for p in TRANSFER_PROTOCOLS if p in cfg.protocols]
+    for name, protocol in jobs:
+        check_eval_options(job_config(cfg, name, protocol))
+    return jobs
+
+
+def read_results(out_dir: Path, checkpoint: Path) -> dict[str, dict[str, Any]]:
+    """``{column: eval_summary}`` of the evaluations of ``checkpoint`` under ``out_dir``."""
+    found = {}
+    for name in TRANSFER_DATASETS:
+        for protocol in TRANSFER_PROTOCOLS:
+            path = out_dir / name / protocol / "eval_summary.json"
+            if path.is_file():
+                summary = json.loads(path.read_text())
+                if summary.get("checkpoint") == str(checkpoint.resolve()):
+                    found[cell(name, protocol)] = summary
+    return found
+
+
+def table_row(label: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The checkpoint's row: ``label``'s columns, then top-1 (%) per data set and protocol ("" if not run)."""
+    row = dict(label)
+    for name in TRANSFER_DATASETS:
+        for protocol in TRANSFER_PROTOCOLS:
+            s = results.get(cell(name, protocol))
+            row[cell(name, protocol)] = f"{100 * s['metrics']['top1']:.2f}" if s else ""
+    return row
+
+
+def table_csv(row: dict[str, Any]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(row), lineterminator="\n")
+    writer.writeheader()
+    writer.writerow(row)
+    return out.getvalue()
+
+
+def table_markdown(row: dict[str, Any]) -> str:
+    """The paper's layout: Method, Arch., then Lin. and F.T. per data set."""
+    heads = ["Method", "Arch."] + [f"{TITLES[n]} {SHORT[p]}" for n in TRANSFER_DATASETS for p in TRANSFER_PROTOCOLS]
+    values = [row["method"], row["backbone"]] + [
+        row[cell(n, p)] or "-" for n in TRANSFER_DATASETS for p in TRANSFER_PROTOCOLS
+    ]
+    return (
+        f"| {' | '.join(heads)} |\n|{'---|' * len(heads)}\n| {' | '.join(values)} |\n\n"
+        f"Top-1 accuracy (%) of `{row['checkpoint']}` ({row['pretrain_epochs']} pretraining epochs); "
+        "each cell's settings: `<dataset>/<protocol>/eval_summary.json` next to this file.\n"
+    )
+
+
+def write_table(out_dir: Path, label: dict[str, Any], checkpoint: Path) -> dict[str, Any]:
+    """Rebuild ``transfer_table.csv`` and ``.md`` in ``out_dir`` from its eval summaries; the row."""
+    row = table_row(label, read_results(out_dir, checkpoint))
+    atomic_write_text(out_dir / TABLE_CSV, table_csv(row))
+    atomic_write_text(out_dir / TABLE_MD, table_markdown(row))
+    return row
+
+
+def run_transfer(cfg: DictConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]:
+    """Every evaluation of ``jobs`` (from :func:`check_transfer_options`), then the table; its row."""
+    from .checkpoint import checkpoint_config, load_checkpoint
+    from .evaluation import evaluate
+    from .evaluation.data import eval_data, eval_data_cfg
+
+    ckpt_path, _ = resolve_checkpoint(cfg.ckpt)
+    ckpt = load_checkpoint(ckpt_path, mmap=True)
+    train_cfg = checkpoint_config(ckpt)
+    hvp = bool((train_cfg.get("hvp") or {}).get("enabled"))
+    label = {
+        "method": train_cfg.method.name + (" + HVP" if hvp else ""),
+        "backbone": train_cfg.backbone.name,
+        "checkpoint": str(ckpt_path.resolve()),
+        "pretrain_epochs": int(ckpt.get("epoch", -1)) + 1,  # saved at an epoch's end, as its index
+    }
+    del ckpt
+    configs = []
+    for name, protocol in jobs:  # every data set's crop, and its splits read once, before the first evaluation
+        job = job_config(cfg, name, protocol)
+        for key in ("crop_size", "eval_crop_ratio"):
+            if job.data[key] is None:
+                job.data[key] = train_cfg.data[key]
+        configs.append(job)
+    plan = {}  # data set -> its line of the plan
+    for job in configs:
+        d = job.data
+        if d.name not in plan:
+            try:
+                data = eval_data(eval_data_cfg(job, train_cfg))
+            except ConfigError as err:  # its keys are data.<name>.* here
+                raise ConfigError(f"data.{d.name}: {err}") from None
+            plan[d.name] = (
+                f"  {d.name}: {len(data.train):,} train / {len(data.test):,} test images, "
+                f"{len(data.classes)} classes, {d.crop_size} px crops"
+            )
+    out_dir = transfer_out_dir(cfg)
+    log.info(
+        "transfer of %s (%s, %s): %d evaluations (%s) into %s\n%s",
+        ckpt_path,
+        label["method"],
+        label["backbone"],
+        len(jobs),
+        ", ".join(str(p) for p in cfg.protocols),
+        out_dir,
+        "\n".join(plan.values()),
+    )
+    row: dict[str, Any] = {}
+    for i, ((name, protocol), job) in enumerate(zip(jobs, configs), 1):
+        log.info("transfer %d/%d: %s on %s ...", i, len(jobs), protocol, name)
+        start = time.time()
+        summary = evaluate(job, options_checked=True)
+        row = write_table(out_dir, label, ckpt_path)
+        log.info(
+            "transfer %d/%d: %s on %s: top-1 %.2f%% (%.0f s); table: %s",
+            i,
+            len(jobs),
+            protocol,
+            name,
+            100 * summary["metrics"]["top1"],
+            time.time() - start,
+            out_dir / TABLE_MD,
+        )
+    return row

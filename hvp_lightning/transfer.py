@@ -42,7 +42,18 @@ TITLES = {
 SHORT = {"linear": "Lin.", "finetune": "F.T."}
 # eval.py's keys (conf/eval.yaml) that conf/transfer.yaml carries for every evaluation; protocol,
 # data and out_dir are set per evaluation (tests/test_transfer.py checks the two files agree).
-EVAL_KEYS = ("ckpt", "student", "seed", "num_workers", "accelerator", "devices", "precision", "progress_bar", "logger")
+EVAL_KEYS = (
+    "ckpt",
+    "student",
+    "seed",
+    "num_workers",
+    "limits",
+    "accelerator",
+    "devices",
+    "precision",
+    "progress_bar",
+    "logger",
+)
 TABLE_CSV, TABLE_MD = "transfer_table.csv", "transfer_table.md"
 
 

@@ -287,3 +287,104 @@ def test_wandb_rewind_point_is_noted_at_every_n_steps_checkpoints(tmp_path):
     assert "2" in noted, noted  # the first every_n_steps checkpoint, mid-epoch
     n = noted["2"]
     assert all(s < 2 for s in steps[:n]) and steps[n] >= 2, (n, steps)
+
+
+def _session_alive(pid: int) -> bool:
+    """Whether any process of session ``pid`` (a run started with ``start_new_session``) is alive."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == pid and fields[0] != "Z":
+            return True
+    return False
+
+
+@pytest.mark.slow  # three runs of 2 processes
+def test_sigterm_to_every_process_stops_at_a_step_and_the_same_command_continues(tmp_path):
+    """A spot VM's or Kubernetes' notice: SIGTERM to every process of a 2-process run (ranks, the
+    loader workers' fork servers, the workers) in the middle of a step. Both ranks finish the step,
+    last.ckpt is written at it, every process exits (143: stopped, resumable) well inside a 30 s
+    grace period, and running the same command again ends bit for bit as the uninterrupted run."""
+    workers = "data.num_workers=1"
+    straight = _train(tmp_path / "straight", workers, env=dict(os.environ, PREEMPT_AT_STEP="-1", PREEMPT_MARKER="-"))
+    out, err = straight.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    assert straight.returncode == 0, err[-3000:]
+
+    run_dir, marker = tmp_path / "stopped", tmp_path / "marker"
+    env = dict(os.environ, PREEMPT_AT_STEP=str(MID), PREEMPT_RANK="1", PREEMPT_MARKER=str(marker))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests._preempt_job", *DDP, workers, f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), proc.communicate()[1][-3000:]
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    while _session_alive(proc.pid) and time.monotonic() - sent < 30:
+        time.sleep(0.1)
+    took = time.monotonic() - sent
+    print(f"SIGTERM to exit of every process: {took:.1f} s")
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert f"SIGTERM: stopped after step {MID + 1} with checkpoint" in out + err
+    assert not _session_alive(proc.pid) and took < 30, took
+    assert _ckpt(run_dir)["global_step"] == MID + 1
+
+    resumed = _train(run_dir, workers, env=dict(os.environ, PREEMPT_AT_STEP="-1", PREEMPT_MARKER="-"))
+    out, err = resumed.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    assert resumed.returncode == 0, err[-3000:]
+    _assert_same_run(run_dir, tmp_path / "straight")
+    assert len(read_record(run_dir)["sessions_s"]) == 2
+
+
+@pytest.mark.slow  # two runs of 2 processes under torchrun
+def test_sigterm_under_torchrun_stops_at_a_step_and_its_restart_continues(tmp_path):
+    """torchrun (``--max-restarts=1``) starts the 2 ranks; SIGTERM to rank 1 mid-step: both ranks
+    stop after that step with last.ckpt at it, torchrun restarts them, and the restarted run
+    resumes there and ends bit for bit as the uninterrupted one."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    job = ["-m", "tests._preempt_job", *DDP]
+    straight = subprocess.run(
+        [*torchrun, *job, f"hydra.run.dir={tmp_path / 'straight'}"],
+        cwd=REPO,
+        env=dict(os.environ, PREEMPT_AT_STEP="-1", PREEMPT_MARKER="-"),
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    run_dir, marker = tmp_path / "stopped", tmp_path / "marker"
+    env = dict(os.environ, PREEMPT_AT_STEP=str(MID), PREEMPT_RANK="1", PREEMPT_MARKER=str(marker))
+    proc = subprocess.Popen(
+        [*torchrun, "--max-restarts=1", *job, f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), proc.communicate()[1][-3000:]
+    rank1 = int(marker.read_text())
+    sent = time.monotonic()
+    os.kill(rank1, signal.SIGTERM)
+    while Path(f"/proc/{rank1}").exists() and time.monotonic() - sent < 60:
+        time.sleep(0.1)
+    print(f"SIGTERM to rank 1's exit: {time.monotonic() - sent:.1f} s")
+    out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    assert proc.returncode == 0, err[-3000:]
+    assert f"SIGTERM: stopped after step {MID + 1} with checkpoint" in out + err
+    _assert_same_run(run_dir, tmp_path / "straight")
+    assert len(read_record(run_dir)["sessions_s"]) == 2

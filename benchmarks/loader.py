@@ -58,8 +58,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from hvp_lightning.data.augment import ViewAug, augment, to_uint8_tensor  # noqa: E402
-from hvp_lightning.data.datamodule import MultiViewDataset, SSLDataModule  # noqa: E402
+from hvp_lightning.data.datamodule import SSLDataModule  # noqa: E402
 from hvp_lightning.data.datasets import SafeImageFolder, load_image  # noqa: E402
+from hvp_lightning.data.items import MultiViewDataset  # noqa: E402
 from hvp_lightning.data.seeds import view_key  # noqa: E402
 from hvp_lightning.methods import METHODS  # noqa: E402
 

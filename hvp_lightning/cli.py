@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import slurm, sweep  # noqa: F401  register ${hvp_dirname:...} (hydra.sweep.subdir), ${hvp_slurm_*:...}
 from .checkpoint_paths import LAST, resolve_checkpoint, run_dir_of
 from .config import check_eval_options, check_options
+from .data.workers import worker_context
 from .errors import CheckpointError, ConfigError
 
 # Nothing here imports torch, Lightning or the model code at module level: the commands check
@@ -172,6 +173,8 @@ def train_job(cfg: DictConfig) -> float | None:
         else:
             check_options(cfg)  # the config alone, before the heavy imports
             checked = True
+        if OmegaConf.select(cfg, "data.num_workers", default=0):
+            worker_context()  # the loader workers' fork server imports its preload beside ours
         from .train import run
 
         summary = run(cfg, run_dir, options_checked=checked)
@@ -211,6 +214,8 @@ def train() -> None:
 def evaluate_main(cfg: DictConfig) -> float | None:
     try:
         check_eval_options(cfg)  # the config alone, before the heavy imports
+        if cfg.get("num_workers") != 0:  # null: the data's (2 by default)
+            worker_context()  # the loader workers' fork server imports its preload beside ours
         from .evaluation import evaluate
 
         summary = evaluate(cfg, options_checked=True)

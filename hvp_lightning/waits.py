@@ -37,6 +37,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from .process_rank import env_rank
+
 # limits.* defaults: a run dir from before these keys resumes with them.
 WAIT_S = 600.0
 STOP_GRACE_S = 45.0
@@ -105,13 +107,6 @@ class WaitedTooLong(RuntimeError):
     """A rank waited longer than ``limits.wait_s`` for another rank or for its loader workers."""
 
 
-def _this_rank() -> int:
-    for key in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
-        if os.environ.get(key, "").isdigit():
-            return int(os.environ[key])
-    return 0
-
-
 def _where(err: BaseException) -> str:
     """The innermost frame of the traceback outside torch: the code that waited."""
     frames = traceback.extract_tb(err.__traceback__)
@@ -125,7 +120,7 @@ def describe_wait_error(err: BaseException, wait_s: float) -> str | None:
     what, from where -- else None."""
     text = str(err)
     low = text.lower()
-    rank = _this_rank()
+    rank = env_rank()
     if "dataloader timed out after" in low:
         return (
             f"rank {rank} waited more than {wait_s:g} s (limits.wait_s) for a batch from its loader workers "
@@ -232,7 +227,7 @@ class StopWatch:
     def _force(self, signum: signal.Signals) -> None:
         ended = end_descendants()
         message = (
-            f"rank {_this_rank()}: {signum.name} came {self.grace_s:g} s ago (limits.stop_grace_s) and this "
+            f"rank {env_rank()}: {signum.name} came {self.grace_s:g} s ago (limits.stop_grace_s) and this "
             f"process has not stopped at a step: it waits on another rank or on a loader worker. Exiting "
             f"now with {128 + signum} without a new checkpoint (the last one is intact); ended "
             f"{len(ended)} process(es) it started.\n"

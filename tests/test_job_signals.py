@@ -6,6 +6,7 @@ file already exists"), and a worker ended by SIGTERM would starve the step's che
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -59,10 +60,10 @@ def test_loader_workers_leave_the_preemption_signal_to_the_training_process(cfg_
     assert sorted(p.name for p in marks.iterdir()) == [str(os.getpid())]
 
 
-def _grace_of_one_second(worker_id: int) -> None:
+def _grace_of_one_second(worker_id: int, trainer_pid: int) -> None:
     """The package's worker rule with a 1 s grace (a test cannot wait the real one)."""
     job_signals.WORKER_GRACE_S = 1
-    job_signals.leave_job_signals_to_trainer(worker_id)
+    job_signals.leave_job_signals_to_trainer(worker_id, trainer_pid)
 
 
 def test_a_worker_serves_on_after_sigterm_until_its_loader_ends_it(cfg_factory):
@@ -89,10 +90,24 @@ def test_a_worker_left_alone_after_sigterm_ends_by_itself():
     """A worker whose training process never ends it (stuck, or gone without a word) ends
     :data:`~hvp_lightning.job_signals.WORKER_GRACE_S` after the SIGTERM, even while blocked."""
     loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2, **worker_options(1, wait_s=60, persistent=True))
-    loader.worker_init_fn = _grace_of_one_second
+    loader.worker_init_fn = functools.partial(_grace_of_one_second, trainer_pid=os.getpid())
     it = iter(loader)
     next(it)
     (worker,) = it._workers  # noqa: SLF001 -- torch's multiprocessing iterator
-    os.kill(worker.pid, signal.SIGTERM)
+    subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)  # not from its training process
     worker.join(timeout=20)
     assert worker.exitcode == -signal.SIGALRM
+
+
+def test_a_sigterm_from_its_own_training_process_ends_a_worker_at_once():
+    """torch's loader shutdown and multiprocessing's exit handler end workers with SIGTERM from the
+    training process: no grace then (the process would wait for it at exit)."""
+    it = iter(
+        torch.utils.data.DataLoader(list(range(8)), batch_size=2, **worker_options(1, wait_s=60, persistent=True))
+    )
+    next(it)
+    (worker,) = it._workers  # noqa: SLF001 -- torch's multiprocessing iterator
+    start = time.monotonic()
+    worker.terminate()
+    worker.join(timeout=20)
+    assert worker.exitcode == 0 and time.monotonic() - start < 5

@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from hvp_lightning.data import workers
 from hvp_lightning.data.resident import read_images
@@ -32,28 +31,27 @@ from .conftest import eval_cfg, make_cfg
 
 CHURN_C = r"""
 #include <pthread.h>
+#include <unistd.h>
 typedef void (*callback_t)(void);
 static volatile int running = 0;
 static pthread_t thread;
 static callback_t callback;
-static void *loop(void *arg) { while (running) callback(); return 0; }
+static void *loop(void *arg) { while (running) { callback(); usleep(20); } return 0; }
 int churn_start(callback_t f) { callback = f; running = 1; return pthread_create(&thread, 0, loop, 0); }
 void churn_stop(void) { running = 0; pthread_join(thread, 0); }
 """
 
 
-class Tiny(Dataset):
-    def __len__(self) -> int:
-        return 8
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.full((2,), float(i))
+# The workers' dataset: a plain list (a class defined here would make every worker import this
+# test module, and with it the whole package and Lightning, on unpickling it).
+ITEMS = list(range(8))
 
 
 @pytest.fixture
 def native_churn(tmp_path: Path):
-    """A native thread calling an empty Python callback as fast as it can (ctypes makes and drops a
-    thread state per call); skipped without a C compiler."""
+    """A native thread calling an empty Python callback every 20 us (ctypes makes and drops a thread
+    state per call; the pause leaves the GIL to the test most of the time); skipped without a C
+    compiler."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler (cc/gcc) to build the native-thread helper")
@@ -75,7 +73,7 @@ def loader_starts_that_hung(n: int, stop_at_first: bool = False, **options) -> i
     their timeout (a worker stuck at its start)."""
     hung = 0
     for _ in range(n):
-        it = iter(DataLoader(Tiny(), batch_size=2, **options))
+        it = iter(DataLoader(ITEMS, batch_size=2, **options))
         try:
             next(it)
         except RuntimeError as err:
@@ -119,7 +117,7 @@ def test_the_fork_server_is_single_threaded_and_ignores_the_job_signals():
     before their ``worker_init_fn``)."""
     ctx = workers.worker_context()
     assert ctx.get_start_method() == "forkserver"
-    it = iter(DataLoader(Tiny(), batch_size=2, **workers.worker_options(1, wait_s=60)))
+    it = iter(DataLoader(ITEMS, batch_size=2, **workers.worker_options(1, wait_s=60)))
     next(it)  # the server has imported its preload and forked a worker
     server = workers.server_pid()
     assert server is not None and int(_status(server, "Threads")) == 1
@@ -131,7 +129,7 @@ def test_the_fork_server_is_single_threaded_and_ignores_the_job_signals():
     time.sleep(0.3)
     assert Path(f"/proc/{server}").exists()
     assert len(list(it)) == 3  # the worker serves on
-    assert len(list(DataLoader(Tiny(), batch_size=2, **workers.worker_options(2, wait_s=60)))) == 4
+    assert len(list(DataLoader(ITEMS, batch_size=2, **workers.worker_options(2, wait_s=60)))) == 4
 
 
 class Recorded:
@@ -184,9 +182,9 @@ def test_fork_server_ends_with_its_process(tmp_path):
     script.write_text(
         "from torch.utils.data import DataLoader\n"
         "from hvp_lightning.data import workers\n"
-        "from tests.test_workers import Tiny\n"
         "if __name__ == '__main__':\n"
-        "    it = iter(DataLoader(Tiny(), batch_size=2, **workers.worker_options(2, wait_s=60, persistent=True)))\n"
+        "    options = workers.worker_options(2, wait_s=60, persistent=True)\n"
+        "    it = iter(DataLoader(list(range(8)), batch_size=2, **options))\n"
         "    next(it)\n"
         "    print(workers.server_pid(), flush=True)\n"
     )
@@ -198,3 +196,20 @@ def test_fork_server_ends_with_its_process(tmp_path):
     while Path(f"/proc/{server}").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not Path(f"/proc/{server}").exists() or _status(server, "State").startswith("Z")
+
+
+def test_the_fork_server_preload_needs_no_lightning():
+    """The server imports what the workers unpickle (the package's datasets and transforms), and
+    none of it imports Lightning: the server's start overlaps the run's own imports and costs no
+    Lightning import (about 5 s of a 2-core machine's CPU)."""
+    code = (
+        "import sys\n"
+        "from hvp_lightning.data import workers\n"
+        "for name in workers.PRELOAD[1:]:\n"
+        "    __import__(name)\n"
+        "import hvp_lightning.data.items, hvp_lightning.data.augment, hvp_lightning.data.datasets\n"
+        "print(sorted(m for m in sys.modules if m == 'lightning' or m.startswith('lightning.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

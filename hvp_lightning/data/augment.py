@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torchvision.transforms.v2 import RandomResizedCrop
 from torchvision.transforms.v2 import functional as F
 
 from ..options import INTERPOLATIONS
@@ -372,4 +373,22 @@ class EvalTransform:
         x = to_uint8_tensor(img)
         x = F.resize(x, [round(self.size / self.crop_ratio)], antialias=True)
         x = F.center_crop(x, [self.size, self.size])
+        return normalize(x, self.mean, self.std)
+
+
+@dataclass(frozen=True)
+class TrainTransform:
+    """RandomResizedCrop + horizontal flip + normalise: the linear-probe / fine-tuning views."""
+
+    size: int
+    scale: tuple[float, float]
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    def __call__(self, img) -> torch.Tensor:
+        x = to_uint8_tensor(img)
+        top, left, h, w = RandomResizedCrop.get_params(x, list(self.scale), [3 / 4, 4 / 3])
+        x = F.resized_crop(x, top, left, h, w, [self.size, self.size], antialias=True)
+        if torch.rand(()) < 0.5:
+            x = F.horizontal_flip(x)
         return normalize(x, self.mean, self.std)

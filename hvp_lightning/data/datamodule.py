@@ -17,6 +17,7 @@ from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
 from .datasets import SafeImageFolder, transfer_splits
 from .iou_policy import IoUPolicy, IoUPolicyViews
+from .items import EvalDataset, FinishedViews, MultiViewDataset
 from .layout import split_dir
 from .resident import IndexDataset, ResidentImages, stack_images
 from .sampler import EpochSampler, ResumableLoader
@@ -26,66 +27,12 @@ from .workers import worker_context, worker_options
 log = logging.getLogger(__name__)
 
 
-def _unpack(item: tuple) -> tuple[Any, int, str]:
-    """(image, label, skipped file or "") from any raw dataset."""
-    return item[0], int(item[1]), item[2] if len(item) > 2 else ""
-
-
-class MultiViewDataset(Dataset):
-    def __init__(self, raw: Dataset, transform: MultiViewTransform) -> None:
-        self.raw, self.transform = raw, transform
-
-    def __len__(self) -> int:
-        return len(self.raw)  # type: ignore[arg-type]
-
-    def __getitem__(self, key: tuple[int, int] | int) -> dict[str, Any]:
-        """Item ``(epoch, index)`` (what :class:`.sampler.EpochSampler` yields; a bare index is
-        epoch 0): the views of image ``index`` as that epoch draws them."""
-        epoch, i = key if isinstance(key, tuple) else (0, key)
-        img, label, bad = _unpack(self.raw[i])
-        views, params = self.transform(img, epoch, i)
-        return {"views": views, "params": params, "label": label, "index": i, "bad_file": bad}
-
-
-class EvalDataset(Dataset):
-    def __init__(self, raw: Dataset, transform: EvalTransform) -> None:
-        self.raw, self.transform = raw, transform
-
-    def __len__(self) -> int:
-        return len(self.raw)  # type: ignore[arg-type]
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        img, label, bad = _unpack(self.raw[i])
-        return {"image": self.transform(img), "label": label, "index": i, "bad_file": bad}
-
-
 def finish_batch(batch: Any, augs: tuple[ViewAug, ...]) -> Any:
     """A training batch with its uint8 views coloured and normalised where they lie; any
     other batch unchanged."""
     if isinstance(batch, dict) and "views" in batch and batch["views"][0].dtype == torch.uint8:
         return dict(batch, views=finish_views(batch["views"], batch["params"], augs))
     return batch
-
-
-class FinishedViews(Dataset):
-    """Training items whose views are coloured and normalised in the loader worker right after
-    their crops (CPU training): :func:`.batched.finish_views` on one image's views, whose
-    float images the collate step then stacks straight into shared memory (colouring the
-    collated batch instead costs one more copy of every float view on its way to the
-    training process)."""
-
-    def __init__(self, items: MultiViewDataset, augs: tuple[ViewAug, ...]) -> None:
-        self.items, self.augs = items, augs
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, key: tuple[int, int] | int) -> dict[str, Any]:
-        item = self.items[key]
-        views = finish_views(
-            [v[None] for v in item["views"]], {k: v[None] for k, v in item["params"].items()}, self.augs
-        )
-        return dict(item, views=[v[0] for v in views])
 
 
 def subset(ds: Dataset, n: int | None, seed: int) -> Dataset:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from lightning.pytorch.utilities import rank_zero_only
 from PIL import Image, ImageOps
 from torch.utils.data import Dataset
 from torchvision import datasets as tvd
@@ -28,6 +27,7 @@ from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
 from ..errors import ConfigError
 from ..options import IMAGE_EXTENSIONS
+from ..process_rank import env_rank
 from .layout import is_image_file
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class SafeImageFolder(ImageFolder):
     def __init__(self, root: str | Path) -> None:
         super().__init__(str(root), loader=read_image, is_valid_file=is_image_file, allow_empty=True)
         empty = sorted(set(self.classes) - {self.classes[label] for _, label in self.samples})
-        if empty and rank_zero_only.rank == 0:
+        if empty and env_rank() == 0:
             log.warning(
                 "%s: %d class folder(s) without images (kept as classes): %s",
                 root,

@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from ..process_rank import env_rank
 from .augment import ViewAug, draw_view_params, to_uint8_tensor
 from .iou_policy import IoUPolicy, constrain_keys
 from .seeds import view_keys
@@ -126,7 +126,7 @@ def read_images(raw: Dataset, workers: int = 0, wait_s: float = 600.0) -> tuple[
             f"data.on_device=true would hold {n} images of {tuple(first.shape[1:])} px: "
             f"{need / 2**30:.1f} GiB, more than {MAX_RESIDENT_BYTES / 2**30:.0f} GiB; set data.on_device=false"
         )
-    say = log.info if rank_zero_only.rank == 0 else (lambda *args: None)  # every rank reads; one says so
+    say = log.info if env_rank() == 0 else (lambda *args: None)  # every rank reads; one says so
     say("data.on_device: reading %d training images (%.0f MiB) into one tensor", n, need / 2**20)
     images = torch.empty((n, *first.shape), dtype=torch.uint8)
     labels = torch.empty(n, dtype=torch.int64)

@@ -24,7 +24,9 @@ all of it is picklable (tested for every loader the package builds).
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
+import os
 import signal
 import threading
 from multiprocessing import forkserver
@@ -34,8 +36,19 @@ from typing import Any
 from ..job_signals import job_signals, leave_job_signals_to_trainer
 
 # Imported by the fork server before it forks the first worker: what unpickling any of this
-# package's datasets imports (the heavy part being torch, torchvision and Lightning).
-PRELOAD = ["__main__", "torch", "hvp_lightning.data.datamodule", "hvp_lightning.evaluation.data"]
+# package's datasets and transforms imports (torch, torchvision, PIL and the data modules; not
+# Lightning, which none of them needs: tested), and the main script (whose module-level code each
+# worker would otherwise run again).
+PRELOAD = [
+    "__main__",
+    "torch",
+    "torchvision.datasets",
+    "hvp_lightning.data.items",
+    "hvp_lightning.data.iou_policy",
+    "hvp_lightning.data.resident",
+    "hvp_lightning.data.textures",
+    "hvp_lightning.job_signals",
+]
 
 _lock = threading.Lock()
 _context: BaseContext | None = None
@@ -89,7 +102,7 @@ def worker_options(num_workers: int, wait_s: float, persistent: bool = False) ->
     return {
         "num_workers": num_workers,
         "multiprocessing_context": worker_context(),
-        "worker_init_fn": leave_job_signals_to_trainer,
+        "worker_init_fn": functools.partial(leave_job_signals_to_trainer, trainer_pid=os.getpid()),
         "timeout": float(wait_s),
         "persistent_workers": persistent,
     }

@@ -8,32 +8,12 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, Dataset
-from torchvision.transforms import v2 as T
-from torchvision.transforms.v2 import functional as TF
 
 from ..config import validate_backbone, validate_data
-from ..data.augment import EvalTransform, normalize, to_uint8_tensor
+from ..data.augment import EvalTransform
 from ..data.datamodule import build_raw_datasets, subset, usable_workers
 from ..data.layout import resolve_auto_crop
 from ..data.workers import worker_options
-
-
-@dataclass(frozen=True)
-class TrainTransform:
-    """RandomResizedCrop + horizontal flip + normalise: the linear-probe / fine-tuning views."""
-
-    size: int
-    scale: tuple[float, float]
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
-
-    def __call__(self, img) -> torch.Tensor:
-        x = to_uint8_tensor(img)
-        top, left, h, w = T.RandomResizedCrop.get_params(x, list(self.scale), [3 / 4, 4 / 3])
-        x = TF.resized_crop(x, top, left, h, w, [self.size, self.size], antialias=True)
-        if torch.rand(()) < 0.5:
-            x = TF.horizontal_flip(x)
-        return normalize(x, self.mean, self.std)
 
 
 @dataclass

@@ -26,13 +26,14 @@ from ..atomic import atomic_write_text
 from ..backbones import Backbone
 from ..checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
 from ..config import check_cpu_precision, check_eval_options, fail
-from ..data.datamodule import EvalDataset
+from ..data.augment import TrainTransform
+from ..data.items import EvalDataset
 from ..device import check_accelerator, runs_on_cpu, set_matmul_precision
 from ..errors import ConfigError
 from ..knn import knn_accuracies
 from ..waits import limits
 from ..warning_filters import quiet_console
-from .data import EvalData, TrainTransform, eval_data, eval_data_cfg, eval_loader, eval_transform
+from .data import EvalData, eval_data, eval_data_cfg, eval_loader, eval_transform
 from .features import FeatureNet, extract, forward_seconds
 from .loggers import eval_logger, finish_logger
 from .probe import Classifier, fit_classifier, probe_batch_size, warn_if_lars_cannot_fit

@@ -1,0 +1,65 @@
+"""The datasets a loader worker runs: training items of N views, evaluation items. Lightning-free,
+so that the loader workers' fork server need not import Lightning (:mod:`.workers`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import Dataset
+
+from .augment import EvalTransform, MultiViewTransform, ViewAug
+from .batched import finish_views
+
+
+def unpack_item(item: tuple) -> tuple[Any, int, str]:
+    """(image, label, skipped file or "") from any raw dataset."""
+    return item[0], int(item[1]), item[2] if len(item) > 2 else ""
+
+
+class MultiViewDataset(Dataset):
+    def __init__(self, raw: Dataset, transform: MultiViewTransform) -> None:
+        self.raw, self.transform = raw, transform
+
+    def __len__(self) -> int:
+        return len(self.raw)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int] | int) -> dict[str, Any]:
+        """Item ``(epoch, index)`` (what :class:`.sampler.EpochSampler` yields; a bare index is
+        epoch 0): the views of image ``index`` as that epoch draws them."""
+        epoch, i = key if isinstance(key, tuple) else (0, key)
+        img, label, bad = unpack_item(self.raw[i])
+        views, params = self.transform(img, epoch, i)
+        return {"views": views, "params": params, "label": label, "index": i, "bad_file": bad}
+
+
+class EvalDataset(Dataset):
+    def __init__(self, raw: Dataset, transform: EvalTransform) -> None:
+        self.raw, self.transform = raw, transform
+
+    def __len__(self) -> int:
+        return len(self.raw)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        img, label, bad = unpack_item(self.raw[i])
+        return {"image": self.transform(img), "label": label, "index": i, "bad_file": bad}
+
+
+class FinishedViews(Dataset):
+    """Training items whose views are coloured and normalised in the loader worker right after
+    their crops (CPU training): :func:`.batched.finish_views` on one image's views, whose
+    float images the collate step then stacks straight into shared memory (colouring the
+    collated batch instead costs one more copy of every float view on its way to the
+    training process)."""
+
+    def __init__(self, items: MultiViewDataset, augs: tuple[ViewAug, ...]) -> None:
+        self.items, self.augs = items, augs
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, key: tuple[int, int] | int) -> dict[str, Any]:
+        item = self.items[key]
+        views = finish_views(
+            [v[None] for v in item["views"]], {k: v[None] for k, v in item["params"].items()}, self.augs
+        )
+        return dict(item, views=[v[0] for v in views])

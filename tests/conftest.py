@@ -286,3 +286,17 @@ def matmul_precision_restored():
     for path, value in flags.items():
         _precision_flag(path).fp32_precision = value
     assert torch.get_float32_matmul_precision() == legacy
+
+
+def living_session(sid: int) -> list[int]:
+    """The living (not zombie) processes of session ``sid``: a run started with
+    ``start_new_session=True`` and everything it started (ranks, fork servers, loader workers)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out

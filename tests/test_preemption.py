@@ -25,7 +25,7 @@ from hvp_lightning.preemption import cluster_plugins
 from hvp_lightning.run_logs import read_record
 from hvp_lightning.train import run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, assert_same_reported_run, make_cfg
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, assert_same_reported_run, living_session, make_cfg
 
 VIT = [
     "method=dino_cifar",
@@ -289,18 +289,6 @@ def test_wandb_rewind_point_is_noted_at_every_n_steps_checkpoints(tmp_path):
     assert all(s < 2 for s in steps[:n]) and steps[n] >= 2, (n, steps)
 
 
-def _session_alive(pid: int) -> bool:
-    """Whether any process of session ``pid`` (a run started with ``start_new_session``) is alive."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == pid and fields[0] != "Z":
-            return True
-    return False
-
-
 @pytest.mark.slow  # three runs of 2 processes
 def test_sigterm_to_every_process_stops_at_a_step_and_the_same_command_continues(tmp_path):
     """A spot VM's or Kubernetes' notice: SIGTERM to every process of a 2-process run (ranks, the
@@ -330,13 +318,13 @@ def test_sigterm_to_every_process_stops_at_a_step_and_the_same_command_continues
     sent = time.monotonic()
     os.killpg(proc.pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
-    while _session_alive(proc.pid) and time.monotonic() - sent < 30:
+    while living_session(proc.pid) and time.monotonic() - sent < 30:
         time.sleep(0.1)
     took = time.monotonic() - sent
     print(f"SIGTERM to exit of every process: {took:.1f} s")
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert f"SIGTERM: stopped after step {MID + 1} with checkpoint" in out + err
-    assert not _session_alive(proc.pid) and took < 30, took
+    assert not living_session(proc.pid) and took < 30, took
     assert _ckpt(run_dir)["global_step"] == MID + 1
 
     resumed = _train(run_dir, workers, env=dict(os.environ, PREEMPT_AT_STEP="-1", PREEMPT_MARKER="-"))

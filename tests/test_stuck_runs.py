@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, living_session
 
 STALL_AT = 3  # rank 1 stops before the batch after step 3; step 2's checkpoint is the last one
 RUN = [
@@ -43,19 +43,6 @@ RUN = [
     "+trainer.enable_progress_bar=false",
     "+trainer.enable_model_summary=false",
 ]
-
-
-def _session(pid: int) -> list[int]:
-    """Living (not zombie) processes of session ``pid``."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[3]) == pid and fields[0] != "Z":  # fields: state, ppid, pgrp, session
-            out.append(int(stat.parent.name))
-    return out
 
 
 def _start(run_dir: Path, marker: Path, *extra: str) -> subprocess.Popen:
@@ -82,9 +69,9 @@ def _wait_for_stall(proc: subprocess.Popen, marker: Path) -> int:
 
 def _assert_all_gone_and_checkpoint_intact(proc: subprocess.Popen, run_dir: Path) -> None:
     deadline = time.monotonic() + 15  # loader workers notice their server's end within 5 s
-    while _session(proc.pid) and time.monotonic() < deadline:
+    while living_session(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _session(proc.pid), f"left behind: {_session(proc.pid)}"
+    assert not living_session(proc.pid), f"left behind: {living_session(proc.pid)}"
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert ckpt["global_step"] == 2
 

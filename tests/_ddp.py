@@ -2,11 +2,9 @@
 
 ``run_ranks(fn, args)`` spawns ``world`` processes; rank r calls ``fn(rank, world, *args)``
 inside an initialised process group and its return value comes back in ``results[r]``.
-Processes start from the package's fork server (hvp_lightning/data/workers.py), never forked from
-this multi-threaded test process (a fork can inherit a held interpreter lock and hang: CPython
-gh-112275); the server has torch and the package imported, which a spawned process would spend
-tens of seconds re-importing on a small machine. ``fn`` must be a module-level function (the
-processes import it by name).
+Processes are forked where the platform allows (Linux): they inherit the imported modules,
+which a spawned process would spend tens of seconds re-importing on a small machine.
+``fn`` must be a module-level function (spawned processes import it by name).
 """
 
 from __future__ import annotations
@@ -19,8 +17,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-from hvp_lightning.data.workers import worker_context
 
 
 def _entry(rank: int, world: int, folder: str, fn: Callable[..., Any], args: tuple) -> None:
@@ -36,6 +32,6 @@ def _entry(rank: int, world: int, folder: str, fn: Callable[..., Any], args: tup
 def run_ranks(fn: Callable[..., Any], args: tuple = (), world: int = 2) -> list[Any]:
     """``[fn(0, world, *args), ..., fn(world - 1, world, *args)]``, each in its own process."""
     with tempfile.TemporaryDirectory() as folder:
-        method = worker_context().get_start_method()  # forkserver, or spawn where there is none
+        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
         mp.start_processes(_entry, args=(world, folder, fn, args), nprocs=world, join=True, start_method=method)
         return [torch.load(Path(folder) / f"rank{r}.pt", weights_only=False) for r in range(world)]

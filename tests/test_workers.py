@@ -175,6 +175,7 @@ def test_the_knn_loaders_keep_their_workers_between_passes(tmp_path, monkeypatch
     assert len(eval_loaders) == 2, recorded.loaders  # bank and test, built once for 3 passes
 
 
+@pytest.mark.slow  # a fresh interpreter and its fork server: 20-45 s on 2 cores
 def test_fork_server_ends_with_its_process(tmp_path):
     """No process is left behind: the fork server and its workers end with the process that
     started them."""
@@ -198,6 +199,7 @@ def test_fork_server_ends_with_its_process(tmp_path):
     assert not Path(f"/proc/{server}").exists() or _status(server, "State").startswith("Z")
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch: 15 s on 2 cores
 def test_the_fork_server_preload_needs_no_lightning():
     """The server imports what the workers unpickle (the package's datasets and transforms), and
     none of it imports Lightning: the server's start overlaps the run's own imports and costs no

@@ -2,7 +2,7 @@
 pass at the start and at the end, every other one killed with SIGKILL mid-training (its whole
 process group: both ranks, fork servers, workers) and resumed with the same command. Every run
 must finish; one that waits longer than ``--timeout`` seconds counts as hung (a benchmark, not a
-test: it takes about half an hour on 2 cores).
+test: it takes about 25 minutes on 2 cores).
 
     uv run python benchmarks/soak.py --runs 20 --out /tmp/soak
 
@@ -24,13 +24,13 @@ RUN = [
     "trainer=ddp",
     "trainer.accelerator=cpu",
     "trainer.devices=2",
-    "trainer.max_epochs=2",
+    "trainer.max_epochs=1",
     "data.train_size=512",
     "data.test_size=128",
     "method.batch_size=32",
     "logger=csv",
     "eval.at_start=true",
-    "eval.every_n_epochs=2",
+    "eval.every_n_epochs=1",
     "checkpoint.every_n_steps=2",
 ]
 
@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("/tmp/soak"))
     parser.add_argument("--timeout", type=float, default=900.0)
-    parser.add_argument("--kill-at-step", type=int, default=9)
+    parser.add_argument("--kill-at-step", type=int, default=5)
     args = parser.parse_args()
     counts = {"finished": 0, "failed": 0, "hung": 0}
     for i in range(args.runs):

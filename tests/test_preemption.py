@@ -188,6 +188,7 @@ DDP = [
 
 
 def _train(run_dir: Path, *extra: str, env: dict | None = None, module: str = "tests._preempt_job"):
+    """The 2-process run in a session of its own (its process group is the run's processes alone)."""
     return subprocess.Popen(
         [sys.executable, "-m", module, *DDP, *extra, f"hydra.run.dir={run_dir}"],
         cwd=REPO,
@@ -195,6 +196,7 @@ def _train(run_dir: Path, *extra: str, env: dict | None = None, module: str = "t
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
 
 
@@ -302,15 +304,7 @@ def test_sigterm_to_every_process_stops_at_a_step_and_the_same_command_continues
 
     run_dir, marker = tmp_path / "stopped", tmp_path / "marker"
     env = dict(os.environ, PREEMPT_AT_STEP=str(MID), PREEMPT_RANK="1", PREEMPT_MARKER=str(marker))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests._preempt_job", *DDP, workers, f"hydra.run.dir={run_dir}"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _train(run_dir, workers, env=env)
     deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

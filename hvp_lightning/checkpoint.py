@@ -24,7 +24,7 @@
   (or a run dir that already holds ``checkpoints/last.ckpt``) continues from.
 
 The run's other records (CSV and W&B logs, the wall time over sessions) continue over a
-resume through hvp_lightning/run_logs.py.
+resume through hvp_lightning/run/records.py.
 """
 
 from __future__ import annotations
@@ -43,16 +43,16 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .atomic import atomic_write
-from .checkpoint_paths import LAST, resolve_checkpoint
 from .distributed import gather_per_rank, rank_and_world
-from .epoch_metrics import partial_epoch_sums, restore_partial_epoch_sums
 from .errors import CheckpointError
+from .run.atomic import atomic_write
+from .run.directory import LAST, resolve_checkpoint
+from .run.epoch_metrics import partial_epoch_sums, restore_partial_epoch_sums
 
 log = logging.getLogger(__name__)
 
 
-# --- atomic writes (hvp_lightning/atomic.py) -------------------------------------------------
+# --- atomic writes (hvp_lightning/run/atomic.py) -------------------------------------------------
 def atomic_save(obj: Any, path: str | Path) -> None:
     atomic_write(path, lambda f: torch.save(obj, f))
 
@@ -196,11 +196,11 @@ class RunCheckpoint(Checkpoint):
 
     Its checkpoint state is the RNG streams of every rank, restored on resume; in a checkpoint
     inside an epoch, every rank's running sums of that epoch's ``on_epoch`` metrics
-    (:mod:`hvp_lightning.epoch_metrics`), put back at the end of the resumed session's first
+    (:mod:`hvp_lightning.run.epoch_metrics`), put back at the end of the resumed session's first
     step, so the epoch's ``*_epoch`` values cover the whole epoch; and the last epoch's training loss (mean
     over ranks), which the run's summary reports -- a resumed run that trains nothing more
     included. (The wall
-    time over all sessions is :class:`hvp_lightning.run_logs.RunRecord`'s: a session killed
+    time over all sessions is :class:`hvp_lightning.run.records.RunRecord`'s: a session killed
     after its last checkpoint has spent time no checkpoint knows of.)"""
 
     def __init__(

@@ -32,10 +32,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from . import slurm, sweep  # noqa: F401  register ${hvp_dirname:...} (hydra.sweep.subdir), ${hvp_slurm_*:...}
-from .checkpoint_paths import LAST, resolve_checkpoint, run_dir_of
 from .config import check_eval_options, check_options
 from .data.workers import worker_context
 from .errors import CheckpointError, ConfigError
+from .run.directory import LAST, resolve_checkpoint, run_dir_of
 
 # Nothing here imports torch, Lightning or the model code at module level: the commands check
 # their config first (hvp_lightning/config.py) and import those only for a config that passed.

@@ -18,7 +18,6 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .checkpoint_paths import resolve_checkpoint
 from .data.layout import is_image_file, resolve_auto_crop, split_dir, typical_image_side
 from .errors import ConfigError
 from .options import (
@@ -42,6 +41,7 @@ from .options import (
     TRAINER_PRECISIONS,
     WANDB_MODES,
 )
+from .run.directory import resolve_checkpoint
 
 log = logging.getLogger(__name__)
 

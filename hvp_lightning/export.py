@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .checkpoint_paths import resolve_checkpoint
 from .errors import CheckpointError
+from .run.directory import resolve_checkpoint
 
 if TYPE_CHECKING:
     import torch

@@ -32,7 +32,7 @@ while the run trains:
 
 A rank stuck where no Python handler runs (a collective whose peer is gone) is ended after
 ``limits.stop_grace_s`` by :class:`hvp_lightning.waits.StopWatch`. Loader workers get the
-signals too, and leave them to the training process (:mod:`hvp_lightning.job_signals`).
+signals too, and leave them to the training process (:mod:`hvp_lightning.run.job_signals`).
 
 The requeued job runs the same command in the same run dir, which resumes ``last.ckpt``
 (:func:`hvp_lightning.checkpoint.resume_checkpoint`). Lightning's own SLURM auto-requeue
@@ -53,8 +53,8 @@ import lightning as L
 import torch
 
 from .checkpoint import RunCheckpoint, rng_state
-from .job_signals import preempt_signal
-from .run_logs import RunRecord
+from .run.job_signals import preempt_signal
+from .run.records import RunRecord
 
 log = logging.getLogger(__name__)
 

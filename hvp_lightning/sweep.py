@@ -31,7 +31,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .atomic import atomic_write_text
+from .run.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 

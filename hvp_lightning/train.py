@@ -13,7 +13,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .analysis.callback import analysis_callbacks
 from .analysis.live import live_gallery_callbacks
-from .atomic import atomic_write_text
 from .checkpoint import AtomicCheckpointIO, RunCheckpoint, resume_checkpoint
 from .config import validate
 from .data.datamodule import SSLDataModule
@@ -23,11 +22,12 @@ from .distributed import gather_per_rank, sync_batchnorm_plugins
 from .errors import ConfigError
 from .methods import METHODS, SSLMethod
 from .preemption import StopOnSignal, cluster_plugins
-from .run_logs import RunRecord, continue_csv_log, wandb_resume
+from .run.atomic import atomic_write_text
+from .run.records import RunRecord, continue_csv_log, wandb_resume
+from .run.wandb_logging import WandbCharts, current_sweep_dir, run_names
 from .selection import hvp_config, hvp_summary
 from .slurm import use_slurm_threads
 from .waits import StopWatch, WaitedTooLong, ddp_strategy, describe_wait_error, end_descendants, limits
-from .wandb_logging import WandbCharts, current_sweep_dir, run_names
 from .warning_filters import quiet_console
 
 log = logging.getLogger(__name__)

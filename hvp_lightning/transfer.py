@@ -24,11 +24,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .atomic import atomic_write_text
-from .checkpoint_paths import resolve_checkpoint
 from .config import check_eval_options, check_torchvision_root, fail
 from .errors import ConfigError
 from .options import TRANSFER_DATASETS, TRANSFER_PROTOCOLS
+from .run.atomic import atomic_write_text
+from .run.directory import resolve_checkpoint
 
 log = logging.getLogger(__name__)
 

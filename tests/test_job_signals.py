@@ -1,6 +1,6 @@
 """SLURM sends its pre-emption / time-limit warning to every process of a job step, loader workers
 included, and a stopped VM its SIGTERM. Only the training process may act on them
-(hvp_lightning/job_signals.py): a worker running submitit's handler would checkpoint and requeue the
+(hvp_lightning/run/job_signals.py): a worker running submitit's handler would checkpoint and requeue the
 job from the middle of a step, once per worker (seen on the SLURM test cluster: "A temporary saved
 file already exists"), and a worker ended by SIGTERM would starve the step's checkpoint of its batch."""
 
@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
-from hvp_lightning import job_signals
 from hvp_lightning.data.augment import ViewAug
 from hvp_lightning.data.datamodule import SSLDataModule
 from hvp_lightning.data.workers import worker_options
 from hvp_lightning.evaluation.data import eval_loader
-from hvp_lightning.job_signals import preempt_signal
+from hvp_lightning.run import job_signals
+from hvp_lightning.run.job_signals import preempt_signal
 
 
 def signal_the_workers(loader: torch.utils.data.DataLoader) -> int:
@@ -88,7 +88,7 @@ def test_a_worker_serves_on_after_sigterm_until_its_loader_ends_it(cfg_factory):
 
 def test_a_worker_left_alone_after_sigterm_ends_by_itself():
     """A worker whose training process never ends it (stuck, or gone without a word) ends
-    :data:`~hvp_lightning.job_signals.WORKER_GRACE_S` after the SIGTERM, even while blocked."""
+    :data:`~hvp_lightning.run.job_signals.WORKER_GRACE_S` after the SIGTERM, even while blocked."""
     loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2, **worker_options(1, wait_s=60, persistent=True))
     loader.worker_init_fn = functools.partial(_grace_of_one_second, trainer_pid=os.getpid())
     it = iter(loader)

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvp_lightning.job_signals import preempt_signal
 from hvp_lightning.methods.base import SSLMethod
 from hvp_lightning.preemption import cluster_plugins
-from hvp_lightning.run_logs import read_record
+from hvp_lightning.run.job_signals import preempt_signal
+from hvp_lightning.run.records import read_record
 from hvp_lightning.train import run
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, assert_same_reported_run, living_session, make_cfg
@@ -236,7 +236,7 @@ def test_wandb_rewind_point_is_noted_at_the_stop(tmp_path, monkeypatch):
 
     import wandb
 
-    from hvp_lightning.run_logs import wandb_resume, wandb_run_id
+    from hvp_lightning.run.records import wandb_resume, wandb_run_id
 
     from .conftest import wandb_records
 

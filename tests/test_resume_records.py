@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hvp_lightning.checkpoint import AtomicCheckpointIO, CheckpointError, resume_config
-from hvp_lightning.run_logs import RECORD_FILE, RunRecord, read_record, wandb_resume, wandb_run_id
+from hvp_lightning.run.records import RECORD_FILE, RunRecord, read_record, wandb_resume, wandb_run_id
 from hvp_lightning.train import build_logger, run
 
 from .conftest import make_cfg, wandb_records

@@ -24,7 +24,7 @@ from hvp_lightning.data import workers
 from hvp_lightning.data.resident import read_images
 from hvp_lightning.data.textures import SyntheticTextures
 from hvp_lightning.evaluation import evaluate
-from hvp_lightning.job_signals import job_signals
+from hvp_lightning.run.job_signals import job_signals
 from hvp_lightning.train import run
 
 from .conftest import eval_cfg, make_cfg

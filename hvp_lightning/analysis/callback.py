@@ -34,8 +34,8 @@ import lightning as L
 import numpy as np
 import torch
 
-from ..atomic import atomic_write_text
 from ..data.augment import PARAM_NAMES
+from ..run.atomic import atomic_write_text
 from ..selection import global_pair_index, pair_index
 from .metrics import JITTER_NAMES, jitter_differences, pair_metrics
 

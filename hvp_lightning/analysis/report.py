@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..atomic import atomic_write_text
+from ..run.atomic import atomic_write_text
 from .callback import TIE_EPS
 from .gallery import plot_gallery
 from .importance import importance

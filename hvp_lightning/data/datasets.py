@@ -27,7 +27,7 @@ from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
 from ..errors import ConfigError
 from ..options import IMAGE_EXTENSIONS
-from ..process_rank import env_rank
+from ..run.process_rank import env_rank
 from .layout import is_image_file
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from ..process_rank import env_rank
+from ..run.process_rank import env_rank
 from .augment import ViewAug, draw_view_params, to_uint8_tensor
 from .iou_policy import IoUPolicy, constrain_keys
 from .seeds import view_keys

@@ -12,10 +12,10 @@ not forked), single-threaded, that has imported torch and this package's dataset
 importing torch anew (what a plain ``spawn`` costs). The server ends with the process that
 started it.
 
-The job signals (:mod:`hvp_lightning.job_signals`) reach every process of a SLURM step or a
+The job signals (:mod:`hvp_lightning.run.job_signals`) reach every process of a SLURM step or a
 stopped VM, the server included: the server is started with them ignored (an ignored signal stays
 ignored across ``exec`` and ``fork``), so neither it nor a worker it forks can be ended by one
-before the worker's own rule (:func:`hvp_lightning.job_signals.leave_job_signals_to_trainer`)
+before the worker's own rule (:func:`hvp_lightning.run.job_signals.leave_job_signals_to_trainer`)
 is in place. Where ``forkserver`` does not exist (Windows), workers are spawned.
 
 What a worker needs -- the dataset, its transforms, the ``worker_init_fn`` -- is pickled to it, so
@@ -33,7 +33,7 @@ from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from ..job_signals import job_signals, leave_job_signals_to_trainer
+from ..run.job_signals import job_signals, leave_job_signals_to_trainer
 
 # Imported by the fork server before it forks the first worker: what unpickling any of this
 # package's datasets and transforms imports (torch, torchvision, PIL and the data modules; not
@@ -47,7 +47,7 @@ PRELOAD = [
     "hvp_lightning.data.iou_policy",
     "hvp_lightning.data.resident",
     "hvp_lightning.data.textures",
-    "hvp_lightning.job_signals",
+    "hvp_lightning.run.job_signals",
 ]
 
 _lock = threading.Lock()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 LAST = "last.ckpt"
 

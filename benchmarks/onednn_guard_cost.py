@@ -1,4 +1,4 @@
-"""CPU cost of hvp_lightning/onednn_guard.py: a width-4 CIFAR ResNet-18 (its one guarded layer
+"""CPU cost of hvp_lightning/nn/onednn_guard.py: a width-4 CIFAR ResNet-18 (its one guarded layer
 is layer2's 1x1 stride-2 shortcut) with and without the guard, forward + backward, rounds
 interleaved, 1 thread; prints the medians and their ratio. Run it on an AVX-512 CPU (the
 unguarded net corrupts memory under oneDNN's AVX2 kernels).
@@ -15,8 +15,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hvp_lightning.backbones import build_resnet  # noqa: E402
-from hvp_lightning.onednn_guard import NCHWOnCPUConv2d  # noqa: E402
+from hvp_lightning.nn.backbones import build_resnet  # noqa: E402
+from hvp_lightning.nn.onednn_guard import NCHWOnCPUConv2d  # noqa: E402
 
 
 def make(guard: bool) -> nn.Module:

@@ -10,7 +10,7 @@ student's with ``--student``), the backbone otherwise. Keys are the trunk's own
 * ``torchvision.models.resnet18()/resnet50()`` once its classifier is gone
   (``model.fc = torch.nn.Identity()``); with ``strict=False`` the only missing keys are
   ``fc.weight`` and ``fc.bias``. CIFAR-stem backbones (3x3 ``conv1``, no max-pool) need the same
-  stem change, narrow ones (``backbone.width`` != 64) ``hvp_lightning.backbones.build_resnet``;
+  stem change, narrow ones (``backbone.width`` != 64) ``hvp_lightning.nn.backbones.build_resnet``;
 * ``timm.models.vision_transformer.VisionTransformer(..., num_classes=0)``; with the default
   1000-class head the only missing keys are ``head.weight`` and ``head.bias``.
 """
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None, prog: str = "hvp-export") -> int:
         )
     elif width != 64:
         hint = (
-            f"hvp_lightning.backbones.build_resnet({name!r}, width={width}, cifar_stem={cifar}).trunk"
+            f"hvp_lightning.nn.backbones.build_resnet({name!r}, width={width}, cifar_stem={cifar}).trunk"
             ".load_state_dict(sd)  (strict; torchvision's ResNets have width 64)"
         )
     else:

@@ -10,7 +10,7 @@ import their names from here. Registries that map a name to code (``methods.METH
 from __future__ import annotations
 
 METHOD_NAMES = ("dino", "ibot", "simsiam", "simclr", "byol", "mocov3", "vicreg", "barlow_twins")
-# backbone.name -> family (the keys a family's config group carries: hvp_lightning/backbones.py)
+# backbone.name -> family (the keys a family's config group carries: hvp_lightning/nn/backbones.py)
 BACKBONE_FAMILIES = {
     "resnet18": "resnet",
     "resnet34": "resnet",

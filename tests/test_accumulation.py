@@ -21,14 +21,14 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset
 
-from hvp_lightning import teacher as teacher_module
 from hvp_lightning.config import ConfigError, validate
 from hvp_lightning.losses import nt_xent_loss
 from hvp_lightning.methods import METHODS, SSLMethod
 from hvp_lightning.methods.dino import DINO
 from hvp_lightning.methods.simsiam import SimSiam
-from hvp_lightning.optim import warmup_cosine
-from hvp_lightning.teacher import cosine_momentum, teacher_temperature
+from hvp_lightning.nn import teacher as teacher_module
+from hvp_lightning.nn.optim import warmup_cosine
+from hvp_lightning.nn.teacher import cosine_momentum, teacher_temperature
 from hvp_lightning.train import run
 
 from .conftest import make_cfg

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hvp_lightning.config import ConfigError, validate
 from hvp_lightning.distributed import CpuSyncBatchNorm, SyncBatchNormPlugin, sync_batchnorm_plugins
 from hvp_lightning.methods import METHODS
-from hvp_lightning.teacher import Centering
+from hvp_lightning.nn.teacher import Centering
 
 from ._ddp import run_ranks
 from .conftest import REPO, make_cfg, score_and_assert_stateless

@@ -24,8 +24,8 @@ from torch.utils._pytree import tree_flatten
 from hvp_lightning.analysis.callback import head_views, pair_table, step_statistics
 from hvp_lightning.data.datamodule import SSLDataModule
 from hvp_lightning.evaluation.probe import Classifier
-from hvp_lightning.knn import knn_scores
 from hvp_lightning.methods import METHODS
+from hvp_lightning.nn.knn import knn_scores
 from hvp_lightning.selection import pair_index
 
 from .conftest import make_cfg

@@ -16,7 +16,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, TensorDataset
 
 from hvp_lightning import export
-from hvp_lightning.backbones import build_resnet, build_vit
 from hvp_lightning.config import ConfigError
 from hvp_lightning.evaluation import evaluate
 from hvp_lightning.evaluation.features import FeatureNet
@@ -27,7 +26,8 @@ from hvp_lightning.evaluation.probe import (
     probe_batch_size,
     warn_if_lars_cannot_fit,
 )
-from hvp_lightning.knn import knn_accuracies, knn_accuracy
+from hvp_lightning.nn.backbones import build_resnet, build_vit
+from hvp_lightning.nn.knn import knn_accuracies, knn_accuracy
 from hvp_lightning.train import run
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, eval_cfg, make_cfg
@@ -204,7 +204,7 @@ def test_lars_growth_bound_holds_and_is_nearly_reached(lr):
     """LARS on a linear head whose gradient always points outwards (the worst case): the
     weight norm grows by no more than the bound, and by most of it -- a bound without momentum's
     1/(1 - momentum) would be exceeded."""
-    from hvp_lightning.optim import make_optimizer, warmup_cosine
+    from hvp_lightning.nn.optim import make_optimizer, warmup_cosine
 
     torch.manual_seed(0)
     head = torch.nn.Linear(32, 4, bias=False)

@@ -1,4 +1,4 @@
-"""The guard for oneDNN's AVX2 1x1 weight-gradient bug (hvp_lightning/onednn_guard.py).
+"""The guard for oneDNN's AVX2 1x1 weight-gradient bug (hvp_lightning/nn/onednn_guard.py).
 
 The bug corrupts the heap only where oneDNN runs its AVX2 kernel; ``ONEDNN_MAX_CPU_ISA=AVX2``
 forces that kernel on AVX-512 CPUs too, so the subprocess test fails without the guard on
@@ -13,8 +13,8 @@ import sys
 import torch
 from torch import nn
 
-from hvp_lightning.backbones import build_resnet
-from hvp_lightning.onednn_guard import NCHWOnCPUConv2d, hits_onednn_avx2_bug
+from hvp_lightning.nn.backbones import build_resnet
+from hvp_lightning.nn.onednn_guard import NCHWOnCPUConv2d, hits_onednn_avx2_bug
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S
 
@@ -22,7 +22,7 @@ from .conftest import REPO, SUBPROCESS_TIMEOUT_S
 # accumulation tests train it; 10 steps of forward + backward.
 STEPS = """
 import torch
-from hvp_lightning.backbones import build_resnet
+from hvp_lightning.nn.backbones import build_resnet
 torch.manual_seed(0)
 net = build_resnet("resnet18", width=4, cifar_stem=True, channels_last=True)
 for _ in range(10):

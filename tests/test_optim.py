@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hvp_lightning.optim import LARS
+from hvp_lightning.nn.optim import LARS
 
 
 def test_lars_trust_ratio_only_on_matrices() -> None:

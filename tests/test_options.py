@@ -30,9 +30,9 @@ def test_registries_hold_exactly_the_option_names():
     from omegaconf import OmegaConf
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
-    from hvp_lightning.backbones import build_backbone
     from hvp_lightning.methods import METHODS
-    from hvp_lightning.optim import make_optimizer
+    from hvp_lightning.nn.backbones import build_backbone
+    from hvp_lightning.nn.optim import make_optimizer
 
     assert set(METHODS) == set(options.METHOD_NAMES)
     assert set(options.IMAGE_EXTENSIONS) == {*IMG_EXTENSIONS, ".gif"}

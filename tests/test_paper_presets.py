@@ -267,8 +267,8 @@ def test_the_command_line_still_wins_over_the_papers_hvp_setting(tmp_path: Path)
 def test_the_views_and_network_are_built_from_the_presets_keys(name: str, tmp_path: Path) -> None:
     """The keys reach the code: every view of the run has its preset's crop scale, jitter, blur
     kind and resize; a zero-init-residual ResNet starts with every residual branch's last BN at 0."""
-    from hvp_lightning.backbones import build_backbone
     from hvp_lightning.methods import METHODS
+    from hvp_lightning.nn.backbones import build_backbone
 
     cfg = experiment_cfg(name, tmp_path, "+hvp=on")
     check_options(cfg)

@@ -13,8 +13,8 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from ..backbones import Backbone
 from ..device import runs_on_cpu
+from ..nn.backbones import Backbone
 
 
 class FeatureNet(nn.Module):

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..optim import make_optimizer, split_weight_decay, warmup_cosine
+from ..nn.optim import make_optimizer, split_weight_decay, warmup_cosine
 from .features import FeatureNet, eval_trainer
 
 log = logging.getLogger(__name__)

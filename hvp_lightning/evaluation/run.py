@@ -22,14 +22,14 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, TensorDataset
 
-from ..backbones import Backbone
 from ..checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
 from ..config import check_cpu_precision, check_eval_options, fail
 from ..data.augment import TrainTransform
 from ..data.items import EvalDataset
 from ..device import check_accelerator, runs_on_cpu, set_matmul_precision
 from ..errors import ConfigError
-from ..knn import knn_accuracies
+from ..nn.backbones import Backbone
+from ..nn.knn import knn_accuracies
 from ..run.atomic import atomic_write_text
 from ..waits import limits
 from ..warning_filters import quiet_console

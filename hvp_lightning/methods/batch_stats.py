@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from ..heads import mlp
 from ..losses.simclr import gather_with_grad
+from ..nn.heads import mlp
 from ..selection import HardViewMixin
 from .base import SSLMethod
 

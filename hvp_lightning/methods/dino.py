@@ -29,8 +29,9 @@ from torch import nn
 from ..config import check_multicrop
 from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
-from ..heads import DINOHead
 from ..losses.dino import dino_ce_table, dino_loss
+from ..nn.heads import DINOHead
+from ..nn.teacher import Centering, TeacherStudentMixin
 from ..selection import (
     HardViewMixin,
     candidate_counts,
@@ -39,7 +40,6 @@ from ..selection import (
     gather_combination_views,
     stable_seed,
 )
-from ..teacher import Centering, TeacherStudentMixin
 from .base import SSLMethod
 
 # --- the method -------------------------------------------------------------------------------
@@ -70,7 +70,7 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
     after its loss), no EMA, BatchNorm buffers and RNG frozen by the mixin's ``frozen_state``.
 
     EMA teacher, temperature and weight-decay schedules, clipping, last-layer freeze and
-    their behaviour under gradient accumulation: :class:`~hvp_lightning.teacher.TeacherStudentMixin`.
+    their behaviour under gradient accumulation: :class:`~hvp_lightning.nn.teacher.TeacherStudentMixin`.
 
     Config keys read (``method.*``): head (``out_dim``, ``head_hidden_dim``, ``bottleneck_dim``,
     ``head_layers``, ``use_bn_in_head``, ``norm_last_layer``), teacher (``momentum_teacher``,

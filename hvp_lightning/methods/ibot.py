@@ -35,15 +35,15 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from ..backbones import vit_tokens
 from ..config import check_ibot
 from ..data.masks import ibot_masks
 from ..errors import ConfigError
-from ..heads import IBOTHead
 from ..losses.dino import dino_ce_table
 from ..losses.ibot import ibot_loss_terms, ibot_pair_table, ibot_patch_loss
+from ..nn.backbones import vit_tokens
+from ..nn.heads import IBOTHead
+from ..nn.teacher import Centering, teacher_temperature
 from ..selection import chosen_views_batch, global_pair_index, hvp_config, num_global_candidates, stable_seed
-from ..teacher import Centering, teacher_temperature
 from .dino import DINO
 
 

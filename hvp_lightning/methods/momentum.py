@@ -5,7 +5,7 @@ of one view, in the training step and in HVP's selection pass alike).
 
 The methods differ only in their loss (:mod:`hvp_lightning.losses.byol`,
 :mod:`hvp_lightning.losses.mocov3`), their heads' sizes and their base momentum. The target
-moves once per optimiser step (:class:`~hvp_lightning.teacher.MomentumTargetMixin`); the
+moves once per optimiser step (:class:`~hvp_lightning.nn.teacher.MomentumTargetMixin`); the
 selection pass never moves it, and its BatchNorm buffers are frozen by the mixin's
 ``frozen_state`` like the online network's.
 """
@@ -18,9 +18,9 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from ..heads import mlp
+from ..nn.heads import mlp
+from ..nn.teacher import MomentumTargetMixin, make_teacher
 from ..selection import HardViewMixin
-from ..teacher import MomentumTargetMixin, make_teacher
 from .base import SSLMethod
 
 

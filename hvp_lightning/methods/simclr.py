@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from ..heads import mlp
 from ..losses.simclr import gather_with_grad, nt_xent_loss, simclr_pair_table
+from ..nn.heads import mlp
 from ..selection import HardViewMixin
 from .base import SSLMethod
 

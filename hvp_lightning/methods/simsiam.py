@@ -10,8 +10,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..heads import mlp
 from ..losses.simsiam import simsiam_loss, simsiam_pair_table
+from ..nn.heads import mlp
 from ..selection import HardViewMixin
 from .base import SSLMethod
 

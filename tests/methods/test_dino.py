@@ -10,12 +10,11 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from hvp_lightning.heads import DINOHead
 from hvp_lightning.losses import dino_loss
 from hvp_lightning.methods import METHODS
 from hvp_lightning.methods.dino import DINO
-from hvp_lightning.selection import candidate_counts, choose
-from hvp_lightning.teacher import (
+from hvp_lightning.nn.heads import DINOHead
+from hvp_lightning.nn.teacher import (
     Centering,
     clip_gradients_per_parameter,
     cosine_momentum,
@@ -23,6 +22,7 @@ from hvp_lightning.teacher import (
     make_teacher,
     teacher_temperature,
 )
+from hvp_lightning.selection import candidate_counts, choose
 
 from ..conftest import make_cfg as compose_cfg
 from ..conftest import official_pairs, score_and_assert_stateless, tiny_vit_run

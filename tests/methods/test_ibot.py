@@ -10,15 +10,15 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from hvp_lightning.backbones import vit_tokens
 from hvp_lightning.config import ConfigError
-from hvp_lightning.heads import IBOTHead
 from hvp_lightning.losses import ibot_loss
 from hvp_lightning.methods import METHODS
 from hvp_lightning.methods.dino import DINO
 from hvp_lightning.methods.ibot import IBOT
+from hvp_lightning.nn.backbones import vit_tokens
+from hvp_lightning.nn.heads import IBOTHead
+from hvp_lightning.nn.teacher import ema_update
 from hvp_lightning.selection import choose
-from hvp_lightning.teacher import ema_update
 
 from ..conftest import make_cfg as compose_cfg
 from ..conftest import official_pairs, score_and_assert_stateless, tiny_vit_run

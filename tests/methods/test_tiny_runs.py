@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from hvp_lightning import export
-from hvp_lightning.backbones import build_resnet
 from hvp_lightning.evaluation import evaluate
+from hvp_lightning.nn.backbones import build_resnet
 
 from ..conftest import eval_cfg, make_cfg
 

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torchvision.models import resnet as tvr
 
+from ..options import BACKBONE_FAMILIES
 from .onednn_guard import guard_onednn_avx2_1x1
-from .options import BACKBONE_FAMILIES
 
 
 class Backbone(nn.Module):

@@ -1,0 +1,9 @@
+"""The networks and what trains them, with no method or run attached: backbones (ResNets with
+the CIFAR stem, ViTs and their token forward), projection / prediction / DINO / iBOT heads,
+the weighted k-NN classifier, optimisers (LARS by name) with the warm-up + cosine schedule,
+the teacher-student machinery (EMA teacher, centring, teacher temperature, clipping) and the
+oneDNN AVX2 1x1-convolution guard.
+
+Imports only torch, torchvision, Lightning and the package's leaves (``options``); ``cluster/``,
+``selection/``, ``methods/`` and ``evaluation/`` build on it.
+"""

@@ -15,7 +15,7 @@
   from any of these continues exactly as the uninterrupted run went on.
   State that differs between DDP ranks (these RNG streams, HVP's run totals, skipped files)
   is saved with one entry per rank and each rank takes back its own on resume
-  (:func:`hvp_lightning.distributed.gather_per_rank` / ``rank_entries``).
+  (:func:`hvp_lightning.cluster.distributed.gather_per_rank` / ``rank_entries``).
 * :func:`load_checkpoint` -- ``torch.load(weights_only=True)``: our checkpoints hold only
   tensors and plain containers (the config is stored as a plain dict), so the unpickler
   never has to run arbitrary code. Missing, truncated or foreign files raise
@@ -43,7 +43,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .distributed import gather_per_rank, rank_and_world
+from .cluster.distributed import gather_per_rank, rank_and_world
 from .errors import CheckpointError
 from .run.atomic import atomic_write
 from .run.directory import LAST, resolve_checkpoint

@@ -15,7 +15,7 @@ repository's top-level ``conf/``; a wheel ships that same folder as ``hvp_lightn
     hvp-sweep-summary multirun/<date>/<time>
 
 ``hvp-export``, ``hvp-analysis`` and ``hvp-sweep-summary`` are the ``main`` functions of
-:mod:`hvp_lightning.export`, :mod:`hvp_lightning.analysis` and :mod:`hvp_lightning.sweep`.
+:mod:`hvp_lightning.export`, :mod:`hvp_lightning.analysis` and :mod:`hvp_lightning.cluster.sweep`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from . import slurm, sweep  # noqa: F401  register ${hvp_dirname:...} (hydra.sweep.subdir), ${hvp_slurm_*:...}
+from .cluster import slurm, sweep  # noqa: F401  register ${hvp_dirname:...} (hydra.sweep.subdir), ${hvp_slurm_*:...}
 from .config import check_eval_options, check_options
 from .data.workers import worker_context
 from .errors import CheckpointError, ConfigError

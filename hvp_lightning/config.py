@@ -75,7 +75,7 @@ def seconds_above_zero(cfg: DictConfig, key: str) -> None:
 
 
 def check_limits(cfg: DictConfig) -> None:
-    """``limits.*`` (hvp_lightning/waits.py), where the config has them (a run dir from before
+    """``limits.*`` (hvp_lightning/cluster/waits.py), where the config has them (a run dir from before
     the keys resumes with their defaults)."""
     for key in ("limits.wait_s", "limits.stop_grace_s"):
         if OmegaConf.select(cfg, key) is not None:

@@ -31,7 +31,7 @@ while the run trains:
    before (a local run) and all ranks stopped by SIGTERM (143): "stopped at a step, resumable".
 
 A rank stuck where no Python handler runs (a collective whose peer is gone) is ended after
-``limits.stop_grace_s`` by :class:`hvp_lightning.waits.StopWatch`. Loader workers get the
+``limits.stop_grace_s`` by :class:`hvp_lightning.cluster.waits.StopWatch`. Loader workers get the
 signals too, and leave them to the training process (:mod:`hvp_lightning.run.job_signals`).
 
 The requeued job runs the same command in the same run dir, which resumes ``last.ckpt``

@@ -14,11 +14,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from .analysis.callback import analysis_callbacks
 from .analysis.live import live_gallery_callbacks
 from .checkpoint import AtomicCheckpointIO, RunCheckpoint, resume_checkpoint
+from .cluster.distributed import gather_per_rank, sync_batchnorm_plugins
+from .cluster.slurm import use_slurm_threads
+from .cluster.waits import StopWatch, WaitedTooLong, ddp_strategy, describe_wait_error, end_descendants, limits
 from .config import validate
 from .data.datamodule import SSLDataModule
 from .data.iou_policy import iou_policy
 from .device import check_accelerator, device_line, set_matmul_precision
-from .distributed import gather_per_rank, sync_batchnorm_plugins
 from .errors import ConfigError
 from .methods import METHODS, SSLMethod
 from .preemption import StopOnSignal, cluster_plugins
@@ -26,8 +28,6 @@ from .run.atomic import atomic_write_text
 from .run.records import RunRecord, continue_csv_log, wandb_resume
 from .run.wandb_logging import WandbCharts, current_sweep_dir, run_names
 from .selection import hvp_config, hvp_summary
-from .slurm import use_slurm_threads
-from .waits import StopWatch, WaitedTooLong, ddp_strategy, describe_wait_error, end_descendants, limits
 from .warning_filters import quiet_console
 
 log = logging.getLogger(__name__)
@@ -69,8 +69,8 @@ def run(cfg: DictConfig, run_dir: Path, options_checked: bool = False) -> dict[s
     """Pretrain as configured and return the summary (also written to run_dir/summary.json).
     ``options_checked``: :func:`hvp_lightning.config.check_options` has passed on ``cfg`` (the CLI).
 
-    Nothing waits forever (:mod:`hvp_lightning.waits`): a wait on another rank or on loader
-    workers longer than ``limits.wait_s`` fails the run with :class:`~hvp_lightning.waits.WaitedTooLong`,
+    Nothing waits forever (:mod:`hvp_lightning.cluster.waits`): a wait on another rank or on loader
+    workers longer than ``limits.wait_s`` fails the run with :class:`~hvp_lightning.cluster.waits.WaitedTooLong`,
     a failure ends the processes this one started, and a SIGTERM or Ctrl-C that the run cannot
     act on within ``limits.stop_grace_s`` (it waits in native code) ends it anyway."""
     lim = limits(cfg)
@@ -95,7 +95,7 @@ def _pretrain(cfg: DictConfig, run_dir: Path, options_checked: bool) -> dict[str
     record = RunRecord(run_dir)  # this session's clock starts
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     set_matmul_precision()
-    use_slurm_threads()  # the same arithmetic whatever the SLURM layout (hvp_lightning/slurm.py)
+    use_slurm_threads()  # the same arithmetic whatever the SLURM layout (hvp_lightning/cluster/slurm.py)
     method_cls = METHODS[cfg.method.name]
     wait_s = limits(cfg).wait_s
     hvp = hvp_config(cfg)

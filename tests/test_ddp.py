@@ -22,8 +22,8 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
+from hvp_lightning.cluster.distributed import CpuSyncBatchNorm, SyncBatchNormPlugin, sync_batchnorm_plugins
 from hvp_lightning.config import ConfigError, validate
-from hvp_lightning.distributed import CpuSyncBatchNorm, SyncBatchNormPlugin, sync_batchnorm_plugins
 from hvp_lightning.methods import METHODS
 from hvp_lightning.nn.teacher import Centering
 

@@ -1,6 +1,6 @@
 """The SLURM launcher presets (conf/hydra/launcher/slurm*.yaml): sized from the trainer preset, and
 a sweep the cluster cannot run as asked stops in the submitting process before anything is queued
-(hvp_lightning/slurm.py). No cluster needed; tests/test_slurm_cluster.py (-m slurm) submits for real."""
+(hvp_lightning/cluster/slurm.py). No cluster needed; tests/test_slurm_cluster.py (-m slurm) submits for real."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-import hvp_lightning.slurm  # noqa: F401  registers the presets' ${hvp_slurm_*:...} resolvers
+import hvp_lightning.cluster.slurm  # noqa: F401  registers the presets' ${hvp_slurm_*:...} resolvers
+from hvp_lightning.cluster.slurm import check_fits_partition, check_slurm_job, partition_cpus, slurm_threads
 from hvp_lightning.errors import ConfigError
-from hvp_lightning.slurm import check_fits_partition, check_slurm_job, partition_cpus, slurm_threads
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, compose_with_hydra
 

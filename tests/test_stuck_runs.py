@@ -1,4 +1,4 @@
-"""A run never waits forever (hvp_lightning/waits.py): a rank stopped mid-training fails the run
+"""A run never waits forever (hvp_lightning/cluster/waits.py): a rank stopped mid-training fails the run
 after ``limits.wait_s`` with an error that says who waited for what, and a SIGTERM or Ctrl-C to a
 rank stuck in a collective ends it after ``limits.stop_grace_s``. Either way every process of the
 run is gone afterwards and the last checkpoint is intact.

@@ -17,8 +17,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.utils import instantiate
 from omegaconf import OmegaConf, open_dict
 
-from hvp_lightning.config import ConfigError
-from hvp_lightning.sweep import (
+from hvp_lightning.cluster.sweep import (
     DIRNAME_MAX_BYTES,
     FILENAME,
     RESULT_COLUMNS,
@@ -29,6 +28,7 @@ from hvp_lightning.sweep import (
     sweep_csv,
     write_sweep_summary,
 )
+from hvp_lightning.config import ConfigError
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, compose_with_hydra, write_tiny_experiment
 
@@ -170,7 +170,7 @@ def test_callback_writes_the_table_after_each_job_and_at_the_end(tmp_path, capsy
 def test_cli_rebuilds_the_table(tmp_path):
     fake_job(tmp_path, "0_seed=0", ["seed=0"], HVP_SUMMARY)
     proc = subprocess.run(
-        [sys.executable, "-m", "hvp_lightning.sweep", str(tmp_path)],
+        [sys.executable, "-m", "hvp_lightning.cluster.sweep", str(tmp_path)],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
+from ..cluster.distributed import gather_per_rank, rank_entries
 from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
 from ..data.datasets import note_skipped
 from ..data.iou_policy import iou_policy
-from ..distributed import gather_per_rank, rank_entries
 from ..nn.backbones import build_backbone
 from ..nn.knn import knn_accuracy
 from ..nn.optim import OPTIMIZERS, make_optimizer, warmup_cosine

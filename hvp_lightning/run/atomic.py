@@ -2,7 +2,7 @@
 to disk and then ``os.replace``-d over it, so readers (and a run resumed after a crash or
 SIGKILL mid-write) see the old file or the complete new one, never a truncated one.
 
-Torch-free, so the modules that run before the heavy imports (hvp_lightning/sweep.py) share it
+Torch-free, so the modules that run before the heavy imports (hvp_lightning/cluster/sweep.py) share it
 with the checkpoint and log writers.
 """
 

@@ -26,8 +26,8 @@ from typing import Any
 import lightning as L
 import torch
 
+from ..cluster.distributed import gather_per_rank, rank_entries
 from ..data.datamodule import view_aug
-from ..distributed import gather_per_rank, rank_entries
 from .choice import choose, stable_seed
 from .colour import coloured, share_colour, uncoloured
 from .forward_pass import ambient_autocast_dtype, frozen_state, resolve_selection_dtype
@@ -202,7 +202,7 @@ class HardViewMixin(L.LightningModule):
         checkpoint.setdefault("hvp_lightning", {})["hvp_totals"] = gather_per_rank(own)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """This rank's totals back (:func:`~hvp_lightning.distributed.rank_entries`): with
+        """This rank's totals back (:func:`~hvp_lightning.cluster.distributed.rank_entries`): with
         another number of ranks rank 0 takes the sum of all and the others zeros, so the
         summary's sum over the ranks still counts every saved step once."""
         super().on_load_checkpoint(checkpoint)

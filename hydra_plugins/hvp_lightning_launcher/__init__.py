@@ -1,5 +1,5 @@
 """The SLURM launcher of the presets conf/hydra/launcher/slurm*.yaml: hydra-submitit-launcher's, plus a
-check of every job's layout before anything is queued (:func:`hvp_lightning.slurm.check_slurm_job`).
+check of every job's layout before anything is queued (:func:`hvp_lightning.cluster.slurm.check_slurm_job`).
 Hydra instantiates launchers from this namespace only, so the class lives here; the logic does not."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from hydra.errors import CompactHydraException
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import DictConfig
 
+from hvp_lightning.cluster.slurm import check_fits_partition, check_slurm_job, partition_cpus
 from hvp_lightning.errors import ConfigError
-from hvp_lightning.slurm import check_fits_partition, check_slurm_job, partition_cpus
 
 
 class SlurmLaunchError(CompactHydraException):

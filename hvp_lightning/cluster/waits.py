@@ -37,7 +37,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .run.process_rank import env_rank
+from ..run.process_rank import env_rank
 
 # limits.* defaults: a run dir from before these keys resumes with them.
 WAIT_S = 600.0

@@ -32,7 +32,7 @@ from lightning.pytorch.plugins.layer_sync import TorchSyncBatchNorm, _BatchNormX
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .nn.teacher import has_batchnorm
+from ..nn.teacher import has_batchnorm
 
 T = TypeVar("T")
 

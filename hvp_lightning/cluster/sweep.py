@@ -7,7 +7,7 @@ on SLURM nodes (submitit). :class:`SweepSummary` (``hydra.callbacks`` in conf/co
 writes it after every job, in the job's process, and once more when the multirun ends, in
 the submitting process: Hydra skips ``on_multirun_end`` when a job raised, so the per-job
 writes are what leave a table (with ``status=failed`` rows) after a failed sweep.
-``python -m hvp_lightning.sweep <sweep_dir>`` rebuilds it by hand, e.g. after SLURM killed
+``python -m hvp_lightning.cluster.sweep <sweep_dir>`` rebuilds it by hand, e.g. after SLURM killed
 a job (then no callback runs at all).
 """
 
@@ -31,7 +31,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from .run.atomic import atomic_write_text
+from ..run.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ class SweepSummary(Callback):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``hvp-sweep-summary SWEEP_DIR`` (``python -m hvp_lightning.sweep SWEEP_DIR``): (re)write
+    """``hvp-sweep-summary SWEEP_DIR`` (``python -m hvp_lightning.cluster.sweep SWEEP_DIR``): (re)write
     ``sweep_summary.csv`` of a Hydra multirun, e.g. after some of its jobs were rerun."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0] in ("-h", "--help"):

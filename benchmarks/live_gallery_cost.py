@@ -19,7 +19,7 @@ from pathlib import Path
 
 import lightning as L
 
-import hvp_lightning.train as train_mod
+import hvp_lightning.training.driver as train_mod
 from hvp_lightning.analysis.live import LiveGallery, live_gallery_callbacks
 
 

@@ -5,7 +5,7 @@ steps, ``data.num_workers=2``. The signal comes in the middle of step ``S`` (epo
 way through). Two ways it can end, interleaved (A, B, A, B, ...):
 
 * ``step``: SIGUSR2. The run finishes step S, writes last.ckpt at step S + 1 and exits (what it does now,
-  hvp_lightning/preemption.py).
+  hvp_lightning/training/preemption.py).
 * ``epoch``: the process ends at once, without a checkpoint. This is the epoch restart of before: submitit's
   handler requeued and exited mid-step, and the next job resumed from the epoch-end last.ckpt. Emulated here
   by SIGKILL.

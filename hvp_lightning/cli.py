@@ -15,7 +15,7 @@ repository's top-level ``conf/``; a wheel ships that same folder as ``hvp_lightn
     hvp-sweep-summary multirun/<date>/<time>
 
 ``hvp-export``, ``hvp-analysis`` and ``hvp-sweep-summary`` are the ``main`` functions of
-:mod:`hvp_lightning.export`, :mod:`hvp_lightning.analysis` and :mod:`hvp_lightning.cluster.sweep`.
+:mod:`hvp_lightning.training.export`, :mod:`hvp_lightning.analysis` and :mod:`hvp_lightning.cluster.sweep`.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def train_job(cfg: DictConfig) -> float | None:
         if cfg.get("resume"):  # continue that run with its own config (+ what the command line changes)
             cfg.resume = _checked_resume(cfg.resume, run_dir, fresh)
             resolve_checkpoint(cfg.resume, key="resume")  # the path, before the heavy imports
-            from .checkpoint import resume_config
+            from .training.checkpoint import resume_config
 
             cfg = resume_config(cfg.resume, cfg, list(HydraConfig.get().overrides.task))
             run_dir = Path(cfg.resume)
@@ -175,7 +175,7 @@ def train_job(cfg: DictConfig) -> float | None:
             checked = True
         if OmegaConf.select(cfg, "data.num_workers", default=0):
             worker_context()  # the loader workers' fork server imports its preload beside ours
-        from .train import run
+        from .training.driver import run
 
         summary = run(cfg, run_dir, options_checked=checked)
     except user_errors() as err:  # bad settings: one line, no traceback
@@ -190,7 +190,7 @@ def train_job(cfg: DictConfig) -> float | None:
         sys.exit(2)
     from lightning.pytorch.utilities import rank_zero_only
 
-    from .train import final_line
+    from .training.driver import final_line
 
     if rank_zero_only.rank == 0:  # DDP: one final line per run, not one per process
         print(final_line(summary))
@@ -233,8 +233,8 @@ def evaluate_main(cfg: DictConfig) -> float | None:
 
 @hydra.main(config_path=CONFIG_DIR, config_name="transfer", version_base="1.3")
 def transfer_main(cfg: DictConfig) -> None:
-    """The paper's transfer table for one checkpoint (:mod:`hvp_lightning.transfer`)."""
-    from .transfer import TABLE_MD, check_transfer_options, run_transfer, transfer_out_dir
+    """The paper's transfer table for one checkpoint (:mod:`hvp_lightning.evaluation.transfer`)."""
+    from .evaluation.transfer import TABLE_MD, check_transfer_options, run_transfer, transfer_out_dir
 
     try:
         jobs = check_transfer_options(cfg)  # settings and every data set's files, before the heavy imports

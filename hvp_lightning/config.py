@@ -7,7 +7,7 @@ what is allowed -- before any data is read or a Lightning Trainer exists. Two pa
   costs a second, not the ~15 s those imports take.
 * :func:`validate`: :func:`check_options` plus what needs them -- ``trainer.*`` keys against
   ``lightning.Trainer``'s signature, ``trainer.precision`` against the machine -- and the
-  start-up warning about upsampled crops. :func:`hvp_lightning.train.run` calls it.
+  start-up warning about upsampled crops. :func:`hvp_lightning.training.driver.run` calls it.
 """
 
 from __future__ import annotations

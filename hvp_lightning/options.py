@@ -57,7 +57,7 @@ IOU_SCHEDULES = ("linear", "cosine")
 # trainer.precision: mixed precision keeps fp32 master weights, EMA teacher and centres;
 # "*-true" half precision would run them in half precision too. ``auto`` is resolved per machine.
 TRAINER_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
-# trainer.* keys train.py owns (checkpointing: hvp_lightning/checkpoint.py).
+# trainer.* keys train.py owns (checkpointing: hvp_lightning/training/checkpoint.py).
 OWNED_TRAINER_KEYS = ("enable_checkpointing", "plugins")
 
 LOGGERS = ("wandb", "csv")

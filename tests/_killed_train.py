@@ -27,8 +27,8 @@ class KillAtStep(Callback):
 
 
 def main() -> None:
-    from hvp_lightning import train as driver
     from hvp_lightning.cli import train
+    from hvp_lightning.training import driver as driver
 
     step, callbacks = int(os.environ["KILL_AT_STEP"]), driver.analysis_callbacks
     driver.analysis_callbacks = lambda *args: [*callbacks(*args), KillAtStep(step)]  # the run's other callbacks

@@ -21,7 +21,7 @@ from typing import Any
 
 def wait_mid_step(step: int, rank: int, marker: Path) -> None:
     from hvp_lightning.methods.base import SSLMethod
-    from hvp_lightning.preemption import StopOnSignal
+    from hvp_lightning.training.preemption import StopOnSignal
 
     def on_before_optimizer_step(self: Any, optimizer: Any) -> None:
         trainer = self.trainer
@@ -39,7 +39,7 @@ def wait_mid_step(step: int, rank: int, marker: Path) -> None:
 def clock_batches(path: Path) -> None:
     import lightning as L
 
-    from hvp_lightning import train as driver
+    from hvp_lightning.training import driver as driver
 
     class Clock(L.Callback):
         def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:

@@ -18,8 +18,8 @@ from typing import Any
 def main() -> None:
     import lightning as L
 
-    from hvp_lightning import train as driver
     from hvp_lightning.cli import train
+    from hvp_lightning.training import driver as driver
 
     step, rank, marker = (
         int(os.environ["STALL_AT_STEP"]),

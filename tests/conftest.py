@@ -100,7 +100,7 @@ def tiny_vit_run(method: str, tmp_path: Path) -> tuple[dict, dict, str]:
     import json
     import math
 
-    from hvp_lightning.train import run
+    from hvp_lightning.training.driver import run
 
     cfg = make_cfg(
         f"method={method}_cifar",

@@ -29,7 +29,7 @@ from hvp_lightning.methods.simsiam import SimSiam
 from hvp_lightning.nn import teacher as teacher_module
 from hvp_lightning.nn.optim import warmup_cosine
 from hvp_lightning.nn.teacher import cosine_momentum, teacher_temperature
-from hvp_lightning.train import run
+from hvp_lightning.training.driver import run
 
 from .conftest import make_cfg
 

@@ -243,7 +243,7 @@ def test_analysis_config_validated() -> None:
 
 def test_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from hvp_lightning.analysis.__main__ import main
-    from hvp_lightning.train import run
+    from hvp_lightning.training.driver import run
 
     common = ("analysis.log_every_n_steps=1", "analysis.flush_every_n_logs=3", "eval.every_n_epochs=1")
     run(make_cfg("+hvp=on", *common), tmp_path / "hvp")
@@ -323,7 +323,7 @@ def test_report_compares_static_and_per_view_colour_runs(tmp_path: Path) -> None
     """``--compare``: both runs' lowest-IoU share per epoch in one figure, labelled by hvp.colour."""
     from hvp_lightning.analysis.__main__ import main
     from hvp_lightning.analysis.report import summary_stats, view_log_lowest_share
-    from hvp_lightning.train import run
+    from hvp_lightning.training.driver import run
 
     common = ("+hvp=on", "analysis.log_every_n_steps=2", "eval.every_n_epochs=1")
     run(make_cfg(*common), tmp_path / "per_view")

@@ -17,7 +17,7 @@ import torch
 from hvp_lightning.data.augment import MultiViewTransform, ViewAug, draw_view_params, sample_params
 from hvp_lightning.data.resident import ResidentImages
 from hvp_lightning.data.seeds import key_uniform, key_uniforms, view_key, view_keys
-from hvp_lightning.train import run
+from hvp_lightning.training.driver import run
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, assert_same_reported_run, make_cfg
 

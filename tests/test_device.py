@@ -11,7 +11,7 @@ import hvp_lightning.device
 from hvp_lightning.config import validate
 from hvp_lightning.device import auto_precision, device_line
 from hvp_lightning.errors import ConfigError
-from hvp_lightning.train import final_line
+from hvp_lightning.training.driver import final_line
 
 from .conftest import make_cfg
 

@@ -81,7 +81,7 @@ def test_console_commands_show_their_own_name_in_usage():
         pytest.skip("the project's console scripts are not installed in this environment")
     for command, usage in (
         ([str(script)], "usage: hvp-export "),
-        ([sys.executable, "-m", "hvp_lightning.export"], "usage: python -m hvp_lightning.export "),
+        ([sys.executable, "-m", "hvp_lightning.training.export"], "usage: python -m hvp_lightning.training.export "),
     ):
         proc = subprocess.run(
             [*command, "--help"], cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S

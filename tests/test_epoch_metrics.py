@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from hvp_lightning.checkpoint import RunCheckpoint
 from hvp_lightning.data.sampler import EpochSampler, ResumableLoader
+from hvp_lightning.training.checkpoint import RunCheckpoint
 
 STEPS = 6  # batches an epoch
 EPOCHS = 2  # the second epoch logs every key again: the restored ones must match its self.log calls

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, TensorDataset
 
-from hvp_lightning import export
 from hvp_lightning.config import ConfigError
 from hvp_lightning.evaluation import evaluate
 from hvp_lightning.evaluation.features import FeatureNet
@@ -28,7 +27,8 @@ from hvp_lightning.evaluation.probe import (
 )
 from hvp_lightning.nn.backbones import build_resnet, build_vit
 from hvp_lightning.nn.knn import knn_accuracies, knn_accuracy
-from hvp_lightning.train import run
+from hvp_lightning.training import export
+from hvp_lightning.training.driver import run
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, eval_cfg, make_cfg
 

@@ -26,13 +26,13 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from omegaconf import OmegaConf
 
-from hvp_lightning import export
-from hvp_lightning.checkpoint import resume_config
 from hvp_lightning.data.datamodule import SSLDataModule
 from hvp_lightning.evaluation import evaluate
 from hvp_lightning.methods import METHODS
 from hvp_lightning.selection import step_autocast_dtype
-from hvp_lightning.train import run
+from hvp_lightning.training import export
+from hvp_lightning.training.checkpoint import resume_config
+from hvp_lightning.training.driver import run
 
 from .conftest import REPO, TINY, eval_cfg, make_cfg
 

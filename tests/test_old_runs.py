@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from hvp_lightning.checkpoint import build_method, load_checkpoint, resume_config
-from hvp_lightning.export import main as export_main
-from hvp_lightning.train import run
+from hvp_lightning.training.checkpoint import build_method, load_checkpoint, resume_config
+from hvp_lightning.training.driver import run
+from hvp_lightning.training.export import main as export_main
 
 from .conftest import make_cfg
 

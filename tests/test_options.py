@@ -14,7 +14,12 @@ from hvp_lightning import options
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S
 
 HEAVY_PACKAGES = ("torch", "lightning", "torchvision", "timm")
-HEAVY_MODULES = ("hvp_lightning.methods", "hvp_lightning.train", "hvp_lightning.evaluation", "hvp_lightning.checkpoint")
+HEAVY_MODULES = (
+    "hvp_lightning.methods",
+    "hvp_lightning.training.driver",
+    "hvp_lightning.evaluation",
+    "hvp_lightning.training.checkpoint",
+)
 
 
 def _heavy(modules) -> list[str]:

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from hvp_lightning.methods.base import SSLMethod
-from hvp_lightning.preemption import cluster_plugins
 from hvp_lightning.run.job_signals import preempt_signal
 from hvp_lightning.run.records import read_record
-from hvp_lightning.train import run
+from hvp_lightning.training.driver import run
+from hvp_lightning.training.preemption import cluster_plugins
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, assert_same_reported_run, living_session, make_cfg
 

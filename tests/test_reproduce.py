@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from hvp_lightning.train import run
+from hvp_lightning.training.driver import run
 
 from .conftest import make_cfg
 

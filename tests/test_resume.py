@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvp_lightning.checkpoint import (
+from hvp_lightning.training.checkpoint import (
     AtomicCheckpointIO,
     CheckpointError,
     atomic_save,
@@ -24,7 +24,7 @@ from hvp_lightning.checkpoint import (
     rng_state,
     set_rng_state,
 )
-from hvp_lightning.train import run
+from hvp_lightning.training.driver import run
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, make_cfg
 

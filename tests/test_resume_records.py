@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from hvp_lightning.checkpoint import AtomicCheckpointIO, CheckpointError, resume_config
 from hvp_lightning.run.records import RECORD_FILE, RunRecord, read_record, wandb_resume, wandb_run_id
-from hvp_lightning.train import build_logger, run
+from hvp_lightning.training.checkpoint import AtomicCheckpointIO, CheckpointError, resume_config
+from hvp_lightning.training.driver import build_logger, run
 
 from .conftest import make_cfg, wandb_records
 

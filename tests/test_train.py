@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from hvp_lightning.config import ConfigError, validate
-from hvp_lightning.train import final_line, run
+from hvp_lightning.training.driver import final_line, run
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, wandb_records
 

@@ -19,9 +19,9 @@ from PIL import Image
 
 from hvp_lightning.config import ConfigError, validate_data
 from hvp_lightning.data.datamodule import build_raw_datasets
+from hvp_lightning.evaluation.transfer import EVAL_KEYS, TABLE_CSV, TABLE_MD, check_transfer_options, run_transfer
 from hvp_lightning.options import TRANSFER_DATASETS, TRANSFER_PROTOCOLS
-from hvp_lightning.train import run
-from hvp_lightning.transfer import EVAL_KEYS, TABLE_CSV, TABLE_MD, check_transfer_options, run_transfer
+from hvp_lightning.training.driver import run
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, make_cfg
 

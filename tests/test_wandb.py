@@ -12,7 +12,7 @@ import pytest
 from hydra.core.hydra_config import HydraConfig
 
 from hvp_lightning.run.wandb_logging import current_sweep_dir, run_names, sweep_group
-from hvp_lightning.train import build_logger, run
+from hvp_lightning.training.driver import build_logger, run
 
 from .conftest import REPO, compose_with_hydra, wandb_records, write_tiny_experiment
 

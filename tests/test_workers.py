@@ -25,7 +25,7 @@ from hvp_lightning.data.resident import read_images
 from hvp_lightning.data.textures import SyntheticTextures
 from hvp_lightning.evaluation import evaluate
 from hvp_lightning.run.job_signals import job_signals
-from hvp_lightning.train import run
+from hvp_lightning.training.driver import run
 
 from .conftest import eval_cfg, make_cfg
 

@@ -1,7 +1,7 @@
 """One table per Hydra multirun: ``<sweep_dir>/sweep_summary.csv``, a row per job.
 
 The table is built from disk alone -- each job dir's ``.hydra/overrides.yaml`` (written by
-Hydra before the job starts) and the ``summary.json`` that :func:`hvp_lightning.train.run`
+Hydra before the job starts) and the ``summary.json`` that :func:`hvp_lightning.training.driver.run`
 writes at its end -- so it comes out the same whether the jobs ran here (basic launcher) or
 on SLURM nodes (submitit). :class:`SweepSummary` (``hydra.callbacks`` in conf/config.yaml)
 writes it after every job, in the job's process, and once more when the multirun ends, in

@@ -18,7 +18,7 @@ holds its GPUs until the time limit. So:
   in native code (a collective, a loader queue): SIGTERM or Ctrl-C would be noted and never acted
   on. :class:`StopWatch` reads the signal on a thread of its own (the interpreter's wakeup fd) and
   gives the run ``limits.stop_grace_s`` seconds to stop at a step the normal way
-  (:class:`hvp_lightning.preemption.StopOnSignal`); if it has not by then, it ends the process
+  (:class:`hvp_lightning.training.preemption.StopOnSignal`); if it has not by then, it ends the process
   and its descendants itself, with status ``128 + signal``.
 """
 
@@ -177,7 +177,7 @@ class StopWatch:
     watcher says so on stderr, ends the process's descendants and exits with ``128 + signal``.
 
     The signals still need a Python handler for the wakeup fd to see them: Lightning's SIGTERM
-    handler, :class:`hvp_lightning.preemption.StopOnSignal`'s, Python's SIGINT one. Outside the
+    handler, :class:`hvp_lightning.training.preemption.StopOnSignal`'s, Python's SIGINT one. Outside the
     main thread, or where another wakeup fd is in use, it does nothing."""
 
     WATCHED = (signal.SIGTERM, signal.SIGINT)

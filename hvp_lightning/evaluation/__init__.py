@@ -5,7 +5,8 @@
 * :mod:`.data` -- labelled splits, transforms, loaders;
 * :mod:`.features` -- the feature function of a backbone and feature extraction;
 * :mod:`.probe` -- the linear head: linear probe and fine-tuning;
-* :mod:`.loggers` -- CSV or W&B logging of an evaluation.
+* :mod:`.loggers` -- CSV or W&B logging of an evaluation;
+* :mod:`.transfer` -- the paper's transfer table: every (dataset, protocol) cell in one process.
 """
 
 from .run import evaluate

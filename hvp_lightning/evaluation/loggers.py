@@ -15,7 +15,7 @@ def eval_logger(cfg: DictConfig, train_cfg: DictConfig, out_dir: Path, run_dir: 
     """``logger=...`` of the evaluation, else the pretraining run's logger kind."""
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
-    from ..train import wandb_logged_in
+    from ..training.driver import wandb_logged_in
 
     lc = cfg.logger if cfg.get("logger") is not None else train_cfg.get("logger", {"name": "csv"})
     if lc.get("name", "csv") == "csv":

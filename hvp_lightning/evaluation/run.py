@@ -22,7 +22,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, TensorDataset
 
-from ..checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
 from ..cluster.waits import limits
 from ..config import check_cpu_precision, check_eval_options, fail
 from ..data.augment import TrainTransform
@@ -32,6 +31,7 @@ from ..errors import ConfigError
 from ..nn.backbones import Backbone
 from ..nn.knn import knn_accuracies
 from ..run.atomic import atomic_write_text
+from ..training.checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
 from ..warning_filters import quiet_console
 from .data import EvalData, eval_data, eval_data_cfg, eval_loader, eval_transform
 from .features import FeatureNet, extract, forward_seconds

@@ -4,7 +4,7 @@ Lightning 2.x keeps the running sums behind every ``*_epoch`` metric (``train/lo
 ``hvp/selection_selected_loss_epoch``, ...) in the training loop's result collection, and puts
 them in no checkpoint. A run resumed from a step checkpoint (``checkpoint.every_n_steps``, a
 pre-emption) would log, and report in ``summary.json``, that epoch's aggregate over the resumed
-session's steps only. :class:`hvp_lightning.checkpoint.RunCheckpoint` saves each rank's partial
+session's steps only. :class:`hvp_lightning.training.checkpoint.RunCheckpoint` saves each rank's partial
 sums with a step checkpoint (:func:`partial_epoch_sums`) and puts them back at the end of the
 resumed session's first step (:func:`restore_partial_epoch_sums`), which makes each epoch
 aggregate bit for bit the uninterrupted run's (``0 + a + s == s + a``, then the same additions).

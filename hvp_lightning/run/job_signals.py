@@ -5,7 +5,7 @@ Two signals ask a run to stop: SLURM's warning before a pre-emption or its time 
 spot VM, Kubernetes, ``docker stop`` or torchrun sends before its SIGKILL (and SLURM at the end
 of a requeue). Both can reach every process of the job, loader workers and their fork server
 included. Only the training process may act on them
-(:class:`hvp_lightning.preemption.StopOnSignal`: finish the step, checkpoint it, exit); a worker
+(:class:`hvp_lightning.training.preemption.StopOnSignal`: finish the step, checkpoint it, exit); a worker
 running submitit's handler would checkpoint and requeue the job from the middle of a step, once
 per worker.
 

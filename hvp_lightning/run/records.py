@@ -77,7 +77,7 @@ class RunRecord(L.Callback):
 
     def note_checkpoint_step(self, trainer: L.Trainer) -> None:
         """Note the W&B step of the next row as the rewind point of a checkpoint at this global
-        step (an epoch's start, or a pre-empted session's stop: hvp_lightning/preemption.py),
+        step (an epoch's start, or a pre-empted session's stop: hvp_lightning/training/preemption.py),
         and write the record."""
         from lightning.pytorch.loggers import WandbLogger
 

@@ -17,7 +17,7 @@ from hvp_lightning.data.augment import UNIFORMS, MultiViewTransform, ViewAug, sa
 from hvp_lightning.data.iou_policy import IoUPolicy, IoUPolicyViews, constrain_keys, policy_pairs
 from hvp_lightning.data.resident import ResidentImages
 from hvp_lightning.data.seeds import key_uniform, try_key, view_key, view_keys
-from hvp_lightning.train import run
+from hvp_lightning.training.driver import run
 
 H, W = 20, 28  # not square: boxes' x and y must not be swapped
 AUG = ViewAug(size=8, scale=(0.1, 1.0))

@@ -149,7 +149,7 @@ def test_run_dirs_from_before_the_key_still_resume() -> None:
     the resume check treats absent and false alike (true is a different run)."""
     from omegaconf import OmegaConf
 
-    from hvp_lightning.checkpoint import config_differences
+    from hvp_lightning.training.checkpoint import config_differences
 
     old = OmegaConf.create({"data": {"name": "cifar10"}})
     assert config_differences(old, OmegaConf.create({"data": {"name": "cifar10", "on_device": False}})) == []
@@ -291,7 +291,7 @@ def test_views_do_not_depend_on_the_rank(cfg_factory) -> None:
 def test_run_with_resident_images_trains_and_logs_views(cfg_factory, tmp_path: Path) -> None:
     """A short HVP run with ``data.on_device=true``: it trains, the selection works, and the
     hard-view analysis gets its per-view parameters."""
-    from hvp_lightning.train import run
+    from hvp_lightning.training.driver import run
 
     summary = run(cfg_factory("data.on_device=true", "+hvp=on", "hvp.num_views=3"), tmp_path)
     assert summary["steps"] == 4 and math.isfinite(summary["train_loss"])

@@ -12,7 +12,7 @@ from ..conftest import make_cfg
 
 
 def test_tiny_train_with_hvp(tmp_path: Path) -> None:
-    from hvp_lightning.train import run
+    from hvp_lightning.training.driver import run
 
     summary = run(make_cfg("method=simclr_cifar", "+hvp=on", "data.image_size=16"), tmp_path)
     assert summary["method"] == "simclr"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvp_lightning import export
 from hvp_lightning.evaluation import evaluate
 from hvp_lightning.nn.backbones import build_resnet
+from hvp_lightning.training import export
 
 from ..conftest import eval_cfg, make_cfg
 
@@ -30,7 +30,7 @@ def test_tiny_train_with_hvp_then_export_and_eval(method: str, tmp_path: Path) -
     """One epoch; the hard choice's loss is at least the candidates' mean; a momentum method's
     target moved and is in the checkpoint; the export is the (online) backbone, what every paper
     evaluates, with the projector dropped."""
-    from hvp_lightning.train import run
+    from hvp_lightning.training.driver import run
 
     summary = run(make_cfg(*TINY[method], "+hvp=on", "data.image_size=16"), tmp_path)
     assert summary["method"] == method and summary["hvp_enabled"] is True and summary["steps"] == 4

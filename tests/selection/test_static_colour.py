@@ -78,7 +78,7 @@ def test_static_colour_is_validated(cfg_factory):
 
 
 def test_tiny_train_run_with_static_colour(cfg_factory, tmp_path):
-    from hvp_lightning.train import run
+    from hvp_lightning.training.driver import run
 
     summary = run(cfg_factory("+hvp=on", "hvp.colour=static", "hvp.num_views=3"), tmp_path)
     assert summary["hvp"]["selected_samples"] > 0 and summary["train_loss"] is not None

@@ -7,7 +7,7 @@
   file systems.)
 * :class:`RunCheckpoint` -- ``checkpoints/last.ckpt`` after every training epoch, every
   ``checkpoint.every_n_steps`` optimiser steps inside an epoch (and at the step where a
-  pre-emption signal stops a run: hvp_lightning/preemption.py), and a kept copy
+  pre-emption signal stops a run: hvp_lightning/training/preemption.py), and a kept copy
   ``checkpoints/epoch=NNN.ckpt`` every ``checkpoint.every_n_epochs`` epochs; its state in the
   checkpoint holds the training process's RNG streams (torch CPU/CUDA, NumPy, Python), which
   Lightning does not save. With the views functions of (seed, epoch, index, slot) and the
@@ -43,11 +43,11 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .cluster.distributed import gather_per_rank, rank_and_world
-from .errors import CheckpointError
-from .run.atomic import atomic_write
-from .run.directory import LAST, resolve_checkpoint
-from .run.epoch_metrics import partial_epoch_sums, restore_partial_epoch_sums
+from ..cluster.distributed import gather_per_rank, rank_and_world
+from ..errors import CheckpointError
+from ..run.atomic import atomic_write
+from ..run.directory import LAST, resolve_checkpoint
+from ..run.epoch_metrics import partial_epoch_sums, restore_partial_epoch_sums
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def checkpoint_config(ckpt: dict[str, Any]) -> DictConfig:
 
 def build_method(ckpt: dict[str, Any], key: str = "ckpt"):
     """The LightningModule of a loaded checkpoint, weights restored (strict), in eval mode."""
-    from .methods import METHODS
+    from ..methods import METHODS
 
     cfg = checkpoint_config(ckpt)
     name = cfg.method.get("name")
@@ -277,7 +277,7 @@ class RunCheckpoint(Checkpoint):
 
     def save_step(self, trainer, rng: dict[str, Any] | None = None) -> None:
         """``last.ckpt`` in the middle of an epoch, between two steps (``every_n_steps``, or a
-        pre-emption: hvp_lightning/preemption.py), with ``rng`` -- this rank's streams at the end
+        pre-emption: hvp_lightning/training/preemption.py), with ``rng`` -- this rank's streams at the end
         of the step just trained; None: the current ones -- as its RNG state. A collective, like
         every checkpoint."""
         for logger in trainer.loggers:  # the step's rows reach the disk with the checkpoint

@@ -1,6 +1,6 @@
 """Export a checkpoint's backbone as a plain state_dict with torchvision / timm key names.
 
-    hvp-export <run_dir or .ckpt> out.pth [--student]       # = python -m hvp_lightning.export ...
+    hvp-export <run_dir or .ckpt> out.pth [--student]       # = python -m hvp_lightning.training.export ...
 
 The exported backbone is the one evaluation uses: the EMA teacher's for DINO/iBOT (the
 student's with ``--student``), the backbone otherwise. Keys are the trunk's own
@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import CheckpointError
-from .run.directory import resolve_checkpoint
+from ..errors import CheckpointError
+from ..run.directory import resolve_checkpoint
 
 if TYPE_CHECKING:
     import torch
@@ -100,4 +100,4 @@ def main(argv: list[str] | None = None, prog: str = "hvp-export") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(prog="python -m hvp_lightning.export"))
+    sys.exit(main(prog="python -m hvp_lightning.training.export"))

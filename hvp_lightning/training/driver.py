@@ -11,24 +11,24 @@ from typing import Any
 import lightning as L
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from .analysis.callback import analysis_callbacks
-from .analysis.live import live_gallery_callbacks
+from ..analysis.callback import analysis_callbacks
+from ..analysis.live import live_gallery_callbacks
+from ..cluster.distributed import gather_per_rank, sync_batchnorm_plugins
+from ..cluster.slurm import use_slurm_threads
+from ..cluster.waits import StopWatch, WaitedTooLong, ddp_strategy, describe_wait_error, end_descendants, limits
+from ..config import validate
+from ..data.datamodule import SSLDataModule
+from ..data.iou_policy import iou_policy
+from ..device import check_accelerator, device_line, set_matmul_precision
+from ..errors import ConfigError
+from ..methods import METHODS, SSLMethod
+from ..run.atomic import atomic_write_text
+from ..run.records import RunRecord, continue_csv_log, wandb_resume
+from ..run.wandb_logging import WandbCharts, current_sweep_dir, run_names
+from ..selection import hvp_config, hvp_summary
+from ..warning_filters import quiet_console
 from .checkpoint import AtomicCheckpointIO, RunCheckpoint, resume_checkpoint
-from .cluster.distributed import gather_per_rank, sync_batchnorm_plugins
-from .cluster.slurm import use_slurm_threads
-from .cluster.waits import StopWatch, WaitedTooLong, ddp_strategy, describe_wait_error, end_descendants, limits
-from .config import validate
-from .data.datamodule import SSLDataModule
-from .data.iou_policy import iou_policy
-from .device import check_accelerator, device_line, set_matmul_precision
-from .errors import ConfigError
-from .methods import METHODS, SSLMethod
 from .preemption import StopOnSignal, cluster_plugins
-from .run.atomic import atomic_write_text
-from .run.records import RunRecord, continue_csv_log, wandb_resume
-from .run.wandb_logging import WandbCharts, current_sweep_dir, run_names
-from .selection import hvp_config, hvp_summary
-from .warning_filters import quiet_console
 
 log = logging.getLogger(__name__)
 

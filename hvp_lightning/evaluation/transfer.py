@@ -24,11 +24,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .config import check_eval_options, check_torchvision_root, fail
-from .errors import ConfigError
-from .options import TRANSFER_DATASETS, TRANSFER_PROTOCOLS
-from .run.atomic import atomic_write_text
-from .run.directory import resolve_checkpoint
+from ..config import check_eval_options, check_torchvision_root, fail
+from ..errors import ConfigError
+from ..options import TRANSFER_DATASETS, TRANSFER_PROTOCOLS
+from ..run.atomic import atomic_write_text
+from ..run.directory import resolve_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +159,9 @@ def write_table(out_dir: Path, label: dict[str, Any], checkpoint: Path) -> dict[
 
 def run_transfer(cfg: DictConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]:
     """Every evaluation of ``jobs`` (from :func:`check_transfer_options`), then the table; its row."""
-    from .checkpoint import checkpoint_config, load_checkpoint
-    from .evaluation import evaluate
-    from .evaluation.data import eval_data, eval_data_cfg
+    from ..training.checkpoint import checkpoint_config, load_checkpoint
+    from .data import eval_data, eval_data_cfg
+    from .run import evaluate
 
     ckpt_path, _ = resolve_checkpoint(cfg.ckpt)
     ckpt = load_checkpoint(ckpt_path, mmap=True)

@@ -35,7 +35,7 @@ A rank stuck where no Python handler runs (a collective whose peer is gone) is e
 signals too, and leave them to the training process (:mod:`hvp_lightning.run.job_signals`).
 
 The requeued job runs the same command in the same run dir, which resumes ``last.ckpt``
-(:func:`hvp_lightning.checkpoint.resume_checkpoint`). Lightning's own SLURM auto-requeue
+(:func:`hvp_lightning.training.checkpoint.resume_checkpoint`). Lightning's own SLURM auto-requeue
 (a SIGUSR1 handler that saves from inside the handler, mid-step) is switched off:
 :func:`cluster_plugins`. docs/DESIGN.md "Pre-emption" argues the choice.
 """
@@ -52,9 +52,9 @@ from typing import Any
 import lightning as L
 import torch
 
+from ..run.job_signals import preempt_signal
+from ..run.records import RunRecord
 from .checkpoint import RunCheckpoint, rng_state
-from .run.job_signals import preempt_signal
-from .run.records import RunRecord
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from .cluster import slurm, sweep  # noqa: F401  register ${hvp_dirname:...} (hy
 from .config import check_eval_options, check_options
 from .data.workers import worker_context
 from .errors import CheckpointError, ConfigError
-from .run.directory import LAST, resolve_checkpoint, run_dir_of
+from .run.directory import RunDir, resolve_checkpoint
 
 # Nothing here imports torch, Lightning or the model code at module level: the commands check
 # their config first (hvp_lightning/config.py) and import those only for a config that passed.
@@ -57,7 +57,7 @@ def _resume_run_dir(resume: str) -> str:
     holding it (``<run_dir>/checkpoints/<file>``), so that Hydra never tries to make a folder
     at a file's path."""
     p = Path(str(resume)).expanduser()
-    return str(run_dir_of(p)) if p.is_file() or p.suffix == ".ckpt" else str(resume)
+    return str(RunDir.of_checkpoint(p)) if p.is_file() or p.suffix == ".ckpt" else str(resume)
 
 
 def hydra_files_subdir(resume: str | None, output_dir: str) -> str | None:
@@ -66,8 +66,8 @@ def hydra_files_subdir(resume: str | None, output_dir: str) -> str | None:
     ``checkpoints/last.ckpt`` -- so that the run dir's ``.hydra/`` keeps describing the command that
     started the run (a sweep job's row keeps its overrides), and a refused resume, which Hydra
     would otherwise have rewritten them for before our checks run, leaves the run dir as it was."""
-    continues = bool(resume) or (Path(output_dir) / "checkpoints" / LAST).is_file()
-    return None if continues else ".hydra"
+    run_dir = RunDir(output_dir)
+    return None if resume or run_dir.has_run() else run_dir.hydra.name
 
 
 # hydra.run.dir: the run dir being resumed, else a new timestamped one; hydra.output_subdir:
@@ -85,8 +85,8 @@ def _checked_resume(resume: str, run_dir: Path, fresh: bool) -> str:
     no run."""
     p = Path(str(resume)).expanduser()
     if p.is_file():
-        if p.name == LAST and p.parent.name == "checkpoints":
-            return str(run_dir_of(p))
+        if RunDir.is_last_checkpoint(p):
+            return str(RunDir.of_checkpoint(p))
         raise CheckpointError(
             f"resume={str(resume)!r} is not allowed: a run dir (it continues from its "
             "checkpoints/last.ckpt; to restart from another checkpoint, copy it to "
@@ -112,15 +112,6 @@ def user_errors() -> tuple[type[Exception], ...]:
     return (ConfigError,) + ((lightning_errors.MisconfigurationException,) if lightning_errors else ())
 
 
-def _fresh(run_dir: Path) -> bool:
-    """True when Hydra has just made ``run_dir`` for this job: it holds only its ``.hydra/``
-    and an empty ``train.log`` (a dir holding an earlier run's files is never fresh)."""
-    log_file = run_dir / "train.log"
-    return {p.name for p in run_dir.iterdir()} <= {".hydra", "train.log"} and (
-        not log_file.exists() or log_file.stat().st_size == 0
-    )
-
-
 def _close_log_files(run_dir: Path) -> None:
     """Close Hydra's log file handlers that write into ``run_dir`` (``train.log``)."""
     for handler in list(logging.root.handlers):
@@ -134,7 +125,7 @@ def _leave_as_it_was(run_dir: Path) -> None:
     (:func:`hydra_files_subdir`) but opened ``train.log``, creating it empty where the run had none;
     that empty file goes (a run that trained has always logged to it)."""
     _close_log_files(run_dir)
-    log_file = run_dir / "train.log"
+    log_file = RunDir(run_dir).train_log
     if log_file.is_file() and log_file.stat().st_size == 0:
         log_file.unlink()
 
@@ -160,7 +151,7 @@ def _remove_run_dir(run_dir: Path) -> None:
 def train_job(cfg: DictConfig) -> float | None:
     """One training job under Hydra (a run, or one job of a ``-m`` sweep); :func:`train` starts it."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    fresh = _fresh(run_dir)
+    fresh = RunDir(run_dir).just_made()
     try:
         checked = False  # a resumed run's config is checked by run(), once it is composed
         if cfg.get("resume"):  # continue that run with its own config (+ what the command line changes)
@@ -234,7 +225,7 @@ def evaluate_main(cfg: DictConfig) -> float | None:
 @hydra.main(config_path=CONFIG_DIR, config_name="transfer", version_base="1.3")
 def transfer_main(cfg: DictConfig) -> None:
     """The paper's transfer table for one checkpoint (:mod:`hvp_lightning.evaluation.transfer`)."""
-    from .evaluation.transfer import TABLE_MD, check_transfer_options, run_transfer, transfer_out_dir
+    from .evaluation.transfer import check_transfer_options, run_transfer, transfer_out_dir
 
     try:
         jobs = check_transfer_options(cfg)  # settings and every data set's files, before the heavy imports
@@ -242,4 +233,4 @@ def transfer_main(cfg: DictConfig) -> None:
     except user_errors() as err:  # bad settings or checkpoint: one line, no traceback
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
-    print((transfer_out_dir(cfg) / TABLE_MD).read_text(), end="")
+    print(transfer_out_dir(cfg).table_md.read_text(), end="")

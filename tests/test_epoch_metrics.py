@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import Dataset
 
 from hvp_lightning.data.sampler import EpochSampler, ResumableLoader
+from hvp_lightning.run.directory import RunDir
 from hvp_lightning.training.checkpoint import RunCheckpoint
 
 STEPS = 6  # batches an epoch
@@ -119,14 +120,16 @@ def test_every_reduction_of_a_resumed_epoch_covers_the_whole_epoch(tmp_path: Pat
     assert set(want[0]) == keys
     with pytest.raises(Stopped):
         _fit(tmp_path / "resumed", stop_at=stop_at, every_n_steps=every_n_steps)
-    saved = torch.load(tmp_path / "resumed" / "last.ckpt", weights_only=False)
+    saved = torch.load(RunDir(tmp_path / "resumed").last_checkpoint, weights_only=False)
     assert saved["global_step"] == stop_at - stop_at % every_n_steps
     assert saved["callbacks"]["RunCheckpoint"]["epoch_sums"][0].keys() == {
         *(f"training_step.m/{r}" for r in ("mean", "sum", "max", "min")),
         "on_train_epoch_start.m/at_start",
         "on_train_batch_end.m/even_steps",
     }
-    got = _fit(tmp_path / "resumed", ckpt_path=str(tmp_path / "resumed" / "last.ckpt"), every_n_steps=every_n_steps)
+    got = _fit(
+        tmp_path / "resumed", ckpt_path=str(RunDir(tmp_path / "resumed").last_checkpoint), every_n_steps=every_n_steps
+    )
     assert len(got) == EPOCHS  # the resumed epoch, then one more
     for got_epoch, want_epoch in zip(got, want):
         assert got_epoch.keys() == want_epoch.keys()
@@ -138,6 +141,6 @@ def test_an_epoch_end_checkpoint_carries_no_partial_sums(tmp_path: Path) -> None
     """The epoch's own end resets the aggregates: a resume from there must not add them in again."""
     with pytest.raises(Stopped):  # in the second epoch's second batch: last.ckpt is the first epoch's end
         _fit(tmp_path, stop_at=STEPS + 1)
-    saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    saved = torch.load(RunDir(tmp_path).last_checkpoint, weights_only=False)
     assert saved["global_step"] == STEPS
     assert "epoch_sums" not in saved["callbacks"]["RunCheckpoint"]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hvp_lightning.run.records import RECORD_FILE, RunRecord, read_record, wandb_resume, wandb_run_id
+from hvp_lightning.run.directory import RunDir
+from hvp_lightning.run.records import RunRecord, read_record, wandb_resume, wandb_run_id
 from hvp_lightning.training.checkpoint import AtomicCheckpointIO, CheckpointError, resume_config
 from hvp_lightning.training.driver import build_logger, run
 
@@ -189,7 +190,7 @@ def test_wandb_rewind_point_is_the_first_row_after_the_checkpoint(tmp_path):
 def test_wandb_resume_arguments(tmp_path, monkeypatch, caplog):
     """Online: rewind (resume_from, and resume unset: W&B refuses both). Offline: continue as
     is, with one warning. Nothing noted for that step (or a fresh run): continue as is."""
-    (tmp_path / RECORD_FILE).write_text(json.dumps({"sessions_s": [5.0], "wandb_steps": {"0": 0, "8": 13}}))
+    RunDir(tmp_path).sessions.write_text(json.dumps({"sessions_s": [5.0], "wandb_steps": {"0": 0, "8": 13}}))
     (tmp_path / "wandb_run_id").write_text("abc123\n")
     assert wandb_resume(tmp_path, 8, "online") == {"id": "abc123", "resume": None, "resume_from": "abc123?_step=13"}
     for step in (0, 4):
@@ -214,7 +215,7 @@ def test_wandb_accepts_the_rewind_arguments(tmp_path):
     """Lightning's WandbLogger and wandb.init take them together (offline here: no server)."""
     from lightning.pytorch.loggers import WandbLogger
 
-    (tmp_path / RECORD_FILE).write_text(json.dumps({"wandb_steps": {"4": 2}}))
+    RunDir(tmp_path).sessions.write_text(json.dumps({"wandb_steps": {"4": 2}}))
     first = WandbLogger(save_dir=str(tmp_path), mode="offline", **wandb_resume(tmp_path, 0, "offline"))
     for i in range(3):
         first.experiment.log({"x": i})

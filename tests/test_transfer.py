@@ -19,8 +19,9 @@ from PIL import Image
 
 from hvp_lightning.config import ConfigError, validate_data
 from hvp_lightning.data.datamodule import build_raw_datasets
-from hvp_lightning.evaluation.transfer import EVAL_KEYS, TABLE_CSV, TABLE_MD, check_transfer_options, run_transfer
+from hvp_lightning.evaluation.transfer import EVAL_KEYS, check_transfer_options, run_transfer
 from hvp_lightning.options import TRANSFER_DATASETS, TRANSFER_PROTOCOLS
+from hvp_lightning.run.directory import TransferDir
 from hvp_lightning.training.driver import run
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, make_cfg
@@ -203,7 +204,7 @@ def test_transfer_writes_the_paper_table(tiny_run, tmp_path, fakes_pass_checksum
         "finetune.epochs=1",
     )
     row = run_transfer(cfg, check_transfer_options(cfg))
-    with open(out / TABLE_CSV) as f:
+    with open(TransferDir(out).table_csv) as f:
         rows = list(csv.DictReader(f))
     assert rows == [{k: str(v) for k, v in row.items()}]
     pretrain = make_cfg()
@@ -215,7 +216,7 @@ def test_transfer_writes_the_paper_table(tiny_run, tmp_path, fakes_pass_checksum
             assert row[f"{name}_{protocol}"] == f"{100 * summary['metrics']['top1']:.2f}"
             assert (summary["dataset"]["train_images"], summary["dataset"]["test_images"]) == (len(TRAIN), len(TEST))
             assert summary["dataset"]["crop_size"] == pretrain.data.crop_size  # the pretraining crop
-    md = (out / TABLE_MD).read_text().splitlines()
+    md = TransferDir(out).table_md.read_text().splitlines()
     heads = [h.strip() for h in md[0].strip("|").split("|")]
     assert heads[:4] == ["Method", "Arch.", "CIFAR10 Lin.", "CIFAR10 F.T."] and heads[-1] == "Food101 F.T."
     assert len(heads) == 2 + 2 * len(TRANSFER_DATASETS) and md[2].count("|") == len(heads) + 1

@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ..run.directory import RunDir
 from .report import analyse
 from .upload import log_to_wandb
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None, prog: str = "hvp-analysis") -> int:
         print(f"W&B: {'logged to run ' + run_id if run_id else 'no W&B run found under ' + str(args.run_dir)}")
     keys = ("lowest_iou_share", "lowest_iou_chance", "selected_iou_mean", "candidate_iou_mean", "baseline_iou_mean")
     print(json.dumps({k: result.get(k) for k in keys}, indent=2))
-    out = args.out or args.run_dir / "analysis"
+    out = args.out or RunDir(args.run_dir).analysis
     print(f"wrote {out / 'analysis.json'} and {len(result['figures'])} figures: {', '.join(result['figures'])}")
     for note in result["notes"]:
         print(f"note: {note}")

@@ -36,6 +36,7 @@ import torch
 
 from ..data.augment import PARAM_NAMES
 from ..run.atomic import atomic_write_text
+from ..run.directory import RunDir
 from ..selection import global_pair_index, pair_index
 from .metrics import JITTER_NAMES, jitter_differences, pair_metrics
 
@@ -377,7 +378,7 @@ def drop_rows_from(path: Path, step: int) -> None:
     atomic_write_text(path, text.getvalue())
 
 
-def analysis_callbacks(cfg: Any, run_dir: Path) -> list[L.Callback]:
+def analysis_callbacks(cfg: Any, run_dir: str | Path | RunDir) -> list[L.Callback]:
     """The callbacks ``train.run`` adds for the ``analysis`` config node (a missing node means
     the defaults: online statistics on, no Parquet log)."""
     node = cfg.get("analysis") if hasattr(cfg, "get") else None
@@ -386,4 +387,4 @@ def analysis_callbacks(cfg: Any, run_dir: Path) -> list[L.Callback]:
     every = node.get("log_every_n_steps")
     if not online and every is None:
         return []
-    return [HardViewAnalysis(Path(run_dir) / "analysis", every, online, int(node.get("flush_every_n_logs") or 20))]
+    return [HardViewAnalysis(RunDir.of(run_dir).analysis, every, online, int(node.get("flush_every_n_logs") or 20))]

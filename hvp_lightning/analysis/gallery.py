@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ..run.directory import RunDir
 from .plots import pyplot
 
 
@@ -27,7 +28,7 @@ def load_train_images(run_dir: Path):
 
     from ..data.datamodule import SSLDataModule
 
-    cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
+    cfg = OmegaConf.load(RunDir.of(run_dir).config)
     data = cfg.data.copy()
     data.on_device = False  # the raw images are all it needs: no stacked copy of the set
     dm = SSLDataModule(data, (), 1, 0, int(cfg.get("seed", 0)))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..run.directory import RunDir
 from .callback import STAT_KEYS
 
 
@@ -16,7 +17,7 @@ def load_steps(run_dir: Path) -> dict[str, np.ndarray] | None:
     """Per-step statistics of all ranks and accumulation micro-batches, merged: a resumed run's
     repeated steps keep their last row; rows of one step are averaged weighted by their sample
     counts. None if never written."""
-    files = sorted((Path(run_dir) / "analysis").glob("steps-r*.csv"))
+    files = sorted(RunDir.of(run_dir).analysis.glob("steps-r*.csv"))
     if not files:
         return None
     rows: dict[tuple[int, int, int], list[float]] = {}
@@ -50,7 +51,7 @@ def load_table(run_dir: Path, kind: str) -> dict[str, np.ndarray] | None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    files = sorted((Path(run_dir) / "analysis").glob(f"{kind}-*.parquet"), key=lambda p: p.stat().st_mtime)
+    files = sorted(RunDir.of(run_dir).analysis.glob(f"{kind}-*.parquet"), key=lambda p: p.stat().st_mtime)
     if not files:
         return None
     table = pa.concat_tables([pq.read_table(f) for f in files])

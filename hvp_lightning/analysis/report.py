@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..run.atomic import atomic_write_text
+from ..run.directory import RunDir
 from .callback import TIE_EPS
 from .gallery import plot_gallery
 from .importance import importance
@@ -106,7 +107,7 @@ def run_label(run_dir: Path) -> str:
     """``<dir name>: <hvp.colour> colour`` from the run's saved config (``HVP off`` without HVP)."""
     from omegaconf import OmegaConf
 
-    for path in (run_dir / "config.yaml", run_dir / ".hydra" / "config.yaml"):
+    for path in (RunDir(run_dir).config, RunDir(run_dir).hydra_config):
         if path.is_file():
             hvp = OmegaConf.load(path).get("hvp") or {}
             what = f"{hvp.get('colour', 'per_view')} colour" if hvp.get("enabled") else "HVP off"
@@ -129,7 +130,7 @@ def analyse(
     """Write the figures and ``analysis.json`` (in ``out_dir``, default ``<run_dir>/analysis``);
     ``compare``: other HVP runs whose lowest-IoU share goes next to this run's."""
     run_dir = Path(run_dir)
-    out = Path(out_dir) if out_dir is not None else run_dir / "analysis"
+    out = Path(out_dir) if out_dir is not None else RunDir(run_dir).analysis
     if not run_dir.is_dir():  # a typo'd path: say so, and make no folder there
         raise SystemExit(f"{run_dir}: no such run dir")
     steps = load_steps(run_dir)

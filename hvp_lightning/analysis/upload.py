@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..run.directory import RunDir
 from .report import json_safe
 
 
@@ -13,13 +14,13 @@ def log_to_wandb(run_dir: Path, result: dict[str, Any]) -> str | None:
     resumed by its id from ``<run_dir>/wandb/``. Returns the run id, or None if there is none."""
     import wandb
 
-    runs = sorted((Path(run_dir) / "wandb").glob("*run-*-*"), key=lambda p: p.stat().st_mtime)
+    runs = sorted(RunDir.of(run_dir).wandb.glob("*run-*-*"), key=lambda p: p.stat().st_mtime)
     if not runs:
         return None
     run_id = runs[-1].name.rsplit("-", 1)[-1]
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
+    cfg = OmegaConf.load(RunDir.of(run_dir).config)
     lc = cfg.get("logger", {})
     run = wandb.init(id=run_id, resume="allow", project=lc.get("project"), entity=lc.get("entity"), dir=str(run_dir))
     run.log({f"analysis/{k}": wandb.Image(v) for k, v in result["figures"].items()})

@@ -32,12 +32,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from ..run.atomic import atomic_write_text
+from ..run.directory import RunDir
 
 log = logging.getLogger(__name__)
 
 FILENAME = "sweep_summary.csv"
 DIRNAME_MAX_BYTES = 120
-ERROR_FILE = "error.txt"  # a failed job's exception, one line (written by SweepSummary.on_job_end)
 # After the override columns; hvp_* are summary.json's "hvp" entries ("off" marks a baseline run).
 RESULT_COLUMNS = (
     "overrides",
@@ -160,16 +160,16 @@ def _natural_key(path: Path) -> list[Any]:
 
 def read_jobs(sweep_dir: Path) -> list[Job]:
     """Every job dir under ``sweep_dir`` (found by its ``.hydra/overrides.yaml``), in job order."""
+    inside = RunDir(Path()).overrides  # the overrides file's path inside a job dir
     dirs = sorted(
-        (p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml")),
-        key=lambda d: _natural_key(d.relative_to(sweep_dir)),
+        (RunDir(p.parents[len(inside.parts) - 1]) for p in sweep_dir.rglob(inside.as_posix())),
+        key=lambda d: _natural_key(d.path.relative_to(sweep_dir)),
     )
     jobs = []
     for d in dirs:
-        overrides = yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()) or []
-        summary_file, error_file = d / "summary.json", d / ERROR_FILE
-        summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
-        error = error_file.read_text().strip() if error_file.is_file() else None
+        overrides = yaml.safe_load(d.overrides.read_text()) or []
+        summary = json.loads(d.summary.read_text()) if d.summary.is_file() else None
+        error = d.error.read_text().strip() if d.error.is_file() else None
         jobs.append(Job(str(d), [str(o) for o in overrides], summary, error))
     return jobs
 
@@ -203,7 +203,7 @@ class SweepSummary(Callback):
             if isinstance(err, CompactHydraException) and err.__cause__ is not None:
                 err = err.__cause__  # train.py wraps a config error so that Hydra prints it in one line
             message = " ".join(f"{type(err).__name__}: {err}".split())
-            atomic_write_text(Path(config.hydra.runtime.output_dir) / ERROR_FILE, message + "\n")
+            atomic_write_text(RunDir(config.hydra.runtime.output_dir).error, message + "\n")
         log.info("sweep summary so far: %s", write_sweep_summary(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import fail
+from ..run.directory import EvalDir, RunDir
+from ..run.wandb_logging import wandb_logged_in
 
 
-def eval_logger(cfg: DictConfig, train_cfg: DictConfig, out_dir: Path, run_dir: Path, protocol: str):
+def eval_logger(cfg: DictConfig, train_cfg: DictConfig, out: EvalDir, run_dir: RunDir, protocol: str):
     """``logger=...`` of the evaluation, else the pretraining run's logger kind."""
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
-    from ..training.driver import wandb_logged_in
-
     lc = cfg.logger if cfg.get("logger") is not None else train_cfg.get("logger", {"name": "csv"})
     if lc.get("name", "csv") == "csv":
-        (out_dir / "csv" / "metrics.csv").unlink(missing_ok=True)  # a new evaluation replaces the old one
-        return CSVLogger(save_dir=str(out_dir), name="csv", version="")
+        out.csv_metrics.unlink(missing_ok=True)  # a new evaluation replaces the old one
+        return CSVLogger(save_dir=str(out.path), name=out.csv_name, version="")
     if lc.name != "wandb":
         fail("logger.name", lc.name, "csv or wandb")
     mode = os.environ.get("WANDB_MODE") or (
@@ -32,7 +31,7 @@ def eval_logger(cfg: DictConfig, train_cfg: DictConfig, out_dir: Path, run_dir: 
         group=run_dir.name,
         job_type=f"eval-{protocol}",
         name=f"{run_dir.name}-eval-{protocol}",
-        save_dir=str(out_dir),
+        save_dir=str(out.path),
         mode=mode,
         tags=[*lc.get("tags", []), "eval", protocol],
         config=OmegaConf.to_container(cfg, resolve=True),

@@ -31,6 +31,7 @@ from ..errors import ConfigError
 from ..nn.backbones import Backbone
 from ..nn.knn import knn_accuracies
 from ..run.atomic import atomic_write_text
+from ..run.directory import EvalDir
 from ..training.checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
 from ..warning_filters import quiet_console
 from .data import EvalData, eval_data, eval_data_cfg, eval_loader, eval_transform
@@ -182,9 +183,9 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     data = eval_data(data_cfg)
     if len(data.train) == 0 or len(data.test) == 0:
         raise ConfigError(f"data.name={data_cfg.name!r} is not allowed: its train or test split is empty")
-    out_dir = Path(cfg.out_dir) if cfg.get("out_dir") else run_dir / "eval" / protocol
-    out_dir.mkdir(parents=True, exist_ok=True)
-    logger = eval_logger(cfg, train_cfg, out_dir, run_dir, protocol)
+    out = EvalDir(Path(cfg.out_dir)) if cfg.get("out_dir") else run_dir.eval(protocol)
+    out.path.mkdir(parents=True, exist_ok=True)
+    logger = eval_logger(cfg, train_cfg, out, run_dir, protocol)
     log.info(
         "%s evaluation of %s (%s, %s, %s) on %s: %d train / %d test images, %d classes; accelerator=%s",
         protocol,
@@ -206,7 +207,7 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
         "protocol": protocol,
         "metrics": metrics,
         "checkpoint": str(ckpt_path.resolve()),
-        "run_dir": str(run_dir.resolve()),
+        "run_dir": str(run_dir.path.resolve()),
         "dataset": {
             "name": data_cfg.name,
             "train_images": len(data.train),
@@ -223,8 +224,8 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
         "chance": 1 / len(data.classes),
         "wall_time_s": round(time.time() - start, 1),
     }
-    atomic_write_text(out_dir / "eval_summary.json", json.dumps(summary, indent=2) + "\n")
-    OmegaConf.save(cfg, out_dir / "eval_config.yaml")
+    atomic_write_text(out.summary, json.dumps(summary, indent=2) + "\n")
+    OmegaConf.save(cfg, out.config)
     finish_logger(logger, summary)
-    summary["out_dir"] = str(out_dir)
+    summary["out_dir"] = str(out.path)
     return summary

@@ -28,7 +28,7 @@ from ..config import check_eval_options, check_torchvision_root, fail
 from ..errors import ConfigError
 from ..options import TRANSFER_DATASETS, TRANSFER_PROTOCOLS
 from ..run.atomic import atomic_write_text
-from ..run.directory import resolve_checkpoint
+from ..run.directory import TransferDir, resolve_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,6 @@ EVAL_KEYS = (
     "progress_bar",
     "logger",
 )
-TABLE_CSV, TABLE_MD = "transfer_table.csv", "transfer_table.md"
 
 
 def cell(name: str, protocol: str) -> str:
@@ -62,9 +61,9 @@ def cell(name: str, protocol: str) -> str:
     return f"{name}_{protocol}"
 
 
-def transfer_out_dir(cfg: DictConfig) -> Path:
+def transfer_out_dir(cfg: DictConfig) -> TransferDir:
     """``out_dir``, or ``<run_dir>/eval/transfer`` of the checkpoint."""
-    return Path(cfg.out_dir) if cfg.get("out_dir") else resolve_checkpoint(cfg.ckpt)[1] / "eval" / "transfer"
+    return TransferDir(Path(cfg.out_dir)) if cfg.get("out_dir") else resolve_checkpoint(cfg.ckpt)[1].transfer
 
 
 def job_config(cfg: DictConfig, name: str, protocol: str) -> DictConfig:
@@ -73,7 +72,7 @@ def job_config(cfg: DictConfig, name: str, protocol: str) -> DictConfig:
     plain = lambda node: OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node  # noqa: E731
     job = {key: plain(cfg.get(key)) for key in EVAL_KEYS}
     job["protocol"], job["data"] = plain(cfg[protocol]), plain(cfg.data[name])
-    job["out_dir"] = str(transfer_out_dir(cfg) / name / protocol)
+    job["out_dir"] = str(transfer_out_dir(cfg).cell(name, protocol).path)
     return OmegaConf.create(job)
 
 
@@ -105,12 +104,12 @@ def check_transfer_options(cfg: DictConfig) -> list[tuple[str, str]]:
     return jobs
 
 
-def read_results(out_dir: Path, checkpoint: Path) -> dict[str, dict[str, Any]]:
+def read_results(out_dir: TransferDir, checkpoint: Path) -> dict[str, dict[str, Any]]:
     """``{column: eval_summary}`` of the evaluations of ``checkpoint`` under ``out_dir``."""
     found = {}
     for name in TRANSFER_DATASETS:
         for protocol in TRANSFER_PROTOCOLS:
-            path = out_dir / name / protocol / "eval_summary.json"
+            path = out_dir.cell(name, protocol).summary
             if path.is_file():
                 summary = json.loads(path.read_text())
                 if summary.get("checkpoint") == str(checkpoint.resolve()):
@@ -149,11 +148,11 @@ def table_markdown(row: dict[str, Any]) -> str:
     )
 
 
-def write_table(out_dir: Path, label: dict[str, Any], checkpoint: Path) -> dict[str, Any]:
+def write_table(out_dir: TransferDir, label: dict[str, Any], checkpoint: Path) -> dict[str, Any]:
     """Rebuild ``transfer_table.csv`` and ``.md`` in ``out_dir`` from its eval summaries; the row."""
     row = table_row(label, read_results(out_dir, checkpoint))
-    atomic_write_text(out_dir / TABLE_CSV, table_csv(row))
-    atomic_write_text(out_dir / TABLE_MD, table_markdown(row))
+    atomic_write_text(out_dir.table_csv, table_csv(row))
+    atomic_write_text(out_dir.table_md, table_markdown(row))
     return row
 
 
@@ -201,7 +200,7 @@ def run_transfer(cfg: DictConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]
         label["backbone"],
         len(jobs),
         ", ".join(str(p) for p in cfg.protocols),
-        out_dir,
+        out_dir.path,
         "\n".join(plan.values()),
     )
     row: dict[str, Any] = {}
@@ -218,6 +217,6 @@ def run_transfer(cfg: DictConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]
             name,
             100 * summary["metrics"]["top1"],
             time.time() - start,
-            out_dir / TABLE_MD,
+            out_dir.table_md,
         )
     return row

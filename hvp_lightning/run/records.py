@@ -27,18 +27,16 @@ from typing import Any
 import lightning as L
 
 from .atomic import atomic_write_text
+from .directory import RunDir
 
 log = logging.getLogger(__name__)
 
-WANDB_ID_FILE = "wandb_run_id"
-RECORD_FILE = "sessions.json"
 
-
-def read_record(run_dir: str | Path) -> dict[str, Any]:
+def read_record(run_dir: str | Path | RunDir) -> dict[str, Any]:
     """``{"sessions_s": [seconds of each session], "wandb_steps": {global step: W&B step}}`` of a
     run dir (empty for a new one). ``wandb_steps[g]`` is the W&B step of the first row logged
     at optimiser step ``g`` or later: the point to rewind to when resuming from step ``g``."""
-    path = Path(run_dir) / RECORD_FILE
+    path = RunDir.of(run_dir).sessions
     record = json.loads(path.read_text()) if path.is_file() else {}
     return {"sessions_s": list(record.get("sessions_s", [])), "wandb_steps": dict(record.get("wandb_steps", {}))}
 
@@ -54,8 +52,8 @@ class RunRecord(L.Callback):
 
     every_s = 10.0  # at most this much of a killed session's time goes uncounted
 
-    def __init__(self, run_dir: str | Path) -> None:
-        self.path = Path(run_dir) / RECORD_FILE
+    def __init__(self, run_dir: str | Path | RunDir) -> None:
+        self.path = RunDir.of(run_dir).sessions
         self.record = read_record(run_dir)
         self.earlier_s = sum(self.record["sessions_s"])
         self.record["sessions_s"].append(0.0)  # this session
@@ -104,10 +102,10 @@ class RunRecord(L.Callback):
         self.beat(trainer, force=True)  # a session that stops (pre-emption) or fails counts in full
 
 
-def wandb_run_id(run_dir: str | Path) -> str:
+def wandb_run_id(run_dir: str | Path | RunDir) -> str:
     """The W&B run id of this run dir (created on first use), so a resumed run continues
     the same W&B run."""
-    path = Path(run_dir) / WANDB_ID_FILE
+    path = RunDir.of(run_dir).wandb_id
     if path.is_file() and path.read_text().strip():
         return path.read_text().strip()
     import secrets
@@ -118,7 +116,7 @@ def wandb_run_id(run_dir: str | Path) -> str:
     return run_id
 
 
-def wandb_resume(run_dir: str | Path, resume_step: int, mode: str) -> dict[str, Any]:
+def wandb_resume(run_dir: str | Path | RunDir, resume_step: int, mode: str) -> dict[str, Any]:
     """The ``wandb.init`` arguments (``id``, ``resume``, ``resume_from``) that continue this run
     dir's W&B run from the checkpoint at optimiser step ``resume_step`` (0: a new run).
 
@@ -142,13 +140,14 @@ def wandb_resume(run_dir: str | Path, resume_step: int, mode: str) -> dict[str, 
     return {"id": run_id, "resume": None, "resume_from": f"{run_id}?_step={step}"}
 
 
-def continue_csv_log(logger, resume_step: int) -> None:
+def continue_csv_log(logger, path: Path, resume_step: int) -> None:
     """Make Lightning's CSV log survive interruptions. Its writer deletes an existing
     metrics.csv when it starts, knows only the columns it has seen itself, and adds a column
     by truncating and rewriting the file (a kill then loses the rows). Put a resumed run's old
     rows back -- those of the steps before ``resume_step``, where its checkpoint left off
     (later ones were logged after the checkpoint and are logged again) -- seed the writer with
-    their header, and make the rewrite atomic."""
+    their header, and make the rewrite atomic. ``path``: the logger's metrics.csv
+    (:attr:`RunDir.csv_metrics`)."""
     import csv
     import io
     import warnings
@@ -157,7 +156,6 @@ def continue_csv_log(logger, resume_step: int) -> None:
 
     if rank_zero_only.rank != 0:  # only rank 0 writes the log
         return
-    path = Path(logger.log_dir) / "metrics.csv"
     old = path.read_bytes() if path.is_file() else None
     with warnings.catch_warnings():  # "Previous log files ... will be deleted": not any more
         warnings.filterwarnings("ignore", message="Experiment logs directory")

@@ -3,6 +3,7 @@ group), and the chart axes and summaries of its k-NN curves."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -54,3 +55,12 @@ class WandbCharts(L.Callback):
         if not self._done and trainer.is_global_zero and isinstance(trainer.logger, WandbLogger):
             define_charts(trainer.logger.experiment)
             self._done = True
+
+
+def wandb_logged_in() -> bool:
+    """True when this machine can log to W&B online (an API key in the environment or ~/.netrc):
+    ``logger.mode=auto`` then logs online, else offline."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")

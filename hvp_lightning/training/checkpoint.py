@@ -46,7 +46,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ..cluster.distributed import gather_per_rank, rank_and_world
 from ..errors import CheckpointError
 from ..run.atomic import atomic_write
-from ..run.directory import LAST, resolve_checkpoint
+from ..run.directory import LAST, RunDir, resolve_checkpoint
 from ..run.epoch_metrics import partial_epoch_sums, restore_partial_epoch_sums
 
 log = logging.getLogger(__name__)
@@ -205,17 +205,18 @@ class RunCheckpoint(Checkpoint):
 
     def __init__(
         self,
-        dirpath: str | Path,
+        run_dir: str | Path | RunDir,
         every_n_epochs: int | None = None,
         every_n_steps: int | None = None,
         on_step_save: Callable[[Any], None] | None = None,
     ) -> None:
         super().__init__()
         self.on_step_save = on_step_save  # after an every_n_steps save: e.g. note the W&B rewind point
-        self.dirpath = Path(dirpath)
+        self.run_dir = RunDir.of(run_dir)
+        self.dirpath = self.run_dir.checkpoints
         self.every_n_epochs = int(every_n_epochs or 0)
         self.every_n_steps = int(every_n_steps or 0)
-        self.last_path = self.dirpath / LAST
+        self.last_path = self.run_dir.last_checkpoint
         self.train_loss: float | None = None  # mean over ranks of the last epoch's train/loss_epoch
         self._rng: dict[str, Any] | None = None  # the RNG state save_step writes instead of the current one
         self._due_rng: dict[str, Any] | None = None  # an every_n_steps save due at the next batch's start
@@ -270,7 +271,7 @@ class RunCheckpoint(Checkpoint):
             logger.save()
         epoch = trainer.current_epoch + 1
         keep = self.every_n_epochs and epoch % self.every_n_epochs == 0
-        target = self.dirpath / f"epoch={epoch:03d}.ckpt" if keep else self.last_path
+        target = self.run_dir.epoch_checkpoint(epoch) if keep else self.last_path
         trainer.save_checkpoint(target, weights_only=False)
         if keep and trainer.is_global_zero:
             atomic_copy(target, self.last_path)  # last.ckpt last: it is what a resume continues from
@@ -390,7 +391,7 @@ def _describe(key: str, there: DictConfig, here: DictConfig) -> str:
     return f"{key} ({show(there)} there, {show(here)} here)"
 
 
-def check_same_run(there: DictConfig, here: DictConfig, run_dir: Path) -> None:
+def check_same_run(there: DictConfig, here: DictConfig, run_dir: RunDir) -> None:
     """Raise :class:`CheckpointError` (one line naming the differing keys) unless ``here``
     continues the run whose config is ``there``."""
     diffs = config_differences(there, here)
@@ -405,7 +406,7 @@ def check_same_run(there: DictConfig, here: DictConfig, run_dir: Path) -> None:
         )
 
 
-def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> tuple[Path | None, int]:
+def resume_checkpoint(cfg: DictConfig, run_dir: str | Path | RunDir) -> tuple[Path | None, int]:
     """The checkpoint this run continues from and the optimiser steps it has trained
     (``global_step``, where a resumed logger continues), or ``(None, 0)`` for a fresh run.
     The step is read here, from the one load that checks the config.
@@ -414,7 +415,8 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> tuple[Path | None, int]
     without one is an error, and so is a last.ckpt whose config differs from ``cfg`` in more
     than :data:`RESUMABLE_KEYS` -- a new run never overwrites an old one's checkpoints, and
     an old run is never continued under another run's config."""
-    last = Path(run_dir) / "checkpoints" / LAST
+    run_dir = RunDir.of(run_dir)
+    last = run_dir.last_checkpoint
     asked = cfg.get("resume")
     if not last.is_file():
         if asked:
@@ -423,11 +425,11 @@ def resume_checkpoint(cfg: DictConfig, run_dir: Path) -> tuple[Path | None, int]
             )
         return None, 0
     ckpt = load_checkpoint(last, mmap=True, key="resume" if asked else "checkpoint")
-    check_same_run(checkpoint_config(ckpt), cfg, Path(run_dir))
+    check_same_run(checkpoint_config(ckpt), cfg, run_dir)
     return last, int(ckpt.get("global_step", 0))
 
 
-def resume_config(run_dir: str | Path, requested: DictConfig, overrides: list[str] = ()) -> DictConfig:
+def resume_config(run_dir: str | Path | RunDir, requested: DictConfig, overrides: list[str] = ()) -> DictConfig:
     """The config of the run in ``run_dir`` (from its last checkpoint), with the keys and
     groups that ``overrides`` (the command line) name taken from ``requested`` (the config
     that command composes), e.g. ``trainer.max_epochs=200`` to extend a run. Whether the

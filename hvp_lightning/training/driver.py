@@ -23,8 +23,9 @@ from ..device import check_accelerator, device_line, set_matmul_precision
 from ..errors import ConfigError
 from ..methods import METHODS, SSLMethod
 from ..run.atomic import atomic_write_text
+from ..run.directory import RunDir
 from ..run.records import RunRecord, continue_csv_log, wandb_resume
-from ..run.wandb_logging import WandbCharts, current_sweep_dir, run_names
+from ..run.wandb_logging import WandbCharts, current_sweep_dir, run_names, wandb_logged_in
 from ..selection import hvp_config, hvp_summary
 from ..warning_filters import quiet_console
 from .checkpoint import AtomicCheckpointIO, RunCheckpoint, resume_checkpoint
@@ -33,18 +34,20 @@ from .preemption import StopOnSignal, cluster_plugins
 log = logging.getLogger(__name__)
 
 
-def build_logger(cfg: DictConfig, run_dir: Path, resume_step: int = 0):
+def build_logger(cfg: DictConfig, run_dir: str | Path | RunDir, resume_step: int = 0):
+    """The run's CSV or W&B logger, continuing the run's log over a resume (from ``resume_step``)."""
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
+    run_dir = RunDir.of(run_dir)
     if cfg.logger.name == "csv":
-        logger = CSVLogger(save_dir=str(run_dir), name="csv", version="")
-        continue_csv_log(logger, resume_step)  # a resumed run appends to metrics.csv
+        logger = CSVLogger(save_dir=str(run_dir), name=run_dir.csv_name, version="")
+        continue_csv_log(logger, run_dir.csv_metrics, resume_step)  # a resumed run appends to metrics.csv
         return logger
     lc = cfg.logger
     mode = os.environ.get("WANDB_MODE") or (
         lc.mode if lc.mode != "auto" else ("online" if wandb_logged_in() else "offline")
     )
-    group, name = run_names(lc.group, lc.get("run_name"), run_dir, current_sweep_dir())  # a sweep shares a group
+    group, name = run_names(lc.group, lc.get("run_name"), run_dir.path, current_sweep_dir())  # a sweep shares a group
     return WandbLogger(
         project=lc.project,
         entity=lc.entity,
@@ -58,14 +61,7 @@ def build_logger(cfg: DictConfig, run_dir: Path, resume_step: int = 0):
     )
 
 
-def wandb_logged_in() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="ignore")
-
-
-def run(cfg: DictConfig, run_dir: Path, options_checked: bool = False) -> dict[str, Any]:
+def run(cfg: DictConfig, run_dir: str | Path | RunDir, options_checked: bool = False) -> dict[str, Any]:
     """Pretrain as configured and return the summary (also written to run_dir/summary.json).
     ``options_checked``: :func:`hvp_lightning.config.check_options` has passed on ``cfg`` (the CLI).
 
@@ -76,7 +72,7 @@ def run(cfg: DictConfig, run_dir: Path, options_checked: bool = False) -> dict[s
     lim = limits(cfg)
     with StopWatch(lim.stop_grace_s):
         try:
-            return _pretrain(cfg, run_dir, options_checked)
+            return _pretrain(cfg, RunDir.of(run_dir), options_checked, lim.wait_s)
         except Exception as err:
             described = describe_wait_error(err, lim.wait_s)
             if described is None:
@@ -85,19 +81,18 @@ def run(cfg: DictConfig, run_dir: Path, options_checked: bool = False) -> dict[s
             raise WaitedTooLong(described) from err
 
 
-def _pretrain(cfg: DictConfig, run_dir: Path, options_checked: bool) -> dict[str, Any]:
+def _pretrain(cfg: DictConfig, run_dir: RunDir, options_checked: bool, wait_s: float) -> dict[str, Any]:
     """:func:`run`'s work."""
     quiet_console()
     validate(cfg, options_checked)
     check_accelerator("trainer.accelerator", str(cfg.trainer.get("accelerator", "auto")))
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.path.mkdir(parents=True, exist_ok=True)
     ckpt_path, resume_step = resume_checkpoint(cfg, run_dir)  # (None, 0): a fresh run
     record = RunRecord(run_dir)  # this session's clock starts
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     set_matmul_precision()
     use_slurm_threads()  # the same arithmetic whatever the SLURM layout (hvp_lightning/cluster/slurm.py)
     method_cls = METHODS[cfg.method.name]
-    wait_s = limits(cfg).wait_s
     hvp = hvp_config(cfg)
     dm = SSLDataModule(
         cfg.data,
@@ -122,7 +117,7 @@ def _pretrain(cfg: DictConfig, run_dir: Path, options_checked: bool) -> dict[str
     sync_bn = sync_batchnorm_plugins(trainer_kwargs.pop("sync_batchnorm", "auto"), model)  # DDP only
     trainer_kwargs["strategy"] = ddp_strategy(trainer_kwargs, wait_s)  # collectives wait at most wait_s
     checkpointer = RunCheckpoint(
-        run_dir / "checkpoints",
+        run_dir,
         OmegaConf.select(cfg, "checkpoint.every_n_epochs"),
         OmegaConf.select(cfg, "checkpoint.every_n_steps"),
         record.note_checkpoint_step,
@@ -159,8 +154,8 @@ def _pretrain(cfg: DictConfig, run_dir: Path, options_checked: bool) -> dict[str
     summary["knn_top1_init"] = model.knn_init
     summary["sync_batchnorm_layers"] = sync_bn[0].converted if sync_bn else 0
     if trainer.is_global_zero:
-        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")  # sweeps read it live
-        OmegaConf.save(cfg, run_dir / "config.yaml")
+        atomic_write_text(run_dir.summary, json.dumps(summary, indent=2) + "\n")  # sweeps read it live
+        OmegaConf.save(cfg, run_dir.config)
     _close_logger(trainer, summary)
     return summary
 
@@ -200,7 +195,7 @@ def _close_logger(trainer: L.Trainer, summary: dict[str, Any]) -> None:
 
 
 def _summary(
-    cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: Path, seconds: float, train_loss: float | None
+    cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: RunDir, seconds: float, train_loss: float | None
 ) -> dict[str, Any]:
     skipped = sorted(set().union(*gather_per_rank(sorted(model.skipped_files))))  # every rank's
     out: dict[str, Any] = {

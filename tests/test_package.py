@@ -150,24 +150,65 @@ def test_run_totals_survive_a_checkpoint_of_any_mixin_host() -> None:
     assert torch.equal(restored.hvp_totals, model.hvp_totals.cpu())
 
 
-def test_design_module_map_names_files_that_exist() -> None:
-    """docs/DESIGN.md section 9 says where each concern lives: every package path it names must
-    exist, so the map cannot go stale silently."""
+def _layers() -> dict[str, int]:
+    """docs/DESIGN.md section 9's layer list: ``{unit: layer}``, a unit being a root module
+    (``config``) or a folder (``run/``)."""
     import re
 
-    design = (REPO / "docs" / "DESIGN.md").read_text().split("## 9.")[1]
-    modules = "\n".join(row.rsplit("|", 2)[1] for row in design.splitlines() if row.startswith("| "))
-    named = set()
-    for cell in re.findall(r"`([a-z_/{},.]+(?:\.py|/))`", modules):
-        head, _, rest = cell.partition("{")
-        if rest:  # `evaluation/{run,probe}.py`: one path per name
-            names, _, tail = rest.partition("}")
-            named |= {f"{head}{n}{tail}" for n in names.split(",")}
-        else:
-            named.add(cell)
-    assert len(named) > 30
-    missing = sorted(p for p in named if not (REPO / "hvp_lightning" / p).exists())
-    assert missing == []
+    design = (REPO / "docs" / "DESIGN.md").read_text()
+    block = design.split("<!-- layers: read by tests/test_package.py -->")[1].split("<!-- /layers -->")[0]
+    layers = {}
+    for line in block.strip().splitlines():
+        number, _, rest = line.partition(". ")
+        units = rest.split(" -- ")[0]
+        for unit in re.findall(r"`([a-z_]+/?)`", units):
+            layers[unit] = int(number)
+    return layers
+
+
+def _unit(module: str) -> str:
+    """``hvp_lightning.run.records`` -> ``run/``; ``hvp_lightning.config`` -> ``config``."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "__init__"
+    return parts[1] + "/" if (REPO / "hvp_lightning" / parts[1]).is_dir() else parts[1]
+
+
+def test_every_import_points_down_the_design_layers() -> None:
+    """Folders by concern, one way: a module imports from its own folder or a lower layer of
+    DESIGN.md's list, never from above or beside it (function-level imports too), and every
+    module and folder of the package is on the list."""
+    layers = _layers()
+    assert len(set(layers.values())) >= 8 and "run/" in layers and "training/" in layers
+    units = {_unit(".".join(p.relative_to(REPO).with_suffix("").parts)) for p in (REPO / "hvp_lightning").glob("*")}
+    units -= {"__pycache__", "conf"}
+    assert units - layers.keys() == set(), "on no layer of docs/DESIGN.md section 9"
+    assert layers.keys() - units == set(), "listed in docs/DESIGN.md section 9 but not in the package"
+    upward = []
+    for p in (REPO / "hvp_lightning").rglob("*.py"):
+        name = ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        here = _unit(name) if name != "hvp_lightning" else "__init__"
+        for mod, names in _imports(p):
+            if not mod.startswith("hvp_lightning"):
+                continue
+            targets = [f"{mod}.{n}" for n in names] if mod == "hvp_lightning" else [mod]
+            for target in targets:
+                there = _unit(target)
+                if there != here and layers[there] >= layers[here]:
+                    upward.append(
+                        f"{p.relative_to(REPO)} ({here}, layer {layers[here]}) imports {target} (layer {layers[there]})"
+                    )
+    assert upward == []
+
+
+def test_every_folder_says_what_it_owns_and_what_it_may_import() -> None:
+    import ast
+
+    for init in sorted((REPO / "hvp_lightning").glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert len(doc) > 80 and "import" in doc.lower(), (
+            f"{init.relative_to(REPO)}: its docstring must say what it owns and may import"
+        )
 
 
 def test_every_public_name_documents_its_arguments_and_result() -> None:

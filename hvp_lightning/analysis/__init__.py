@@ -2,5 +2,6 @@
 optional Parquet view log, and the offline report ``python -m hvp_lightning.analysis``.
 
 Kept import-light: ``train.py`` imports the callback; the report's plotting and model-fitting
-libraries load only when the CLI runs.
+libraries load only when the CLI runs. Imports ``selection/`` (the pair order), ``data/`` (the
+augmentation parameters) and ``run/`` (the run dir, atomic writes); ``training/`` imports it.
 """

@@ -7,6 +7,9 @@
 * :mod:`.probe` -- the linear head: linear probe and fine-tuning;
 * :mod:`.loggers` -- CSV or W&B logging of an evaluation;
 * :mod:`.transfer` -- the paper's transfer table: every (dataset, protocol) cell in one process.
+
+The top layer below the console commands: imports ``training/`` (loading a checkpoint builds its
+method), ``nn/``, ``data/``, ``cluster/``, ``run/``, ``config`` and the leaves.
 """
 
 from .run import evaluate

@@ -1,4 +1,8 @@
-"""Method registry: ``METHODS[name]`` is the LightningModule class for ``method.name``."""
+"""The methods: a thin LightningModule each (networks, forward, logging, HVP hooks) on the shared
+base :mod:`.base`, and the registry ``METHODS[name]`` of the class for ``method.name``.
+
+Imports ``selection/``, ``losses/``, ``nn/``, ``data/``, ``cluster/``, ``config`` and the leaves;
+``analysis/``, ``training/`` and ``evaluation/`` build methods, nothing below does."""
 
 from .barlow_twins import BarlowTwins
 from .base import SSLMethod

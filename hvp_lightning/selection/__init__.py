@@ -17,7 +17,9 @@ chosen views, run the method's unchanged step on them. By concern:
 * :mod:`.totals` -- the run totals behind ``summary.json``'s ``hvp`` entry.
 
 The per-sample losses and candidate tables themselves (network outputs -> loss values) live
-in :mod:`hvp_lightning.losses`, which this package imports; the methods import both.
+in :mod:`hvp_lightning.losses`, which this package imports; the methods import both. Imports
+``losses/``, ``data/`` (augmentation parameters), ``cluster/`` (gathers over ranks), ``config``
+and the leaves; never a method or anything above.
 """
 
 from .choice import MODES, choose, stable_seed

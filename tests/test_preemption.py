@@ -23,7 +23,7 @@ from hvp_lightning.methods.base import SSLMethod
 from hvp_lightning.run.job_signals import preempt_signal
 from hvp_lightning.run.records import read_record
 from hvp_lightning.training.driver import run
-from hvp_lightning.training.preemption import cluster_plugins
+from hvp_lightning.training.preemption import StopOnSignal, cluster_plugins
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, assert_same_reported_run, living_session, make_cfg
 
@@ -370,3 +370,15 @@ def test_sigterm_under_torchrun_stops_at_a_step_and_its_restart_continues(tmp_pa
     assert f"SIGTERM: stopped after step {MID + 1} with checkpoint" in out + err
     _assert_same_run(run_dir, tmp_path / "straight")
     assert len(read_record(run_dir)["sessions_s"]) == 2
+
+
+def test_a_signal_after_the_last_step_is_named_as_received(caplog: pytest.LogCaptureFixture) -> None:
+    """Outside SLURM the run stops for USR2 or SIGTERM; one that arrives after the last step
+    (nothing left to stop) is reported by the name of the signal that came, not the first one
+    the run listens for."""
+    stop = StopOnSignal(None, None)  # type: ignore[arg-type]  # teardown touches neither
+    assert signal.SIGTERM in stop.signals and stop.signals[0] != signal.SIGTERM
+    stop._note(signal.SIGTERM, None)  # noqa: SLF001 -- what the installed handler does
+    with caplog.at_level("WARNING", logger="hvp_lightning.training.preemption"):
+        stop.teardown(None, None, "fit")  # type: ignore[arg-type]
+    assert "SIGTERM came after the last training step" in caplog.text

@@ -134,7 +134,8 @@ class StopOnSignal(L.Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.give_back()
         if self.received and not self.pending:  # the fit ended before a batch end could act on it
-            log.warning("%s came after the last training step; the run finishes instead of stopping", self.signum.name)
+            name = signal.Signals(self.received).name  # this process's own signal: no agreement was reached
+            log.warning("%s came after the last training step; the run finishes instead of stopping", name)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         step = trainer.global_step

@@ -335,10 +335,13 @@ def test_sigterm_under_torchrun_stops_at_a_step_and_its_restart_continues(tmp_pa
     resumes there and ends bit for bit as the uninterrupted one."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     job = ["-m", "tests._preempt_job", *DDP]
+    # As docs/checkpoints.md tells users: a restart that shares torchrun's rendezvous store with the
+    # first attempt fails to connect its gloo group here (pytorch#135712).
+    unshared = dict(os.environ, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     straight = subprocess.run(
         [*torchrun, *job, f"hydra.run.dir={tmp_path / 'straight'}"],
         cwd=REPO,
-        env=dict(os.environ, PREEMPT_AT_STEP="-1", PREEMPT_MARKER="-"),
+        env=dict(unshared, PREEMPT_AT_STEP="-1", PREEMPT_MARKER="-"),
         capture_output=True,
         text=True,
         timeout=SUBPROCESS_TIMEOUT_S,
@@ -346,7 +349,7 @@ def test_sigterm_under_torchrun_stops_at_a_step_and_its_restart_continues(tmp_pa
     assert straight.returncode == 0, straight.stderr[-3000:]
 
     run_dir, marker = tmp_path / "stopped", tmp_path / "marker"
-    env = dict(os.environ, PREEMPT_AT_STEP=str(MID), PREEMPT_RANK="1", PREEMPT_MARKER=str(marker))
+    env = dict(unshared, PREEMPT_AT_STEP=str(MID), PREEMPT_RANK="1", PREEMPT_MARKER=str(marker))
     proc = subprocess.Popen(
         [*torchrun, "--max-restarts=1", *job, f"hydra.run.dir={run_dir}"],
         cwd=REPO,

@@ -95,7 +95,7 @@ def cfg_factory():
 
 
 def tiny_vit_run(method: str, tmp_path: Path) -> tuple[dict, dict, str]:
-    """A 1-epoch multi-crop run (ViT-tiny, 32/16 px, +hvp=on) through train.run, with the checks
+    """A 1-epoch multi-crop run (ViT-tiny, 32/16 px, +hvp=on) through training.driver.run, with the checks
     every method shares; returns (summary, checkpoint state_dict, metrics CSV text)."""
     import json
     import math

@@ -207,7 +207,7 @@ def test_wandb_resume_arguments(tmp_path, monkeypatch, caplog):
     made: list[dict] = []
     monkeypatch.setattr(loggers, "WandbLogger", lambda **kwargs: made.append(kwargs))
     monkeypatch.setenv("WANDB_MODE", "online")
-    build_logger(make_cfg("logger=wandb"), tmp_path, resume_step=8)  # train.run passes the checkpoint's step
+    build_logger(make_cfg("logger=wandb"), tmp_path, resume_step=8)  # training.driver.run passes the checkpoint's step
     assert made[0]["resume_from"] == "abc123?_step=13" and made[0]["resume"] is None and made[0]["id"] == "abc123"
 
 

@@ -180,7 +180,7 @@ def test_wandb_offline_run_logs_metrics_and_summary(cfg_factory, tmp_path, monke
     assert len(runs) == 1 and summary["knn_top1"] is not None
     import wandb
 
-    assert wandb.run is None  # finished by train.run
+    assert wandb.run is None  # finished by training.driver.run
     # Offline runs keep history and summary in the run's protobuf log; keys are plain strings there.
     wandb_records(tmp_path)  # waits until the W&B service has written the run's exit record
     record = next(runs[0].glob("run-*.wandb")).read_bytes()

@@ -379,7 +379,7 @@ def drop_rows_from(path: Path, step: int) -> None:
 
 
 def analysis_callbacks(cfg: Any, run_dir: str | Path | RunDir) -> list[L.Callback]:
-    """The callbacks ``train.run`` adds for the ``analysis`` config node (a missing node means
+    """The callbacks ``training.driver.run`` adds for the ``analysis`` config node (a missing node means
     the defaults: online statistics on, no Parquet log)."""
     node = cfg.get("analysis") if hasattr(cfg, "get") else None
     node = node if node is not None else {}

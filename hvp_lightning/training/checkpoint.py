@@ -350,7 +350,7 @@ RESUMABLE_KEYS = (
     "trainer.enable_model_summary",
     "trainer.log_every_n_steps",
 )
-DERIVED_KEYS = ("data.num_classes",)  # set by the run itself (train.run)
+DERIVED_KEYS = ("data.num_classes",)  # set by the run itself (training.driver.run)
 
 
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -433,7 +433,7 @@ def resume_config(run_dir: str | Path | RunDir, requested: DictConfig, overrides
     """The config of the run in ``run_dir`` (from its last checkpoint), with the keys and
     groups that ``overrides`` (the command line) name taken from ``requested`` (the config
     that command composes), e.g. ``trainer.max_epochs=200`` to extend a run. Whether the
-    result may continue that run is :func:`check_same_run`'s call (``train.run``): repeating
+    result may continue that run is :func:`check_same_run`'s call (``training.driver.run``): repeating
     the run's own command with ``resume=`` appended changes nothing and is fine."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hvp_lightning.cluster.waits import shared_store_restarts
 from hvp_lightning.methods.base import SSLMethod
 from hvp_lightning.run.job_signals import preempt_signal
 from hvp_lightning.run.records import read_record
@@ -385,3 +386,15 @@ def test_a_signal_after_the_last_step_is_named_as_received(caplog: pytest.LogCap
     with caplog.at_level("WARNING", logger="hvp_lightning.training.preemption"):
         stop.teardown(None, None, "fit")  # type: ignore[arg-type]
     assert "SIGTERM came after the last training step" in caplog.text
+
+
+def test_torchrun_restarts_on_a_shared_store_are_warned_of() -> None:
+    """torchrun --max-restarts with its rendezvous store shared with the workers (torch's default)
+    can hand a restarted rank the previous attempt's addresses (benchmarks/torchrun_restart_race.py):
+    the run says so and how to avoid it; torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (the
+    workers then see TORCHELASTIC_USE_AGENT_STORE=False), no restarts, or no torchrun: nothing."""
+    shared = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "1"}
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in shared_store_restarts(shared)
+    assert shared_store_restarts({**shared, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None
+    assert shared_store_restarts({**shared, "TORCHELASTIC_MAX_RESTARTS": "0"}) is None
+    assert shared_store_restarts({}) is None

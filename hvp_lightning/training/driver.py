@@ -15,7 +15,15 @@ from ..analysis.callback import analysis_callbacks
 from ..analysis.live import live_gallery_callbacks
 from ..cluster.distributed import gather_per_rank, sync_batchnorm_plugins
 from ..cluster.slurm import use_slurm_threads
-from ..cluster.waits import StopWatch, WaitedTooLong, ddp_strategy, describe_wait_error, end_descendants, limits
+from ..cluster.waits import (
+    StopWatch,
+    WaitedTooLong,
+    ddp_strategy,
+    describe_wait_error,
+    end_descendants,
+    limits,
+    shared_store_restarts,
+)
 from ..config import validate
 from ..data.datamodule import SSLDataModule
 from ..data.iou_policy import iou_policy
@@ -24,6 +32,7 @@ from ..errors import ConfigError
 from ..methods import METHODS, SSLMethod
 from ..run.atomic import atomic_write_text
 from ..run.directory import RunDir
+from ..run.process_rank import env_rank
 from ..run.records import RunRecord, continue_csv_log, wandb_resume
 from ..run.wandb_logging import WandbCharts, current_sweep_dir, run_names, wandb_logged_in
 from ..selection import hvp_config, hvp_summary
@@ -87,6 +96,8 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, options_checked: bool, wait_s: f
     validate(cfg, options_checked)
     check_accelerator("trainer.accelerator", str(cfg.trainer.get("accelerator", "auto")))
     run_dir.path.mkdir(parents=True, exist_ok=True)
+    if (restarts := shared_store_restarts()) and env_rank() == 0:
+        log.warning(restarts)
     ckpt_path, resume_step = resume_checkpoint(cfg, run_dir)  # (None, 0): a fresh run
     record = RunRecord(run_dir)  # this session's clock starts
     L.seed_everything(cfg.seed, workers=True, verbose=False)

@@ -107,7 +107,8 @@ def run_label(run_dir: Path) -> str:
     """``<dir name>: <hvp.colour> colour`` from the run's saved config (``HVP off`` without HVP)."""
     from omegaconf import OmegaConf
 
-    for path in (RunDir(run_dir).config, RunDir(run_dir).hydra_config):
+    rd = RunDir(run_dir)
+    for path in (rd.config, rd.hydra_config):
         if path.is_file():
             hvp = OmegaConf.load(path).get("hvp") or {}
             what = f"{hvp.get('colour', 'per_view')} colour" if hvp.get("enabled") else "HVP off"

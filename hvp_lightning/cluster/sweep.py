@@ -160,11 +160,7 @@ def _natural_key(path: Path) -> list[Any]:
 
 def read_jobs(sweep_dir: Path) -> list[Job]:
     """Every job dir under ``sweep_dir`` (found by its ``.hydra/overrides.yaml``), in job order."""
-    inside = RunDir(Path()).overrides  # the overrides file's path inside a job dir
-    dirs = sorted(
-        (RunDir(p.parents[len(inside.parts) - 1]) for p in sweep_dir.rglob(inside.as_posix())),
-        key=lambda d: _natural_key(d.path.relative_to(sweep_dir)),
-    )
+    dirs = sorted(RunDir.started_under(sweep_dir), key=lambda d: _natural_key(d.path.relative_to(sweep_dir)))
     jobs = []
     for d in dirs:
         overrides = yaml.safe_load(d.overrides.read_text()) or []

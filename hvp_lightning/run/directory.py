@@ -31,6 +31,7 @@ from ..errors import CheckpointError
 LAST = "last.ckpt"
 _CHECKPOINTS = "checkpoints"
 _HYDRA = ".hydra"
+_OVERRIDES = "overrides.yaml"  # Hydra's record of a job's command-line overrides
 _TRAIN_LOG = "train.log"
 _CSV = "csv"
 _CSV_METRICS = "metrics.csv"  # Lightning's CSVLogger writes <save_dir>/<name>/metrics.csv
@@ -106,6 +107,12 @@ class RunDir:
         p = Path(ckpt_file)
         return cls(p.parent.parent if p.parent.name == _CHECKPOINTS else p.parent)
 
+    @classmethod
+    def started_under(cls, root: Path) -> list[RunDir]:
+        """Every run dir below ``root`` that Hydra started (it holds ``.hydra/overrides.yaml``):
+        the jobs of a sweep dir, in no particular order."""
+        return [cls(p.parent.parent) for p in root.rglob(f"{_HYDRA}/{_OVERRIDES}")]
+
     @staticmethod
     def is_last_checkpoint(path: str | os.PathLike[str]) -> bool:
         """True for a run's own ``checkpoints/last.ckpt`` (the file a resume continues from)."""
@@ -133,7 +140,7 @@ class RunDir:
 
     @property
     def overrides(self) -> Path:
-        return self.hydra / "overrides.yaml"
+        return self.hydra / _OVERRIDES
 
     @property
     def train_log(self) -> Path:

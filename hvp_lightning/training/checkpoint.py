@@ -213,7 +213,6 @@ class RunCheckpoint(Checkpoint):
         super().__init__()
         self.on_step_save = on_step_save  # after an every_n_steps save: e.g. note the W&B rewind point
         self.run_dir = RunDir.of(run_dir)
-        self.dirpath = self.run_dir.checkpoints
         self.every_n_epochs = int(every_n_epochs or 0)
         self.every_n_steps = int(every_n_steps or 0)
         self.last_path = self.run_dir.last_checkpoint
@@ -228,8 +227,9 @@ class RunCheckpoint(Checkpoint):
         return "RunCheckpoint"
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        if trainer.is_global_zero and self.dirpath.is_dir():  # temporaries of a writer that was killed
-            for tmp in self.dirpath.glob(".*.tmp-*"):
+        folder = self.run_dir.checkpoints
+        if trainer.is_global_zero and folder.is_dir():  # temporaries of a writer that was killed
+            for tmp in folder.glob(".*.tmp-*"):
                 tmp.unlink(missing_ok=True)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:

@@ -33,8 +33,9 @@ TORCHVISION_FILES = {
     "inat21": ("2021_train_mini", "2021_valid"),
 }
 IMAGE_SIDES = {"cifar10": 32, "cifar100": 32, "stl10": 96}
-# data.aug.blur_kind: PIL's ImageFilter.GaussianBlur (SimSiam, DINO, iBOT) | SimCLR's 10%-of-crop kernel
-BLUR_KINDS = ("pil", "simclr")
+# data.aug.blur_kind: PIL's ImageFilter.GaussianBlur (upstream SimSiam, DINO; iBOT) | SimCLR's
+# 10%-of-crop kernel | torchvision's GaussianBlur(9, sigma) at every crop size (the HVP code's SimSiam, DINO)
+BLUR_KINDS = ("pil", "simclr", "torchvision9")
 # data.aug.interpolation: the crop's antialiased resize (SimSiam: bilinear; DINO, iBOT, SimCLR: bicubic)
 INTERPOLATIONS = ("bilinear", "bicubic")
 # torchvision's ImageFolder extensions (torchvision.datasets.folder.IMG_EXTENSIONS) plus GIF

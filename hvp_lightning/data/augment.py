@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torchvision.transforms.functional import gaussian_blur as classic_gaussian_blur
 from torchvision.transforms.v2 import RandomResizedCrop
 from torchvision.transforms.v2 import functional as F
 
@@ -34,6 +35,7 @@ from .seeds import key_uniform, key_uniforms, view_key
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 CROP_TRIES = 10  # RandomResizedCrop's attempts before its centre-crop fallback
+HVP_BLUR_KERNEL = 9  # the HVP code's torchvision GaussianBlur(9, (0.1, 2.0)) (blur_kind "torchvision9")
 
 # Scalar parameters recorded per view (plus ``jitter_order``: the 4 jitter ops' order).
 PARAM_NAMES = (
@@ -76,14 +78,19 @@ class ViewAug:
     solarize_p: float = 0.0
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
-    # "pil": PIL's ImageFilter.GaussianBlur(radius=sigma), untruncated (SimSiam, DINO, iBOT);
-    # "simclr": a Gaussian kernel of 10% of the crop (SimCLR's, with torchvision's reflect padding)
+    # "pil": PIL's ImageFilter.GaussianBlur(radius=sigma), untruncated (upstream SimSiam, DINO; iBOT);
+    # "simclr": a Gaussian kernel of 10% of the crop (SimCLR's, with torchvision's reflect padding);
+    # "torchvision9": torchvision.transforms.GaussianBlur(9, sigma) at every crop size (HVP code)
     blur_kind: str = "simclr"
     interpolation: str = "bilinear"  # the crop's antialiased resize: bilinear (SimSiam) | bicubic (DINO, iBOT, SimCLR)
 
     @property
     def blur_kernel(self) -> int:
-        """SimCLR's odd kernel of ~10% of the crop (23 px at 224); used with ``blur_kind="simclr"``."""
+        """The kernel of the Gaussian blur kinds: 9 px for ``"torchvision9"`` (the HVP code's
+        ``GaussianBlur(9, (0.1, 2.0))``, whatever the crop), else SimCLR's odd kernel of ~10% of
+        the crop (23 px at 224)."""
+        if self.blur_kind == "torchvision9":
+            return HVP_BLUR_KERNEL
         k = max(3, int(0.1 * self.size))
         return k if k % 2 == 1 else k + 1
 
@@ -266,6 +273,14 @@ def pil_gaussian_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
     return F.pil_to_tensor(F.to_pil_image(x).filter(ImageFilter.GaussianBlur(radius=sigma)))
 
 
+def torchvision_gaussian_blur(x: torch.Tensor, sigma: float, kernel: int) -> torch.Tensor:
+    """``torchvision.transforms.GaussianBlur(kernel, sigma)`` of a uint8 ``[..., 3, H, W]`` image
+    with this sigma: the classic (v1) functional the HVP code calls, whose kernel weights are
+    computed another way than v2's (``exp(-x^2 / 2 sigma^2) / sum`` against a softmax), so a
+    pixel at a rounding boundary can differ between the two; ``blur_kind="torchvision9"``."""
+    return classic_gaussian_blur(x, [kernel, kernel], [sigma, sigma])
+
+
 def reference_colour(x: torch.Tensor, params: Mapping[str, Any], aug: ViewAug) -> torch.Tensor:
     """The photometric part of one view with torchvision's own uint8 kernels (PIL's blur for
     ``aug.blur_kind="pil"``), from recorded parameters: the reference that :mod:`.batched`
@@ -280,6 +295,8 @@ def reference_colour(x: torch.Tensor, params: Mapping[str, Any], aug: ViewAug) -
     sigma = float(params["blur_sigma"])
     if sigma > 0 and aug.blur_kind == "pil":
         x = pil_gaussian_blur(x, sigma)
+    elif sigma > 0 and aug.blur_kind == "torchvision9":
+        x = torchvision_gaussian_blur(x, sigma, aug.blur_kernel)
     elif sigma > 0:
         x = F.gaussian_blur(x, [aug.blur_kernel, aug.blur_kernel], [sigma, sigma])
     if params["solarize"]:

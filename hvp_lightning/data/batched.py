@@ -22,6 +22,9 @@ is one of two, as the method's official pipeline (``ViewAug.blur_kind``):
   multiply-adds, 2k instead of k*k multiplies per pixel), which reorders its float sums: a
   blurred pixel can land one level (1/255) from torchvision's ``gaussian_blur`` at a rounding
   boundary (~3e-5 of pixels measured).
+* ``torchvision9`` (the HVP code's ``torchvision.transforms.GaussianBlur(9, (0.1, 2.0))`` at
+  every crop size): on the CPU torchvision's own call, view by view (bit for bit); on an
+  accelerator :func:`torchvision_blur`, its kernel for a whole batch in one grouped convolution.
 
 Which samples an op touches is chosen two ways, with the same op functions:
 
@@ -48,7 +51,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as tF
 
-from .augment import ViewAug, normalize, pil_gaussian_blur
+from .augment import ViewAug, normalize, pil_gaussian_blur, torchvision_gaussian_blur
 
 Op = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 JITTER_KEYS = ("brightness", "contrast", "saturation", "hue")  # jitter_order indexes these
@@ -177,6 +180,24 @@ def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor, kernel: int, trim: bool 
     return _taps(y, w, dim=3, length=wid).round_()  # along width
 
 
+def torchvision_blur(x: torch.Tensor, sigma: torch.Tensor, kernel: int) -> torch.Tensor:
+    """``torchvision.transforms.GaussianBlur(kernel, sigma)`` (:func:`.augment.torchvision_gaussian_blur`)
+    with a per-sample ``sigma`` ``[n]`` (> 0) of float images ``[n, C, H, W]`` holding integers,
+    in one depthwise convolution: torchvision's weights (``exp(-0.5 (x / sigma)^2) / sum``, their
+    outer product), reflect padding, rounding. The same pixels as torchvision's call where the
+    device's ``exp`` and convolution sums round as the CPU's; else a pixel at a rounding boundary
+    may move one level (the tests bound it)."""
+    n, c, hgt, wid = x.shape
+    half = (kernel - 1) * 0.5
+    grid = torch.linspace(-half, half, kernel, dtype=torch.float32, device=x.device)
+    pdf = torch.exp(-0.5 * (grid / sigma.to(torch.float32)[:, None]).pow(2))  # tensor / tensor: no reciprocal
+    w1 = pdf / pdf.sum(1, keepdim=True)
+    w2 = (w1[:, :, None] * w1[:, None, :]).repeat_interleave(c, 0)[:, None]  # [n * C, 1, k, k]
+    pad = kernel // 2
+    y = tF.pad(x.reshape(1, n * c, hgt, wid), (pad, pad, pad, pad), mode="reflect")
+    return tF.conv2d(y, w2, groups=n * c).reshape(n, c, hgt, wid).round_()
+
+
 PIL_PASSES = 3  # ImageFilter.GaussianBlur's box blurs per direction
 
 
@@ -263,6 +284,10 @@ def _blur(x: torch.Tensor, sigma: torch.Tensor, aug: ViewAug, sync_free: bool) -
         return pil_blur(x, sigma, pil_max_radius(aug.blur_sigma[1]))
     if aug.blur_kind == "pil":
         return pil_gaussian_blur(x[0].to(torch.uint8), float(sigma[0]))[None].to(torch.float32)
+    if aug.blur_kind == "torchvision9" and sync_free:
+        return torchvision_blur(x, sigma, aug.blur_kernel)
+    if aug.blur_kind == "torchvision9":
+        return torchvision_gaussian_blur(x.to(torch.uint8), float(sigma[0]), aug.blur_kernel).to(torch.float32)
     return gaussian_blur(x, sigma, aug.blur_kernel, trim=not sync_free)
 
 
@@ -314,7 +339,7 @@ def finish_views(
         raise ValueError(f"{len(views)} views in the batch but {len(augs)} view augmentations")
     groups: dict[tuple, list[int]] = {}
     for i, (v, a) in enumerate(zip(views, augs)):
-        blur = (a.blur_kind, a.blur_kernel if a.blur_kind == "simclr" else a.blur_sigma[1])
+        blur = (a.blur_kind, a.blur_kernel if a.blur_kind != "pil" else a.blur_sigma[1])
         groups.setdefault((tuple(v.shape[1:]), blur, a.mean, a.std), []).append(i)
     out: list[torch.Tensor | None] = [None] * len(views)
     for idx in groups.values():

@@ -30,7 +30,9 @@ from hvp_lightning.data.seeds import key_uniforms, view_key, view_keys
 
 # Every photometric op is drawn often, and jitter always (its 24 orders all occur).
 ALL_OPS = ViewAug(size=24, jitter_p=1.0, gray_p=0.3, blur_p=0.5, solarize_p=0.3)
-ALL_OPS_PIL = dataclasses.replace(ALL_OPS, blur_kind="pil")  # PIL's blur (SimSiam, DINO, iBOT)
+ALL_OPS_PIL = dataclasses.replace(ALL_OPS, blur_kind="pil")  # PIL's blur (upstream SimSiam, DINO; iBOT)
+ALL_OPS_TV9 = dataclasses.replace(ALL_OPS, blur_kind="torchvision9")  # the HVP code's GaussianBlur(9, ...)
+BLURS = {"simclr_blur": ALL_OPS, "pil_blur": ALL_OPS_PIL, "torchvision9_blur": ALL_OPS_TV9}
 
 
 def _photo(h: int = 60, w: int = 52, seed: int = 0) -> torch.Tensor:
@@ -47,11 +49,12 @@ def _draw(img: torch.Tensor, aug: ViewAug, n: int) -> tuple[torch.Tensor, dict[s
 
 
 @pytest.mark.parametrize("sync_free", [False, True])
-@pytest.mark.parametrize("aug", [ALL_OPS, ALL_OPS_PIL], ids=["simclr_blur", "pil_blur"])
+@pytest.mark.parametrize("aug", BLURS.values(), ids=BLURS.keys())
 def test_batched_colour_matches_torchvision_pixels(aug: ViewAug, sync_free: bool) -> None:
     """Jitter (any order), grayscale and solarize are bit-exact; PIL's blur is bit-exact too
-    (against PIL's ``GaussianBlur`` itself); SimCLR's separable kernel blur may move a pixel by
-    one level at a rounding boundary (float sums in another order), never more."""
+    (against PIL's ``GaussianBlur`` itself), and so is the 9 px kernel view by view (torchvision's
+    own call); SimCLR's separable kernel blur, and the 9 px kernel's batched convolution, may move
+    a pixel by one level at a rounding boundary (float sums in another order), never more."""
     torch.manual_seed(0)
     img = _photo()
     crops, params, plist = _draw(img, aug, 160)
@@ -61,7 +64,7 @@ def test_batched_colour_matches_torchvision_pixels(aug: ViewAug, sync_free: bool
     diff = (out - ref.float()).abs()
     blurred = params["blur_sigma"] > 0
     assert torch.equal(out[~blurred], ref[~blurred].float()) and blurred.any()
-    if aug.blur_kind == "pil":
+    if aug.blur_kind == "pil" or (aug.blur_kind == "torchvision9" and not sync_free):
         assert torch.equal(out, ref.float())
     assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3
 
@@ -77,6 +80,28 @@ def test_pil_blur_is_pils_for_any_sigma_and_size() -> None:
         want = torch.stack([pil_gaussian_blur(v, s) for v, s in zip(x, sigma.tolist())]).float()
         assert torch.equal(pil_blur(x.float(), sigma, pil_max_radius(top)), want), (h, w)
         assert int(pil_box(sigma)[0].max()) <= pil_max_radius(top)
+
+
+@pytest.mark.parametrize("sync_free", [False, True])
+def test_torchvision9_blur_is_the_hvp_codes_gaussian_blur(sync_free: bool) -> None:
+    """``blur_kind="torchvision9"`` against what the HVP code runs (``torchvision.transforms.GaussianBlur(9,
+    (0.1, 2.0))`` on PIL images, automl/hvp main:custom_transform.py:28, dino:data/custom_transform.py:30),
+    given the same sigma draw (its own ``get_params``), at DINO's local and global-like sizes: bit-exact
+    view by view on the CPU; the batched convolution within one level at a rounding boundary
+    (bit-exact on the machine it was written on)."""
+    torch.manual_seed(0)
+    blur = T.GaussianBlur(9, (0.1, 2.0))
+    for h, w in ((16, 16), (48, 40)):
+        n = 64
+        x = (torch.rand(n, 3, h, w) * 256).floor().to(torch.uint8)
+        sigma = torch.tensor([blur.get_params(*blur.sigma) for _ in range(n)])
+        want = [T.functional.gaussian_blur(T.functional.to_pil_image(v), 9, [s, s]) for v, s in zip(x, sigma.tolist())]
+        want = torch.stack([T.functional.pil_to_tensor(v) for v in want]).float()
+        params = {k: torch.zeros(n) for k in PARAM_NAMES} | {"jitter_order": torch.full((n, 4), -1)}
+        params["blur_sigma"] = sigma
+        got = colour(x, params, dataclasses.replace(ALL_OPS_TV9, size=h), sync_free=sync_free)
+        diff = (got - want).abs()
+        assert diff.max() <= (1 if sync_free else 0) and (diff > 0).float().mean() < 1e-3, (h, w)
 
 
 def test_hue_matches_torchvision_on_every_kind_of_colour() -> None:
@@ -121,7 +146,7 @@ def test_blur_at_a_larger_kernel_stays_within_one_level() -> None:
         assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3, trim
 
 
-@pytest.mark.parametrize("aug", [ALL_OPS, ALL_OPS_PIL], ids=["simclr_blur", "pil_blur"])
+@pytest.mark.parametrize("aug", BLURS.values(), ids=BLURS.keys())
 def test_sync_free_path_equals_the_per_view_path_without_host_syncs(monkeypatch, aug: ViewAug) -> None:
     """The accelerator path (every op on the whole batch, ``torch.where`` masks) runs here on
     the CPU: same pixels as the per-view CPU path (the blur, untrimmed, within one level), and
@@ -258,7 +283,7 @@ def test_datamodule_colours_views_after_transfer_or_in_the_workers(cfg_factory) 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("aug", [ALL_OPS, ALL_OPS_PIL], ids=["simclr_blur", "pil_blur"])
+@pytest.mark.parametrize("aug", BLURS.values(), ids=BLURS.keys())
 def test_finish_views_on_cuda_equals_cpu(aug: ViewAug) -> None:
     """Same views on the GPU (sync-free path, and no host sync while it runs) as on the CPU
     (PIL's blur: the same integers, whatever the device's float division)."""

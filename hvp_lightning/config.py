@@ -23,6 +23,7 @@ from .errors import ConfigError
 from .options import (
     BACKBONE_FAMILIES,
     BLUR_KINDS,
+    CLIP_GRAD_KINDS,
     DATASETS,
     GLOBAL_PAIRS,
     HVP_COLOURS,
@@ -123,6 +124,11 @@ def check_multicrop(cfg: DictConfig) -> None:
         lo, hi = m[key]
         if not 0 < lo <= hi <= 1:
             fail(f"method.{key}", list(m[key]), "two numbers 0 < min <= max <= 1")
+    clip = m.get("clip_grad") or 0.0
+    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0:
+        fail("method.clip_grad", clip, "expected a number >= 0 (0 = no clipping)")
+    if m.get("clip_grad_kind", "per_parameter") not in CLIP_GRAD_KINDS:
+        fail("method.clip_grad_kind", m.clip_grad_kind, f"one of {', '.join(CLIP_GRAD_KINDS)}")
 
 
 def check_batch_loss(cfg: DictConfig) -> None:

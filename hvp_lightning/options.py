@@ -36,6 +36,9 @@ IMAGE_SIDES = {"cifar10": 32, "cifar100": 32, "stl10": 96}
 # data.aug.blur_kind: PIL's ImageFilter.GaussianBlur (upstream SimSiam, DINO; iBOT) | SimCLR's
 # 10%-of-crop kernel | torchvision's GaussianBlur(9, sigma) at every crop size (the HVP code's SimSiam, DINO)
 BLUR_KINDS = ("pil", "simclr", "torchvision9")
+# method.clip_grad_kind (DINO, iBOT): one norm over all parameters (the HVP code's DINO,
+# clip_grad_norm_) | each parameter on its own (upstream DINO's and iBOT's utils.clip_gradients)
+CLIP_GRAD_KINDS = ("global", "per_parameter")
 # data.aug.interpolation: the crop's antialiased resize (SimSiam: bilinear; DINO, iBOT, SimCLR: bicubic)
 INTERPOLATIONS = ("bilinear", "bicubic")
 # torchvision's ImageFolder extensions (torchvision.datasets.folder.IMG_EXTENSIONS) plus GIF

@@ -80,6 +80,8 @@ def test_easy_mode_selects_below_the_candidate_mean(cfg_factory, tmp_path):
         ("data.aug.gray_p=1.5", "data.aug.gray_p=1.5"),
         ("data.aug.blur_kind=box", "data.aug.blur_kind='box'"),
         ("data.aug.interpolation=nearest", "data.aug.interpolation='nearest'"),
+        ("method=dino_cifar method.clip_grad_kind=layerwise", "method.clip_grad_kind='layerwise'"),
+        ("method=dino_cifar method.clip_grad=-1", "method.clip_grad=-1"),
         ("backbone.zero_init_residual=yes", "backbone.zero_init_residual='yes'"),
         ("+trainer.max_epoch=3", "trainer.max_epoch=3"),
         ("method.batch_size=1", "method.batch_size=1"),

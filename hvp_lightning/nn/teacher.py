@@ -7,7 +7,9 @@
 * :class:`Centering`: the running centre subtracted from teacher logits (avoids collapse
   to one dimension); it is updated *after* the loss of a step, once per optimiser step, from
   the teacher outputs of all that step's micro-batches, averaged over all ranks;
-* :func:`clip_gradients_per_parameter`: DINO's clipping, each parameter on its own;
+* :func:`clip_gradients_per_parameter`: upstream DINO's and iBOT's clipping, each parameter on
+  its own (``method.clip_grad_kind: per_parameter``; ``global``: one norm over all of them, as
+  the HVP code's DINO, torch's ``clip_grad_norm_``);
 * :class:`MomentumTargetMixin`: the LightningModule side of any momentum (EMA) target --
   DINO/iBOT's teacher, BYOL's target network, MoCo v3's momentum encoder: moved once per
   optimiser step on the cosine momentum schedule;
@@ -199,7 +201,7 @@ class TeacherStudentMixin(MomentumTargetMixin):
 
     The host has a student ``backbone`` and ``head`` and a ``cfg`` with DINO's ``method``
     keys (``momentum_teacher``, ``teacher_temp``, ``warmup_teacher_temp(_epochs)``,
-    ``teacher_reuse``, ``clip_grad``, ``freeze_last_layer``, ``optimizer.weight_decay(_end)``),
+    ``teacher_reuse``, ``clip_grad(_kind)``, ``freeze_last_layer``, ``optimizer.weight_decay(_end)``),
     calls :meth:`init_teacher` once its head exists, and feeds its :class:`Centering` modules
     with :meth:`Centering.accumulate` after each loss. Put the mixin first:
     ``class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod)``.
@@ -261,12 +263,17 @@ class TeacherStudentMixin(MomentumTargetMixin):
         self.clip_and_freeze_gradients()
 
     def clip_and_freeze_gradients(self) -> None:
-        """DINO's per-parameter clipping (``method.clip_grad``, 0 = off), then the head's last
-        layer gets no update during the first ``method.freeze_last_layer`` epochs (DINO's
-        stabiliser; its gradients are dropped, so AdamW skips it, weight decay included)."""
+        """Clipping (``method.clip_grad``, 0 = off; ``method.clip_grad_kind``: one norm over all
+        trained parameters, or each on its own; configs from before the key clipped per
+        parameter), then the head's last layer gets no update during the first
+        ``method.freeze_last_layer`` epochs (DINO's stabiliser; its gradients are dropped after
+        the clipping, as both official codes do, so AdamW skips it, weight decay included)."""
         clip = float(self.cfg.method.get("clip_grad") or 0.0)
-        if clip > 0:
-            clip_gradients_per_parameter([p for p in self.parameters() if p.requires_grad], clip)
+        params = [p for p in self.parameters() if p.requires_grad and p.grad is not None]
+        if clip > 0 and self.cfg.method.get("clip_grad_kind", "per_parameter") == "global":
+            nn.utils.clip_grad_norm_(params, clip)
+        elif clip > 0:
+            clip_gradients_per_parameter(params, clip)
         if self.current_epoch < int(self.cfg.method.get("freeze_last_layer", 0)):
             for name, p in self.head.named_parameters():  # every output layer (iBOT: last_layer2 too)
                 if name.startswith("last_layer"):

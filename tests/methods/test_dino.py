@@ -216,15 +216,30 @@ def test_teacher_pieces_and_head() -> None:
     torch.testing.assert_close(centering.center, 0.9 + 0.1 * x.mean(0, keepdim=True))
 
 
-def test_freeze_last_layer_and_per_parameter_clipping() -> None:
-    model = DINO(make_cfg("method.clip_grad=0.5"))
-    for p in model.parameters():
-        if p.requires_grad:
-            p.grad = torch.full_like(p, 10.0)
+@pytest.mark.parametrize("kind", ["per_parameter", "global"])
+def test_freeze_last_layer_and_clipping(kind: str) -> None:
+    """``per_parameter``: each gradient to norm <= clip on its own (upstream DINO, iBOT);
+    ``global``: all of them times ``min(1, clip / (total norm + 1e-6))`` (the HVP code's DINO,
+    ``clip_grad_norm_(student.parameters(), clip)``), the frozen last layer's gradient counted in
+    the norm and then dropped, as there."""
+    model = DINO(make_cfg("method.clip_grad=0.5", f"method.clip_grad_kind={kind}"))
+    assert model.cfg.method.clip_grad_kind == kind
+    trained = [p for p in model.parameters() if p.requires_grad]
+    for i, p in enumerate(trained):
+        p.grad = torch.full_like(p, 10.0 + i)
+    total = torch.stack([p.grad.norm() for p in trained]).norm()
+    want = [p.grad * (0.5 / (total + 1e-6)) for p in trained]
     model.clip_and_freeze_gradients()  # epoch 0 < freeze_last_layer=1
     assert all(p.grad is None for p in model.head.last_layer.parameters())
     norms = [p.grad.norm() for p in model.parameters() if p.grad is not None]
     assert norms and max(norms) <= 0.5 + 1e-4
+    if kind == "global":
+        kept = [(p.grad, w) for p, w in zip(trained, want) if p.grad is not None]
+        assert len(kept) == len(norms)
+        for got, w in kept:
+            torch.testing.assert_close(got, w, rtol=1e-5, atol=0)
+    else:
+        assert min(norms) == pytest.approx(0.5, rel=1e-4)  # each one clipped to the bound on its own
     groups = model.param_groups()
     assert groups[1]["weight_decay"] == 0.0 and all(p.ndim <= 1 for p in groups[1]["params"])
     n_student = sum(1 for n, p in model.named_parameters() if p.requires_grad and not n.startswith("teacher."))

@@ -135,16 +135,17 @@ def _model_loss(model: IBOT, views: list, masks: list, teacher_out=None) -> torc
         )
 
 
-@pytest.mark.parametrize("rule", ["cross", "all"])
-def test_model_selection_equals_brute_force_and_masks_travel(rule: str) -> None:
+@pytest.mark.parametrize(("rule", "locals_"), [("cross", 2), ("all", 2), ("cross", 0)])
+def test_model_selection_equals_brute_force_and_masks_travel(rule: str, locals_: int) -> None:
+    """With 2 locals and with none (the paper's iBOT preset: global views only)."""
     torch.manual_seed(0)
-    cfg = make_cfg("+hvp=on", "method.lambda2=1.5", f"hvp.global_pairs={rule}")
+    cfg = make_cfg("+hvp=on", "method.lambda2=1.5", f"hvp.global_pairs={rule}", f"method.num_local_crops={locals_}")
     model = IBOT(cfg).train()
     model.centering.center.normal_()
     model.patch_centering.center.normal_()
     batch = with_masks(model, make_batch(cfg, b=3))
     G, L = model.num_globals, model.num_local
-    assert (G, L) == (4, 2)
+    assert (G, L) == (4, locals_)
     table = model.score_candidates(batch)
     assert table.shape == (3, len(official_pairs(G, rule)))
     views, masks = batch["views"], batch["masks"]

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from .data.layout import is_image_file, resolve_auto_crop, split_dir, typical_image_side
 from .errors import ConfigError
 from .options import (
+    AUTO_PRECISIONS,
     BACKBONE_FAMILIES,
     BLUR_KINDS,
     CLIP_GRAD_KINDS,
@@ -212,7 +213,7 @@ def check_options(cfg: DictConfig) -> None:
 def validate(cfg: DictConfig, options_checked: bool = False) -> None:
     """:func:`check_options` (unless ``options_checked``: the CLI has run it on ``cfg`` before
     the heavy imports), then the checks that need Lightning and the machine; resolves
-    ``trainer.precision: auto``. Warns once when crops are larger than the images."""
+    ``trainer.precision: auto`` / ``auto-16-mixed``. Warns once when crops are larger than the images."""
     if not options_checked:
         check_options(cfg)
     _validate_trainer_keys(cfg)
@@ -514,8 +515,8 @@ def _check_trainer(cfg: DictConfig) -> None:
     if cfg.trainer.get("accumulate_grad_batches") is not None:
         int_at_least(cfg, "trainer.accumulate_grad_batches", 1)
     precision = cfg.trainer.get("precision", "32-true")
-    if precision != "auto" and precision not in TRAINER_PRECISIONS:
-        fail("trainer.precision", precision, f"auto or one of {', '.join(TRAINER_PRECISIONS)}")
+    if precision not in AUTO_PRECISIONS + TRAINER_PRECISIONS:
+        fail("trainer.precision", precision, f"one of {', '.join(AUTO_PRECISIONS + TRAINER_PRECISIONS)}")
 
 
 def _validate_trainer_keys(cfg: DictConfig) -> None:
@@ -579,13 +580,14 @@ def nondeterministic_cuda_backward(cfg: DictConfig) -> str | None:
 
 def _validate_precision(cfg: DictConfig) -> None:
     """Lightning has no fp16 AMP on CPU: it would silently train in bf16-mixed instead.
-    Resolves ``auto`` (bf16-mixed on a bf16-capable GPU, else 32-true: hvp_lightning/device.py)."""
+    Resolves ``auto`` (bf16-mixed on a bf16-capable GPU, else 32-true) and ``auto-16-mixed``
+    (16-mixed on a GPU, else 32-true): hvp_lightning/device.py."""
     from .device import auto_precision
 
     accelerator = str(cfg.trainer.get("accelerator", "auto"))
     precision = cfg.trainer.get("precision", "32-true")
-    if precision == "auto":
-        precision = cfg.trainer.precision = auto_precision(accelerator)
+    if precision in AUTO_PRECISIONS:
+        precision = cfg.trainer.precision = auto_precision(accelerator, precision)
     check_cpu_precision("trainer.precision", precision, accelerator)
 
 

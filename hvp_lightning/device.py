@@ -4,7 +4,9 @@ The main job (``python train.py``) must use a GPU where there is one and still r
 CPU-only machine without a flag: ``trainer.accelerator: auto`` leaves the device to
 Lightning, and ``precision: auto`` picks bf16 mixed precision on a GPU that supports it
 (fp32 master weights; losses and selection stay fp32) and fp32 everywhere else -- on CPU,
-bf16 convolutions were measured 30-37x slower (docs/DESIGN.md).
+bf16 convolutions were measured 30-37x slower (docs/DESIGN.md). ``precision: auto-16-mixed`` is
+the same choice with fp16 on the GPU: the HVP code's SimSiam and SimCLR runs (``--fp16 True``,
+``use_fp16: true``), which Lightning cannot run on a CPU.
 """
 
 from __future__ import annotations
@@ -50,13 +52,15 @@ def check_accelerator(key: str, accelerator: str) -> None:
         )
 
 
-def auto_precision(accelerator: str) -> str:
-    """The precision ``auto`` stands for on this machine with this ``trainer.accelerator``.
-
-    bf16 only where the GPU computes it natively (compute capability 8.0+): torch's
-    ``is_bf16_supported()`` also says yes on a V100 or T4, where bf16 is emulated and runs
-    slower than fp32."""
+def auto_precision(accelerator: str, value: str = "auto") -> str:
+    """The precision ``value`` (``auto`` or ``auto-16-mixed``) stands for on this machine with
+    this ``trainer.accelerator``: off a CUDA GPU 32-true; on one, ``auto-16-mixed`` is 16-mixed
+    and ``auto`` bf16-mixed where the GPU computes bf16 natively (compute capability 8.0+:
+    torch's ``is_bf16_supported()`` also says yes on a V100 or T4, where bf16 is emulated and
+    runs slower than fp32), else 32-true."""
     on_cuda = accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()
+    if value == "auto-16-mixed":
+        return "16-mixed" if on_cuda else "32-true"
     return "bf16-mixed" if on_cuda and torch.cuda.is_bf16_supported(including_emulation=False) else "32-true"
 
 

@@ -61,6 +61,9 @@ IOU_SCHEDULES = ("linear", "cosine")
 # trainer.precision: mixed precision keeps fp32 master weights, EMA teacher and centres;
 # "*-true" half precision would run them in half precision too. ``auto`` is resolved per machine.
 TRAINER_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+# trainer.precision resolved at start-up (hvp_lightning/device.py): ``auto`` = bf16-mixed on a bf16-native
+# GPU, ``auto-16-mixed`` = 16-mixed on any GPU (the HVP code's fp16, SimSiam and SimCLR presets); both 32-true on CPU.
+AUTO_PRECISIONS = ("auto", "auto-16-mixed")
 # trainer.* keys train.py owns (checkpointing: hvp_lightning/training/checkpoint.py).
 OWNED_TRAINER_KEYS = ("enable_checkpointing", "plugins")
 

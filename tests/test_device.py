@@ -33,6 +33,22 @@ def test_auto_precision(monkeypatch, cuda, bf16, accelerator, expected):
     assert auto_precision(accelerator) == expected
 
 
+@pytest.mark.parametrize(
+    ("cuda", "accelerator", "expected"),
+    [(True, "gpu", "16-mixed"), (True, "auto", "16-mixed"), (True, "cpu", "32-true"), (False, "auto", "32-true")],
+)
+def test_auto_16_mixed_is_fp16_on_a_gpu_and_fp32_on_the_cpu(monkeypatch, cuda, accelerator, expected):
+    """The SimSiam and SimCLR presets' ``auto-16-mixed``: the HVP code's fp16 on any GPU (no
+    bf16 needed), 32-true on a CPU, where Lightning has no fp16 AMP; validate resolves it."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert auto_precision(accelerator, "auto-16-mixed") == expected
+    if not cuda:
+        cfg = make_cfg("trainer.precision=auto-16-mixed", "trainer.accelerator=cpu")
+        validate(cfg)
+        assert cfg.trainer.precision == "32-true"
+
+
 def test_auto_precision_is_fp32_on_a_gpu_that_only_emulates_bf16(monkeypatch):
     """A V100 (compute capability 7.0) through torch's own ``is_bf16_supported``: it answers yes
     there (a bf16 tensor can be made: emulation), yet bf16 runs slower than fp32 on it."""

@@ -31,6 +31,16 @@ OFFICIAL_DINO = "official DINO code (main_dino.py DataAugmentationDINO)"
 OFFICIAL_IBOT = "official iBOT ViT-S/16 recipe (README, main_ibot.py)"
 OFFICIAL_SIMSIAM = "official SimSiam code (main_simsiam.py)"
 OFFICIAL_SIMCLR = "official SimCLR code (data_util.py, color_jitter_strength 1.0)"
+PAPER_IBOT = TEXT + ': "For iBOT, we use the original objective as defined by the authors with global views only"'
+# The HVP code that made the paper's numbers (github.com/automl/hvp, branch:file:line): where the paper
+# is silent it comes before the upstream code (issue 40's rule).
+HVP_BLUR = "automl/hvp main:custom_transform.py:28, dino:data/custom_transform.py:30: GaussianBlur(9, (0.1, 2.0))"
+HVP_DINO_CLIP = "automl/hvp dino:pretrain.py:437,445: clip_grad_norm_(student.parameters(), 3.0)"
+HVP_IBOT_CLIP = "automl/hvp ibot:main_ibot.py:454,462: utils.clip_gradients (per parameter)"
+HVP_IBOT_CROPS = "automl/hvp ibot:main_ibot.py:133,137: global_crops_scale (0.14, 1), local_crops_number 0"
+HVP_SIMSIAM_FP16 = "automl/hvp main:pretrain.py:302 --fp16 True; main:select_crops.py:15 autocast(fp16)"
+HVP_SIMCLR_FP16 = "automl/hvp simclr:configs/pretrain_default.yaml:24 use_fp16: true, simclr:hvs/__init__.py:26"
+HVP_SIMCLR_CROP = "automl/hvp simclr:transforms/custom_transforms.py:95 (BILINEAR), simclr_transform.py:78"
 
 # preset -> {key: (value, where the value comes from)}; "global_batch" = per-device batch x devices
 # x nodes x accumulation. Keys under hvp.* are checked with +hvp=on only.
@@ -50,6 +60,7 @@ DINO_VALUES: dict[str, tuple[Any, str]] = {
     "trainer.precision": ("16-mixed", DINO_TABLE),  # fp16: true
     "global_batch": (512, DINO_TABLE),
     "method.clip_grad": (3.0, DINO_TABLE),
+    "method.clip_grad_kind": ("global", HVP_DINO_CLIP),
     "trainer.max_epochs": (100, DINO_TABLE),
     "method.optimizer.warmup_epochs": (10, DINO_TABLE),
     "method.freeze_last_layer": (1, DINO_TABLE),
@@ -77,8 +88,8 @@ DINO_VALUES: dict[str, tuple[Any, str]] = {
     "method.global_blur_p": ([1.0, 0.1], OFFICIAL_DINO),
     "method.global_solarize_p": ([0.0, 0.2], OFFICIAL_DINO),
     "method.local_blur_p": (0.5, OFFICIAL_DINO),
-    "data.aug.blur_kind": ("pil", OFFICIAL_DINO),  # utils.GaussianBlur: PIL ImageFilter.GaussianBlur
-    "data.aug.interpolation": ("bicubic", OFFICIAL_DINO),  # RandomResizedCrop(..., Image.BICUBIC)
+    "data.aug.blur_kind": ("torchvision9", HVP_BLUR),  # upstream DINO: PIL's (data.aug.blur_kind=pil)
+    "data.aug.interpolation": ("bicubic", "automl/hvp dino:data/custom_transform.py:18 (BICUBIC)"),
     # HVP (+hvp=on): the paper's setting
     "hvp.num_views": (4, TEXT),
     "hvp.mode": ("hard", TEXT),
@@ -110,6 +121,7 @@ IBOT_VALUES: dict[str, tuple[Any, str]] = {
     "method.mask_ratio": ([0.1, 0.5], OFFICIAL_IBOT),  # 0.3 +- 0.2
     "method.mask_min_aspect": (0.3, OFFICIAL_IBOT),
     "method.clip_grad": (3.0, OFFICIAL_IBOT),
+    "method.clip_grad_kind": ("per_parameter", HVP_IBOT_CLIP),
     "method.freeze_last_layer": (1, OFFICIAL_IBOT),
     "method.optimizer.name": ("adamw", OFFICIAL_IBOT),
     "method.optimizer.base_lr": (0.0005, OFFICIAL_IBOT),
@@ -117,10 +129,8 @@ IBOT_VALUES: dict[str, tuple[Any, str]] = {
     "method.optimizer.warmup_epochs": (10, OFFICIAL_IBOT),
     "method.optimizer.weight_decay": (0.04, OFFICIAL_IBOT),
     "method.optimizer.weight_decay_end": (0.4, OFFICIAL_IBOT),
-    "method.global_scale": ([0.25, 1.0], OFFICIAL_IBOT),
-    "method.num_local_crops": (10, OFFICIAL_IBOT),
-    "method.local_scale": ([0.05, 0.25], OFFICIAL_IBOT),
-    "method.local_crop_size": (96, OFFICIAL_IBOT),
+    "method.num_local_crops": (0, PAPER_IBOT + "; " + HVP_IBOT_CROPS),
+    "method.global_scale": ([0.14, 1.0], HVP_IBOT_CROPS),
     "method.jitter_saturation": (0.2, OFFICIAL_IBOT),
     "method.global_blur_p": ([1.0, 0.1], OFFICIAL_IBOT),
     "method.global_solarize_p": ([0.0, 0.2], OFFICIAL_IBOT),
@@ -150,7 +160,7 @@ SIMSIAM_VALUES: dict[str, tuple[Any, str]] = {
     "method.proj_layers": (3, OFFICIAL_SIMSIAM),
     "method.optimizer.warmup_epochs": (0, OFFICIAL_SIMSIAM),  # cosine from the first step
     "backbone.zero_init_residual": (True, OFFICIAL_SIMSIAM),
-    "trainer.precision": ("32-true", OFFICIAL_SIMSIAM),
+    "trainer.precision": ("auto-16-mixed", HVP_SIMSIAM_FP16),  # 16-mixed on a GPU, 32-true on a CPU
     "data.aug.jitter_p": (0.8, OFFICIAL_SIMSIAM),
     "data.aug.brightness": (0.4, OFFICIAL_SIMSIAM),
     "data.aug.contrast": (0.4, OFFICIAL_SIMSIAM),
@@ -159,11 +169,12 @@ SIMSIAM_VALUES: dict[str, tuple[Any, str]] = {
     "data.aug.gray_p": (0.2, OFFICIAL_SIMSIAM),
     "data.aug.flip_p": (0.5, OFFICIAL_SIMSIAM),
     "data.aug.solarize_p": (0.0, OFFICIAL_SIMSIAM),
-    "data.aug.blur_kind": ("pil", OFFICIAL_SIMSIAM),  # loader.GaussianBlur: PIL ImageFilter.GaussianBlur
-    "data.aug.interpolation": ("bilinear", OFFICIAL_SIMSIAM),  # RandomResizedCrop's default
+    "data.aug.blur_kind": ("torchvision9", HVP_BLUR),  # upstream SimSiam: PIL's (data.aug.blur_kind=pil)
+    "data.aug.interpolation": ("bilinear", "automl/hvp main:custom_transform.py:19 (BILINEAR)"),
     "hvp.num_views": (4, TEXT),
     "hvp.mode": ("hard", TEXT),
     "hvp.max_combinations": (None, TEXT),
+    "hvp.selection_precision": ("auto", HVP_SIMSIAM_FP16),  # the step's: fp16 under 16-mixed
 }
 SIMCLR_VALUES: dict[str, tuple[Any, str]] = {
     "method.name": ("simclr", TABLE_1),
@@ -191,17 +202,26 @@ SIMCLR_VALUES: dict[str, tuple[Any, str]] = {
     "data.aug.blur_p": (0.5, OFFICIAL_SIMCLR),
     "data.aug.solarize_p": (0.0, OFFICIAL_SIMCLR),
     "data.aug.blur_kind": ("simclr", OFFICIAL_SIMCLR),  # kernel of 10% of the crop
-    "data.aug.interpolation": ("bicubic", OFFICIAL_SIMCLR),  # crop_and_resize: BICUBIC
+    "data.aug.interpolation": ("bilinear", HVP_SIMCLR_CROP),  # upstream SimCLR: bicubic
+    "trainer.precision": ("auto-16-mixed", HVP_SIMCLR_FP16),  # 16-mixed on a GPU, 32-true on a CPU
     "hvp.num_views": (4, TEXT),
     "hvp.mode": ("hard", TEXT),
     "hvp.max_combinations": (None, TEXT),
+    "hvp.selection_precision": ("auto", HVP_SIMCLR_FP16),  # the step's: fp16 under 16-mixed
 }
 # The CIFAR presets are not runs of the paper (it pretrains on ImageNet only): what the paper
 # states for every HVP run holds, and DINO/iBOT crop and blur as their official code.
 HVP_VALUES: dict[str, tuple[Any, str]] = {"hvp.num_views": (4, TEXT), "hvp.mode": ("hard", TEXT)}
-MULTICROP_CIFAR = {
-    "data.aug.blur_kind": ("pil", OFFICIAL_DINO),
-    "data.aug.interpolation": ("bicubic", OFFICIAL_DINO),
+DINO_CIFAR = {
+    "data.aug.blur_kind": ("torchvision9", HVP_BLUR),  # at every crop size
+    "data.aug.interpolation": ("bicubic", "automl/hvp dino:data/custom_transform.py:18 (BICUBIC)"),
+    "method.clip_grad_kind": ("global", HVP_DINO_CLIP),
+    **HVP_VALUES,
+}
+IBOT_CIFAR = {
+    "data.aug.blur_kind": ("pil", OFFICIAL_IBOT),  # utils.GaussianBlur: PIL ImageFilter.GaussianBlur
+    "data.aug.interpolation": ("bicubic", OFFICIAL_IBOT),
+    "method.clip_grad_kind": ("per_parameter", HVP_IBOT_CLIP),
     **HVP_VALUES,
 }
 PAPER: dict[str, dict[str, tuple[Any, str]]] = {
@@ -209,8 +229,8 @@ PAPER: dict[str, dict[str, tuple[Any, str]]] = {
     "ibot_vits16_imagenet": IBOT_VALUES,
     "simsiam_resnet50_imagenet": SIMSIAM_VALUES,
     "simclr_resnet50_imagenet": SIMCLR_VALUES,
-    "dino_vittiny_cifar10": MULTICROP_CIFAR,
-    "ibot_vittiny_cifar10": MULTICROP_CIFAR,
+    "dino_vittiny_cifar10": DINO_CIFAR,
+    "ibot_vittiny_cifar10": IBOT_CIFAR,
 }
 
 
@@ -282,3 +302,28 @@ def test_the_views_and_network_are_built_from_the_presets_keys(name: str, tmp_pa
     trunk = build_backbone(cfg.backbone).trunk
     last_bns = [block.bn3 for layer in (trunk.layer1, trunk.layer4) for block in layer]
     assert not any(bn.weight.detach().any() for bn in last_bns)
+
+
+@pytest.mark.parametrize("name", ["simsiam_resnet50_imagenet", "simclr_resnet50_imagenet"])
+def test_simsiam_and_simclr_train_and_select_in_fp16_on_a_gpu_and_in_fp32_on_a_cpu(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The HVP code's fp16 (``--fp16 True``, ``use_fp16: true``), its selection forward under the
+    same autocast: ``auto-16-mixed`` is 16-mixed on a GPU and the selection follows the step;
+    on a CPU the preset trains and selects in fp32 (Lightning has no fp16 there)."""
+    import torch
+
+    from hvp_lightning.config import validate
+    from hvp_lightning.device import auto_precision
+    from hvp_lightning.selection.forward_pass import resolve_selection_dtype, step_autocast_dtype
+
+    cfg = experiment_cfg(name, tmp_path, "+hvp=on")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    on_gpu = auto_precision(cfg.trainer.accelerator, cfg.trainer.precision)
+    assert on_gpu == "16-mixed"
+    assert resolve_selection_dtype(cfg.hvp.selection_precision, "cuda", step_autocast_dtype(on_gpu)) == torch.float16
+    monkeypatch.undo()
+    cpu = experiment_cfg(name, tmp_path / "cpu", "+hvp=on", "trainer.accelerator=cpu", "trainer.devices=1")
+    validate(cpu)
+    assert cpu.trainer.precision == "32-true"
+    assert resolve_selection_dtype(cpu.hvp.selection_precision, "cpu", step_autocast_dtype("32-true")) is None

@@ -35,7 +35,6 @@ VIT = [
     "backbone.img_size=32",
     "+backbone.depth=1",
     "method.local_crop_size=16",
-    "method.num_local_crops=2",
     "method.out_dim=64",
     "method.head_hidden_dim=32",
     "method.bottleneck_dim=16",
@@ -44,8 +43,8 @@ TABLE_1 = {
     "simsiam_resnet50_imagenet": RESNET
     + ["method.proj_hidden_dim=32", "method.proj_dim=32", "method.pred_hidden_dim=16"],
     "simclr_resnet50_imagenet": RESNET + ["method.proj_hidden_dim=32", "method.proj_dim=16"],
-    "dino_vits16_imagenet": VIT,
-    "ibot_vits16_imagenet": VIT + ["method.patch_out_dim=64"],
+    "dino_vits16_imagenet": VIT + ["method.num_local_crops=2"],
+    "ibot_vits16_imagenet": VIT + ["method.patch_out_dim=64"],  # global views only, as the preset
 }
 
 

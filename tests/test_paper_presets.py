@@ -4,9 +4,11 @@ Every preset is composed with and without ``+hvp=on``, passes the start-up check
 each value of the paper's appendix tables -- tab:hypers_dino ("DINO ViT-S/16"), tab:hypers_simsiam
 ("SimSiam"), tab:hypers_simclr ("SimCLR") -- and of its text (section 4 "Implementation": N = 4
 views, DINO's comparisons bounded to 128; section 5.1: the batch sizes). Where the paper is silent
-the official method code decides (named as the source); iBOT has no table ("we use the original
-objective as defined by the authors"): the official iBOT ViT-S/16 recipe. ``lr`` is the base lr,
-scaled by global batch / 256 in every one of these codes (SimCLR's table: sqrt-lr false).
+the HVP code that produced its numbers decides (automl/hvp, cited as branch:file:line), then the
+official method code (named as the source); iBOT has no table ("we use the original objective as
+defined by the authors with global views only"): the official iBOT ViT-S/16 recipe, with global
+views only. ``lr`` is the base lr, scaled by global batch / 256 in every one of these codes
+(SimCLR's table: sqrt-lr false).
 """
 
 from __future__ import annotations

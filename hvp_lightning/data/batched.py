@@ -13,7 +13,7 @@ where torchvision converts back to uint8; jitter, grayscale and solarize match b
 (the hue on every one of the 2^24 colours: 8 shifts checked by hand, 3 in a slow test). The blur
 is one of two, as the method's official pipeline (``ViewAug.blur_kind``):
 
-* ``pil`` (SimSiam, DINO, iBOT: PIL's ``ImageFilter.GaussianBlur(radius=sigma)``, not cut to a
+* ``pil`` (upstream SimSiam and DINO, iBOT: PIL's ``ImageFilter.GaussianBlur(radius=sigma)``, not cut to a
   kernel): PIL's own algorithm, three extended box blurs along rows then three along columns
   (Pillow's BoxBlur.c, Gwosdek et al. 2011), in its integer arithmetic, rounding to uint8 after
   each pass as PIL does, with the box radius computed in PIL's float32/float64 steps: bit for

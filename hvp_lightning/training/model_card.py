@@ -28,8 +28,8 @@ _NOT_MONITORS = {
     "sync_batchnorm_layers", "hvp_enabled",
 }  # fmt: skip
 _VIT_DEFAULTS = {"img_size": 224, "patch_size": 16, "depth": 12}  # timm's vit_*_patch16_224
-# Where the citation lives: the repository root in a checkout, the package in a wheel (pyproject.toml).
-_CITATION_PLACES = (Path(__file__).resolve().parents[2], Path(__file__).resolve().parents[1])
+# Where the citation lives: the package in a wheel (pyproject.toml), the repository root in a checkout.
+_CITATION_PLACES = (Path(__file__).resolve().parents[1], Path(__file__).resolve().parents[2])
 
 
 @dataclass(frozen=True)

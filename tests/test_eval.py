@@ -502,6 +502,43 @@ def test_timm_target_of_timm_family_trunks():
         export.check_in_timm(wrong, dict(vit.state_dict()), Backbone(vit, 192), [3, 32, 32])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet50", "vit_small", "vit_base"])
+def test_full_size_presets_are_timm_architectures(name, tmp_path):
+    """The presets at their standard size are timm's resnet50 / vit_{small,base}_patch16_224:
+    strict keys and equal features, and the short create_model form (no model_args) gets every
+    tensor of the file."""
+    import timm
+    from safetensors.torch import save_file
+
+    from hvp_lightning.nn.backbones import build_backbone
+    from hvp_lightning.training.model_card import timm_target
+
+    keys = dict(width=64, cifar_stem=False, channels_last=True) if name.startswith("resnet") else {}
+    keys = keys or dict(img_size=224, patch_size=16, drop_path_rate=0.1)
+    cfg = OmegaConf.create(dict(name=name, **keys))
+    torch.manual_seed(0)
+    backbone = build_backbone(cfg).eval()
+    for buf_name, buf in backbone.named_buffers():
+        if buf_name.endswith(("running_mean", "running_var")):
+            buf.copy_(torch.rand_like(buf) + 0.5)
+    target = timm_target(cfg, backbone.trunk)
+    assert target.architecture == (name if name.startswith("resnet") else f"{name}_patch16_224")
+    state = {k: v.contiguous() for k, v in backbone.trunk.state_dict().items()}
+    assert export.check_in_timm(target, state, backbone, [3, 224, 224]) <= 1e-5
+    save_file(state, tmp_path / "model.safetensors")
+    tm = timm.create_model(
+        target.architecture,
+        pretrained=True,
+        pretrained_cfg_overlay=dict(file=tmp_path / "model.safetensors"),
+        num_classes=0,
+    ).eval()
+    assert set(tm.state_dict()) == set(state)
+    x = _fixed_batch(224)[:2]
+    with torch.no_grad():
+        assert _max_diff(tm(x), backbone(x)) <= 1e-5
+
+
 def test_export_push_uploads_the_folder_only_when_asked(dino_run, tmp_path, monkeypatch, capsys):
     """--push: create_repo(exist_ok=True) then upload_folder of OUT_DIR (HfApi recorded, never
     reached); a failed upload is one line and exit 1, with the folder kept; .pth refuses --push."""

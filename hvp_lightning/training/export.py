@@ -198,7 +198,8 @@ def main(argv: list[str] | None = None, prog: str = "hvp-export") -> int:
 
         ckpt = load_checkpoint(path)
         if not plain:
-            summary = _read_summary(run_dir.summary) if path == run_dir.last_checkpoint else None
+            last = path.resolve() == Path(run_dir.last_checkpoint).resolve()
+            summary = _read_summary(run_dir.summary) if last else None  # else it describes other weights
             exported = export_folder(ckpt, out, args.student, summary, args.license, args.push)
             _report_folder(out, *exported)
             return _push(out, args.push) if args.push else 0

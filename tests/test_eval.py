@@ -502,6 +502,36 @@ def test_timm_target_of_timm_family_trunks():
         export.check_in_timm(wrong, dict(vit.state_dict()), Backbone(vit, 192), [3, 32, 32])
 
 
+@pytest.mark.skipif(
+    not (REPO / "conf" / "backbone" / "timm.yaml").is_file(), reason="backbone=timm comes with issue 38's backbone work"
+)
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["backbone.name=vit_tiny_patch16_224", "backbone.img_size=16", "backbone.model_args={patch_size:8,depth:1}"],
+        ["backbone.name=resnet10t", "backbone.img_size=null"],
+    ],
+)
+def test_export_of_a_timm_backbone_run(overrides, tmp_path):
+    """A backbone=timm run's export: timm rebuilds it from config.json alone and gives the run's features."""
+    import timm
+
+    from hvp_lightning.methods import SimSiam
+
+    cfg = make_cfg("backbone=timm", *overrides, "data.crop_size=16")
+    with open_dict(cfg):
+        cfg.data.num_classes = 10
+    model = SimSiam(cfg).eval()
+    ckpt = tmp_path / "last.ckpt"
+    torch.save(
+        {"state_dict": model.state_dict(), "hyper_parameters": {"cfg": OmegaConf.to_container(cfg, resolve=True)}}, ckpt
+    )
+    assert export.main([str(ckpt), str(tmp_path / "out")]) == 0
+    loaded = timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True).eval()
+    x = _fixed_batch(16)
+    assert _max_diff(loaded(x), model.eval_backbone(x)) <= 1e-5
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet50", "vit_small", "vit_base"])
 def test_full_size_presets_are_timm_architectures(name, tmp_path):

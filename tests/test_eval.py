@@ -471,7 +471,8 @@ def test_export_folder_vit_teacher_student_and_narrow_resnet(dino_run, simsiam_r
 def test_timm_target_of_timm_family_trunks():
     """backbone=timm (its preset has model_args): the trunk is timm's own model, so its name (tag
     dropped) and model_args rebuild it, img_size only where the model has a patch grid; a wrong
-    argument is caught by the strict check before anything is written."""
+    argument is caught by the check before anything is written: other keys, or the same keys
+    with other features."""
     import timm
 
     from hvp_lightning.nn.backbones import Backbone
@@ -500,6 +501,9 @@ def test_timm_target_of_timm_family_trunks():
     wrong = timm_target(timm_cfg("vit_tiny_patch16_224", patch_size=8, depth=2), vit)
     with pytest.raises(ConfigError, match=r"missing \['blocks\.1\."):
         export.check_in_timm(wrong, dict(vit.state_dict()), Backbone(vit, 192), [3, 32, 32])
+    max_pool = timm_target(timm_cfg("resnet18", global_pool="max"), cnn)  # same keys, other features
+    with pytest.raises(ConfigError, match="features differ from the run's"):
+        export.check_in_timm(max_pool, dict(cnn.state_dict()), Backbone(cnn, 512).eval(), [3, 64, 64])  # 2x2 maps
 
 
 @pytest.mark.skipif(

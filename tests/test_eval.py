@@ -310,9 +310,12 @@ def test_eval_cli(simsiam_run):
 
 
 # --- export --------------------------------------------------------------------------------------
-def _resnet18_checkpoint(tmp_path: Path):
+@pytest.fixture(scope="module")
+def resnet18_checkpoint(tmp_path_factory):
     """A width-64 ImageNet-stem SimSiam checkpoint with non-trivial BatchNorm statistics: (model, file)."""
     from hvp_lightning.methods import SimSiam
+
+    tmp_path = tmp_path_factory.mktemp("resnet18")
 
     cfg = make_cfg("backbone=resnet18", "backbone.width=64", "data.crop_size=32")
     with open_dict(cfg):
@@ -328,12 +331,12 @@ def _resnet18_checkpoint(tmp_path: Path):
     return model.eval(), ckpt
 
 
-def test_export_resnet18_loads_into_torchvision(tmp_path, capsys):
+def test_export_resnet18_loads_into_torchvision(resnet18_checkpoint, tmp_path, capsys):
     """Width 64 with the ImageNet stem: the exported file is a torchvision resnet18 state_dict
     without the classifier."""
     import torchvision
 
-    model, ckpt = _resnet18_checkpoint(tmp_path)
+    model, ckpt = resnet18_checkpoint
     assert export.main([str(ckpt), str(tmp_path / "rn18.pth")]) == 0
     assert "torchvision.models.resnet18()" in capsys.readouterr().out
     state = torch.load(tmp_path / "rn18.pth", weights_only=True)
@@ -380,7 +383,7 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
 
-def test_export_folder_loads_strictly_in_timm_with_the_runs_features(tmp_path, capsys):
+def test_export_folder_loads_strictly_in_timm_with_the_runs_features(resnet18_checkpoint, tmp_path, capsys):
     """Issue 38's check: timm.create_model(arch, pretrained=True, pretrained_cfg_overlay=dict(file=...),
     num_classes=0) takes every tensor of model.safetensors (timm loads non-strictly there, since
     0 classes differ from its 1000: so the key sets are compared here) and gives the run's
@@ -389,7 +392,7 @@ def test_export_folder_loads_strictly_in_timm_with_the_runs_features(tmp_path, c
     import yaml
     from safetensors.torch import load_file
 
-    model, ckpt = _resnet18_checkpoint(tmp_path)
+    model, ckpt = resnet18_checkpoint
     out = tmp_path / "export"
     assert export.main([str(ckpt), str(out)]) == 0
     printed = capsys.readouterr().out

@@ -310,24 +310,33 @@ def test_eval_cli(simsiam_run):
 
 
 # --- export --------------------------------------------------------------------------------------
-def test_export_resnet18_loads_into_torchvision(tmp_path, capsys):
-    """Width 64 with the ImageNet stem: the exported file is a torchvision resnet18 state_dict
-    without the classifier."""
-    import torchvision
-
+@pytest.fixture(scope="module")
+def resnet18_checkpoint(tmp_path_factory):
+    """A width-64 ImageNet-stem SimSiam checkpoint with non-trivial BatchNorm statistics: (model, file)."""
     from hvp_lightning.methods import SimSiam
+
+    tmp_path = tmp_path_factory.mktemp("resnet18")
 
     cfg = make_cfg("backbone=resnet18", "backbone.width=64", "data.crop_size=32")
     with open_dict(cfg):
         cfg.data.num_classes = 10
     model = SimSiam(cfg)
-    for name, buf in model.named_buffers():  # non-trivial BatchNorm statistics
+    for name, buf in model.named_buffers():
         if name.endswith(("running_mean", "running_var")):
             buf.copy_(torch.rand_like(buf) + 0.5)
     ckpt = tmp_path / "last.ckpt"
     torch.save(
         {"state_dict": model.state_dict(), "hyper_parameters": {"cfg": OmegaConf.to_container(cfg, resolve=True)}}, ckpt
     )
+    return model.eval(), ckpt
+
+
+def test_export_resnet18_loads_into_torchvision(resnet18_checkpoint, tmp_path, capsys):
+    """Width 64 with the ImageNet stem: the exported file is a torchvision resnet18 state_dict
+    without the classifier."""
+    import torchvision
+
+    model, ckpt = resnet18_checkpoint
     assert export.main([str(ckpt), str(tmp_path / "rn18.pth")]) == 0
     assert "torchvision.models.resnet18()" in capsys.readouterr().out
     state = torch.load(tmp_path / "rn18.pth", weights_only=True)
@@ -364,6 +373,247 @@ def test_export_narrow_resnet_and_vit_teacher(simsiam_run, dino_run, tmp_path):
     assert export.main([str(dino_run), str(tmp_path / "student.pth"), "--student"]) == 0
     student = torch.load(tmp_path / "student.pth", weights_only=True)
     torch.testing.assert_close(student["blocks.0.attn.qkv.weight"], ckpt["backbone.trunk.blocks.0.attn.qkv.weight"])
+
+
+def _fixed_batch(size: int) -> torch.Tensor:
+    return torch.randn(4, 3, size, size, generator=torch.Generator().manual_seed(1))
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+def test_export_folder_loads_strictly_in_timm_with_the_runs_features(resnet18_checkpoint, tmp_path, capsys):
+    """Issue 38's check: timm.create_model(arch, pretrained=True, pretrained_cfg_overlay=dict(file=...),
+    num_classes=0) takes every tensor of model.safetensors (timm loads non-strictly there, since
+    0 classes differ from its 1000: so the key sets are compared here) and gives the run's
+    evaluation features; the folder's own config.json (local-dir:) loads strictly too."""
+    import timm
+    import yaml
+    from safetensors.torch import load_file
+
+    model, ckpt = resnet18_checkpoint
+    out = tmp_path / "export"
+    assert export.main([str(ckpt), str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "checked: timm's resnet18 loads it strictly" in printed
+    weights = load_file(out / "model.safetensors")
+    x = _fixed_batch(32)
+    reference = model.eval_backbone(x)
+    tm = timm.create_model(
+        "resnet18", pretrained=True, pretrained_cfg_overlay=dict(file=out / "model.safetensors"), num_classes=0
+    ).eval()
+    own = tm.state_dict()
+    assert set(own) == set(weights)
+    assert all(torch.equal(own[k], v) for k, v in weights.items())
+    assert _max_diff(tm(x), reference) <= 1e-5
+    local = timm.create_model(f"local-dir:{out}", pretrained=True).eval()  # strict: config.json says 0 classes
+    assert _max_diff(local(x), reference) <= 1e-5
+    config = json.loads((out / "config.json").read_text())
+    assert config["architecture"] == "resnet18" and config["num_features"] == 512 and config["model_args"] == {}
+    data = timm.data.resolve_data_config({}, model=local)
+    assert {k: tuple(v) if isinstance(v, list | tuple) else v for k, v in data.items()} == {
+        "input_size": (3, 32, 32),
+        "interpolation": "bilinear",
+        "mean": tuple(model.cfg.data.mean),
+        "std": tuple(model.cfg.data.std),
+        "crop_pct": model.cfg.data.eval_crop_ratio,
+        "crop_mode": "center",
+    }
+    card = (out / "README.md").read_text()
+    front = yaml.safe_load(card.split("---")[1])
+    assert front["library_name"] == "timm" and front["license"] == "mit"
+    cff = yaml.safe_load((REPO / "CITATION.cff").read_text())["preferred-citation"]
+    assert cff["title"] in card and str(cff["year"]) in card
+    assert all(f"{a['family-names']}, {a['given-names']}" in card for a in cff["authors"])
+
+
+def test_export_folder_vit_teacher_student_and_narrow_resnet(dino_run, simsiam_run, tmp_path, capsys):
+    """A ViT whose size differs from timm's default: the printed create_model lines (model_args
+    spelled out) load strictly and give the teacher's features, --student the student's; a
+    narrow CIFAR-stem ResNet gets architecture null and a build_resnet line that loads it."""
+    import timm
+    from safetensors.torch import load_file
+
+    from hvp_lightning.training.checkpoint import build_method, load_checkpoint
+
+    model = build_method(load_checkpoint(dino_run / "checkpoints" / "last.ckpt"))
+    x = _fixed_batch(32)
+    for flag, reference in (([], model.eval_backbone), (["--student"], model.backbone)):
+        out = tmp_path / f"vit{flag}"
+        assert export.main([str(dino_run), str(out), *flag]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        calls = [line.split(": ", 1)[1] for line in lines if line.startswith(("load: timm.", "  or: timm."))]
+        assert len(calls) == 2 and "img_size=32, patch_size=8, depth=2, dynamic_img_size=True" in calls[1]
+        for call in calls:
+            tm = eval(call, {"timm": timm}).eval()
+            assert _max_diff(tm(x), reference(x)) <= 1e-5
+        config = json.loads((out / "config.json").read_text())
+        assert config["hvp"]["weights"] == ("backbone" if flag else "teacher.backbone")
+        summary = json.loads((dino_run / "summary.json").read_text())
+        assert config["hvp"]["knn"]["top1"] == summary["knn_top1"]
+        assert config["hvp"]["images_seen"] == summary["images_seen"] and config["hvp"]["epochs"] == summary["epochs"]
+        hvp = model.cfg.get("hvp")  # this run: HVP off, no hvp block
+        assert config["hvp"]["hvp_settings"] == (None if hvp is None else OmegaConf.to_container(hvp))
+
+    run_dir, _ = simsiam_run
+    out = tmp_path / "narrow"
+    assert export.main([str(run_dir), str(out)]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("timm: "))
+    assert "width 8 and the CIFAR stem" in line
+    config = json.loads((out / "config.json").read_text())
+    assert config["architecture"] is None and config["hvp_builder"]["width"] == 8
+    narrow = build_method(load_checkpoint(run_dir / "checkpoints" / "last.ckpt"))
+    trunk = build_resnet("resnet18", width=8, cifar_stem=True).trunk.eval()
+    trunk.load_state_dict(load_file(out / "model.safetensors"), strict=True)
+    assert "build_resnet('resnet18', width=8, cifar_stem=True)" in line
+    x16 = _fixed_batch(16)
+    assert _max_diff(trunk(x16), narrow.eval_backbone(x16)) <= 1e-5
+
+
+def test_timm_target_of_timm_family_trunks():
+    """backbone=timm (its preset has model_args): the trunk is timm's own model, so its name (tag
+    dropped) and model_args rebuild it, img_size only where the model has a patch grid; a wrong
+    argument is caught by the check before anything is written: other keys, or the same keys
+    with other features."""
+    import timm
+
+    from hvp_lightning.nn.backbones import Backbone
+    from hvp_lightning.training.model_card import timm_target
+
+    def timm_cfg(name: str, **model_args) -> DictConfig:
+        keys = dict(img_size=32, drop_path_rate=0.0, init=None, init_student=False, channels_last=False)
+        return OmegaConf.create(dict(name=name, model_args=model_args, **keys))
+
+    vit = timm.create_model(
+        "vit_tiny_patch16_224", num_classes=0, img_size=32, patch_size=8, depth=1, dynamic_img_size=True
+    )
+    cnn = timm.create_model("resnet18", num_classes=0)  # a timm name that is also a preset's
+    cases = (
+        (timm_cfg("vit_tiny_patch16_224.augreg_in21k", patch_size=8, depth=1), vit, 192, 32),
+        (timm_cfg("resnet18"), cnn, 512, 32),
+    )
+    for cfg, trunk, dim, size in cases:
+        target = timm_target(cfg, trunk)
+        assert target.architecture == cfg.name.split(".")[0]
+        backbone = Backbone(trunk, dim).eval()
+        state = {k: v.clone() for k, v in trunk.state_dict().items()}
+        assert export.check_in_timm(target, state, backbone, [3, size, size]) <= 1e-5
+    assert timm_target(cases[0][0], vit).model_args == dict(patch_size=8, depth=1, img_size=32, dynamic_img_size=True)
+    assert timm_target(cases[1][0], cnn).model_args == {}
+    wrong = timm_target(timm_cfg("vit_tiny_patch16_224", patch_size=8, depth=2), vit)
+    with pytest.raises(ConfigError, match=r"missing \['blocks\.1\."):
+        export.check_in_timm(wrong, dict(vit.state_dict()), Backbone(vit, 192), [3, 32, 32])
+    max_pool = timm_target(timm_cfg("resnet18", global_pool="max"), cnn)  # same keys, other features
+    with pytest.raises(ConfigError, match="features differ from the run's"):
+        export.check_in_timm(max_pool, dict(cnn.state_dict()), Backbone(cnn, 512).eval(), [3, 64, 64])  # 2x2 maps
+
+
+@pytest.mark.skipif(
+    not (REPO / "conf" / "backbone" / "timm.yaml").is_file(), reason="backbone=timm comes with issue 38's backbone work"
+)
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["backbone.name=vit_tiny_patch16_224", "backbone.img_size=16", "backbone.model_args={patch_size:8,depth:1}"],
+        ["backbone.name=resnet10t", "backbone.img_size=null"],
+    ],
+)
+def test_export_of_a_timm_backbone_run(overrides, tmp_path):
+    """A backbone=timm run's export: timm rebuilds it from config.json alone and gives the run's features."""
+    import timm
+
+    from hvp_lightning.methods import SimSiam
+
+    cfg = make_cfg("backbone=timm", *overrides, "data.crop_size=16")
+    with open_dict(cfg):
+        cfg.data.num_classes = 10
+    model = SimSiam(cfg).eval()
+    ckpt = tmp_path / "last.ckpt"
+    torch.save(
+        {"state_dict": model.state_dict(), "hyper_parameters": {"cfg": OmegaConf.to_container(cfg, resolve=True)}}, ckpt
+    )
+    assert export.main([str(ckpt), str(tmp_path / "out")]) == 0
+    loaded = timm.create_model(f"local-dir:{tmp_path / 'out'}", pretrained=True).eval()
+    x = _fixed_batch(16)
+    assert _max_diff(loaded(x), model.eval_backbone(x)) <= 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet50", "vit_small", "vit_base"])
+def test_full_size_presets_are_timm_architectures(name, tmp_path):
+    """The presets at their standard size are timm's resnet50 / vit_{small,base}_patch16_224:
+    strict keys and equal features, and the short create_model form (no model_args) gets every
+    tensor of the file."""
+    import timm
+    from safetensors.torch import save_file
+
+    from hvp_lightning.nn.backbones import build_backbone
+    from hvp_lightning.training.model_card import timm_target
+
+    keys = dict(width=64, cifar_stem=False, channels_last=True) if name.startswith("resnet") else {}
+    keys = keys or dict(img_size=224, patch_size=16, drop_path_rate=0.1)
+    cfg = OmegaConf.create(dict(name=name, **keys))
+    torch.manual_seed(0)
+    backbone = build_backbone(cfg).eval()
+    for buf_name, buf in backbone.named_buffers():
+        if buf_name.endswith(("running_mean", "running_var")):
+            buf.copy_(torch.rand_like(buf) + 0.5)
+    target = timm_target(cfg, backbone.trunk)
+    assert target.architecture == (name if name.startswith("resnet") else f"{name}_patch16_224")
+    state = {k: v.contiguous() for k, v in backbone.trunk.state_dict().items()}
+    assert export.check_in_timm(target, state, backbone, [3, 224, 224]) <= 1e-5
+    save_file(state, tmp_path / "model.safetensors")
+    tm = timm.create_model(
+        target.architecture,
+        pretrained=True,
+        pretrained_cfg_overlay=dict(file=tmp_path / "model.safetensors"),
+        num_classes=0,
+    ).eval()
+    assert set(tm.state_dict()) == set(state)
+    x = _fixed_batch(224)[:2]
+    with torch.no_grad():
+        assert _max_diff(tm(x), backbone(x)) <= 1e-5
+
+
+def test_export_push_uploads_the_folder_only_when_asked(dino_run, tmp_path, monkeypatch, capsys):
+    """--push: create_repo(exist_ok=True) then upload_folder of OUT_DIR (HfApi recorded, never
+    reached); a failed upload is one line and exit 1, with the folder kept; .pth refuses --push."""
+    import huggingface_hub
+
+    calls: list[tuple] = []
+
+    class RecordingApi:
+        def create_repo(self, repo_id, **kw):
+            calls.append(("create_repo", repo_id, kw))
+            return f"https://huggingface.co/{repo_id}"
+
+        def upload_folder(self, **kw):
+            calls.append(("upload_folder", kw))
+            assert {p.name for p in Path(kw["folder_path"]).iterdir()} == {
+                "model.safetensors",
+                "config.json",
+                "README.md",
+            }
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", RecordingApi)
+    out = tmp_path / "out"
+    assert export.main([str(dino_run), str(out)]) == 0 and calls == []
+    assert export.main([str(dino_run), str(out), "--push", "me/hvp-dino"]) == 0
+    assert calls[0] == ("create_repo", "me/hvp-dino", {"exist_ok": True})
+    assert calls[1][1]["repo_id"] == "me/hvp-dino" and Path(calls[1][1]["folder_path"]) == out
+    assert 'timm.create_model("hf-hub:me/hvp-dino", pretrained=True)' in capsys.readouterr().out
+    assert "hf-hub:me/hvp-dino" in (out / "README.md").read_text()
+
+    def refuse(self, **kw):
+        raise OSError("401 Client Error: Unauthorized\nmore")
+
+    monkeypatch.setattr(RecordingApi, "upload_folder", refuse)
+    assert export.main([str(dino_run), str(tmp_path / "again"), "--push", "me/x"]) == 1
+    assert capsys.readouterr().err == "push error: me/x: OSError: 401 Client Error: Unauthorized\n"
+    assert (tmp_path / "again" / "model.safetensors").is_file()
+    assert export.main([str(dino_run), str(tmp_path / "b.pth"), "--push", "me/x"]) == 2
+    assert not (tmp_path / "b.pth").exists()
 
 
 def test_export_reports_bad_checkpoint(tmp_path, capsys):

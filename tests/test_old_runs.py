@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from hvp_lightning.training.checkpoint import build_method, load_checkpoint, resume_config
 from hvp_lightning.training.driver import run
@@ -48,6 +49,13 @@ def test_an_old_checkpoint_loads_builds_its_method_and_exports(tmp_path: Path) -
     backbone = torch.load(tmp_path / "backbone.pt", weights_only=True)
     trunk = method.backbone.trunk.state_dict()
     assert backbone.keys() == trunk.keys() and all(torch.equal(backbone[k], trunk[k]) for k in trunk)
+    # the export folder: the same tensors, the run's record read from the old checkpoint and summary.json
+    assert export_main([str(OLD_RUN), str(tmp_path / "folder")]) == 0
+    folder = load_file(tmp_path / "folder" / "model.safetensors")
+    assert folder.keys() == trunk.keys() and all(torch.equal(folder[k], trunk[k]) for k in trunk)
+    record = json.loads((tmp_path / "folder" / "config.json").read_text())["hvp"]
+    assert (record["epochs"], record["images_seen"], record["global_step"]) == (1, 64, 4)
+    assert record["knn"]["top1"] == json.loads((OLD_RUN / "summary.json").read_text())["knn_top1"]
 
 
 def test_an_old_run_dir_continues_where_it_stopped(tmp_path: Path) -> None:

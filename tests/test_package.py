@@ -113,6 +113,7 @@ def test_wheel_ships_configs_and_console_commands(tmp_path: Path) -> None:
     wheel = next((tmp_path / "dist").glob("*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "hvp_lightning/conf/config.yaml" in names and any(n.endswith("entry_points.txt") for n in names)
+    assert "hvp_lightning/CITATION.cff" in names  # the model card of hvp-export quotes it
     venv = tmp_path / "venv"
     subprocess.run(["uv", "venv", "-q", "-p", sys.executable, str(venv)], check=True)
     py = venv / "bin" / "python"

@@ -211,7 +211,7 @@ def test_missing_root_names_its_key_and_path(tiny_run, tmp_path):
 #   both: the CLS tokens of the last 4 blocks (dino:eval_linear.py line 110, n_last_blocks 4 in
 #     dino:configs/ImageNet/eval_linear_default.yaml): 4 x 384 for a ViT-S; bicubic resize and crop
 #     (dino:data/__init__.py lines 100, 117); fp32 on a CPU;
-#   normalisation (dino:eval_linear.py lines 31-36, dino:data/__init__.py lines 32-37): CIFAR-10 and
+#   normalisation (dino:eval_linear.py lines 32-37, dino:data/__init__.py lines 32-37): CIFAR-10 and
 #     Flowers102 their own statistics, every other data set ImageNet's.
 FINETUNE_LR = {"cifar10": 7.5e-6, "cifar100": 7.5e-6, "flowers102": 5e-5, "inat21": 5e-5, "food101": 5e-5}
 IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])

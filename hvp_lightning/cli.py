@@ -215,8 +215,10 @@ def evaluate_main(cfg: DictConfig) -> float | None:
         sys.exit(2)
     m = summary["metrics"]
     k = f" (k={m['k_for_top1']})" if summary["protocol"] == "knn" else ""
+    if m.get("best_top1") is not None:  # a classifier: also the official scripts' best epoch
+        k = f" (last epoch; best: {100 * m['best_top1']:.2f}% at epoch {m['best_epoch']})"
     print(
-        f"{summary['protocol']} top-1: {100 * m['top1']:.2f}%, top-5: {100 * m['top5']:.2f}%{k} "
+        f"{summary['protocol']} top-1: {100 * m['top1']:.2f}%{k}, top-5: {100 * m['top5']:.2f}% "
         f"(chance {100 * summary['chance']:.1f}%) | {summary['out_dir']}/eval_summary.json"
     )
     return m["top1"]

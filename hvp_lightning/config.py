@@ -232,8 +232,9 @@ def check_eval_options(cfg: DictConfig) -> None:
         fail("protocol.name", cfg.protocol.name, f"one of {', '.join(PROTOCOLS)}")
     if cfg.devices != 1:
         fail("devices", cfg.devices, "1 (evaluation runs on one device)")
-    if cfg.get("precision", "32-true") not in TRAINER_PRECISIONS:
-        fail("precision", cfg.precision, f"one of {', '.join(TRAINER_PRECISIONS)}")
+    precision = cfg.get("precision", "32-true")
+    if precision != "auto" and precision not in TRAINER_PRECISIONS:
+        fail("precision", precision, f"auto or one of {', '.join(TRAINER_PRECISIONS)}")
     _int_in(cfg, "seed", 0, 2**32 - 1)
     if cfg.get("num_workers") is not None:
         int_at_least(cfg, "num_workers", 0)

@@ -17,14 +17,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hvp_lightning.config import ConfigError
 from hvp_lightning.evaluation import evaluate
-from hvp_lightning.evaluation.features import FeatureNet
-from hvp_lightning.evaluation.probe import (
-    Classifier,
-    fit_classifier,
-    lars_growth_bound,
-    probe_batch_size,
-    warn_if_lars_cannot_fit,
-)
+from hvp_lightning.evaluation.features import FeatureNet, eval_precision
+from hvp_lightning.evaluation.probe import Classifier, fit_classifier, lars_growth_bound, warn_if_lars_cannot_fit
 from hvp_lightning.nn.backbones import build_resnet, build_vit
 from hvp_lightning.nn.knn import knn_accuracies, knn_accuracy
 from hvp_lightning.training import export
@@ -128,6 +122,70 @@ def test_linear_probe_separates_linearly_separable_features():
         epochs=10,
     )
     assert res["top1"] >= 0.99 and res["top5"] == 1.0 and res["train_loss"] < 0.1
+    # scored after every epoch, as the official eval_linear.py (val_freq 1): the best and the last
+    assert len(res["top1_per_epoch"]) == 10 and res["top1"] == res["top1_per_epoch"][-1]
+    assert res["best_top1"] == max(res["top1_per_epoch"]) == res["top1_per_epoch"][res["best_epoch"] - 1]
+
+
+def test_classifier_decays_every_parameter():
+    """One optimiser group with the weight decay, biases and norm weights included, as the
+    official AdamW / SGD of eval_linear.py (automl/hvp dino:eval_linear.py lines 129-139); the
+    frozen backbone of a linear probe is not optimised."""
+    net = build_resnet("resnet18", width=8, cifar_stem=True)
+    settings = {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.05, "epochs": 1}
+    for finetune in (True, False):
+        model = Classifier(FeatureNet(net), 64, 3, settings, finetune=finetune)
+        (group,) = model.optimizer().param_groups
+        trained = list(model.parameters()) if finetune else list(model.head.parameters())
+        assert group["weight_decay"] == 0.05 and {id(p) for p in group["params"]} == {id(p) for p in trained}
+        assert any(p.ndim == 1 for p in group["params"])  # biases (and BatchNorm weights) decay too
+
+
+def test_auto_precision_is_fp16_for_vit_classifiers_on_a_gpu_only():
+    """``precision: auto``: fp16 autocast with loss scaling (Lightning's 16-mixed) where the
+    official code uses it, a ViT's linear probe or fine-tuning on a GPU (automl/hvp dino:eval_linear.py
+    lines 145 and 238); fp32 for ResNets (main:eval_linear.py), k-NN and every CPU run. A value
+    the user gives is kept. The GPU path itself runs in tests/test_gpu.py's machines only."""
+    import warnings
+
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    for protocol in ("linear", "finetune"):
+        assert eval_precision("auto", protocol, vit=True, on_gpu=True) == "16-mixed"
+        assert eval_precision("auto", protocol, vit=True, on_gpu=False) == "32-true"
+        assert eval_precision("auto", protocol, vit=False, on_gpu=True) == "32-true"
+    assert eval_precision("auto", "knn", vit=True, on_gpu=True) == "32-true"
+    assert eval_precision("bf16-mixed", "finetune", vit=True, on_gpu=True) == "bf16-mixed"
+    # What Lightning makes of "16-mixed" on a GPU: fp16 autocast (not bf16) with a GradScaler.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*CUDA is not available.*")  # this CPU machine
+        plugin = MixedPrecision("16-mixed", "cuda", scaler=torch.amp.GradScaler("cuda", enabled=False))
+        assert plugin.autocast_context_manager().fast_dtype == torch.float16
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_eval_views_resize_with_the_protocols_interpolation(interpolation):
+    """The classifier's test views are torchvision's Resize + CenterCrop + Normalize with the
+    protocol's interpolation (bicubic for DINO/iBOT/SimCLR: automl/hvp dino:data/__init__.py line 117)."""
+    from torchvision.transforms import v2
+
+    from hvp_lightning.data.augment import EvalTransform
+
+    img = torch.randint(0, 256, (3, 45, 38), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    mean, std = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
+    mode = v2.InterpolationMode[interpolation.upper()]
+    official = v2.Compose(
+        [
+            v2.Resize(32, interpolation=mode, antialias=True),
+            v2.CenterCrop(28),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean, std),
+        ]
+    )
+    ours = EvalTransform(28, 28 / 32, mean, std, interpolation)(img)
+    torch.testing.assert_close(ours, official(img), atol=1e-5, rtol=0)
+    other = "bicubic" if interpolation == "bilinear" else "bilinear"
+    assert not torch.allclose(ours, EvalTransform(28, 28 / 32, mean, std, other)(img))
 
 
 def test_vit_features_concatenate_cls_of_last_blocks():
@@ -169,6 +227,8 @@ def test_eval_protocols_end_to_end(simsiam_run, protocol):
         "test_images": 32,
         "num_classes": 10,
         "crop_size": 16,
+        "mean": list(make_cfg().data.mean),
+        "std": list(make_cfg().data.std),
     }
     m = on_disk["metrics"]
     assert 0 <= m["top1"] <= m["top5"] <= 1 and on_disk["features"] == "backbone" and on_disk["pretrain_epochs"] == 1
@@ -182,21 +242,18 @@ def test_eval_protocols_end_to_end(simsiam_run, protocol):
     else:
         assert {"eval/top1", "train/loss_step"} <= set(header) and m["train_loss"] is not None
         s = on_disk["settings"]
-        want = ("lars", 0.1, 256) if name == "linear" else ("adamw", 0.01, 512)  # SimSiam recipes, scaled down
+        # SimSiam recipes; both scale lr = base_lr * batch / 256 as the official eval_linear.py
+        # (automl/hvp main:eval_linear.py line 127, dino:eval_linear.py line 128)
+        want = ("lars", 0.1, 256) if name == "linear" else ("adamw", 0.01, 256)
         assert (s["optimizer"], s["base_lr"], s["lr_ref_batch"]) == want
-        assert s["lr"] == pytest.approx(s["base_lr"] * s["batch_size"] / s["lr_ref_batch"])
+        assert s["lr"] == pytest.approx(s["base_lr"] * s["batch_size"] / 256)
+        assert s["interpolation"] == "bilinear" and on_disk["precision"] == "32-true"  # SimSiam: main:data.py
+        assert len(m["top1_per_epoch"]) == s["epochs"] and m["best_top1"] == max(m["top1_per_epoch"])
         if protocol == ["protocol=linear", "protocol.epochs=2"]:
-            # 64 images: the recipe's 4,096 halved to 16 (4 steps an epoch); CPU: cached features
-            assert s["batch_size"] == 16 and s["augment"] is False
-
-
-def test_probe_batch_gives_every_epoch_at_least_16_steps():
-    for recipe, n in [(4096, 3072), (4096, 50_000), (4096, 1_281_167), (1024, 3072), (4096, 100)]:
-        b = probe_batch_size(recipe, n)
-        assert 16 <= b <= recipe
-        assert b == 16 or n >= 16 * b  # at least 16 optimiser steps an epoch
-        assert b == recipe or n < 16 * 2 * b  # and not smaller than that needs
-    assert probe_batch_size(4096, 3072) == 128 and probe_batch_size(4096, 1_281_167) == 4096
+            # the recipe's batch, not one sized to the 64 images: one step an epoch (the official
+            # DataLoader's), the lr of batch 4,096 (paper appendix: SimSiam linear, batch 4096, lr 0.1)
+            assert (s["batch_size"], s["steps_per_epoch"], s["lr"]) == (4096, 1, pytest.approx(0.1 * 4096 / 256))
+            assert s["augment"] is False  # CPU: cached features
 
 
 @pytest.mark.parametrize("lr", [0.05, 2.0])
@@ -279,7 +336,11 @@ def test_eval_config_errors(simsiam_run, tmp_path):
         ([f"ckpt={run_dir}", "protocol=knn", "protocol.ks=[0,20]"], r"protocol.ks=\[0, 20\] is not allowed"),
         ([f"ckpt={run_dir}", "protocol=finetune", "protocol.table_row=imagenet"], r"protocol.table_row='imagenet'"),
         ([f"ckpt={run_dir}", "data=cifar10", "data.root=/nonexistent"], r"data.root='/nonexistent' is not allowed"),
-        ([f"ckpt={run_dir}", "precision=bf16"], r"precision='bf16' is not allowed: one of 32-true, bf16-mixed"),
+        ([f"ckpt={run_dir}", "precision=bf16"], r"precision='bf16' is not allowed: auto or one of 32-true, bf16-mixed"),
+        (
+            [f"ckpt={run_dir}", "protocol=finetune", "protocol.interpolation=nearest"],
+            r"protocol.interpolation='nearest'",
+        ),
         ([f"ckpt={run_dir}", "accelerator=cpu", "precision=16-mixed"], r"precision='16-mixed' is not allowed: on CPU"),
     ]
     for overrides, match in cases:

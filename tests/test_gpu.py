@@ -123,7 +123,7 @@ def check_run(
     protocols = {
         "knn": [],
         "linear": ["protocol.epochs=1", "protocol.batch_size=32", "protocol.n_last_blocks=1"],
-        "finetune": ["protocol.epochs=1", "protocol.batch_size=16"],
+        "finetune": ["protocol.epochs=1", "protocol.batch_size=16", "protocol.n_last_blocks=1"],
     }
     for name, extra in protocols.items():
         res = evaluate(

@@ -385,10 +385,12 @@ class EvalTransform:
     crop_ratio: float = 1.0  # 0.875 on ImageNet (resize 256, crop 224); 1.0 for small images
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
+    interpolation: str = "bilinear"  # the resize: bicubic in the DINO/iBOT/SimCLR evaluation code
 
     def __call__(self, img) -> torch.Tensor:
         x = to_uint8_tensor(img)
-        x = F.resize(x, [round(self.size / self.crop_ratio)], antialias=True)
+        mode = INTERPOLATION_MODES[self.interpolation]
+        x = F.resize(x, [round(self.size / self.crop_ratio)], interpolation=mode, antialias=True)
         x = F.center_crop(x, [self.size, self.size])
         return normalize(x, self.mean, self.std)
 
@@ -401,11 +403,13 @@ class TrainTransform:
     scale: tuple[float, float]
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
+    interpolation: str = "bilinear"  # as EvalTransform's
 
     def __call__(self, img) -> torch.Tensor:
         x = to_uint8_tensor(img)
         top, left, h, w = RandomResizedCrop.get_params(x, list(self.scale), [3 / 4, 4 / 3])
-        x = F.resized_crop(x, top, left, h, w, [self.size, self.size], antialias=True)
+        mode = INTERPOLATION_MODES[self.interpolation]
+        x = F.resized_crop(x, top, left, h, w, [self.size, self.size], interpolation=mode, antialias=True)
         if torch.rand(()) < 0.5:
             x = F.horizontal_flip(x)
         return normalize(x, self.mean, self.std)

@@ -48,9 +48,10 @@ def eval_loader(
     )
 
 
-def eval_transform(d: DictConfig) -> EvalTransform:
-    """Resize and centre crop (``data.eval_crop_ratio``): the views features are computed on."""
-    return EvalTransform(d.crop_size, d.eval_crop_ratio, tuple(d.mean), tuple(d.std))
+def eval_transform(d: DictConfig, interpolation: str = "bilinear") -> EvalTransform:
+    """Resize and centre crop (``data.eval_crop_ratio``): the views features are computed on
+    (bilinear for k-NN, as the training run's monitor; the protocol's for a classifier)."""
+    return EvalTransform(d.crop_size, d.eval_crop_ratio, tuple(d.mean), tuple(d.std), interpolation)
 
 
 def eval_data_cfg(cfg: DictConfig, train_cfg: DictConfig) -> DictConfig:

@@ -17,6 +17,22 @@ from ..device import runs_on_cpu
 from ..nn.backbones import Backbone
 
 
+def is_vit(backbone: Backbone) -> bool:
+    """Whether the backbone is a ViT (it has per-block outputs), not a ResNet."""
+    return hasattr(backbone.trunk, "get_intermediate_layers")
+
+
+def eval_precision(precision: str, protocol: str, vit: bool, on_gpu: bool) -> str:
+    """What ``precision: auto`` stands for in one evaluation. The official linear / fine-tuning
+    code trains ViTs under fp16 autocast with loss scaling (automl/hvp dino:eval_linear.py line 145:
+    ``GradScaler() if "vit" in cfg.arch``, line 238: ``autocast``), ResNets in fp32 (main:eval_linear.py
+    has neither); its k-NN (dino:eval_knn.py) and every CPU run stay fp32 (no fp16 on CPU).
+    Any other value is the user's and is kept."""
+    if precision != "auto":
+        return precision
+    return "16-mixed" if vit and on_gpu and protocol in ("linear", "finetune") else "32-true"
+
+
 class FeatureNet(nn.Module):
     """Image -> feature vector. ResNets: the pooled trunk output. ViTs: the final CLS token,
     or (DINO's linear evaluation) the CLS tokens of the last ``n_last_blocks`` blocks, each
@@ -25,7 +41,7 @@ class FeatureNet(nn.Module):
     def __init__(self, backbone: Backbone, n_last_blocks: int = 1, avgpool_patchtokens: bool = False) -> None:
         super().__init__()
         self.backbone = backbone
-        self.is_vit = hasattr(backbone.trunk, "get_intermediate_layers")
+        self.is_vit = is_vit(backbone)
         self.n = n_last_blocks if self.is_vit else 1
         self.avgpool = avgpool_patchtokens and self.is_vit
         self.feature_dim = backbone.feature_dim * (self.n + int(self.avgpool))
@@ -51,9 +67,10 @@ class _Extract(L.LightningModule):
         return self.net(batch["image"]).float().cpu(), batch["label"].cpu()
 
 
-def eval_trainer(cfg: DictConfig, logger=False, max_epochs: int | None = None) -> L.Trainer:
+def eval_trainer(cfg: DictConfig, logger=False, max_epochs: int | None = None, validate: bool = False) -> L.Trainer:
     """The Lightning Trainer every evaluation step runs under (feature extraction, probe and
-    fine-tuning): one device, no checkpoints, validation only when asked."""
+    fine-tuning): one device, no checkpoints; ``validate``: the test split after every epoch,
+    as the official eval_linear.py (val_freq 1), else only when asked."""
     quiet = logging.getLogger("lightning.pytorch.utilities.rank_zero")  # no "GPU available ..." per trainer
     level = quiet.level
     quiet.setLevel(logging.WARNING)
@@ -69,7 +86,7 @@ def eval_trainer(cfg: DictConfig, logger=False, max_epochs: int | None = None) -
             enable_progress_bar=bool(cfg.progress_bar),
             num_sanity_val_steps=0,
             log_every_n_steps=1,
-            check_val_every_n_epoch=10**9,
+            check_val_every_n_epoch=1 if validate else 10**9,
             deterministic=False,
         )
     finally:

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..nn.optim import make_optimizer, split_weight_decay, warmup_cosine
+from ..nn.optim import make_optimizer, warmup_cosine
 from .features import FeatureNet, eval_trainer
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ class Classifier(L.LightningModule):
             features.requires_grad_(finetune)  # the teacher copy comes frozen
         # top-1 hits, top-5 hits, samples: a buffer, so it sits on the device of the batches it counts
         self.register_buffer("test_counts", torch.zeros(3, dtype=torch.long), persistent=False)
+        self.top1_per_epoch: list[float] = []  # the test top-1 after each training epoch
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -88,17 +89,34 @@ class Classifier(L.LightningModule):
         n = max(1, int(self.test_counts[2]))
         self.log("eval/top1", self.test_counts[0].item() / n, prog_bar=True)
         self.log("eval/top5", self.test_counts[1].item() / n)
+        self.top1_per_epoch.append(self.test_counts[0].item() / n)
 
     @property
-    def test_metrics(self) -> dict[str, float]:
+    def test_metrics(self) -> dict[str, Any]:
+        """The last epoch's top-1 / top-5, and the best top-1 over epochs: what the official
+        eval_linear.py reports (dino:eval_linear.py line 192 ``best_acc = max(...)``, written to
+        results.txt at line 217; main:eval_linear.py line 188), hence the paper's tables."""
         n = max(1, int(self.test_counts[2]))
-        return {"top1": self.test_counts[0].item() / n, "top5": self.test_counts[1].item() / n}
+        history = self.top1_per_epoch
+        best = max(range(len(history)), key=history.__getitem__) if history else None
+        return {
+            "top1": self.test_counts[0].item() / n,
+            "top5": self.test_counts[1].item() / n,
+            "best_top1": history[best] if best is not None else None,
+            "best_epoch": best + 1 if best is not None else None,
+            "top1_per_epoch": list(history),
+        }
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        """Weight decay on every trained parameter, biases and norms included: one parameter group,
+        as the official optimisers (dino:eval_linear.py lines 129-139, main:eval_linear.py lines 128-138)."""
+        s = self.settings
+        params = [p for p in self.parameters() if p.requires_grad]
+        return make_optimizer(s["optimizer"], [{"params": params}], s["lr"], s["weight_decay"], s.get("momentum", 0.9))
 
     def configure_optimizers(self):
         s = self.settings
-        decay, no_decay = split_weight_decay(self.named_parameters())
-        groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
-        opt = make_optimizer(s["optimizer"], groups, s["lr"], s["weight_decay"], s.get("momentum", 0.9))
+        opt = self.optimizer()
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup = int(s.get("warmup_epochs", 0) * total / max(1, s["epochs"]))
 
@@ -125,15 +143,6 @@ class FirstEpochETA(L.Callback):
                 took,
                 took * (trainer.max_epochs - 1),
             )
-
-
-def probe_batch_size(recipe_batch: int, num_train: int, min_steps: int = 16) -> int:
-    """The recipe's batch, halved (not below 16) until an epoch has ``min_steps`` optimiser steps:
-    the ImageNet recipes' 4,096 over a few thousand images would be one step per epoch."""
-    batch = recipe_batch
-    while batch > 16 and num_train < min_steps * batch:
-        batch //= 2
-    return batch
 
 
 def lars_growth_bound(lr: float, total_steps: int, warmup_steps: int, momentum: float, eta: float = 1e-3) -> float:
@@ -173,15 +182,13 @@ def warn_if_lars_cannot_fit(s: dict[str, Any], steps_per_epoch: int) -> None:
 def fit_classifier(
     cfg: DictConfig, model: Classifier, train_loader: DataLoader, test_loader: DataLoader, epochs: int, logger=False
 ) -> dict[str, Any]:
-    """Train ``model`` for ``epochs``, then top-1/top-5 on ``test_loader`` (and the last
-    epoch's training loss)."""
-    trainer = eval_trainer(cfg, logger=logger, max_epochs=epochs)
+    """Train ``model`` for ``epochs``, scoring ``test_loader`` after each as the official code
+    does (val_freq 1); its :attr:`Classifier.test_metrics` and the last epoch's training loss."""
+    trainer = eval_trainer(cfg, logger=logger, max_epochs=epochs, validate=True)
     trainer.callbacks.append(FirstEpochETA())
     model.train()  # Lightning keeps the modes it is given; a probe's frozen features stay in eval mode
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")  # the test split: once, after training
         warnings.filterwarnings("ignore", message=".*module\\(s\\) in eval mode.*")  # the probe's frozen features
-        trainer.fit(model, train_dataloaders=train_loader)
+        trainer.fit(model, train_dataloaders=train_loader, val_dataloaders=test_loader)
     train_loss = trainer.callback_metrics.get("train/loss_epoch")
-    trainer.validate(model, dataloaders=test_loader, verbose=False)
     return {**model.test_metrics, "train_loss": float(train_loss) if train_loss is not None else None}

@@ -7,7 +7,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import fail, int_at_least
-from ..options import OPTIMIZERS
+from ..options import INTERPOLATIONS, OPTIMIZERS
 
 # Finetune tables: which one a method's checkpoint uses (the paper has DINO ViT-S and SimSiam RN50).
 FINETUNE_TABLE = {
@@ -20,6 +20,12 @@ FINETUNE_TABLE = {
     "vicreg": "simsiam",
     "barlow_twins": "simsiam",
 }
+# ``interpolation: auto`` of the linear probe and fine-tuning (resize and RandomResizedCrop), per
+# checkpoint method, as each method's evaluation code in automl/hvp: bicubic in the dino branch's
+# transfer transforms (dino:data/__init__.py lines 100 and 117, used for DINO and iBOT ViT-S) and
+# the simclr branch's (simclr:transforms/eval_transforms.py lines 11 and 33); bilinear in the
+# SimSiam code (main:data.py lines 74 and 91) and torchvision's default elsewhere.
+EVAL_INTERPOLATION = {"dino": "bicubic", "ibot": "bicubic", "simclr": "bicubic"}
 
 
 def protocol_settings(p: DictConfig, method: str, dataset: str) -> dict[str, Any]:
@@ -46,6 +52,8 @@ def protocol_settings(p: DictConfig, method: str, dataset: str) -> dict[str, Any
             "weight_decay": table.weight_decay,
             "base_lr": table.base_lr[row],
             "epochs": table.epochs[row],
+            "n_last_blocks": table.n_last_blocks,
+            "avgpool_patchtokens": table.avgpool_patchtokens,
             "table_row": row,
         }
     skip = {"name", "recipe", "recipes", "tables", "table_row"}
@@ -53,6 +61,8 @@ def protocol_settings(p: DictConfig, method: str, dataset: str) -> dict[str, Any
         if key not in skip and value is not None:
             base[str(key)] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
     base["recipe"] = recipe
+    if base.get("interpolation") == "auto":
+        base["interpolation"] = EVAL_INTERPOLATION.get(method, "bilinear")
     return base
 
 
@@ -90,7 +100,11 @@ def validate_settings(s: dict[str, Any], protocol: str) -> None:
     for key in ("momentum", "warmup_epochs"):
         if key in s and (isinstance(s[key], bool) or not isinstance(s[key], (int, float)) or s[key] < 0):
             fail(f"protocol.{key}", s[key], "a number >= 0")
+    int_at_least(node, "protocol.n_last_blocks", 1)
+    if not isinstance(s["avgpool_patchtokens"], bool):
+        fail("protocol.avgpool_patchtokens", s["avgpool_patchtokens"], "true or false")
+    if s["interpolation"] not in INTERPOLATIONS:
+        fail("protocol.interpolation", s["interpolation"], f"auto or one of {', '.join(INTERPOLATIONS)}")
     if protocol == "linear":
-        int_at_least(node, "protocol.n_last_blocks", 1)
         if not (isinstance(s["augment"], bool) or s["augment"] == "auto"):
             fail("protocol.augment", s["augment"], "true, false or auto (false on CPU: cached features)")

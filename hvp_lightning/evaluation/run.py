@@ -19,7 +19,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, TensorDataset
 
 from ..cluster.waits import limits
@@ -35,9 +35,9 @@ from ..run.directory import EvalDir
 from ..training.checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
 from ..warning_filters import quiet_console
 from .data import EvalData, eval_data, eval_data_cfg, eval_loader, eval_transform
-from .features import FeatureNet, extract, forward_seconds
+from .features import FeatureNet, eval_precision, extract, forward_seconds, is_vit
 from .loggers import eval_logger, finish_logger
-from .probe import Classifier, fit_classifier, probe_batch_size, warn_if_lars_cannot_fit
+from .probe import Classifier, fit_classifier, warn_if_lars_cannot_fit
 from .protocols import protocol_settings, validate_settings
 
 log = logging.getLogger(__name__)
@@ -84,36 +84,38 @@ def run_classifier(
     cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[str, Any], logger, finetune: bool
 ) -> dict[str, Any]:
     d, n_cls = data.cfg, len(data.classes)
-    if cfg.protocol.get("batch_size") is None:  # the recipe's batch, sized to this dataset
-        s["batch_size"] = probe_batch_size(s["batch_size"], len(data.train))
-    if s["batch_size"] > len(data.train):  # tiny data: one full batch per step
-        log.warning(
-            "protocol.batch_size=%d > %d training images: using %d", s["batch_size"], len(data.train), len(data.train)
-        )
-        s["batch_size"] = len(data.train)
+    # The batch is the recipe's (or protocol.batch_size), whatever the data's size, and so is the
+    # lr: a batch larger than the training split is one step of the whole split an epoch, its lr
+    # still scaled from the batch asked for, as the official eval_linear.py does (its DataLoader
+    # takes batch_size as given; init_lr = lr * batch_size / 256, dino:eval_linear.py line 128).
     if s.get("augment") == "auto":
         s["augment"] = not runs_on_cpu(str(cfg.accelerator))
     s["lr"] = s["base_lr"] * s["batch_size"] / s["lr_ref_batch"]
+    # BatchNorm trains in fine-tuning: drop a last batch of one image only (the official loaders keep it).
+    drop_last = finetune and len(data.train) % s["batch_size"] == 1
+    n_train = len(data.train)
+    s["steps_per_epoch"] = n_train // s["batch_size"] if drop_last else math.ceil(n_train / s["batch_size"])
     net = FeatureNet(
-        copy.deepcopy(backbone) if finetune else backbone,
-        s.get("n_last_blocks") or 1,
-        bool(s.get("avgpool_patchtokens")),
+        copy.deepcopy(backbone) if finetune else backbone, s["n_last_blocks"], bool(s["avgpool_patchtokens"])
     )
     if net.is_vit and net.n > len(backbone.trunk.blocks):
         fail("protocol.n_last_blocks", net.n, f"at most the backbone's depth ({len(backbone.trunk.blocks)})")
     if not net.is_vit:
         s["n_last_blocks"], s["avgpool_patchtokens"] = None, None  # ResNets: the pooled features
-    test_tf = eval_transform(d)
+    s["feature_dim"] = net.feature_dim
+    test_tf = eval_transform(d, s["interpolation"])
     test_ds = EvalDataset(data.test, test_tf)
     cached = not finetune and not s["augment"]
     per_image = forward_seconds(cfg, net, EvalDataset(data.train, test_tf), min(s["batch_size"], 64))
-    forwards = len(data.test) + len(data.train) * (1 if cached else s["epochs"])
+    forwards = (len(data.test) + len(data.train)) * (1 if cached else s["epochs"])
     log.info(
-        "%s: %d epochs x %d steps of batch %d on %s; %d images through the backbone at %.1f ms each: about %.0f s%s",
+        "%s: %d epochs x %d steps of batch %d (lr %.3g) on %s; %d images through the backbone at %.1f ms each: "
+        "about %.0f s%s",
         "linear probe" if not finetune else "fine-tuning",
         s["epochs"],
-        math.ceil(len(data.train) / s["batch_size"]),
+        s["steps_per_epoch"],
         s["batch_size"],
+        s["lr"],
         "cached features (augment=false)" if cached else "augmented views",
         forwards,
         1e3 * per_image,
@@ -135,15 +137,16 @@ def run_classifier(
         train_loader = DataLoader(TensorDataset(train_x, train_y), batch_size=s["batch_size"], shuffle=True)
         test_loader = DataLoader(TensorDataset(test_x, test_y), batch_size=s["batch_size"])
     else:
-        train_tf = TrainTransform(d.crop_size, tuple(s["train_crop_scale"]), tuple(d.mean), tuple(d.std))
+        train_tf = TrainTransform(
+            d.crop_size, tuple(s["train_crop_scale"]), tuple(d.mean), tuple(d.std), s["interpolation"]
+        )
         model = Classifier(net, net.feature_dim, n_cls, s, finetune=finetune)
-        # Fine-tuning trains BatchNorm: no batch of 1 (drop the incomplete last batch).
         train_loader = eval_loader(
             EvalDataset(data.train, train_tf),
             s["batch_size"],
             d.num_workers,
             True,
-            drop_last=finetune and len(data.train) > s["batch_size"],
+            drop_last=drop_last,
             wait_s=limits(cfg).wait_s,
         )
         test_loader = eval_loader(test_ds, s["batch_size"], d.num_workers, False, wait_s=limits(cfg).wait_s)
@@ -173,6 +176,10 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     pretrain = {"epochs": int(ckpt.get("epoch", -1)) + 1, "steps": ckpt.get("global_step")}
     del ckpt
     backbone = model.backbone if cfg.student else model.eval_backbone
+    on_gpu = not runs_on_cpu(str(cfg.accelerator)) and torch.cuda.is_available()
+    cfg = copy.deepcopy(cfg)  # precision: auto, resolved for this backbone and device
+    with open_dict(cfg):
+        cfg.precision = eval_precision(str(cfg.get("precision", "32-true")), protocol, is_vit(backbone), on_gpu)
     which = (
         "student backbone"
         if cfg.student and backbone is not model.eval_backbone
@@ -187,7 +194,7 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     out.path.mkdir(parents=True, exist_ok=True)
     logger = eval_logger(cfg, train_cfg, out, run_dir, protocol)
     log.info(
-        "%s evaluation of %s (%s, %s, %s) on %s: %d train / %d test images, %d classes; accelerator=%s",
+        "%s evaluation of %s (%s, %s, %s) on %s: %d train / %d test images, %d classes; accelerator=%s, precision=%s",
         protocol,
         ckpt_path,
         train_cfg.method.name,
@@ -198,6 +205,7 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
         len(data.test),
         len(data.classes),
         cfg.accelerator,
+        cfg.precision,
     )
     if protocol == "knn":
         metrics = run_knn(cfg, backbone, data, settings, logger)
@@ -214,10 +222,13 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
             "test_images": len(data.test),
             "num_classes": len(data.classes),
             "crop_size": data_cfg.crop_size,
+            "mean": list(data_cfg.mean),
+            "std": list(data_cfg.std),
         },
         "method": train_cfg.method.name,
         "backbone": train_cfg.backbone.name,
         "features": which,
+        "precision": cfg.precision,
         "pretrain_epochs": pretrain["epochs"],
         "pretrain_steps": pretrain["steps"],
         "settings": settings,

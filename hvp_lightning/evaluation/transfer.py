@@ -117,13 +117,33 @@ def read_results(out_dir: TransferDir, checkpoint: Path) -> dict[str, dict[str, 
     return found
 
 
+# Per evaluation, three CSV columns ``<dataset>_<protocol>_<kind>`` and three Markdown rows: the best
+# test top-1 over epochs (what the official eval_linear.py reports, dino:eval_linear.py lines 192 and
+# 217, hence the paper's tables), the last epoch's, and the batch the evaluation trained at.
+KINDS = {
+    "best": "top-1, best epoch (the paper's / official scripts' convention)",
+    "last": "top-1, last epoch",
+    "batch": "batch",
+}
+
+
+def cell_values(summary: dict[str, Any] | None) -> dict[str, str]:
+    """One evaluation's cells: best and last top-1 (%) and its batch; "" where not run or not recorded."""
+    if summary is None:
+        return dict.fromkeys(KINDS, "")
+    m, batch = summary["metrics"], summary.get("settings", {}).get("batch_size")
+    pct = lambda v: f"{100 * v:.2f}" if v is not None else ""  # noqa: E731
+    return {"best": pct(m.get("best_top1")), "last": pct(m["top1"]), "batch": str(batch) if batch else ""}
+
+
 def table_row(label: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The checkpoint's row: ``label``'s columns, then top-1 (%) per data set and protocol ("" if not run)."""
+    """The checkpoint's row: ``label``'s columns, then per data set and protocol its best and
+    last top-1 (%) and batch ("" if not run)."""
     row = dict(label)
     for name in TRANSFER_DATASETS:
         for protocol in TRANSFER_PROTOCOLS:
-            s = results.get(cell(name, protocol))
-            row[cell(name, protocol)] = f"{100 * s['metrics']['top1']:.2f}" if s else ""
+            for kind, value in cell_values(results.get(cell(name, protocol))).items():
+                row[f"{cell(name, protocol)}_{kind}"] = value
     return row
 
 
@@ -136,13 +156,15 @@ def table_csv(row: dict[str, Any]) -> str:
 
 
 def table_markdown(row: dict[str, Any]) -> str:
-    """The paper's layout: Method, Arch., then Lin. and F.T. per data set."""
-    heads = ["Method", "Arch."] + [f"{TITLES[n]} {SHORT[p]}" for n in TRANSFER_DATASETS for p in TRANSFER_PROTOCOLS]
-    values = [row["method"], row["backbone"]] + [
-        row[cell(n, p)] or "-" for n in TRANSFER_DATASETS for p in TRANSFER_PROTOCOLS
-    ]
+    """The paper's layout: Method, Arch., then Lin. and F.T. per data set; a row per kind of cell."""
+    cols = [cell(n, p) for n in TRANSFER_DATASETS for p in TRANSFER_PROTOCOLS]
+    heads = ["Method", "Arch.", ""] + [f"{TITLES[n]} {SHORT[p]}" for n in TRANSFER_DATASETS for p in TRANSFER_PROTOCOLS]
+    lines = [f"| {' | '.join(heads)} |", f"|{'---|' * len(heads)}"]
+    for kind, title in KINDS.items():
+        values = [row["method"], row["backbone"], title] + [row[f"{c}_{kind}"] or "-" for c in cols]
+        lines.append(f"| {' | '.join(values)} |")
     return (
-        f"| {' | '.join(heads)} |\n|{'---|' * len(heads)}\n| {' | '.join(values)} |\n\n"
+        "\n".join(lines) + "\n\n"
         f"Top-1 accuracy (%) of `{row['checkpoint']}` ({row['pretrain_epochs']} pretraining epochs); "
         "each cell's settings: `<dataset>/<protocol>/eval_summary.json` next to this file.\n"
     )
@@ -209,13 +231,16 @@ def run_transfer(cfg: DictConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]
         start = time.time()
         summary = evaluate(job, options_checked=True)
         row = write_table(out_dir, label, ckpt_path)
+        cells = cell_values(summary)
         log.info(
-            "transfer %d/%d: %s on %s: top-1 %.2f%% (%.0f s); table: %s",
+            "transfer %d/%d: %s on %s at batch %s: top-1 %s%% best epoch, %s%% last (%.0f s); table: %s",
             i,
             len(jobs),
             protocol,
             name,
-            100 * summary["metrics"]["top1"],
+            cells["batch"],
+            cells["best"],
+            cells["last"],
             time.time() - start,
             out_dir.table_md,
         )

@@ -312,3 +312,60 @@ def test_offline_hub_names_say_where_to_put_the_file(tmp_path, monkeypatch):
         make_cfg("backbone=resnet18", "backbone.width=64", "data.crop_size=32", "backbone.init=torchvision:resnet18")
     )
     assert_same(trunk_state(model), {k: v for k, v in net.state_dict().items() if not k.startswith("fc.")})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ibot_cifar", "simclr_cifar"])
+def test_a_timm_backbone_trains_with_registers_for_ibot_and_a_cnn_for_simclr(tmp_path, method):
+    """A whole run: iBOT on a timm ViT with 4 register tokens (masked patch tokens, HVP on), SimCLR
+    on a timm ConvNeXt with HVP's selection pass."""
+    from hvp_lightning.training.driver import run
+
+    backbone = (
+        [
+            *TINY_VIT,
+            "backbone.img_size=32",
+            "+backbone.model_args.reg_tokens=4",
+            "+backbone.model_args.no_embed_class=true",
+        ]
+        if method.startswith("ibot")
+        else ["backbone=timm", "backbone.name=convnext_atto"]
+    )
+    extra = ["method.local_crop_size=16", "method.num_local_crops=2", "method.out_dim=64", "method.patch_out_dim=64"]
+    cfg = make_cfg(
+        f"method={method}", *backbone, "data.crop_size=32", "+hvp=on", *(extra if method.startswith("ibot") else [])
+    )
+    summary = run(cfg, tmp_path)
+    assert summary["hvp"]["selected_samples"] == cfg.data.train_size and summary["knn_top1"] is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args,key",
+    [
+        (["backbone=timm", "backbone.name=convnext_tinny"], "backbone.name='convnext_tinny'"),
+        (["method=ibot_cifar", "backbone=timm", "backbone.name=resnet10t"], "backbone.name='resnet10t'"),
+        (["backbone=timm", "backbone.name=resnet10t", "backbone.init=WEIGHTS"], "backbone.init='WEIGHTS'"),
+    ],
+)
+def test_the_cli_answers_bad_backbone_input_in_one_line_without_checkpoints(tmp_path, args, key):
+    import subprocess
+    import sys
+
+    from .conftest import REPO, SUBPROCESS_TIMEOUT_S
+
+    weights = tmp_path / "vit.pth"
+    torch.save(timm.create_model("vit_tiny_patch16_224", num_classes=0, depth=1).state_dict(), weights)
+    args = [a.replace("WEIGHTS", str(weights)) for a in args]
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "train.py", *args, "data=synthetic", "logger=csv", "trainer=cpu", f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and out.count("config error:") == 1 and "Traceback" not in out, out[-2000:]
+    assert f"config error: {key.replace('WEIGHTS', str(weights))} is not allowed" in proc.stderr
+    assert not (run_dir / "checkpoints").exists()

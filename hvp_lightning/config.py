@@ -331,6 +331,8 @@ def check_timm_backbone(cfg: DictConfig) -> None:
             "needs patch tokens, a class token and a mask token (a timm ViT, e.g. vit_small_patch16_224)"
         )
     if layout.patch_size is None:
+        if b.get("img_size") is not None:
+            fail("backbone.img_size", b.img_size, f"null for {b.name}: a {layout.kind} takes any image size")
         return
     sizes = {"data.crop_size": cfg.data.crop_size}
     if m.name in ("dino", "ibot") and int(m.get("num_local_crops") or 0) > 0:

@@ -369,3 +369,20 @@ def test_the_cli_answers_bad_backbone_input_in_one_line_without_checkpoints(tmp_
     assert proc.returncode == 2 and out.count("config error:") == 1 and "Traceback" not in out, out[-2000:]
     assert f"config error: {key.replace('WEIGHTS', str(weights))} is not allowed" in proc.stderr
     assert not (run_dir / "checkpoints").exists()
+
+
+def test_batchnorm_fused_with_an_activation_keeps_per_process_batchnorm():
+    """timm's ``BatchNormAct2d`` (EfficientNet) would lose its activation in the conversion to
+    ``SyncBatchNorm``: ``auto`` leaves it per process, ``true`` is refused in one line."""
+    from hvp_lightning.cluster.distributed import sync_batchnorm_plugins
+
+    efficientnet = build_backbone(make_cfg("backbone=timm", "backbone.name=efficientnet_b0").backbone)
+    resnet = build_backbone(make_cfg("backbone=timm", "backbone.name=resnet10t").backbone)
+    assert sync_batchnorm_plugins("auto", efficientnet) == [] and len(sync_batchnorm_plugins("auto", resnet)) == 1
+    with pytest.raises(ConfigError, match=r"trainer.sync_batchnorm=True is not allowed .* BatchNormAct2d"):
+        sync_batchnorm_plugins(True, efficientnet)
+
+
+def test_img_size_is_refused_for_a_model_that_takes_any_size():
+    with pytest.raises(ConfigError, match=r"backbone.img_size=64 is not allowed: null for resnet10t: a ResNet"):
+        validate(make_cfg("backbone=timm", "backbone.name=resnet10t", "backbone.img_size=64", "data.crop_size=32"))

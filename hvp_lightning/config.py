@@ -43,6 +43,7 @@ from .options import (
     TRAINER_PRECISIONS,
     WANDB_MODES,
     backbone_family,
+    is_hub_init,
 )
 from .run.directory import resolve_checkpoint
 
@@ -307,10 +308,9 @@ def _check_init(b: DictConfig, resuming: bool = False) -> None:
     )
     if not isinstance(init, str) or not init:
         fail("backbone.init", init, allowed)
-    scheme, sep, name = init.partition(":")
-    if sep and scheme in INIT_HUBS:
-        if not name:
-            fail("backbone.init", init, f"{scheme}:<model name>")
+    if is_hub_init(init):
+        if not init.partition(":")[2]:
+            fail("backbone.init", init, f"{init.partition(':')[0]}:<model name>")
         return
     if not resuming and not Path(init).expanduser().exists():
         fail("backbone.init", init, f"{allowed} (no such file or folder)")

@@ -28,6 +28,12 @@ TIMM_FAMILY = "timm"
 INIT_HUBS = ("timm", "torchvision")
 
 
+def is_hub_init(source: str) -> bool:
+    """``timm:<name>`` or ``torchvision:<name>`` (a hub), not a path."""
+    scheme, sep, _ = source.partition(":")
+    return bool(sep) and scheme in INIT_HUBS
+
+
 def backbone_family(backbone: Mapping[str, Any]) -> str:
     """``resnet``, ``vit`` or ``timm``: a config from ``backbone=timm`` is told apart by its
     ``model_args`` key, as timm names overlap the presets' (``resnet18`` is both)."""

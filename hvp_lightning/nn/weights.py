@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..options import INIT_HUBS
+from ..options import is_hub_init
 
 # Unexpected keys under these prefixes are heads the trunk does not have: dropped, said so.
 HEAD_PREFIXES = ("fc.", "head.", "classifier.")
@@ -46,15 +46,10 @@ WRAPPER_PREFIXES = ("module.", "backbone.", "trunk.", "_orig_mod.")
 SHOWN = 3  # keys shown per kind of mismatch
 
 
-def is_hub(source: str) -> bool:
-    scheme, sep, _ = source.partition(":")
-    return bool(sep) and scheme in INIT_HUBS
-
-
 def read_state(source: str, student: bool = False) -> tuple[dict[str, torch.Tensor], str]:
     """(the trunk's state dict as the source holds it, a description for the log) for a file,
     an ``hvp-export`` folder or a hub name. ``student``: a DINO/iBOT checkpoint's student."""
-    if is_hub(source):
+    if is_hub_init(source):
         obj, what = hub_state(source), source
     else:
         path = Path(source).expanduser()

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from ..methods import SSLMethod
-from ..nn.weights import fit_state, is_hub, read_state
+from ..nn.weights import fit_state, read_state
+from ..options import is_hub_init
 from ..run.directory import RunDir, resolve_checkpoint
 from .checkpoint import load_checkpoint
 from .export import backbone_state_dict
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 def source_state(source: str, student: bool = False) -> tuple[dict[str, torch.Tensor], str]:
     """(trunk state dict, description) of any ``backbone.init`` source."""
     path = Path(source).expanduser()
-    if not is_hub(source) and (path.suffix == ".ckpt" or (path.is_dir() and RunDir(path).has_run())):
+    if not is_hub_init(source) and (path.suffix == ".ckpt" or (path.is_dir() and RunDir(path).has_run())):
         ckpt_path, _ = resolve_checkpoint(path, key="backbone.init")
         state, info = backbone_state_dict(load_checkpoint(ckpt_path, key="backbone.init"), student)
         which = info["source_prefix"].removesuffix(".trunk.")

@@ -132,6 +132,11 @@ def test_crops_must_fit_a_timm_vits_patch():
         validate(vit_cfg("method.local_crop_size=24"))
 
 
+def test_backbone_timm_without_a_name_says_how_to_give_one():
+    with pytest.raises(ConfigError, match=r"backbone.name='\?\?\?' is not allowed: a timm model name: backbone=timm"):
+        check_options(make_cfg("backbone=timm"))
+
+
 def test_a_missing_init_path_is_a_config_error():
     with pytest.raises(ConfigError, match=r"backbone.init='/nowhere/w.pth' is not allowed: .*no such file"):
         check_options(make_cfg("backbone.init=/nowhere/w.pth"))

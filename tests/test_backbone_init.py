@@ -16,6 +16,7 @@ from hvp_lightning.config import check_options, validate
 from hvp_lightning.errors import ConfigError
 from hvp_lightning.methods import METHODS
 from hvp_lightning.nn.backbones import build_backbone, vit_tokens
+from hvp_lightning.nn.teacher import has_batchnorm
 from hvp_lightning.selection import frozen_state
 from hvp_lightning.training.backbone_init import init_backbone
 
@@ -107,6 +108,7 @@ def test_the_selection_pass_freezes_running_statistics_beyond_batchnorm():
     with frozen_state(norm, torch.device("cpu")):
         norm(x)
     assert torch.equal(norm.running_var, torch.ones(4))
+    assert has_batchnorm(norm)  # batch-dependent: DINO's teacher outputs are not reused across batches
     norm(x)
     assert not torch.equal(norm.running_var, torch.ones(4))
 

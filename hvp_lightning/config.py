@@ -30,6 +30,7 @@ from .options import (
     HVP_COLOURS,
     IMAGE_EXTENSIONS,
     IMAGE_SIDES,
+    INIT_HUBS,
     INTERPOLATIONS,
     IOU_SCHEDULES,
     LOGGERS,
@@ -39,9 +40,12 @@ from .options import (
     OWNED_TRAINER_KEYS,
     PRECISIONS,
     PROTOCOLS,
+    TIMM_FAMILY,
     TORCHVISION_FILES,
     TRAINER_PRECISIONS,
     WANDB_MODES,
+    backbone_family,
+    is_hub_init,
 )
 from .run.directory import resolve_checkpoint
 
@@ -114,8 +118,8 @@ def check_multicrop(cfg: DictConfig) -> None:
         fail("method.num_local_crops", m.num_local_crops, "expected an integer >= 0")
     if int(m.num_local_crops) > 0 and int(m.local_crop_size) < 1:
         fail("method.local_crop_size", m.local_crop_size, "expected an integer >= 1")
-    b = cfg.backbone
-    if BACKBONE_FAMILIES[b.name] == "vit" and int(m.num_local_crops) > 0 and m.local_crop_size % b.patch_size:
+    b = cfg.backbone  # a timm ViT's patch: check_timm_backbone
+    if backbone_family(b) == "vit" and int(m.num_local_crops) > 0 and m.local_crop_size % b.patch_size:
         fail(
             "method.local_crop_size",
             m.local_crop_size,
@@ -148,10 +152,10 @@ def check_batch_loss(cfg: DictConfig) -> None:
 def check_ibot(cfg: DictConfig) -> None:
     """iBOT's own settings: a ViT backbone (patch tokens) and the masking and loss weights."""
     m, b = cfg.method, cfg.backbone
-    if BACKBONE_FAMILIES[b.name] != "vit":
+    if backbone_family(b) not in ("vit", TIMM_FAMILY):  # which timm models have tokens: check_timm_backbone
         raise ConfigError(
             f"backbone.name={b.name!r} is not allowed for method=ibot: a ViT (patch tokens), "
-            f"one of {', '.join(n for n, f in BACKBONE_FAMILIES.items() if f == 'vit')}"
+            f"one of {', '.join(n for n, f in BACKBONE_FAMILIES.items() if f == 'vit')} or a timm ViT (backbone=timm)"
         )
     lo, hi = m.mask_ratio
     if not 0 <= lo <= hi <= 1:
@@ -182,6 +186,7 @@ def check_options(cfg: DictConfig) -> None:
     validate_data(cfg)
     resolve_auto_crop(cfg.data)
     validate_backbone(cfg)
+    _check_init(cfg.backbone, resuming=bool(cfg.get("resume")))
     _validate_hvp(cfg)
     _validate_iou_policy(cfg)
     if cfg.method.name in ("dino", "ibot"):
@@ -216,6 +221,8 @@ def validate(cfg: DictConfig, options_checked: bool = False) -> None:
     ``trainer.precision: auto`` / ``auto-16-mixed``. Warns once when crops are larger than the images."""
     if not options_checked:
         check_options(cfg)
+    if backbone_family(cfg.backbone) == TIMM_FAMILY:
+        check_timm_backbone(cfg)
     _validate_trainer_keys(cfg)
     _validate_precision(cfg)
     _validate_deterministic(cfg)
@@ -257,10 +264,15 @@ def _check_logger(lc: DictConfig) -> None:
 
 def validate_backbone(cfg: DictConfig) -> None:
     b, crop = cfg.backbone, cfg.data.crop_size
-    if b.name not in BACKBONE_FAMILIES:
-        fail("backbone.name", b.name, f"one of {', '.join(BACKBONE_FAMILIES)}")
+    family = backbone_family(b)
+    if family == TIMM_FAMILY:
+        _check_timm_keys(cfg)
+    elif b.name not in BACKBONE_FAMILIES:
+        fail("backbone.name", b.name, f"one of {', '.join(BACKBONE_FAMILIES)} (any timm model: backbone=timm)")
     int_at_least(cfg, "data.crop_size", 1)
-    if BACKBONE_FAMILIES[b.name] == "resnet":
+    if family == TIMM_FAMILY:
+        return
+    if family == "resnet":
         int_at_least(cfg, "backbone.width", 1)
         if not isinstance(b.get("zero_init_residual", False), bool):
             fail("backbone.zero_init_residual", b.zero_init_residual, "true or false")
@@ -271,6 +283,71 @@ def validate_backbone(cfg: DictConfig) -> None:
         int_at_least(cfg, "backbone.patch_size", 1)
         if crop % b.patch_size:
             fail("data.crop_size", crop, f"a multiple of backbone.patch_size={b.patch_size} for {b.name}")
+
+
+def _check_timm_keys(cfg: DictConfig) -> None:
+    """``backbone=timm``'s keys that the config alone shows (the name against timm's list and the
+    model's patch size: :func:`check_timm_backbone`, which imports timm)."""
+    b = cfg.backbone
+    if OmegaConf.is_missing(b, "name") or not isinstance(b.name, str) or not b.name:
+        fail("backbone.name", b.get("name", "???"), "a timm model name: backbone=timm backbone.name=<name>")
+    if b.get("img_size") is not None:
+        int_at_least(cfg, "backbone.img_size", 1)
+    rate = b.get("drop_path_rate", 0.0)
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+        fail("backbone.drop_path_rate", rate, "expected a number in [0, 1)")
+    if not isinstance(b.model_args, DictConfig):
+        fail("backbone.model_args", b.model_args, "a mapping of timm.create_model keywords, e.g. {depth: 6}")
+    if not isinstance(b.get("channels_last", False), bool):
+        fail("backbone.channels_last", b.channels_last, "true or false")
+
+
+def _check_init(b: DictConfig, resuming: bool = False) -> None:
+    """``backbone.init``: null, ``timm:<name>`` / ``torchvision:<name>``, or a path that exists
+    (what the file holds is checked when it is loaded: hvp_lightning/nn/weights.py). Not the
+    path on ``resume=``: a resumed run starts from its checkpoint, not from ``backbone.init``."""
+    init = b.get("init")
+    if not isinstance(b.get("init_student", False), bool):
+        fail("backbone.init_student", b.init_student, "true or false")
+    if init is None:
+        return
+    allowed = "null, a weights file (.pth, .pt, .safetensors), an hvp-export folder, a run dir, " + " or ".join(
+        f"{hub}:<name>" for hub in INIT_HUBS
+    )
+    if not isinstance(init, str) or not init:
+        fail("backbone.init", init, allowed)
+    if is_hub_init(init):
+        if not init.partition(":")[2]:
+            fail("backbone.init", init, f"{init.partition(':')[0]}:<model name>")
+        return
+    if not resuming and not Path(init).expanduser().exists():
+        fail("backbone.init", init, f"{allowed} (no such file or folder)")
+
+
+def check_timm_backbone(cfg: DictConfig) -> None:
+    """``backbone=timm`` against timm itself: the name (else the closest names timm knows), the
+    crops against a ViT's patch size, and iBOT's need for a ViT with a class token. The model is
+    built on the meta device, so this costs no memory and no initialisation."""
+    from .nn.backbones import check_timm_name, timm_layout
+
+    b, m = cfg.backbone, cfg.method
+    check_timm_name(b.name)
+    layout = timm_layout(b)
+    if m.name == "ibot" and not layout.tokens:
+        raise ConfigError(
+            f"backbone.name={b.name!r} is not allowed for method=ibot: {b.name} is a {layout.kind}, and iBOT "
+            "needs patch tokens, a class token and a mask token (a timm ViT, e.g. vit_small_patch16_224)"
+        )
+    if layout.patch_size is None:
+        if b.get("img_size") is not None:
+            fail("backbone.img_size", b.img_size, f"null for {b.name}: a {layout.kind} takes any image size")
+        return
+    sizes = {"data.crop_size": cfg.data.crop_size}
+    if m.name in ("dino", "ibot") and int(m.get("num_local_crops") or 0) > 0:
+        sizes["method.local_crop_size"] = m.local_crop_size
+    for key, size in sizes.items():
+        if size % layout.patch_size:
+            fail(key, size, f"a multiple of {b.name}'s patch size {layout.patch_size}")
 
 
 def _validate_lr_end(cfg: DictConfig) -> None:
@@ -565,16 +642,24 @@ def nondeterministic_cuda_backward(cfg: DictConfig) -> str | None:
     (``_upsample_bicubic2d_aa_backward``), which timm runs for crops of another size than
     ``backbone.img_size`` (DINO/iBOT's local crops, or global crops resized)."""
     b, m = cfg.backbone, cfg.method
-    if BACKBONE_FAMILIES.get(b.name) != "vit":
+    family, img_size = backbone_family(b), b.get("img_size")
+    if family == TIMM_FAMILY:
+        from .nn.backbones import timm_layout
+
+        layout = timm_layout(b)
+        if layout.patch_size is None:
+            return None
+        img_size = layout.img_size
+    elif family != "vit":
         return None
     sizes = [cfg.data.crop_size]
     if m.name in ("dino", "ibot") and int(m.get("num_local_crops") or 0) > 0:
         sizes.append(m.local_crop_size)
-    other = [s for s in sizes if isinstance(s, int) and s != b.get("img_size")]
+    other = [s for s in sizes if isinstance(s, int) and s != img_size]
     if other:
         return (
             f"the position-embedding resize of {b.name} (F.interpolate, bicubic) for {other[0]} px crops "
-            f"(backbone.img_size={b.get('img_size')})"
+            f"(backbone.img_size={img_size})"
         )
     return None
 

@@ -9,6 +9,9 @@ import their names from here. Registries that map a name to code (``methods.METH
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 METHOD_NAMES = ("dino", "ibot", "simsiam", "simclr", "byol", "mocov3", "vicreg", "barlow_twins")
 # backbone.name -> family (the keys a family's config group carries: hvp_lightning/nn/backbones.py)
 BACKBONE_FAMILIES = {
@@ -19,6 +22,26 @@ BACKBONE_FAMILIES = {
     "vit_small": "vit",
     "vit_base": "vit",
 }
+# backbone=timm (conf/backbone/timm.yaml): any timm model; its config carries ``model_args``
+TIMM_FAMILY = "timm"
+# backbone.init=<scheme>:<name> fetches released weights from a hub (hvp_lightning/nn/weights.py)
+INIT_HUBS = ("timm", "torchvision")
+
+
+def is_hub_init(source: str) -> bool:
+    """``timm:<name>`` or ``torchvision:<name>`` (a hub), not a path."""
+    scheme, sep, _ = source.partition(":")
+    return bool(sep) and scheme in INIT_HUBS
+
+
+def backbone_family(backbone: Mapping[str, Any]) -> str:
+    """``resnet``, ``vit`` or ``timm``: a config from ``backbone=timm`` is told apart by its
+    ``model_args`` key, as timm names overlap the presets' (``resnet18`` is both)."""
+    if "model_args" in backbone:
+        return TIMM_FAMILY
+    return BACKBONE_FAMILIES.get(backbone["name"], "")
+
+
 OPTIMIZERS = ("sgd", "adamw", "lars")
 
 DATASETS = ("synthetic", "imagefolder", "cifar10", "cifar100", "stl10", "flowers102", "food101", "inat21")

@@ -66,6 +66,23 @@ def test_every_experiment_is_a_whole_run_that_passes_the_start_up_checks(name, t
     check_options(experiment_cfg(name, tmp_path))  # also resolves data.crop_size: auto
 
 
+def test_dino_vits16_adapt_continues_the_official_dino_vits16(tmp_path):
+    """The adaptation preset: timm's copy of the official DINO ViT-S/16 as the start (a local
+    file instead on the command line), a slower teacher (official DINO's advice for small
+    batches) and a lower, shorter learning-rate schedule than from scratch (docs/backbones.md)."""
+    cfg = experiment_cfg("dino_vits16_adapt", tmp_path)
+    scratch = experiment_cfg("dino_vits16_imagenet", tmp_path / "scratch")
+    b, m = cfg.backbone, cfg.method
+    assert (b.name, b.init, b.init_student) == ("vit_small_patch16_224", "timm:vit_small_patch16_224.dino", False)
+    assert global_batch(cfg) == 128 and m.momentum_teacher == 0.9995
+    assert m.optimizer.base_lr < scratch.method.optimizer.base_lr
+    assert m.optimizer.warmup_epochs < scratch.method.optimizer.warmup_epochs
+    assert cfg.trainer.max_epochs < scratch.trainer.max_epochs
+    weights = tmp_path / "dino_deitsmall16_pretrain.pth"
+    weights.write_bytes(b"")
+    check_options(experiment_cfg("dino_vits16_adapt", tmp_path / "local", f"backbone.init={weights}"))
+
+
 def test_the_command_line_still_wins_over_an_experiment(tmp_path):
     cfg = experiment_cfg(
         "dino_vits16_imagenet", tmp_path, "backbone=vit_base", "trainer.max_epochs=300", "method.batch_size=128"
@@ -88,6 +105,8 @@ def test_a_methods_own_backbone_gives_way_to_the_command_line():
         "img_size": 32,
         "patch_size": 4,
         "drop_path_rate": 0.1,
+        "init": None,
+        "init_student": False,
     }
     assert composed("method=ibot", "backbone=vit_tiny").backbone.name == "vit_tiny"
     assert composed("backbone=vit_tiny", "method=ibot").backbone.name == "vit_tiny"  # order on the line is free

@@ -239,8 +239,8 @@ PAPER: dict[str, dict[str, tuple[Any, str]]] = {
 def experiment_cfg(name: str, tmp_path: Path, *more: str) -> DictConfig:
     """``+experiment=NAME`` composed once, with a data root the checks accept (torchvision sets:
     download=true, so that no files are needed; nothing is downloaded without training)."""
-    imagenet = name.endswith("_imagenet")
-    data = f"data.root={imagenet_folder(tmp_path / 'imagenet')}" if imagenet else "data.download=true"
+    folder = composed(f"+experiment={name}").data.name == "imagefolder"  # the ImageNet runs, dino_vits16_adapt
+    data = f"data.root={imagenet_folder(tmp_path / 'imagenet')}" if folder else "data.download=true"
     return composed(f"+experiment={name}", data, *more)
 
 

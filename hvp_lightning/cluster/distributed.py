@@ -32,6 +32,7 @@ from lightning.pytorch.plugins.layer_sync import TorchSyncBatchNorm, _BatchNormX
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..errors import ConfigError
 from ..nn.teacher import has_batchnorm
 
 T = TypeVar("T")
@@ -177,12 +178,29 @@ def _root_device(model: nn.Module) -> torch.device:
 
 
 def sync_batchnorm_plugins(setting: str | bool, model: nn.Module) -> list[SyncBatchNormPlugin]:
-    """The Trainer plugin for ``trainer.sync_batchnorm`` (``auto``: iff ``model`` has BatchNorm)."""
+    """The Trainer plugin for ``trainer.sync_batchnorm`` (``auto``: iff ``model`` has BatchNorm
+    and none of it is fused with more, see :func:`fused_batchnorms`)."""
+    fused = fused_batchnorms(model)
     if setting == "auto":
-        setting = has_batchnorm(model)
+        setting = has_batchnorm(model) and not fused
     elif not isinstance(setting, bool):
         raise ValueError(f"trainer.sync_batchnorm={setting!r}; allowed: auto, true, false")
+    if setting and fused:
+        raise ConfigError(
+            f"trainer.sync_batchnorm=True is not allowed for this backbone: its {fused[0]} layers fuse BatchNorm "
+            "with an activation, which the conversion to synchronised BatchNorm would drop; set "
+            "trainer.sync_batchnorm=false (or auto) for per-process BatchNorm"
+        )
     return [SyncBatchNormPlugin()] if setting else []
+
+
+def fused_batchnorms(model: nn.Module) -> list[str]:
+    """Class names of BatchNorm subclasses that do more in their forward (timm's
+    ``BatchNormAct2d``: norm + activation + dropout, in EfficientNet and others). torch's and
+    Lightning's conversion rebuild every ``_BatchNorm`` as a plain ``SyncBatchNorm``, dropping
+    the rest, so such a model keeps per-process BatchNorm."""
+    plain = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, CpuSyncBatchNorm, _BatchNormXd)
+    return sorted({type(m).__name__ for m in model.modules() if isinstance(m, _BatchNorm) and type(m) not in plain})
 
 
 # --- per-rank state in checkpoints ------------------------------------------------------------

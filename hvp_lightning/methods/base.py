@@ -19,6 +19,7 @@ from ..data.iou_policy import iou_policy
 from ..nn.backbones import build_backbone
 from ..nn.knn import knn_accuracy
 from ..nn.optim import OPTIMIZERS, make_optimizer, warmup_cosine
+from ..nn.teacher import MomentumTargetMixin
 from ..selection import hvp_config
 
 
@@ -78,6 +79,17 @@ class SSLMethod(L.LightningModule):
             if name.split(".")[-1] == "backbone":
                 module.compile()
                 self.compiled_modules.append(name)
+
+    @torch.no_grad()
+    def start_backbone_from(self, state: dict[str, torch.Tensor]) -> None:
+        """Released weights into the backbone's trunk (strict; ``backbone.init``), before training.
+        A momentum target (DINO/iBOT's teacher, BYOL/MoCo v3's target) was copied from the
+        backbone at construction: it gets the same weights, so it starts equal to the student."""
+        self.backbone.trunk.load_state_dict(state, strict=True)
+        if isinstance(self, MomentumTargetMixin):
+            for target, online in self.momentum_pairs():
+                if online is self.backbone:
+                    target.load_state_dict(online.state_dict(), strict=True)
 
     @property
     def eval_backbone(self) -> torch.nn.Module:

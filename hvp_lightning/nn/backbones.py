@@ -1,8 +1,9 @@
-"""Backbone registry: torchvision ResNets and timm ViTs, always randomly initialised.
+"""Backbone registry: torchvision ResNets, timm ViTs and any timm model (``backbone=timm``).
 
 Every builder returns a module mapping images ``[B, 3, H, W]`` to features ``[B, D]`` and
 exposes ``feature_dim`` so heads can be sized without a dummy forward. Nothing here
-downloads weights: SSL pretraining starts from scratch, and tests run offline.
+downloads weights: a backbone is built randomly initialised, and ``backbone.init`` weights
+are loaded into it afterwards (hvp_lightning/nn/weights.py), so tests run offline.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import torch
 from torch import nn
 from torchvision.models import resnet as tvr
 
-from ..options import BACKBONE_FAMILIES
+from ..errors import ConfigError
+from ..options import BACKBONE_FAMILIES, TIMM_FAMILY, backbone_family
 from .onednn_guard import guard_onednn_avx2_1x1
 
 
@@ -114,6 +116,91 @@ def build_vit(
     return Backbone(trunk, spec["embed_dim"], patch_size=patch_size)
 
 
+# timm modules whose models take ``img_size`` and ``dynamic_img_size`` (patch tokens and a
+# position embedding that timm interpolates to each crop's grid, so multi-crop local views work)
+TIMM_VIT_MODULES = ("vision_transformer", "deit", "eva")
+
+
+def timm_is_vit(name: str) -> bool:
+    """True for a timm ViT (patch tokens, any crop size that is a multiple of its patch)."""
+    from timm.models import is_model_in_modules
+
+    return is_model_in_modules(name, TIMM_VIT_MODULES)
+
+
+def check_timm_name(name: str) -> None:
+    """A :class:`ConfigError` naming the closest names timm knows when ``name`` is not a timm
+    model (a pretrained tag such as ``.dino`` is allowed: timm ignores it without weights)."""
+    import difflib
+
+    import timm
+
+    if not timm.is_model(name):
+        close = difflib.get_close_matches(name.split(".")[0], timm.list_models(), n=5, cutoff=0.6)
+        hint = f"closest: {', '.join(close)}" if close else "see timm.list_models()"
+        raise ConfigError(f"backbone.name={name!r} is not allowed: not a timm model ({hint})")
+
+
+@dataclass(frozen=True)
+class TimmLayout:
+    """What start-up checks need to know of a timm model (:func:`timm_layout`)."""
+
+    kind: str  # the model class, e.g. "VisionTransformer", "ConvNeXt"
+    patch_size: int | None  # a ViT's patch side; None: any image size
+    img_size: int | None  # a ViT's position-embedding grid in pixels
+    tokens: bool  # a VisionTransformer with a class token read by :func:`vit_tokens` (iBOT)
+
+
+def timm_layout(cfg) -> TimmLayout:
+    """The ``backbone=timm`` model of ``cfg`` built on the meta device (no memory, no random
+    init), read for its patch size and whether iBOT can use its tokens."""
+    with torch.device("meta"):
+        trunk = build_timm(cfg.name, cfg.get("img_size"), 0.0, dict(cfg.get("model_args") or {})).trunk
+    embed = getattr(trunk, "patch_embed", None)
+    return TimmLayout(
+        kind=type(trunk).__name__,
+        patch_size=int(embed.patch_size[0]) if timm_is_vit(cfg.name) and embed is not None else None,
+        img_size=int(embed.img_size[0]) if embed is not None and embed.img_size is not None else None,
+        tokens=has_vit_tokens(trunk),
+    )
+
+
+def has_vit_tokens(trunk: nn.Module) -> bool:
+    """A timm ``VisionTransformer`` whose pooled feature is its class token: what
+    :func:`vit_tokens` reads (iBOT's CLS and patch tokens, register tokens skipped)."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    return isinstance(trunk, VisionTransformer) and trunk.cls_token is not None and trunk.global_pool == "token"
+
+
+def build_timm(
+    name: str,
+    img_size: int | None = None,
+    drop_path_rate: float = 0.0,
+    model_args: dict | None = None,
+    channels_last: bool = False,
+) -> Backbone:
+    """``timm.create_model(name, pretrained=False, num_classes=0, ...)`` wrapped as a :class:`Backbone`:
+    the trunk's state_dict keys are timm's own (so timm loads an export as is) and ``trunk(x)``
+    is timm's pooled feature. ViTs get ``dynamic_img_size`` (multi-crop) and ``img_size``."""
+    import timm
+
+    check_timm_name(name)
+    kwargs: dict = {"drop_path_rate": drop_path_rate}
+    vit = timm_is_vit(name)
+    if vit:
+        kwargs["dynamic_img_size"] = True
+        if img_size is not None:
+            kwargs["img_size"] = img_size
+    kwargs.update(model_args or {})
+    try:
+        trunk = timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
+    except TypeError as err:  # a model_args key (or drop_path_rate) the model does not take
+        raise ConfigError(f"backbone.model_args={model_args!r} is not allowed for {name}: {err}") from err
+    patch = trunk.patch_embed.patch_size[0] if vit and hasattr(trunk, "patch_embed") else None
+    return Backbone(trunk, int(trunk.num_features), channels_last=channels_last, patch_size=patch)
+
+
 @dataclass(frozen=True)
 class BackboneSpec:
     family: str
@@ -128,6 +215,14 @@ BACKBONES: dict[str, BackboneSpec] = {n: BackboneSpec(f, _BUILDERS[f]) for n, f 
 def build_backbone(cfg) -> Backbone:
     """Build from a ``backbone`` config group node (name + family-specific keys)."""
     name = cfg.name
+    if backbone_family(cfg) == TIMM_FAMILY:
+        return build_timm(
+            name,
+            img_size=cfg.get("img_size"),
+            drop_path_rate=cfg.get("drop_path_rate", 0.0),
+            model_args=dict(cfg.get("model_args") or {}),
+            channels_last=bool(cfg.get("channels_last", False)),
+        )
     if name not in BACKBONES:
         raise KeyError(name)
     spec = BACKBONES[name]

@@ -52,8 +52,13 @@ def make_teacher(student: nn.Module) -> nn.Module:
 
 
 def has_batchnorm(module: nn.Module) -> bool:
-    """True if outputs depend on batch composition (so a teacher forward cannot be reused)."""
-    return any(isinstance(m, _BatchNorm) for m in module.modules())
+    """True if outputs depend on batch composition (so a teacher forward cannot be reused):
+    BatchNorm, or any other norm that keeps running statistics of its batches (timm's EvoNorm
+    B variants normalise by the batch variance in training)."""
+    return any(
+        isinstance(m, _BatchNorm) or any(n.startswith("running_") for n, _ in m.named_buffers(recurse=False))
+        for m in module.modules()
+    )
 
 
 def cosine_momentum(step: int, total: int, base: float = 0.996, final: float = 1.0) -> float:

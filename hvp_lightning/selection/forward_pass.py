@@ -67,7 +67,8 @@ def resolve_selection_dtype(
 
 @contextmanager
 def frozen_state(module: nn.Module, device: torch.device) -> Iterator[None]:
-    """No gradients, BatchNorm buffers and RNG streams as they were on entry.
+    """No gradients, BatchNorm buffers (every running statistic: :func:`running_buffers`) and
+    RNG streams as they were on entry.
 
     BatchNorm runs exactly as in the training step (train mode, batch statistics, running
     stats tracked), on copies of its buffers (running mean/var, ``num_batches_tracked``); the
@@ -87,20 +88,29 @@ def frozen_state(module: nn.Module, device: torch.device) -> Iterator[None]:
     Returns:
         A context manager (generator-based); the selection forward runs inside it.
     """
-    names = ("running_mean", "running_var", "num_batches_tracked")
-    kept = [
-        (m, [getattr(m, n) for n in names])
-        for m in module.modules()
-        if isinstance(m, _BatchNorm) and m.track_running_stats
-    ]
+    kept = [(m, running_buffers(m)) for m in module.modules()]
+    kept = [(m, buffers) for m, buffers in kept if buffers]
     devices = [device] if device.type == "cuda" else []
     try:
         for m, buffers in kept:
-            for n, b in zip(names, buffers):
+            for n, b in buffers.items():
                 setattr(m, n, b.clone())
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             yield
     finally:  # every original back, also after a failed clone
         for m, buffers in kept:
-            for n, b in zip(names, buffers):
+            for n, b in buffers.items():
                 setattr(m, n, b)
+
+
+def running_buffers(m: nn.Module) -> dict[str, torch.Tensor]:
+    """The buffers a training-mode forward of ``m`` itself updates: BatchNorm's (any
+    ``_BatchNorm``, timm's ``BatchNormAct2d`` included) and every other ``running_*`` statistic
+    (timm's EvoNorm keeps a ``running_var``)."""
+    if isinstance(m, _BatchNorm) and not m.track_running_stats:
+        return {}
+    return {
+        n: b
+        for n, b in m.named_buffers(recurse=False)
+        if b is not None and (n.startswith("running_") or n == "num_batches_tracked")
+    }

@@ -349,6 +349,10 @@ RESUMABLE_KEYS = (
     "trainer.enable_progress_bar",
     "trainer.enable_model_summary",
     "trainer.log_every_n_steps",
+    # a resumed run starts from its checkpoint, never from backbone.init (resume wins, and the
+    # run says so: training/backbone_init.py); the weights file may have moved meanwhile
+    "backbone.init",
+    "backbone.init_student",
 )
 DERIVED_KEYS = ("data.num_classes",)  # set by the run itself (training.driver.run)
 

@@ -37,6 +37,7 @@ from ..run.records import RunRecord, continue_csv_log, wandb_resume
 from ..run.wandb_logging import WandbCharts, current_sweep_dir, run_names, wandb_logged_in
 from ..selection import hvp_config, hvp_summary
 from ..warning_filters import quiet_console
+from .backbone_init import init_backbone
 from .checkpoint import AtomicCheckpointIO, RunCheckpoint, resume_checkpoint
 from .preemption import StopOnSignal, cluster_plugins
 
@@ -124,6 +125,8 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, options_checked: bool, wait_s: f
     with open_dict(cfg):
         cfg.data.num_classes = dm.num_classes
     model: SSLMethod = method_cls(cfg)
+    if (init_line := init_backbone(model, resuming=ckpt_path is not None)) and env_rank() == 0:
+        (log.warning if ckpt_path is not None else log.info)(init_line)
     trainer_kwargs: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
     sync_bn = sync_batchnorm_plugins(trainer_kwargs.pop("sync_batchnorm", "auto"), model)  # DDP only
     trainer_kwargs["strategy"] = ddp_strategy(trainer_kwargs, wait_s)  # collectives wait at most wait_s

@@ -296,8 +296,8 @@ def _check_timm_keys(cfg: DictConfig) -> None:
     rate = b.get("drop_path_rate", 0.0)
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
         fail("backbone.drop_path_rate", rate, "expected a number in [0, 1)")
-    if not isinstance(b.model_args, DictConfig):
-        fail("backbone.model_args", b.model_args, "a mapping of timm.create_model keywords, e.g. {depth: 6}")
+    if b.model_args is not None and not isinstance(b.model_args, DictConfig):
+        fail("backbone.model_args", b.model_args, "null or a mapping of timm.create_model keywords, e.g. {depth: 6}")
     if not isinstance(b.get("channels_last", False), bool):
         fail("backbone.channels_last", b.channels_last, "true or false")
 

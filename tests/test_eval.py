@@ -570,9 +570,6 @@ def test_timm_target_of_timm_family_trunks():
         export.check_in_timm(max_pool, dict(cnn.state_dict()), Backbone(cnn, 512).eval(), [3, 64, 64])  # 2x2 maps
 
 
-@pytest.mark.skipif(
-    not (REPO / "conf" / "backbone" / "timm.yaml").is_file(), reason="backbone=timm comes with issue 38's backbone work"
-)
 @pytest.mark.parametrize(
     "overrides",
     [

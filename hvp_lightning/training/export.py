@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
+from ..options import TIMM_FAMILY, backbone_family
 from ..run.atomic import atomic_write, atomic_write_text
 from ..run.directory import resolve_checkpoint
 
@@ -75,7 +76,7 @@ def backbone_state_dict(ckpt: dict, student: bool = False) -> tuple[dict[str, to
         "method": cfg.method.name,
         "backbone": cfg.backbone.name,
         "source_prefix": prefix,
-        "family": "vit" if hasattr(backbone.trunk, "blocks") else "resnet",
+        "family": backbone_family(cfg.backbone),
         "width": cfg.backbone.get("width"),
         "cifar_stem": cfg.backbone.get("cifar_stem"),
         "model": model,
@@ -215,7 +216,9 @@ def main(argv: list[str] | None = None, prog: str = "hvp-export") -> int:
     atomic_save(state, out)
     print(_wrote(args.out, state, info))
     name, width, cifar = info["backbone"], info["width"], info["cifar_stem"]
-    if info["family"] != "resnet":
+    if info["family"] == TIMM_FAMILY:
+        hint = f"timm.create_model({name!r}, num_classes=0, <backbone.model_args>).load_state_dict(sd)  (strict)"
+    elif info["family"] != "resnet":
         hint = (
             "timm.models.vision_transformer.VisionTransformer(<same size>, num_classes=0)"
             ".load_state_dict(sd)  (strict; with a classification head only head.weight, head.bias are missing)"

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from ..options import BACKBONE_FAMILIES
+from ..options import TIMM_FAMILY, backbone_family
 
 # Bookkeeping entries of summary.json: how long and on what the run went, not how the model is.
 _NOT_MONITORS = {
@@ -43,14 +43,6 @@ class TimmTarget:
     builder_args: dict[str, Any] = field(default_factory=dict)
 
 
-def backbone_family(backbone_cfg: DictConfig) -> str:
-    """``timm`` for ``backbone=timm`` (its preset alone has ``model_args``; its ``name`` is any timm
-    name, ``resnet18`` included), else the preset's family (hvp_lightning/options.py)."""
-    if "model_args" in backbone_cfg:
-        return "timm"
-    return BACKBONE_FAMILIES[backbone_cfg.name]
-
-
 def timm_target(backbone_cfg: DictConfig, trunk: Any) -> TimmTarget:
     """The timm architecture and arguments whose model has the trunk's keys, shapes and features.
 
@@ -61,9 +53,10 @@ def timm_target(backbone_cfg: DictConfig, trunk: Any) -> TimmTarget:
     where the trunk has it on, so a loaded ViT takes other image sizes as the run's did."""
     family = backbone_family(backbone_cfg)
     args: dict[str, Any] = {}
-    if family == "timm":
+    if family == TIMM_FAMILY:
         architecture = str(backbone_cfg.name).split(".", 1)[0]
-        args.update(OmegaConf.to_container(backbone_cfg.model_args, resolve=True) or {})  # type: ignore[arg-type]
+        if backbone_cfg.model_args is not None:
+            args.update(OmegaConf.to_container(backbone_cfg.model_args, resolve=True))  # type: ignore[arg-type]
         if backbone_cfg.get("img_size") is not None and hasattr(trunk, "patch_embed"):
             args["img_size"] = int(backbone_cfg.img_size)
     elif family == "resnet":

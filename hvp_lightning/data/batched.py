@@ -17,7 +17,8 @@ is one of two, as the method's official pipeline (``ViewAug.blur_kind``):
   kernel): PIL's own algorithm, three extended box blurs along rows then three along columns
   (Pillow's BoxBlur.c, Gwosdek et al. 2011), in its integer arithmetic, rounding to uint8 after
   each pass as PIL does, with the box radius computed in PIL's float32/float64 steps: bit for
-  bit PIL's output (the tests compare with PIL itself).
+  bit PIL's output (the tests compare with PIL itself). One view on the CPU reads its box on the
+  host and runs only its taps, in int32 (:func:`pil_blur_view`).
 * ``simclr`` (SimCLR's kernel of 10% of the crop): separable (two 1-D passes of shifted
   multiply-adds, 2k instead of k*k multiplies per pixel), which reorders its float sums: a
   blurred pixel can land one level (1/255) from torchvision's ``gaussian_blur`` at a rounding
@@ -228,10 +229,10 @@ def pil_blur_view(x: torch.Tensor, r: int, ww: int, fw: int) -> torch.Tensor:
     known on the host: :func:`pil_blur`'s six passes in int32, each ``(ww * S + fw * F + 2^23) >> 24``
     computed as ``(T + (L >> 1)) >> 23`` with ``T = (ww >> 1) S + (fw >> 1) F + 2^22`` and ``L =
     (ww & 1) S + (fw & 1) F``: exact (``V = 2 T + L``, ``T`` an integer), and below 2^31 as
-    ``V < 2^32``. Only the taps of this radius, 4-byte integers, no product past 31 bits: ~1.2 ms
-    at 224 px on one core, where PIL itself with the tensor conversions takes ~2.2 ms and
-    :func:`pil_blur` ~4 ms (benchmarks/RESULTS.md, issue 40). ``x``: float ``[1, C, H, W]``
-    holding integers 0..255; returns the same."""
+    ``V < 2^32``. Only the taps of this radius, 4-byte integers, no product past 31 bits: at
+    224 px on one core 1.6-2.4 ms where PIL itself with the tensor conversions took 2.2-3.6 ms
+    and :func:`pil_blur` 6.5-7.4 ms (``benchmarks/blur_cpu.py``, a loaded 2-core machine).
+    ``x``: float ``[1, C, H, W]`` holding integers 0..255; returns the same."""
     y = x.to(torch.int32)
     for dim in (3, 3, 3, 2, 2, 2):  # along the width, then the height, as PIL
         n = y.shape[dim]

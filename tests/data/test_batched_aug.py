@@ -24,7 +24,16 @@ from hvp_lightning.data.augment import (
     reference_colour,
     sample_params,
 )
-from hvp_lightning.data.batched import colour, finish_views, gaussian_blur, hue, pil_blur, pil_box, pil_max_radius
+from hvp_lightning.data.batched import (
+    colour,
+    finish_views,
+    gaussian_blur,
+    hue,
+    pil_blur,
+    pil_blur_view,
+    pil_box,
+    pil_max_radius,
+)
 from hvp_lightning.data.datamodule import SSLDataModule, finish_batch
 from hvp_lightning.data.seeds import key_uniforms, view_key, view_keys
 
@@ -70,16 +79,20 @@ def test_batched_colour_matches_torchvision_pixels(aug: ViewAug, sync_free: bool
 
 
 def test_pil_blur_is_pils_for_any_sigma_and_size() -> None:
-    """The batched PIL blur against ``PIL.ImageFilter.GaussianBlur(radius=sigma)`` of noise
-    (every rounding case) at sigmas over and past the views' 0.1-2 range, on crops down to
+    """The batched PIL blur and the per-view int32 one (the CPU path) against
+    ``PIL.ImageFilter.GaussianBlur(radius=sigma)`` of noise (every rounding case) at sigmas over
+    and past the views' 0.1-2 range (box radii 0 to 4, odd and even weights), on crops down to
     smaller than the box (edges repeated): every pixel equal; the static tap bound holds."""
     g = torch.Generator().manual_seed(0)
-    for h, w, top in ((23, 31, 2.0), (5, 3, 6.0), (96, 96, 2.0)):
+    for h, w, top in ((23, 31, 2.0), (5, 3, 6.0), (96, 96, 2.0), (1, 2, 6.0)):
         sigma = torch.cat([torch.tensor([0.1, top]), 0.1 + (top - 0.1) * torch.rand(14, generator=g)])
         x = torch.randint(0, 256, (16, 3, h, w), generator=g, dtype=torch.uint8)
         want = torch.stack([pil_gaussian_blur(v, s) for v, s in zip(x, sigma.tolist())]).float()
         assert torch.equal(pil_blur(x.float(), sigma, pil_max_radius(top)), want), (h, w)
         assert int(pil_box(sigma)[0].max()) <= pil_max_radius(top)
+        boxes = zip(*(b.tolist() for b in pil_box(sigma)))
+        per_view = torch.cat([pil_blur_view(v[None].float(), *box) for v, box in zip(x, boxes)])
+        assert torch.equal(per_view, want), (h, w)
 
 
 @pytest.mark.parametrize("sync_free", [False, True])

@@ -63,6 +63,23 @@ TINY = [
 ]
 
 
+def write_images(root: Path, n: int, side: int = 20) -> list[Path]:
+    """``n`` small generated JPEGs for ``data=images``, a third at ``root``'s top and the rest
+    one and two folders down (any depth counts); random pixels of a fixed seed, so every test
+    and subprocess sees the same images. Returns their paths, sorted."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(n):
+        folder = root / ("", "a", "a/b")[i % 3]
+        folder.mkdir(parents=True, exist_ok=True)
+        paths.append(folder / f"img{i:03d}.jpg")
+        Image.fromarray(rng.integers(0, 256, (side, side + 4, 3), dtype=np.uint8)).save(paths[-1], quality=90)
+    return sorted(paths)
+
+
 def make_cfg(*overrides: str, tiny: bool = True) -> DictConfig:
     """Compose conf/ with ``overrides``; then shrink it with TINY wherever the chosen groups
     have that key and the test did not set it ("+key" entries are always added)."""

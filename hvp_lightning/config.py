@@ -356,8 +356,8 @@ def check_images(cfg: DictConfig) -> None:
     root, files = d.get("root"), d.get("files")
     if bool(root) == bool(files):
         fail(
-            "data.root" if root else "data.files",
-            root or files,
+            "data.root",
+            root,
             "set exactly one of data.root=<folder of images> and data.files=<text file listing image paths>",
         )
     if root:

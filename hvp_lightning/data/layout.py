@@ -41,10 +41,16 @@ def images_under(root: Path) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-@functools.lru_cache(maxsize=4)
 def listed_images(list_file: Path) -> tuple[str, ...]:
     """The paths listed in ``list_file``, one a line, in the file's order; relative ones are
-    relative to the list's folder; blank lines and lines starting with ``#`` are skipped."""
+    relative to the list's folder; blank lines and lines starting with ``#`` are skipped. Read
+    once per version of the file (start-up and the dataset ask for it several times)."""
+    stat = list_file.stat()
+    return _read_list(list_file, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_list(list_file: Path, mtime_ns: int, size: int) -> tuple[str, ...]:
     base = list_file.parent
     lines = (line.strip() for line in list_file.read_text().splitlines())
     return tuple(str(base / Path(line).expanduser()) for line in lines if line and not line.startswith("#"))

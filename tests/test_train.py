@@ -168,18 +168,19 @@ def test_images_settings_are_checked_against_the_files(cfg_factory, tmp_path):
 def test_tiny_images_run_reports_the_label_free_monitors(cfg_factory, tmp_path):
     """data=images without labels: trains on the images at every depth but the held-out sample,
     skips an unreadable one, and reports RankMe and feature std of the held-out images at init and
-    after the epoch -- in summary.json, the CSV log and the final line -- and no k-NN."""
+    after every epoch (eval.every_n_epochs=5 spaces k-NN passes, and there are none) -- in
+    summary.json, the CSV log and the final line."""
     write_images(tmp_path / "imgs", 39)
     (tmp_path / "imgs" / "a" / "broken.jpg").write_bytes(b"not a jpeg")
     images = ["data=images", f"data.root={tmp_path / 'imgs'}", "data.monitor_size=8", "data.crop_size=16"]
-    cfg = cfg_factory(*images, "eval.at_start=true")
+    cfg = cfg_factory(*images, "eval.at_start=true", "trainer.max_epochs=2", "eval.every_n_epochs=5")
     summary = run(cfg, tmp_path / "run")
-    assert summary["steps"] == 32 // 16 and summary["images_seen"] == 32  # 40 - 8 held out, batch 16
+    assert summary["steps"] == 2 * 32 // 16 and summary["images_seen"] == 64  # 40 - 8 held out, batch 16
     assert summary["skipped_files"] == [str(tmp_path / "imgs" / "a" / "broken.jpg")]
     assert summary["knn_top1"] is None and summary["knn_history"] == [] and summary["num_classes"] == 0
     assert (summary["monitor_source"], summary["monitor_images"], summary["monitor_dim"]) == ("monitor", 8, 64)
     history = summary["monitor_history"]
-    assert [(h["epoch"], h["images_seen"]) for h in history] == [(0.0, 0), (1.0, 32)]
+    assert [(h["epoch"], h["images_seen"]) for h in history] == [(0.0, 0), (1.0, 32), (2.0, 64)]
     assert (summary["monitor_rankme_init"], summary["monitor_feature_std_init"]) == (
         history[0]["rankme"],
         history[0]["feature_std"],

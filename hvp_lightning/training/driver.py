@@ -148,7 +148,8 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, options_checked: bool, wait_s: f
             *live_gallery_callbacks(cfg),
             WandbCharts(),
         ],
-        check_val_every_n_epoch=cfg.eval.every_n_epochs,
+        # without a labelled set the pass is the small held-out sample's alone: at every epoch's end
+        check_val_every_n_epoch=cfg.eval.every_n_epochs if "test" in model.eval_roles else 1,
         num_sanity_val_steps=0,
     )
     if trainer.is_global_zero:

@@ -345,7 +345,7 @@ def check_imagenet_layout(key: str, value: Any) -> None:
             )
 
 
-IMAGE_FILES = f"image files ({', '.join(IMAGE_EXTENSIONS)}, any case; hidden files skipped)"
+IMAGE_FILES = f"image files ({', '.join(IMAGE_EXTENSIONS)}, any case)"
 
 
 def check_images(cfg: DictConfig) -> None:
@@ -364,7 +364,12 @@ def check_images(cfg: DictConfig) -> None:
         if not Path(str(root)).expanduser().is_dir():
             fail("data.root", str(root), f"a folder holding {IMAGE_FILES} at any depth (no folder there)")
         if not training_images(d):
-            fail("data.root", str(root), f"a folder holding {IMAGE_FILES} at any depth (none found under it)")
+            fail(
+                "data.root",
+                str(root),
+                f"a folder holding {IMAGE_FILES} at any depth (none found under it; hidden files and folders "
+                "do not count)",
+            )
     else:
         _check_image_list(str(files), training_images(d) if Path(str(files)).expanduser().is_file() else None)
     paths = training_images(d)

@@ -237,8 +237,8 @@ def test_cli_reports_config_error_once_in_one_line_and_leaves_no_run_dir(tmp_pat
     if bad[0] == "data=images":
         assert proc.stderr.strip().splitlines() == [
             f"config error: data.root='{tmp_path}/no_images' is not allowed: a folder holding image files "
-            "(.jpg, .jpeg, .png, .ppm, .bmp, .pgm, .tif, .tiff, .webp, .gif, any case; hidden files skipped) "
-            "at any depth (none found under it)"
+            "(.jpg, .jpeg, .png, .ppm, .bmp, .pgm, .tif, .tiff, .webp, .gif, any case) "
+            "at any depth (none found under it; hidden files and folders do not count)"
         ]
 
 

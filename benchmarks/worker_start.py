@@ -79,7 +79,7 @@ def main() -> None:
             if arm == "kept":
                 rows.setdefault("knn kept", []).append(timed_pass(server_loader))
                 continue
-            rows.setdefault(f"knn {arm}", []).append(timed_pass(fresh(dm.test_set, arm)))
+            rows.setdefault(f"knn {arm}", []).append(timed_pass(fresh(dm.eval_sets["test"], arm)))
             rows.setdefault(f"train {arm}", []).append(timed_pass(fresh(train_set, arm)))
     print(f"\n{args.rounds} rounds, {args.workers} workers, median seconds (interleaved in one process)")
     print("| loader | arm | first batch | whole pass |\n|---|---|---|---|")

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .data.layout import is_image_file, resolve_auto_crop, split_dir, typical_image_side
+from .data.layout import is_image_file, resolve_auto_crop, split_dir, training_image_side, training_images
 from .errors import ConfigError
 from .options import (
     AUTO_PRECISIONS,
@@ -401,24 +401,93 @@ def validate_data(cfg: DictConfig) -> None:
         int_at_least(cfg, "data.train_size", 2)
         int_at_least(cfg, "data.test_size", 1)
         return
+    if d.name == "images":
+        check_images(cfg)
+        return
     if OmegaConf.is_missing(d, "root"):
         fail("data.root", "???", f"the folder holding {d.name}: add data.root=<path> to the command")
-    root = Path(str(d.root)).expanduser()
     if d.name == "imagefolder":
-        for split in ("train", "test"):
-            folder = split_dir(root, split)
-            want = "<root>/train/<class>/*" if split == "train" else "<root>/test/<class>/* or <root>/val/<class>/*"
-            if not folder.is_dir() or not any(p.is_dir() for p in folder.iterdir()):
-                fail("data.root", str(d.root), f"an ImageNet-layout folder with {want} (no class folders in {folder})")
-            if not any(p.is_file() and is_image_file(p.name) for p in folder.glob("*/**/*")):
-                fail(
-                    "data.root",
-                    str(d.root),
-                    f"an ImageNet-layout folder with {want} (no image files "
-                    f"({', '.join(IMAGE_EXTENSIONS)}) in the class folders of {folder})",
-                )
+        check_imagenet_layout("data.root", d.root)
     elif d.name in TORCHVISION_FILES and not d.download:
         check_torchvision_root(d, "data")
+
+
+def check_imagenet_layout(key: str, value: Any) -> None:
+    """``value`` is an ImageNet-layout folder (``train/<class>/*`` and ``test/`` or ``val/``
+    class folders holding images), or one message naming ``key``."""
+    root = Path(str(value)).expanduser()
+    for split in ("train", "test"):
+        folder = split_dir(root, split)
+        want = "<root>/train/<class>/*" if split == "train" else "<root>/test/<class>/* or <root>/val/<class>/*"
+        if not folder.is_dir() or not any(p.is_dir() for p in folder.iterdir()):
+            fail(key, str(value), f"an ImageNet-layout folder with {want} (no class folders in {folder})")
+        if not any(p.is_file() and is_image_file(p.name) for p in folder.glob("*/**/*")):
+            fail(
+                key,
+                str(value),
+                f"an ImageNet-layout folder with {want} (no image files "
+                f"({', '.join(IMAGE_EXTENSIONS)}) in the class folders of {folder})",
+            )
+
+
+IMAGE_FILES = f"image files ({', '.join(IMAGE_EXTENSIONS)}, any case)"
+
+
+def check_images(cfg: DictConfig) -> None:
+    """``data=images``: exactly one of ``data.root`` (a folder with images at any depth) and
+    ``data.files`` (a list of existing image files); ``data.monitor_size`` held out of them,
+    leaving some to train on; ``data.eval_root`` an ImageNet-layout folder when given."""
+    d = cfg.data
+    root, files = d.get("root"), d.get("files")
+    if bool(root) == bool(files):
+        fail(
+            "data.root",
+            root,
+            "set exactly one of data.root=<folder of images> and data.files=<text file listing image paths>",
+        )
+    if root:
+        if not Path(str(root)).expanduser().is_dir():
+            fail("data.root", str(root), f"a folder holding {IMAGE_FILES} at any depth (no folder there)")
+        if not training_images(d):
+            fail(
+                "data.root",
+                str(root),
+                f"a folder holding {IMAGE_FILES} at any depth (none found under it; hidden files and folders "
+                "do not count)",
+            )
+    else:
+        _check_image_list(str(files), training_images(d) if Path(str(files)).expanduser().is_file() else None)
+    paths = training_images(d)
+    int_at_least(cfg, "data.monitor_size", 0)
+    if d.monitor_size >= len(paths):
+        fail("data.monitor_size", d.monitor_size, f"fewer than the {len(paths)} images (it is held out of training)")
+    if d.get("eval_root"):
+        check_imagenet_layout("data.eval_root", d.eval_root)
+    elif d.monitor_size == 0:
+        fail(
+            "data.monitor_size",
+            0,
+            "an integer >= 1 without data.eval_root (the held-out sample is then the run's only monitor)",
+        )
+
+
+def _check_image_list(files: str, paths: tuple[str, ...] | None) -> None:
+    """``data.files``: a text file whose listed paths all exist and are image files."""
+    if paths is None:
+        fail("data.files", files, "a text file listing image paths, one a line (no file there)")
+    if not paths:
+        fail("data.files", files, "a text file listing image paths, one a line (it lists none)")
+    not_images = [p for p in paths if not is_image_file(p)]
+    if not_images:
+        fail("data.files", files, f"a list of {IMAGE_FILES} ({len(not_images)} are not, the first: {not_images[0]})")
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        fail(
+            "data.files",
+            files,
+            f"a list of existing files ({len(missing)} of {len(paths)} are missing, the first: {missing[0]}; "
+            "relative paths are relative to the list's folder)",
+        )
 
 
 def check_torchvision_root(d: DictConfig, key: str) -> None:
@@ -441,8 +510,8 @@ def _warn_upsampled_crops(d: DictConfig) -> None:
     CIFAR at 224 px for a ViT), but said once at start-up."""
     if d.name == "synthetic":
         side = d.image_size
-    elif d.name == "imagefolder":
-        side = typical_image_side(split_dir(Path(str(d.root)).expanduser(), "train"))
+    elif d.name in ("imagefolder", "images"):
+        side = training_image_side(d)
     else:
         side = IMAGE_SIDES.get(d.name)
     from lightning.pytorch.utilities import rank_zero_only

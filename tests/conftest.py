@@ -63,6 +63,31 @@ TINY = [
 ]
 
 
+def write_images(root: Path, n: int, side: int = 20) -> list[Path]:
+    """``n`` small generated JPEGs for ``data=images``, a third at ``root``'s top and the rest
+    one and two folders down (any depth counts); random pixels of a fixed seed, so every test
+    and subprocess sees the same images. Returns their paths, sorted."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(n):
+        folder = root / ("", "a", "a/b")[i % 3]
+        folder.mkdir(parents=True, exist_ok=True)
+        paths.append(folder / f"img{i:03d}.jpg")
+        Image.fromarray(rng.integers(0, 256, (side, side + 4, 3), dtype=np.uint8)).save(paths[-1], quality=90)
+    return sorted(paths)
+
+
+def images_run(overrides: list[str], root: Path, monitor_size: int) -> list[str]:
+    """``overrides`` of a run on the generated textures turned into ``data=images`` on the images
+    under ``root`` (``write_images``), ``monitor_size`` of them held out: the textures' own keys go."""
+    own = ("data.train_size=", "data.test_size=")
+    kept = [o for o in overrides if not o.startswith(own)]
+    return [*kept, "data=images", f"data.root={root}", f"data.monitor_size={monitor_size}"]
+
+
 def make_cfg(*overrides: str, tiny: bool = True) -> DictConfig:
     """Compose conf/ with ``overrides``; then shrink it with TINY wherever the chosen groups
     have that key and the test did not set it ("+key" entries are always added)."""
@@ -152,9 +177,10 @@ def score_and_assert_stateless(model: torch.nn.Module, batch: dict) -> torch.Ten
 
 
 def assert_same_reported_run(resumed: Path, straight: Path) -> None:
-    """What a user reads of a run -- ``summary.json``'s train_loss and k-NN, and every epoch-level
-    value of ``csv/metrics.csv`` (``*_epoch``, ``knn/*``) -- is the uninterrupted run's, exactly
-    (a resumed epoch's aggregates cover the whole epoch, not the resumed session's steps)."""
+    """What a user reads of a run -- ``summary.json``'s train_loss, k-NN and label-free monitors,
+    and every epoch-level value of ``csv/metrics.csv`` (``*_epoch``, ``knn/*``, ``monitor/*``) --
+    is the uninterrupted run's, exactly (a resumed epoch's aggregates cover the whole epoch, not
+    the resumed session's steps)."""
     import csv
     import json
 
@@ -162,12 +188,13 @@ def assert_same_reported_run(resumed: Path, straight: Path) -> None:
         summary = json.loads((run_dir / "summary.json").read_text())
         with (run_dir / "csv" / "metrics.csv").open(newline="") as f:
             rows = list(csv.DictReader(f))
-        columns = [k for k in rows[0] if k.endswith("_epoch") or k.startswith("knn/")]
+        columns = [k for k in rows[0] if k.endswith("_epoch") or k.startswith(("knn/", "monitor/"))]
         epochs = {k: [(r["step"], r[k]) for r in rows if r[k]] for k in columns}
-        return {k: summary[k] for k in ("train_loss", "knn_top1", "steps")}, epochs
+        keys = ("train_loss", "knn_top1", "steps", "monitor_rankme", "monitor_feature_std", "monitor_history")
+        return {k: summary[k] for k in keys}, epochs
 
     (summary_a, epochs_a), (summary_b, epochs_b) = reported(straight), reported(resumed)
-    assert summary_a["train_loss"] is not None and epochs_a.get("train/loss_epoch")
+    assert summary_a["train_loss"] is not None and epochs_a.get("train/loss_epoch") and epochs_a.get("monitor/rankme")
     assert summary_b == summary_a
     assert epochs_b == epochs_a
 

@@ -28,7 +28,7 @@ from hvp_lightning.methods import METHODS
 from hvp_lightning.nn.teacher import Centering
 
 from ._ddp import run_ranks
-from .conftest import REPO, make_cfg, score_and_assert_stateless
+from .conftest import REPO, images_run, make_cfg, score_and_assert_stateless, write_images
 
 WORLD = 2
 VIT = [
@@ -387,8 +387,19 @@ METHOD_OVERRIDES = {
 }
 
 
-def _ddp_run(method: str, tmp_path: Path, *extra: str) -> tuple[dict[str, Any], str]:
+def _ddp_run(method: str, tmp_path: Path, *extra: str, data: str = "synthetic") -> tuple[dict[str, Any], str]:
+    """A 2-process run; ``data="images"``: on 71 generated JPEGs, 7 held out for the monitors (64
+    train, as the textures), with a labelled ``data.eval_root`` of 2 x 10 bank and 17 + 16 test images."""
     overrides = [*COMMON, *METHOD_OVERRIDES[method], *extra]
+    if data == "images":
+        write_images(tmp_path.parent / "images", 71)
+        for split, sizes in (("train", (10, 10)), ("test", (17, 16))):
+            for c, n in enumerate(sizes):
+                write_images(tmp_path.parent / "eval" / split / f"c{c}", n)
+        overrides = [
+            *images_run(overrides, tmp_path.parent / "images", 7),
+            f"data.eval_root={tmp_path.parent / 'eval'}",
+        ]
     proc = subprocess.run(
         [sys.executable, "train.py", *overrides, f"hydra.run.dir={tmp_path}"],
         cwd=REPO,
@@ -421,11 +432,17 @@ def _bn_layers(method: str) -> int:
     return sum(isinstance(m, _BatchNorm) for m in METHODS[cfg.method.name](cfg).modules())
 
 
-def test_ddp_train_simsiam_resnet_sync_batchnorm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("data", ["synthetic", pytest.param("images", marks=pytest.mark.slow)])
+def test_ddp_train_simsiam_resnet_sync_batchnorm(tmp_path: Path, data: str) -> None:
     """The default suite's DDP run: SimSiam, ResNet, every BatchNorm synchronised, k-NN at
-    init (validate before fit: Lightning launches the second process once)."""
-    summary, stdout = _ddp_run("simsiam", tmp_path, "eval.at_start=true")
+    init (validate before fit: Lightning launches the second process once). The label-free
+    monitors see each image once: the 33 test images, or data=images's 7 held-out ones (each
+    rank embeds its padded half, the gather drops the duplicate)."""
+    summary, stdout = _ddp_run("simsiam", tmp_path / "run", "eval.at_start=true", data=data)
+    tmp_path = tmp_path / "run"
     _check_world_size_two("simsiam", summary, stdout)
+    assert summary["monitor_images"] == (7 if data == "images" else 33)
+    assert [h["images_seen"] for h in summary["monitor_history"]] == [0, 64]
     # Quiet: no warning from hvp_lightning's code, none of the known ones it silences.
     log = (tmp_path / "stderr.txt").read_text()
     warned = re.findall(r"^\S+\.py:\d+: .*$", log, re.M)

@@ -19,7 +19,7 @@ from hvp_lightning.data.resident import ResidentImages
 from hvp_lightning.data.seeds import key_uniform, key_uniforms, view_key, view_keys
 from hvp_lightning.training.driver import run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, assert_same_reported_run, make_cfg
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, assert_same_reported_run, images_run, make_cfg, write_images
 
 # 96 images, batch 16: 6 steps an epoch; SimSiam + HVP (its selection draws from torch's RNG,
 # which the checkpoint carries), the default loader workers of the synthetic data (2, persistent).
@@ -130,17 +130,24 @@ def _killed(run_dir: Path, kill_at: int, *overrides: str) -> dict:
 
 
 # BYOL: its EMA teacher is updated in the module's batch-end hook, after the callbacks' (the
-# step checkpoint waits for the next batch's start).
-METHODS = {"simsiam": [], "byol": ["method=byol_cifar", "method.pred_hidden_dim=16"]}
+# step checkpoint waits for the next batch's start). images: SimSiam on data=images, 103
+# generated JPEGs of which 7 are held out for the monitors (the same 6 steps an epoch), 2 workers.
+CASES = {"simsiam": [], "byol": ["method=byol_cifar", "method.pred_hidden_dim=16"], "images": ["data.num_workers=2"]}
 
 
-@pytest.mark.parametrize("method", ["simsiam", pytest.param("byol", marks=pytest.mark.slow)])
-def test_killed_mid_epoch_resumes_bit_for_bit_with_workers(tmp_path, method: str) -> None:
+@pytest.mark.parametrize(
+    "case", ["simsiam", pytest.param("byol", marks=pytest.mark.slow), pytest.param("images", marks=pytest.mark.slow)]
+)
+def test_killed_mid_epoch_resumes_bit_for_bit_with_workers(tmp_path, case: str) -> None:
     """checkpoint.every_n_steps=4, SIGKILL after step 9 (epoch 1, batch 3 of 6): the last
     checkpoint is step 8's, in the middle of epoch 1; the resumed run trains the 4 batches of
-    epoch 1 not yet trained and ends with the uninterrupted run's weights."""
-    overrides = [*RUN, *METHODS[method], "checkpoint.every_n_steps=4"]
-    run(make_cfg(*RUN, *METHODS[method], tiny=False), tmp_path / "straight")
+    epoch 1 not yet trained and ends with the uninterrupted run's weights (and monitors)."""
+    base = RUN
+    if case == "images":
+        write_images(tmp_path / "images", 103)
+        base = images_run(RUN, tmp_path / "images", 7)
+    overrides = [*base, *CASES[case], "checkpoint.every_n_steps=4"]
+    run(make_cfg(*base, *CASES[case], tiny=False), tmp_path / "straight")
     ckpt = _killed(tmp_path / "resumed", 9, *overrides)
     assert ckpt["global_step"] == 8
     assert ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["processed"] == 2  # epoch 1, mid

@@ -175,6 +175,35 @@ def test_final_line_is_one_line_with_init_chance_run_dir_and_hvp_gap():
     assert "at init" not in final_line(dict(summary, knn_top1_init=None))
 
 
+def test_final_line_without_labels_gives_the_monitors_and_says_when_they_signalled_collapse():
+    """No k-NN (data=images without data.eval_root): RankMe out of min(n, d) and the feature std
+    in units of 1/sqrt(d), each against its random-init value, and the sample; the epoch of a
+    signalled collapse is added to either kind of line."""
+    summary = {
+        "knn_top1": None,
+        "monitor_rankme": 45.25,
+        "monitor_rankme_init": 13.8,
+        "monitor_feature_std": 0.5 / 8,
+        "monitor_feature_std_init": 0.1 / 8,
+        "monitor_images": 512,
+        "monitor_dim": 64,
+        "monitor_source": "monitor",
+        "monitor_collapse_epoch": None,
+        "run_dir": "runs/x",
+    }
+    assert final_line(summary) == (
+        "RankMe 45.2 of 64 (at init 13.8), feature std 0.500/sqrt(d) (at init 0.100/sqrt(d)) "
+        "on 512 held-out images | run dir: runs/x"
+    )
+    no_init = dict(summary, monitor_rankme_init=None, monitor_feature_std_init=None, monitor_collapse_epoch=3.0)
+    assert final_line(no_init) == (
+        "RankMe 45.2 of 64, feature std 0.500/sqrt(d) on 512 held-out images "
+        "| collapse signalled at epoch 3 | run dir: runs/x"
+    )
+    knn = {"knn_top1": 0.5, "knn_chance": 0.1, "monitor_collapse_epoch": 2.5, "run_dir": "runs/x"}
+    assert final_line(knn) == "k-NN top-1: 50.00% (chance 10.0%) | collapse signalled at epoch 2.5 | run dir: runs/x"
+
+
 def test_final_line_shows_the_run_dir_as_the_readme_does(tmp_path, monkeypatch):
     """Under the working directory, relative, whether Hydra gave it absolute (a fresh run) or
     the user typed it relative (resume=); elsewhere absolute."""

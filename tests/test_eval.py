@@ -24,7 +24,7 @@ from hvp_lightning.nn.knn import knn_accuracies, knn_accuracy
 from hvp_lightning.training import export
 from hvp_lightning.training.driver import run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, eval_cfg, make_cfg
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, eval_cfg, make_cfg, write_images
 
 DINO = [
     "method=dino_cifar",
@@ -325,7 +325,10 @@ def test_eval_dino_uses_the_teacher_and_last_blocks(dino_run):
 
 def test_eval_config_errors(simsiam_run, tmp_path):
     run_dir, _ = simsiam_run
+    write_images(tmp_path / "images", 3)
+    unlabelled = ["data=images", f"data.root={tmp_path / 'images'}", "data.monitor_size=1"]
     cases = [
+        ([f"ckpt={run_dir}", *unlabelled], r"data.eval_root=None is not allowed: a labelled ImageNet-layout folder"),
         ([], r"ckpt='\?\?\?' is not allowed"),
         ([f"ckpt={tmp_path}"], r"ckpt='.*' is not allowed: a run dir with checkpoints/last.ckpt or a .ckpt file"),
         ([f"ckpt={run_dir}", "protocol=linear", "protocol.epochs=0"], r"protocol.epochs=0 is not allowed"),

@@ -50,7 +50,7 @@ def test_loader_workers_leave_the_preemption_signal_to_the_training_process(cfg_
         cfg = cfg_factory("data.train_size=32", "data.test_size=16")
         dm = SSLDataModule(cfg.data, (ViewAug(size=16),) * 2, batch_size=4, num_workers=2)
         dm.setup()
-        loaders = [dm.train_dataloader(), *dm.val_dataloader(), eval_loader(dm.test_set, 4, 2, train=False)]
+        loaders = [dm.train_dataloader(), *dm.val_dataloader(), eval_loader(dm.eval_sets["test"], 4, 2, train=False)]
         read = [signal_the_workers(loader) for loader in loaders]
         os.kill(os.getpid(), preempt_signal())  # the training process still acts on it
         time.sleep(0.1)

@@ -26,7 +26,7 @@ from hvp_lightning.training.checkpoint import (
 )
 from hvp_lightning.training.driver import run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, make_cfg
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, images_run, make_cfg, write_images
 
 # A tiny SimSiam + HVP run, spelled as train.py command-line overrides so that the same
 # config runs in a subprocess (to be killed) and in this process (make_cfg(..., tiny=False)).
@@ -303,10 +303,15 @@ def test_checkpoint_settings_are_validated():
         validate(make_cfg("checkpoint.every_n_steps=0"))
 
 
-def test_resume_with_resident_images_matches_straight_run(tmp_path):
+@pytest.mark.parametrize("data", ["synthetic", pytest.param("images", marks=pytest.mark.slow)])
+def test_resume_with_resident_images_matches_straight_run(tmp_path, data):
     """``data.on_device=true``: the views' generator lives outside the checkpoint but is seeded
-    per epoch, so a run restarted from its epoch-1 checkpoint ends where the 2-epoch run ended."""
+    per epoch, so a run restarted from its epoch-1 checkpoint ends where the 2-epoch run ended;
+    for data=images (96 JPEGs + 5 held out) with its label-free monitors too."""
     over = [*RUN, "trainer.max_epochs=2", "data.on_device=true"]
+    if data == "images":
+        write_images(tmp_path / "images", 101)
+        over = images_run(over, tmp_path / "images", 5)
     straight = run(make_cfg(*over, tiny=False), tmp_path / "straight")
     (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
     (tmp_path / "resumed" / "checkpoints" / "last.ckpt").write_bytes(
@@ -317,3 +322,4 @@ def test_resume_with_resident_images_matches_straight_run(tmp_path):
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-6, msg=key)
     assert resumed["steps"] == straight["steps"] == 12 and resumed["knn_top1"] == straight["knn_top1"]
+    assert resumed["monitor_history"] == straight["monitor_history"] and len(straight["monitor_history"]) == 2

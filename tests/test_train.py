@@ -12,7 +12,7 @@ import pytest
 from hvp_lightning.config import ConfigError, validate
 from hvp_lightning.training.driver import final_line, run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, wandb_records
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, wandb_records, write_images
 
 SUMMARY_KEYS = {"method", "hvp_enabled", "num_classes", "knn_top1", "train_loss", "epochs", "images_seen"}
 
@@ -31,6 +31,10 @@ def test_tiny_train_run(cfg_factory, tmp_path, hvp, capsys):
     assert (summary["knn_top1_init"] is None) is hvp  # the random-init reference when asked for
     metrics = (tmp_path / "csv" / "metrics.csv").read_text().splitlines()[0].split(",")
     assert "knn/top1" in metrics and "train/loss_step" in metrics
+    # the label-free monitors of a labelled set: on the k-NN pass's test features, at every pass
+    assert (summary["monitor_source"], summary["monitor_images"], summary["monitor_dim"]) == ("test", 32, 64)
+    assert [h["step"] for h in summary["monitor_history"]] == [h["step"] for h in summary["knn_history"]]
+    assert {"monitor/rankme", "monitor/feature_std", "monitor/epoch"} <= set(metrics)
     if hvp:
         h = summary["hvp"]
         assert h["selected_samples"] == 2 * 4 * 16
@@ -89,6 +93,9 @@ def test_easy_mode_selects_below_the_candidate_mean(cfg_factory, tmp_path):
         ("seed=-5", "seed=-5"),
         ("seed=4294967296", "seed=4294967296"),
         ("+hvp=on +hvp.max_combinations=8", "hvp.max_combinations=8"),
+        ("data=images", "data.root=None"),
+        ("data=images data.root=/nonexistent/path", "data.root='/nonexistent/path'"),
+        ("data=images data.files=/nonexistent/list.txt", "data.files='/nonexistent/list.txt'"),
         ("method=simclr_cifar +hvp=on +hvp.max_combinations=8", "hvp.max_combinations=8"),
     ],
 )
@@ -134,6 +141,62 @@ def test_imagefolder_without_image_files_is_a_config_error(cfg_factory, tmp_path
         validate(cfg_factory("data=imagefolder", f"data.root={tmp_path}"))
 
 
+def test_images_settings_are_checked_against_the_files(cfg_factory, tmp_path):
+    """data=images: root and files exclusive; a list's paths exist and are images; the monitor
+    sample leaves images to train on, and is needed without data.eval_root; data.eval_root is
+    an ImageNet-layout folder."""
+    write_images(tmp_path / "imgs", 6)
+    (tmp_path / "list.txt").write_text("imgs/img000.jpg\nimgs/a/img001.jpg\nimgs/missing.jpg\n")
+    (tmp_path / "notes.txt").write_text("imgs/img000.jpg\nlist.txt\n")
+    root = f"data.root={tmp_path / 'imgs'}"
+    cases = [
+        ([root, f"data.files={tmp_path / 'list.txt'}"], r"data.root=.*set exactly one of data.root"),
+        ([f"data.files={tmp_path / 'list.txt'}"], r"data.files=.*\(1 of 3 are missing, the first: .*missing.jpg"),
+        ([f"data.files={tmp_path / 'notes.txt'}"], r"data.files=.*\(1 are not, the first: .*list.txt"),
+        ([root, "data.monitor_size=6"], r"data.monitor_size=6 .*fewer than the 6 images"),
+        ([root, "data.monitor_size=0"], r"data.monitor_size=0 .*without data.eval_root"),
+        ([root, "data.monitor_size=1", f"data.eval_root={tmp_path / 'imgs'}"], r"data.eval_root=.*ImageNet-layout"),
+    ]
+    for overrides, message in cases:
+        with pytest.raises(ConfigError, match=f"^{message}"):
+            validate(cfg_factory("data=images", *overrides))
+    (tmp_path / "list.txt").write_text("# two of them\nimgs/img000.jpg\n\nimgs/a/img001.jpg\n")
+    listed = f"data.files={tmp_path / 'list.txt'}"
+    cfg = cfg_factory("data=images", listed, "data.monitor_size=1", "data.crop_size=auto")
+    validate(cfg)
+    assert (cfg.data.crop_size, cfg.data.eval_crop_ratio) == (20, 1.0)  # from the images' own size
+
+
+def test_tiny_images_run_reports_the_label_free_monitors(cfg_factory, tmp_path):
+    """data=images without labels: trains on the images at every depth but the held-out sample,
+    skips an unreadable one, and reports RankMe and feature std of the held-out images at init and
+    after every epoch (eval.every_n_epochs=5 spaces k-NN passes, and there are none) -- in
+    summary.json, the CSV log and the final line."""
+    write_images(tmp_path / "imgs", 39)
+    (tmp_path / "imgs" / "a" / "broken.jpg").write_bytes(b"not a jpeg")
+    images = ["data=images", f"data.root={tmp_path / 'imgs'}", "data.monitor_size=8", "data.crop_size=16"]
+    cfg = cfg_factory(*images, "eval.at_start=true", "trainer.max_epochs=2", "eval.every_n_epochs=5")
+    summary = run(cfg, tmp_path / "run")
+    assert summary["steps"] == 2 * 32 // 16 and summary["images_seen"] == 64  # 40 - 8 held out, batch 16
+    assert summary["skipped_files"] == [str(tmp_path / "imgs" / "a" / "broken.jpg")]
+    assert summary["knn_top1"] is None and summary["knn_history"] == [] and summary["num_classes"] == 0
+    assert (summary["monitor_source"], summary["monitor_images"], summary["monitor_dim"]) == ("monitor", 8, 64)
+    history = summary["monitor_history"]
+    assert [(h["epoch"], h["images_seen"]) for h in history] == [(0.0, 0), (1.0, 32), (2.0, 64)]
+    assert (summary["monitor_rankme_init"], summary["monitor_feature_std_init"]) == (
+        history[0]["rankme"],
+        history[0]["feature_std"],
+    )
+    assert 1 <= summary["monitor_rankme"] == history[-1]["rankme"] <= 8 and summary["monitor_feature_std"] > 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["monitor_history"] == history
+    rows = list(csv.DictReader((tmp_path / "run" / "csv" / "metrics.csv").open()))
+    logged = [float(r["monitor/rankme"]) for r in rows if r.get("monitor/rankme")]
+    assert logged == pytest.approx([h["rankme"] for h in history], rel=1e-6)  # logged as float32
+    line = final_line(summary)
+    assert line.startswith(f"RankMe {summary['monitor_rankme']:.1f} of 8 (at init {history[0]['rankme']:.1f}), ")
+    assert "/sqrt(d)" in line and "on 8 held-out images | run dir: " in line
+
+
 def test_crop_larger_than_the_images_is_said_once(cfg_factory, caplog):
     with caplog.at_level("WARNING"):
         validate(cfg_factory("data.crop_size=48"))  # generated images are 32 px
@@ -151,9 +214,16 @@ def test_batch_larger_than_dataset_is_a_config_error(cfg_factory, tmp_path):
         run(cfg_factory("method.batch_size=128"), tmp_path)
 
 
-@pytest.mark.parametrize("bad", [["+hvp=on", "hvp.num_views=1"], ["seed=abc"]])
+@pytest.mark.parametrize(
+    "bad", [["+hvp=on", "hvp.num_views=1"], ["seed=abc"], ["data=images", "data.root={tmp}/no_images"]]
+)
 def test_cli_reports_config_error_once_in_one_line_and_leaves_no_run_dir(tmp_path, bad):
+    """A folder with no images is one of them: the line names the key, the folder and which
+    files count as images."""
     run_dir = tmp_path / "run"
+    bad = [b.format(tmp=tmp_path) for b in bad]
+    (tmp_path / "no_images" / "sub").mkdir(parents=True)
+    (tmp_path / "no_images" / "sub" / "notes.txt").write_text("not an image")
     proc = subprocess.run(
         [sys.executable, "train.py", *bad, "logger=csv", f"hydra.run.dir={run_dir}"],
         cwd=REPO,
@@ -166,6 +236,12 @@ def test_cli_reports_config_error_once_in_one_line_and_leaves_no_run_dir(tmp_pat
     assert out.count("config error:") == 1 and "Traceback" not in out, out[-2000:]
     assert f"config error: {bad[-1].split('=')[0]}=" in proc.stderr
     assert not run_dir.exists()  # no run dir with an empty train.log left behind
+    if bad[0] == "data=images":
+        assert proc.stderr.strip().splitlines() == [
+            f"config error: data.root='{tmp_path}/no_images' is not allowed: a folder holding image files "
+            "(.jpg, .jpeg, .png, .ppm, .bmp, .pgm, .tif, .tiff, .webp, .gif, any case) "
+            "at any depth (none found under it; hidden files and folders do not count)"
+        ]
 
 
 def test_wandb_offline_run_logs_metrics_and_summary(cfg_factory, tmp_path, monkeypatch):

@@ -92,6 +92,8 @@ def test_offline_run_holds_identity_charts_and_hvp_curves(cfg_factory, tmp_path)
     metrics = {m.metric.name or m.metric.glob_name: m.metric for m in records if m.HasField("metric")}
     for key in ("knn/top1", "knn/top5"):  # k-NN curves over epochs, best and last in the summary
         assert metrics[key].step_metric == "knn/epoch" and metrics[key].summary.max and metrics[key].summary.last
+    for key in ("monitor/rankme", "monitor/feature_std"):  # the label-free monitors: over the same passes
+        assert metrics[key].step_metric == "monitor/epoch" and metrics[key].summary.min and metrics[key].summary.last
     assert metrics["*"].step_metric == "trainer/global_step"  # Lightning's axis for everything else
     rows = history_rows(records)
     keys = set().union(*rows)
@@ -109,6 +111,7 @@ def test_offline_run_holds_identity_charts_and_hvp_curves(cfg_factory, tmp_path)
     ):
         assert key in keys, key
     assert [r["knn/epoch"] for r in rows if "knn/top1" in r] == [0.0, 1.0]  # at init, after the one epoch
+    assert [r["monitor/epoch"] for r in rows if "monitor/rankme" in r] == [0.0, 1.0]
     # the live gallery: at the pass after the epoch (not at init: nothing selected yet), 4 images and the histogram
     (gallery,) = [r for r in rows if "hvp/gallery/_type" in r]  # W&B flattens the media entries' fields
     assert gallery["hvp/gallery/_type"] == "images/separated" and gallery["hvp/gallery/count"] == 4

@@ -15,10 +15,10 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from ..options import DATASETS
 from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
-from .datasets import SafeImageFolder, transfer_splits
+from .datasets import ImageFiles, SafeImageFolder, transfer_splits
 from .iou_policy import IoUPolicy, IoUPolicyViews
 from .items import EvalDataset, FinishedViews, MultiViewDataset
-from .layout import split_dir
+from .layout import split_dir, training_images
 from .resident import IndexDataset, ResidentImages, stack_images
 from .sampler import EpochSampler, ResumableLoader
 from .textures import SyntheticTextures
@@ -43,8 +43,40 @@ def subset(ds: Dataset, n: int | None, seed: int) -> Dataset:
     return Subset(ds, idx.sort().values.tolist())
 
 
-def build_raw_datasets(cfg) -> tuple[Dataset, Dataset, Dataset, list[str]]:
-    """(pretraining set, labelled k-NN bank, test set, class names) for a ``data`` config."""
+MONITOR_SEED = 2  # the held-out sample's permutation (subset() uses 0 and 1)
+
+
+def monitor_split(n: int, size: int) -> tuple[list[int], list[int]]:
+    """(training, held-out) indices of ``data=images``'s ``n`` images: ``size`` of them drawn
+    by a fixed seed, the same for every run seed and arm of a comparison, so that all train
+    on the same images and are monitored on the same others; both lists in the images' order."""
+    held = torch.randperm(n, generator=torch.Generator().manual_seed(MONITOR_SEED))[:size].sort().values
+    keep = torch.ones(n, dtype=torch.bool)
+    keep[held] = False
+    return keep.nonzero().flatten().tolist(), held.tolist()
+
+
+def image_sets(cfg) -> tuple[ImageFiles, ImageFiles | None]:
+    """``data=images``: (training images, held-out monitor sample or None when
+    ``data.monitor_size`` is 0). An image's index in the first is its views' key."""
+    paths = training_images(cfg)
+    train, held = monitor_split(len(paths), int(cfg.get("monitor_size") or 0))
+    return ImageFiles([paths[i] for i in train]), ImageFiles([paths[i] for i in held]) if held else None
+
+
+def eval_roles(cfg) -> tuple[str, ...]:
+    """What the validation loaders of a ``data`` config hold, in loader order: the labelled
+    k-NN ``bank`` and ``test`` queries (every data set but ``data=images`` without
+    ``data.eval_root``), then ``data=images``'s held-out ``monitor`` sample when it has one.
+    The label-free monitors use the monitor sample where there is one, else the test set."""
+    labelled = cfg.name != "images" or bool(cfg.get("eval_root"))
+    held_out = cfg.name == "images" and bool(cfg.get("monitor_size"))
+    return ("bank", "test") * labelled + ("monitor",) * held_out
+
+
+def build_raw_datasets(cfg) -> tuple[Dataset, Dataset | None, Dataset | None, list[str]]:
+    """(pretraining set, labelled k-NN bank, test set, class names) for a ``data`` config; no
+    bank, test set or classes for ``data=images`` without ``data.eval_root``."""
     name = cfg.name
     if name == "synthetic":
         train = SyntheticTextures(cfg.train_size, cfg.image_size, seed=cfg.seed)
@@ -55,6 +87,13 @@ def build_raw_datasets(cfg) -> tuple[Dataset, Dataset, Dataset, list[str]]:
         train = SafeImageFolder(split_dir(root, "train"))
         test = SafeImageFolder(split_dir(root, "test"))
         return train, train, test, train.classes
+    if name == "images":
+        pre, _ = image_sets(cfg)
+        if not cfg.get("eval_root"):
+            return pre, None, None, []
+        root = Path(str(cfg.eval_root)).expanduser()
+        bank = SafeImageFolder(split_dir(root, "train"))
+        return pre, bank, SafeImageFolder(split_dir(root, "test")), bank.classes
     from torchvision import datasets as tvd
 
     if name in ("cifar10", "cifar100"):
@@ -113,7 +152,8 @@ def usable_workers(requested: int) -> int:
 
 class SSLDataModule(L.LightningDataModule):
     """Training loader yields ``{"views": [N x [B,3,H,W]], "params": {name: [B,N,...]}, ...}``;
-    the two validation loaders (k-NN bank, test queries) yield ``{"image", "label", "index"}``.
+    the validation loaders (k-NN bank, test queries, and for ``data=images`` its held-out monitor
+    sample: :func:`eval_roles`) yield ``{"image", "label", "index"}``.
 
     Loader workers crop and flip (uint8 views); the colour ops and normalisation run batched
     (:func:`.batched.finish_views`) on the accelerator the batch is moved to
@@ -167,7 +207,7 @@ class SSLDataModule(L.LightningDataModule):
         pre, bank, test, self.class_names = build_raw_datasets(self.cfg)
         pre = subset(pre, self.cfg.train_subset, seed=0)
         bank = pre if bank is pre or bank is getattr(pre, "dataset", None) else bank
-        test = subset(test, self.cfg.test_subset, seed=1)
+        test = subset(test, self.cfg.test_subset, seed=1) if test is not None else None
         self.train_raw = pre  # what the logged ``index`` of a training view points into
         if self.cfg.get("on_device", False):
             images, labels = stack_images(pre, self.num_workers, self.wait_s)
@@ -183,8 +223,9 @@ class SSLDataModule(L.LightningDataModule):
         evaluate = EvalTransform(
             self.cfg.crop_size, self.cfg.eval_crop_ratio, tuple(self.cfg.mean), tuple(self.cfg.std)
         )
-        self.bank_set = EvalDataset(bank, evaluate)
-        self.test_set = EvalDataset(test, evaluate)
+        held_out = image_sets(self.cfg)[1] if "monitor" in eval_roles(self.cfg) else None
+        given = {"bank": bank, "test": test, "monitor": held_out}
+        self.eval_sets = {role: EvalDataset(given[role], evaluate) for role in eval_roles(self.cfg)}  # type: ignore[arg-type]
 
     @property
     def num_classes(self) -> int:
@@ -253,8 +294,8 @@ class SSLDataModule(L.LightningDataModule):
         return ResumableLoader(ds, sampler, self.trained_position, drop_last=True, **options)
 
     def val_dataloader(self) -> list[DataLoader]:
-        """The k-NN bank and test loaders, the same two objects on every call for this rank, so that
-        their persistent workers serve every k-NN pass. Each rank reads its ``DistributedSampler``
+        """The evaluation loaders (:func:`eval_roles`), the same objects on every call for this rank,
+        so that their persistent workers serve every pass. Each rank reads its ``DistributedSampler``
         share (in order, padded, as Lightning's own would be: Lightning keeps a sampler that is one
         instead of re-making the loader, and its workers, for every pass)."""
         trainer = self.trainer
@@ -262,7 +303,7 @@ class SSLDataModule(L.LightningDataModule):
         if (rank, world) not in self._val_loaders:
             self._val_loaders[rank, world] = [
                 DataLoader(ds, sampler=self._eval_sampler(ds, rank, world), **self._loader_options())
-                for ds in (self.bank_set, self.test_set)
+                for ds in self.eval_sets.values()
             ]
         return self._val_loaders[rank, world]
 

@@ -5,6 +5,8 @@
   (hvp_lightning/data/textures.py: the class is a texture; colours, period, phase and shading vary).
 * :class:`SafeImageFolder` -- ImageNet-layout folders that skip unreadable files with a
   warning instead of killing a multi-day run.
+* :class:`ImageFiles` -- unlabelled images (``data=images``: every image under a folder, or a
+  list of paths), skipping unreadable files the same way (:func:`first_readable`).
 * torchvision CIFAR-10/100 and STL-10 (downloaded only when asked to).
 * :func:`transfer_splits` -- torchvision Flowers102, Food101 and iNaturalist 2021, the paper's
   transfer data sets, read through :func:`read_image` (downloaded only when asked to).
@@ -14,8 +16,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,6 +39,26 @@ ORIENTATION = 0x0112  # the EXIF tag
 JPEG_SUFFIXES = (".jpg", ".jpeg")
 
 
+MAX_RETRIES = 16  # unreadable files in a row before a sample gives up
+
+
+def first_readable(
+    samples: Sequence[tuple[str, int]], index: int, loader: Callable[[str], Any]
+) -> tuple[Any, int, str]:
+    """``(image, label, skipped)`` of sample ``index``, or of the next readable one after it
+    (wrapping around) when its file fails to decode: epochs keep their length, and
+    ``skipped`` names the first unreadable file met ("" if none) for :func:`note_skipped`.
+    Raises after :data:`MAX_RETRIES` unreadable files in a row."""
+    bad = ""
+    for attempt in range(MAX_RETRIES):
+        path, label = samples[(index + attempt) % len(samples)]
+        try:
+            return loader(path), label, bad
+        except Exception:  # noqa: BLE001 -- any decoder failure means "skip this file"
+            bad = bad or path
+    raise RuntimeError(f"{MAX_RETRIES} consecutive unreadable images from {samples[index][0]}")
+
+
 class SafeImageFolder(ImageFolder):
     """ImageFolder that survives real folders: empty class folders (kept as classes, so labels
     agree across splits; named once), files of any PIL mode (:func:`to_rgb8`), and unreadable
@@ -46,8 +69,6 @@ class SafeImageFolder(ImageFolder):
     stays silent (it runs in every loader worker): the training process names each skipped
     file once (:func:`note_skipped`) and the run summary counts them.
     """
-
-    max_retries = 16
 
     def __init__(self, root: str | Path) -> None:
         super().__init__(str(root), loader=read_image, is_valid_file=is_image_file, allow_empty=True)
@@ -63,15 +84,25 @@ class SafeImageFolder(ImageFolder):
             raise FileNotFoundError(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) in the class folders of {root}")
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor | Image.Image, int, str]:  # type: ignore[override]
-        bad = ""
-        for attempt in range(self.max_retries):
-            i = (index + attempt) % len(self.samples)
-            path, label = self.samples[i]
-            try:
-                return self.loader(path), label, bad
-            except Exception:  # noqa: BLE001 -- any decoder failure means "skip this file"
-                bad = bad or path
-        raise RuntimeError(f"{self.max_retries} consecutive unreadable images from {self.samples[index][0]}")
+        return first_readable(self.samples, index, self.loader)
+
+
+class ImageFiles(Dataset):
+    """Unlabelled images at the given paths, in that order: item ``i`` is ``(image, -1, skipped)``
+    as :class:`SafeImageFolder`'s, an unreadable file replaced by the next readable one. The
+    order is the key of each image's views (:mod:`.seeds`), so callers pass a sorted or listed
+    order, never the file system's."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        if not paths:
+            raise FileNotFoundError(f"no image files ({', '.join(IMAGE_EXTENSIONS)}) to read")
+        self.samples = [(str(p), -1) for p in paths]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor | Image.Image, int, str]:
+        return first_readable(self.samples, index, read_image)
 
 
 def transfer_splits(name: str, root: str, download: bool) -> tuple[Dataset, Dataset, list[str]]:

@@ -1,10 +1,12 @@
-"""Where a dataset's images are on disk: ImageNet-layout split folders, which files are
-images, and their typical size. Torch-free, so start-up validation (hvp_lightning/config.py)
-can check a data root before the heavy imports."""
+"""Where a dataset's images are on disk: ImageNet-layout split folders, the images of an
+unlabelled folder or list (``data=images``), which files are images, and their typical size.
+Torch-free, so start-up validation (hvp_lightning/config.py) can check a data root before the
+heavy imports."""
 
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 from ..options import IMAGE_EXTENSIONS
@@ -12,6 +14,46 @@ from ..options import IMAGE_EXTENSIONS
 
 def is_image_file(path: str) -> bool:
     return path.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def is_hidden(name: str) -> bool:
+    """Dot files and folders (``.ipynb_checkpoints``, macOS ``._x.jpg`` resource forks) are no images."""
+    return name.startswith(".")
+
+
+@functools.lru_cache(maxsize=4)
+def images_under(root: Path) -> tuple[str, ...]:
+    """Every image file under ``root`` at any depth (a flat folder included), sorted by path so
+    that an image's index -- the key its views are drawn from -- is the same in every process
+    and session. Symbolic links are followed, to files and to folders (a data set assembled from
+    links to other folders is common); a folder reached twice (a link cycle, or two links to one
+    folder) is read once. Hidden files and folders are left out. Cached: start-up validation, the
+    crop size and the dataset ask for the same list."""
+    found, seen = [], set()
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs[:] = [d for d in dirs if not is_hidden(d)]
+        found += [os.path.join(folder, f) for f in files if not is_hidden(f) and is_image_file(f)]
+    return tuple(sorted(found))
+
+
+def listed_images(list_file: Path) -> tuple[str, ...]:
+    """The paths listed in ``list_file``, one a line, in the file's order; relative ones are
+    relative to the list's folder; blank lines and lines starting with ``#`` are skipped. Read
+    once per version of the file (start-up and the dataset ask for it several times)."""
+    stat = list_file.stat()
+    return _read_list(list_file, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_list(list_file: Path, mtime_ns: int, size: int) -> tuple[str, ...]:
+    base = list_file.parent
+    lines = (line.strip() for line in list_file.read_text().splitlines())
+    return tuple(str(base / Path(line).expanduser()) for line in lines if line and not line.startswith("#"))
 
 
 def split_dir(root: Path, split: str) -> Path:
@@ -26,10 +68,17 @@ def typical_image_side(folder: Path, sample: int = 32) -> int:
     """Median shorter side of a few images (headers only), to size crops for unknown folders.
     Cached: start-up asks twice (``crop_size: auto`` and the upsampling warning), and listing
     an ImageNet-sized tree takes a while."""
+    return median_side(tuple(str(p) for p in sorted(folder.rglob("*")) if p.is_file()), sample)
+
+
+@functools.lru_cache(maxsize=8)
+def median_side(paths: tuple[str, ...], sample: int = 32) -> int:
+    """Median shorter side of ``sample`` images spread over ``paths`` (headers only; 224 if
+    none of them opens)."""
     from PIL import Image
 
     sides = []
-    for path in _spread(sorted(p for p in folder.rglob("*") if p.is_file()), sample):
+    for path in _spread(list(paths), sample):
         try:
             with Image.open(path) as img:
                 sides.append(min(img.size))
@@ -44,11 +93,26 @@ def _spread(items: list, k: int) -> list:
     return items[::step][:k]
 
 
+def training_images(d) -> tuple[str, ...]:
+    """``data=images``: the images of ``data.files`` if set, else those under ``data.root``."""
+    if d.get("files"):
+        return listed_images(Path(str(d.files)).expanduser().resolve())
+    return images_under(Path(str(d.root)).expanduser())
+
+
+def training_image_side(d) -> int:
+    """Median shorter side of a folder data set's training images (``data=imagefolder``,
+    ``data=images``)."""
+    if d.name == "images":
+        return median_side(training_images(d))
+    return typical_image_side(split_dir(Path(str(d.root)).expanduser(), "train"))
+
+
 def resolve_auto_crop(cfg) -> None:
     """``crop_size: auto``: small images (<= 96 px, CIFAR/STL-like) are cropped at their own
     size and evaluated uncropped; larger ones get the ImageNet 224 / 0.875 protocol."""
     if cfg.get("crop_size") == "auto":
-        side = typical_image_side(split_dir(Path(cfg.root), "train"))
+        side = training_image_side(cfg)
         cfg.crop_size = side if side <= 96 else 224
     if cfg.get("eval_crop_ratio") == "auto":
         cfg.eval_crop_ratio = 1.0 if cfg.crop_size <= 96 else 0.875

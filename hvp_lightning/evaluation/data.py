@@ -9,7 +9,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, Dataset
 
-from ..config import validate_backbone, validate_data
+from ..config import fail, validate_backbone, validate_data
 from ..data.augment import EvalTransform
 from ..data.datamodule import build_raw_datasets, subset, usable_workers
 from ..data.layout import resolve_auto_crop
@@ -62,6 +62,8 @@ def eval_data_cfg(cfg: DictConfig, train_cfg: DictConfig) -> DictConfig:
             data.num_workers = cfg.num_workers
     node = OmegaConf.create({"data": data, "backbone": train_cfg.backbone})
     validate_data(node)
+    if data.name == "images" and not data.get("eval_root"):
+        fail("data.eval_root", None, "a labelled ImageNet-layout folder to evaluate on (data=images has no labels)")
     resolve_auto_crop(node.data)
     validate_backbone(node)
     node.data.num_workers = usable_workers(node.data.num_workers)  # capped at the usable cores, said once

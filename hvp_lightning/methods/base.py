@@ -1,26 +1,29 @@
 """Base LightningModule shared by all SSL methods: backbone, optimiser and schedule,
-online k-NN monitor, run counters. Methods add their heads, loss and HVP hooks."""
+online k-NN and label-free monitors, run counters. Methods add their heads, loss and HVP hooks."""
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from ..cluster.distributed import gather_per_rank, rank_entries
 from ..data.augment import ViewAug
-from ..data.datamodule import view_aug
+from ..data.datamodule import eval_roles, view_aug
 from ..data.datasets import note_skipped
 from ..data.iou_policy import iou_policy
 from ..nn.backbones import build_backbone
+from ..nn.health import collapse_reason, feature_std, rankme
 from ..nn.knn import knn_accuracy
 from ..nn.optim import OPTIMIZERS, make_optimizer, warmup_cosine
 from ..nn.teacher import MomentumTargetMixin
 from ..selection import hvp_config
+
+log = logging.getLogger(__name__)
 
 
 class SSLMethod(L.LightningModule):
@@ -45,6 +48,10 @@ class SSLMethod(L.LightningModule):
         self.knn_result: dict[str, float] = {}
         self.knn_init: float | None = None  # k-NN top-1 at random init (eval.at_start)
         self.knn_history: list[dict[str, float]] = []  # every k-NN pass: the learning curve in summary.json
+        self.eval_roles = eval_roles(cfg.data)  # what each validation loader holds
+        self.monitor_result: dict[str, Any] = {}  # the last pass's label-free monitors (RankMe, feature std)
+        self.monitor_init: dict[str, float] = {}  # their values at random init (eval.at_start)
+        self.monitor_history: list[dict[str, Any]] = []  # every pass's
         self._val_store: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
         self.compiled_modules: list[str] = []  # filled by configure_model (method.compile)
         self.iou_policy = iou_policy(cfg) if cfg.get("trainer") is not None else None  # data.iou_policy
@@ -158,6 +165,9 @@ class SSLMethod(L.LightningModule):
             "knn_result": {k: float(v) for k, v in self.knn_result.items()},
             "knn_init": self.knn_init,
             "knn_history": list(self.knn_history),
+            "monitor_result": dict(self.monitor_result),
+            "monitor_init": dict(self.monitor_init),
+            "monitor_history": list(self.monitor_history),
             "iou_fallbacks": gather_per_rank(int(self.iou_fallbacks)),
         }
 
@@ -172,13 +182,21 @@ class SSLMethod(L.LightningModule):
         }
         self.knn_init = state.get("knn_init")
         self.knn_history = list(state.get("knn_history", []))
+        self.monitor_result = dict(state.get("monitor_result", {}))
+        self.monitor_init = dict(state.get("monitor_init", {}))
+        self.monitor_history = list(state.get("monitor_history", []))
         self.iou_fallbacks = torch.tensor(sum(rank_entries(state.get("iou_fallbacks") or [0])), dtype=torch.int64)
 
-    # --- online k-NN monitor (validation loop: bank loader 0, query loader 1) ---------------
+    # --- online monitors (validation loop: the loaders of ``self.eval_roles``) --------------
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
-        feats = F.normalize(self.eval_backbone(batch["image"]).float(), dim=1)
+        feats = self.eval_backbone(batch["image"]).float()  # raw: RankMe's input; k-NN normalises
         self._val_store.setdefault(dataloader_idx, []).append((feats, batch["label"], batch["index"]))
         note_skipped(self.skipped_files, batch.get("bad_file", ()))
+
+    @property
+    def evaluated_step(self) -> int | None:
+        """The optimiser step of the last evaluation pass (None before the first)."""
+        return (self.knn_result or self.monitor_result).get("step")
 
     def _epochs_done(self) -> float:
         """Training epochs completed at this k-NN pass (0 at init; from optimiser steps so that a
@@ -202,27 +220,54 @@ class SSLMethod(L.LightningModule):
         return feats, labels
 
     def on_validation_epoch_end(self) -> None:
-        if not {0, 1} <= self._val_store.keys():
+        if not set(range(len(self.eval_roles))) <= self._val_store.keys():
             self._val_store.clear()
             return
-        bank, bank_labels = self._gathered(0)
-        queries, query_labels = self._gathered(1)
+        data = {role: self._gathered(i) for i, role in enumerate(self.eval_roles)}
         self._val_store.clear()
+        position = {"step": int(self.global_step), "epoch": round(self._epochs_done(), 4)}
+        if "test" in data:
+            self._knn_pass(*data["bank"], *data["test"], position)
+        source = "monitor" if "monitor" in data else "test"
+        self._monitor_pass(data[source][0], source, position)
+
+    def _knn_pass(
+        self,
+        bank: torch.Tensor,
+        bank_labels: torch.Tensor,
+        queries: torch.Tensor,
+        query_labels: torch.Tensor,
+        position: dict[str, Any],
+    ) -> None:
         knn = self.cfg.eval
         res = knn_accuracy(bank, bank_labels, queries, query_labels, self.num_classes, knn.knn_k, knn.knn_temperature)
         self.knn_result = dict(res, epoch=self.current_epoch, step=self.global_step, queries=int(queries.shape[0]))
         self.knn_history.append(
-            {
-                "step": int(self.global_step),
-                "epoch": round(self._epochs_done(), 4),
-                "images_seen": int(self.images_seen),
-                "top1": float(res["top1"]),
-                "top5": float(res["top5"]),
-            }
+            {**position, "images_seen": int(self.images_seen), "top1": float(res["top1"]), "top5": float(res["top5"])}
         )
         self.log("knn/top1", res["top1"], prog_bar=True, add_dataloader_idx=False)
         self.log("knn/top5", res["top5"], add_dataloader_idx=False)
-        self.log("knn/epoch", self.knn_history[-1]["epoch"], add_dataloader_idx=False)  # the curves' x (W&B)
+        self.log("knn/epoch", position["epoch"], add_dataloader_idx=False)  # the curves' x (W&B)
+
+    def _monitor_pass(self, feats: torch.Tensor, source: str, position: dict[str, Any]) -> None:
+        """RankMe and feature std of ``feats`` (every rank has them all), logged, kept in the
+        history, and one warning line naming the epoch when they signal collapse."""
+        values = {"rankme": rankme(feats), "feature_std": feature_std(feats)}
+        n, d = feats.shape
+        self.monitor_result = dict(values, images=int(n), dim=int(d), source=source, **position)
+        self.monitor_history.append({**position, "images_seen": int(self.images_seen), **values})
+        for key, value in values.items():
+            self.log(f"monitor/{key}", value, add_dataloader_idx=False)
+        self.log("monitor/epoch", position["epoch"], add_dataloader_idx=False)  # the curves' x (W&B)
+        reason = collapse_reason(values["rankme"], values["feature_std"], d)
+        if reason is not None and self.trainer.is_global_zero:
+            log.warning(
+                "epoch %s: the label-free monitors signal collapse: %s (on %d %s images)",
+                position["epoch"],
+                reason,
+                n,
+                "held-out" if source == "monitor" else "test",
+            )
 
 
 def per_rank_files(saved: list[list[str]] | list[str]) -> list[list[str]]:

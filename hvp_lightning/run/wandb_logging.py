@@ -34,12 +34,15 @@ def run_names(group: str | None, name: str | None, run_dir: Path, sweep_dir: str
 
 def define_charts(experiment: Any) -> None:
     """k-NN curves over ``knn/epoch`` (training epochs done at the pass: 0 at init, as in
-    summary.json's knn_history), with best and last value in the run summary. Lightning puts
+    summary.json's knn_history), with best and last value in the run summary, and the label-free
+    monitors' over ``monitor/epoch`` (the same passes, also those without k-NN). Lightning puts
     every other key on ``trainer/global_step``; its own ``epoch`` is no axis for k-NN (0 both at
     init and after the first epoch), nor is ``trainer/global_step`` (one step behind for passes
     inside the training loop, exact for those after it)."""
     for key in ("knn/top1", "knn/top5"):
         experiment.define_metric(key, step_metric="knn/epoch", summary="max,last")
+    for key in ("monitor/rankme", "monitor/feature_std"):
+        experiment.define_metric(key, step_metric="monitor/epoch", summary="min,last")
 
 
 class WandbCharts(L.Callback):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from ..data.iou_policy import iou_policy
 from ..device import check_accelerator, device_line, set_matmul_precision
 from ..errors import ConfigError
 from ..methods import METHODS, SSLMethod
+from ..nn.health import collapse_reason
 from ..run.atomic import atomic_write_text
 from ..run.directory import RunDir
 from ..run.process_rank import env_rank
@@ -149,7 +151,8 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, options_checked: bool, wait_s: f
             *live_gallery_callbacks(cfg),
             WandbCharts(),
         ],
-        check_val_every_n_epoch=cfg.eval.every_n_epochs,
+        # without a labelled set the pass is the small held-out sample's alone: at every epoch's end
+        check_val_every_n_epoch=cfg.eval.every_n_epochs if "test" in model.eval_roles else 1,
         num_sanity_val_steps=0,
     )
     if trainer.is_global_zero:
@@ -157,8 +160,9 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, options_checked: bool, wait_s: f
     if cfg.eval.at_start and ckpt_path is None:  # the random-init reference: how far did pretraining move the features?
         trainer.validate(model, datamodule=dm, verbose=False)
         model.knn_init = model.knn_result.get("top1")
+        model.monitor_init = {k: model.monitor_result[k] for k in MONITORS}
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
-    if model.knn_result.get("step") != trainer.global_step:  # k-NN always runs on the final weights
+    if model.evaluated_step != trainer.global_step:  # the monitors always run on the final weights
         trainer.validate(model, datamodule=dm, verbose=False)
     # The last epoch's loss, mean over ranks: this session's, or the checkpoint's when a finished
     # run is resumed and trains nothing more.
@@ -174,17 +178,40 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, options_checked: bool, wait_s: f
     return summary
 
 
+MONITORS = ("rankme", "feature_std")  # the label-free monitors (hvp_lightning/nn/health.py)
+
+
 def final_line(summary: dict[str, Any]) -> str:
-    """The run's last line: k-NN top-1 against its random-init value and chance, the run dir
-    and, with HVP, how much harder the selected views were than the candidates' average."""
-    init = summary.get("knn_top1_init")
-    ref = f"at init {100 * init:.2f}%, " if init is not None else ""
-    line = f"k-NN top-1: {100 * summary['knn_top1']:.2f}% ({ref}chance {100 * summary['knn_chance']:.1f}%)"
+    """The run's last line: k-NN top-1 against its random-init value and chance -- without a
+    labelled set the label-free monitors against theirs instead --, the epoch the monitors first
+    signalled collapse if they did, the run dir and, with HVP, how much harder the selected views
+    were than the candidates' average."""
+    if summary.get("knn_top1") is not None:
+        init = summary.get("knn_top1_init")
+        ref = f"at init {100 * init:.2f}%, " if init is not None else ""
+        line = f"k-NN top-1: {100 * summary['knn_top1']:.2f}% ({ref}chance {100 * summary['knn_chance']:.1f}%)"
+    else:
+        line = monitor_text(summary)
+    if summary.get("monitor_collapse_epoch") is not None:
+        line += f" | collapse signalled at epoch {summary['monitor_collapse_epoch']:g}"
     hvp = summary.get("hvp") or {}
     if hvp.get("selection_selected_loss_mean") is not None:
         gap = hvp["selection_selected_loss_mean"] - hvp["selection_candidate_loss_mean"]
         line += f" | HVP selected - candidate loss: {gap:+.4f}"
     return f"{line} | run dir: {shown_path(summary['run_dir'])}"
+
+
+def monitor_text(summary: dict[str, Any]) -> str:
+    """``RankMe 45.2 of 128 (at init 13.8), feature std 0.412/sqrt(d) (at init 0.096/sqrt(d)) on 512
+    held-out images``: RankMe out of its maximum min(n, d), the std in units of a healthy
+    embedding's 1/sqrt(d)."""
+    n, d = summary["monitor_images"], summary["monitor_dim"]
+    rank, std = summary["monitor_rankme"], summary["monitor_feature_std"] * math.sqrt(d)
+    rank_init, std_init = summary.get("monitor_rankme_init"), summary.get("monitor_feature_std_init")
+    rank_ref = f" (at init {rank_init:.1f})" if rank_init is not None else ""
+    std_ref = f" (at init {std_init * math.sqrt(d):.3f}/sqrt(d))" if std_init is not None else ""
+    source = "held-out" if summary["monitor_source"] == "monitor" else "test"
+    return f"RankMe {rank:.1f} of {min(n, d)}{rank_ref}, feature std {std:.3f}/sqrt(d){std_ref} on {n} {source} images"
 
 
 def shown_path(path: str) -> str:
@@ -208,6 +235,24 @@ def _close_logger(trainer: L.Trainer, summary: dict[str, Any]) -> None:
         run.finish()
 
 
+def monitor_summary(last: dict[str, Any], init: dict[str, float], history: list[dict[str, Any]]) -> dict[str, Any]:
+    """summary.json's ``monitor_*`` keys: the last pass's RankMe and feature std, their values at
+    random init, the sample they are computed on (``monitor_source``: ``monitor`` = data=images's
+    held-out images, ``test`` = the labelled test set), every pass's values, and the epoch at
+    which they first signalled collapse (None if never)."""
+    dim = last.get("dim")
+    collapsed = [h["epoch"] for h in history if dim and collapse_reason(h["rankme"], h["feature_std"], dim)]
+    return {
+        **{f"monitor_{k}": last.get(k) for k in MONITORS},
+        **{f"monitor_{k}_init": init.get(k) for k in MONITORS},
+        "monitor_images": last.get("images"),
+        "monitor_dim": dim,
+        "monitor_source": last.get("source"),
+        "monitor_history": history,
+        "monitor_collapse_epoch": collapsed[0] if collapsed else None,
+    }
+
+
 def _summary(
     cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: RunDir, seconds: float, train_loss: float | None
 ) -> dict[str, Any]:
@@ -221,8 +266,9 @@ def _summary(
         "knn_top1": model.knn_result.get("top1"),
         "knn_top5": model.knn_result.get("top5"),
         "knn_queries": model.knn_result.get("queries"),  # distinct test images scored (all ranks')
-        "knn_chance": 1 / model.num_classes,
+        "knn_chance": 1 / model.num_classes if model.num_classes else None,
         "knn_history": model.knn_history,
+        **monitor_summary(model.monitor_result, model.monitor_init, model.monitor_history),
         "train_loss": train_loss,
         "epochs": trainer.current_epoch,
         "steps": trainer.global_step,

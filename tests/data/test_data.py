@@ -1,4 +1,5 @@
-"""Data pipeline: recorded augmentation parameters, ImageFolder robustness, real CIFAR-10."""
+"""Data pipeline: recorded augmentation parameters, ImageFolder robustness, unlabelled images
+and their held-out monitor sample, real CIFAR-10."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from PIL import Image
 
 from hvp_lightning.config import validate
 from hvp_lightning.data.augment import PARAM_NAMES, MultiViewTransform, ViewAug, augment
-from hvp_lightning.data.datamodule import SSLDataModule
+from hvp_lightning.data.datamodule import SSLDataModule, eval_roles, monitor_split
 from hvp_lightning.data.datasets import SafeImageFolder, note_skipped
 from hvp_lightning.data.seeds import view_key
 from hvp_lightning.data.textures import SyntheticTextures
 
-from ..conftest import SHARED_CIFAR
+from ..conftest import SHARED_CIFAR, write_images
 
 
 def test_augment_records_crop_box_in_source_pixels():
@@ -92,7 +93,7 @@ def test_imagefolder_skips_bad_files_and_reads_every_mode(messy_tree, caplog, cf
     views = (ViewAug(size=16),) * 3
     dm = SSLDataModule(cfg.data, views, batch_size=4, num_workers=0)
     dm.setup()
-    assert dm.num_classes == 2 and len(dm.test_set) == 12  # val/ is used when test/ is absent
+    assert dm.num_classes == 2 and len(dm.eval_sets["test"]) == 12  # val/ is used when test/ is absent
     for i in range(len(dm.train_set)):
         sample = dm.train_set[i]
         assert len(sample["views"]) == 3 and all(v.shape == (3, 16, 16) for v in sample["views"])
@@ -118,6 +119,34 @@ def test_end_to_end_on_messy_imagefolder_counts_skips(messy_tree, cfg_factory, t
     )
 
 
+def test_images_hold_out_a_fixed_monitor_sample_and_train_on_the_rest(tmp_path, messy_tree, cfg_factory):
+    """data=images: the training set and the monitor sample split the sorted images, the same
+    split in every run (and for every seed); training items are the sorted images minus the
+    held-out ones, in order (an image's index is its views' key); with data.eval_root the
+    labelled bank and test loaders come first."""
+    paths = [str(p) for p in write_images(tmp_path / "imgs", 30)]
+    train_idx, held = monitor_split(30, 7)
+    assert len(held) == 7 and sorted(train_idx + held) == list(range(30)) and (train_idx, held) == monitor_split(30, 7)
+    for seed in (0, 5):
+        cfg = cfg_factory("data=images", f"data.root={tmp_path / 'imgs'}", "data.monitor_size=7", f"seed={seed}")
+        validate(cfg)
+        dm = SSLDataModule(cfg.data, (ViewAug(size=16),) * 2, batch_size=4, num_workers=0, seed=seed)
+        dm.setup()
+        assert [p for p, _ in dm.train_raw.samples] == [paths[i] for i in train_idx]
+        assert [p for p, _ in dm.eval_sets["monitor"].raw.samples] == [paths[i] for i in held]
+        assert dm.num_classes == 0 and eval_roles(cfg.data) == ("monitor",) and len(dm.val_dataloader()) == 1
+        item = dm.train_set[(0, 3)]
+        assert item["label"] == -1 and item["index"] == 3 and len(item["views"]) == 2
+    cfg = cfg_factory(
+        "data=images", f"data.root={tmp_path / 'imgs'}", "data.monitor_size=7", f"data.eval_root={messy_tree}"
+    )
+    validate(cfg)
+    dm = SSLDataModule(cfg.data, (ViewAug(size=16),) * 2, batch_size=4, num_workers=0)
+    dm.setup()
+    assert eval_roles(cfg.data) == ("bank", "test", "monitor") and dm.class_names == ["cats", "dogs"]
+    assert [len(dm.eval_sets[r]) for r in ("bank", "test", "monitor")] == [18, 12, 7]
+
+
 @pytest.mark.skipif(not (SHARED_CIFAR / "train").is_dir(), reason=f"shared CIFAR-10 not found at {SHARED_CIFAR}")
 def test_shared_cifar10_imagefolder(cfg_factory):
     cfg = cfg_factory(
@@ -132,7 +161,7 @@ def test_shared_cifar10_imagefolder(cfg_factory):
     dm = SSLDataModule(cfg.data, (ViewAug(size=32),) * 4, batch_size=8, num_workers=0)
     dm.setup()
     assert dm.class_names == ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-    assert len(dm.train_set) == 64 and len(dm.test_set) == 32
+    assert len(dm.train_set) == 64 and len(dm.eval_sets["test"]) == 32
     batch = next(iter(dm.train_dataloader()))
     assert len(batch["views"]) == 4 and batch["views"][0].shape == (8, 3, 32, 32)
     assert (batch["params"]["src_w"] == 32).all()

@@ -1,5 +1,6 @@
 """Real image folders: empty class folders, every PIL mode (16-bit, float, palette, CMYK, ...),
-GIFs, EXIF orientation, and unreadable files named once however many loader workers meet them."""
+GIFs, EXIF orientation, and unreadable files named once however many loader workers meet them;
+unlabelled folders and lists of images (``data=images``): which files count, in which order."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from hvp_lightning.data.datasets import SafeImageFolder, load_image, note_skipped
+from hvp_lightning.data.datasets import ImageFiles, SafeImageFolder, load_image, note_skipped
+from hvp_lightning.data.layout import images_under, listed_images
 
 
 def _gradient16() -> np.ndarray:
@@ -79,14 +81,17 @@ def test_exif_orientation_is_applied(tmp_path):
     assert out[:5].mean() > 200 and out[-5:].mean() < 50  # the band is now at the top
 
 
-def test_unreadable_file_is_named_once_across_workers_and_epochs(tmp_path, caplog):
+@pytest.mark.parametrize("kind", ["imagefolder", "images"])
+def test_unreadable_file_is_named_once_across_workers_and_epochs(tmp_path, caplog, kind):
+    """For class folders (SafeImageFolder) and unlabelled ones (ImageFiles, the same skipping)."""
     for cls in ("a", "b"):
         (tmp_path / cls).mkdir()
         for i in range(4):
             Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(tmp_path / cls / f"{i}.png")
     bad = tmp_path / "a" / "0_corrupt.png"
     bad.write_bytes(b"not an image")
-    ds = SafeImageFolder(tmp_path)
+    ds = SafeImageFolder(tmp_path) if kind == "imagefolder" else ImageFiles(images_under(tmp_path))
+    assert [path for path, _ in ds.samples][:2] == [str(tmp_path / "a" / "0.png"), str(bad)]
 
     def collate(items):
         return [path for _, _, path in items]
@@ -141,3 +146,35 @@ def test_jpegs_decode_to_load_images_pixels(tmp_path):
     (tmp_path / "cut.jpg").write_bytes(data[: len(data) // 2])
     with pytest.raises(OSError):
         read_image(str(tmp_path / "cut.jpg"))
+
+
+def test_images_under_any_depth_sorted_links_followed_hidden_and_other_files_left_out(tmp_path):
+    """Every image file at any depth (a flat folder's own included), sorted by path; links to
+    files and folders followed, a link cycle read once; dot files and folders, and files of
+    other extensions, are not images."""
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    for folder in (root / "b" / "deep", root / ".cache", elsewhere):
+        folder.mkdir(parents=True)
+    for path in (root / "z.JPG", root / "a.png", root / "b" / "deep" / "c.webp", elsewhere / "e.jpg"):
+        Image.new("RGB", (8, 8)).save(path, format="PNG" if path.suffix == ".png" else None)
+    (root / "notes.txt").write_text("not an image")
+    (root / "._z.jpg").write_bytes(b"macOS resource fork")
+    Image.new("RGB", (8, 8)).save(root / ".cache" / "thumb.jpg")
+    (root / "linked").symlink_to(elsewhere, target_is_directory=True)
+    (root / "file_link.jpg").symlink_to(elsewhere / "e.jpg")
+    (root / "b" / "deep" / "loop").symlink_to(root / "b", target_is_directory=True)
+    found = images_under(root)
+    want = ["a.png", "b/deep/c.webp", "file_link.jpg", "linked/e.jpg", "z.JPG"]
+    assert found == tuple(str(root / p) for p in want)
+    assert ImageFiles(found)[3][1:] == (-1, "")  # unlabelled, read
+
+
+def test_listed_images_relative_to_the_list_comments_and_blank_lines_skipped(tmp_path):
+    (tmp_path / "lists").mkdir()
+    other = tmp_path / "other.jpg"
+    (tmp_path / "lists" / "files.txt").write_text(f"# my set\n\nb.jpg\n  ../a.png  \n{other}\n")
+    assert listed_images(tmp_path / "lists" / "files.txt") == (
+        str(tmp_path / "lists" / "b.jpg"),
+        str(tmp_path / "lists" / ".." / "a.png"),
+        str(other),
+    )

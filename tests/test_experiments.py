@@ -40,13 +40,14 @@ def composed(*overrides: str) -> DictConfig:
 
 def experiment_cfg(name: str, tmp_path: Path, *more: str) -> DictConfig:
     """``+experiment=NAME`` with a data root the checks accept (torchvision sets: download=true, so
-    that no files are needed; nothing is downloaded without training)."""
-    cfg = composed(f"+experiment={name}")
-    data = (
-        [f"data.root={imagenet_folder(tmp_path / 'imagenet')}"]
-        if cfg.data.name == "imagefolder"
-        else ["data.download=true"]
-    )
+    that no files are needed; nothing is downloaded without training). Shared by test_paper_presets."""
+    kind = composed(f"+experiment={name}").data.name
+    if kind == "imagefolder":  # the ImageNet runs
+        data = [f"data.root={imagenet_folder(tmp_path / 'imagenet')}"]
+    elif kind == "images":  # unlabelled images (dino_vits16_adapt): 2 to train on, 1 held out for the monitors
+        data = [f"data.root={imagenet_folder(tmp_path / 'imagenet')}", "data.monitor_size=1"]
+    else:
+        data = ["data.download=true"]
     return composed(f"+experiment={name}", *data, *more)
 
 

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hvp_lightning.config import check_options
 
-from .test_experiments import EXPERIMENTS, composed, global_batch, imagenet_folder
+from .test_experiments import EXPERIMENTS, composed, experiment_cfg, global_batch
 
 DINO_TABLE = "tab:hypers_dino"
 SIMSIAM_TABLE = "tab:hypers_simsiam"
@@ -234,14 +234,6 @@ PAPER: dict[str, dict[str, tuple[Any, str]]] = {
     "dino_vittiny_cifar10": DINO_CIFAR,
     "ibot_vittiny_cifar10": IBOT_CIFAR,
 }
-
-
-def experiment_cfg(name: str, tmp_path: Path, *more: str) -> DictConfig:
-    """``+experiment=NAME`` composed once, with a data root the checks accept (torchvision sets:
-    download=true, so that no files are needed; nothing is downloaded without training)."""
-    folder = composed(f"+experiment={name}").data.name == "imagefolder"  # the ImageNet runs, dino_vits16_adapt
-    data = f"data.root={imagenet_folder(tmp_path / 'imagenet')}" if folder else "data.download=true"
-    return composed(f"+experiment={name}", data, *more)
 
 
 def value(cfg: DictConfig, key: str) -> Any:

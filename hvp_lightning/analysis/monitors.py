@@ -1,0 +1,163 @@
+"""``hvp-monitors RUN_DIR [--follow S] [--plot PNG]``: a run's health, epoch by epoch, from its CSV log.
+
+Pretraining on one's own unlabelled images has no accuracy to watch; the label-free monitors
+(RankMe and the feature std, hvp_lightning/nn/health.py) are what shows progress or collapse. W&B
+plots them online; this reads ``<run_dir>/csv/metrics.csv``, which every run writes, so a run on
+a cluster without W&B can be watched from a login node while it trains (``--follow``), and gives
+one figure to look at instead of a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..nn.health import collapse_reason
+from ..run.directory import RunDir
+
+COLUMNS = {"rankme": "monitor/rankme", "feature_std": "monitor/feature_std", "knn_top1": "knn/top1"}
+EPOCH_COLUMNS = ("monitor/epoch", "knn/epoch")
+
+
+@dataclass
+class Row:
+    """One evaluation pass: the monitors and, where the run has a labelled set, the k-NN top-1."""
+
+    epoch: int
+    step: int
+    rankme: float | None = None
+    feature_std: float | None = None
+    knn_top1: float | None = None
+
+
+def _number(text: str | None) -> float | None:
+    return float(text) if text not in (None, "") else None
+
+
+def read_passes(metrics_csv: Path) -> list[Row]:
+    """The evaluation passes logged in a Lightning CSV log, one :class:`Row` per (epoch, step).
+
+    Lightning writes a pass's values on one row or spread over several with the same step, and a
+    resumed run may log a pass again: the last value of each key at a step wins."""
+    rows: dict[tuple[int, int], Row] = {}
+    with metrics_csv.open(newline="") as f:
+        for line in csv.DictReader(f):
+            epoch = next((_number(line.get(c)) for c in EPOCH_COLUMNS if _number(line.get(c)) is not None), None)
+            values = {k: _number(line.get(c)) for k, c in COLUMNS.items()}
+            if epoch is None or all(v is None for v in values.values()):
+                continue
+            step = int(_number(line.get("step")) or 0)
+            row = rows.setdefault((int(epoch), step), Row(int(epoch), step))
+            for key, value in values.items():
+                if value is not None:
+                    setattr(row, key, value)
+    return sorted(rows.values(), key=lambda r: (r.step, r.epoch))
+
+
+def feature_dim(run_dir: RunDir) -> int | None:
+    """The monitors' feature width d, from ``summary.json`` once the run wrote it."""
+    if run_dir.summary.is_file():
+        return json.loads(run_dir.summary.read_text()).get("monitor_dim")
+    return None
+
+
+def table(rows: list[Row], dim: int | None) -> str:
+    """The passes as a fixed-width table; with d known, the std also as std * sqrt(d) (1 for
+    isotropic directions, 0 for a collapse) and a collapse flag as the run's warning gives it."""
+    head = f"{'epoch':>5} {'step':>8} {'RankMe':>9} {'feature std':>12}"
+    head += f" {'std*sqrt(d)':>12}" if dim else ""
+    head += f" {'k-NN top-1':>11}"
+    lines = [head]
+    for r in rows:
+        text = f"{r.epoch:>5} {r.step:>8} {_fmt(r.rankme, '.2f'):>9} {_fmt(r.feature_std, '.5f'):>12}"
+        if dim:
+            scaled = None if r.feature_std is None else r.feature_std * math.sqrt(dim)
+            text += f" {_fmt(scaled, '.3f'):>12}"
+        text += f" {_fmt(r.knn_top1, '.2%'):>11}"
+        if dim and r.rankme is not None and r.feature_std is not None:
+            reason = collapse_reason(r.rankme, r.feature_std, dim)
+            text += f"  collapse: {reason}" if reason else ""
+        lines.append(text)
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def plot(rows: list[Row], out: Path, title: str) -> None:
+    """RankMe, feature std and (where logged) k-NN top-1 over epochs, one panel each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("rankme", "RankMe"), ("feature_std", "feature std (l2-normalised)"), ("knn_top1", "k-NN top-1")]
+    panels = [(k, label) for k, label in panels if any(getattr(r, k) is not None for r in rows)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
+    for ax, (key, label) in zip(axes[0], panels):
+        pts = [(r.epoch, getattr(r, key)) for r in rows if getattr(r, key) is not None]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+        ax.set_xlabel("epoch")
+        ax.set_title(label)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None, prog: str = "hvp-monitors") -> int:
+    """The ``hvp-monitors`` console command; ``prog``: the command name its usage line shows."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir", type=Path, help="a run dir (it holds csv/metrics.csv)")
+    ap.add_argument("--plot", type=Path, default=None, help="write the curves to this PNG file")
+    ap.add_argument(
+        "--follow",
+        type=float,
+        default=None,
+        metavar="S",
+        help="print each new pass as it is logged, checking every S seconds, until the run writes summary.json",
+    )
+    args = ap.parse_args(argv)
+    run_dir = RunDir.of(args.run_dir)
+    if args.follow is not None and args.follow <= 0:
+        print(f"{prog}: --follow={args.follow} is not allowed: expected seconds > 0", file=sys.stderr)
+        return 2
+    if not run_dir.path.is_dir():
+        print(f"{prog}: {args.run_dir} is not a run dir (no such folder)", file=sys.stderr)
+        return 2
+    shown = 0
+    # following, d is not known before the run ends (summary.json): the columns stay those of the first lines
+    dim = feature_dim(run_dir) if args.follow is None else None
+    while True:
+        rows = read_passes(run_dir.csv_metrics) if run_dir.csv_metrics.is_file() else []
+        finished = run_dir.summary.is_file()
+        text = table(rows, dim).splitlines()
+        if args.follow is None:
+            if not rows:
+                print(f"{prog}: no monitor or k-NN pass logged yet in {run_dir.csv_metrics}", file=sys.stderr)
+                return 1
+            print("\n".join(text))
+            break
+        if len(rows) > shown:
+            print("\n".join(text[0 if shown == 0 else shown + 1 :]), flush=True)
+            shown = len(rows)
+        if finished:
+            break
+        time.sleep(args.follow)
+    if args.plot is not None and rows:
+        plot(rows, args.plot, f"{run_dir.name}: label-free monitors")
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(prog="python -m hvp_lightning.analysis.monitors"))

@@ -1,0 +1,121 @@
+"""The README's "Your own images" commands, as written there, on generated unlabelled images.
+
+Pretrain from released weights on a folder (the weights saved to a local file first: tests are
+offline), watch the label-free monitors, export. What shrinks is what no CPU test can afford: the
+timm model (resnet10t for the README's resnet50), the image and crop size, the batch, the heads,
+one epoch.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from hvp_lightning.analysis.monitors import main as monitors_main
+from hvp_lightning.training.driver import run
+from hvp_lightning.training.export import main as export_main
+
+from .conftest import REPO, make_cfg
+
+SMALL = [
+    "trainer=cpu",
+    "logger=csv",
+    "trainer.max_epochs=2",
+    "method.batch_size=4",
+    "data.crop_size=32",
+    "data.num_workers=0",
+    "data.monitor_size=4",
+    "+trainer.enable_progress_bar=false",
+    "+trainer.enable_model_summary=false",
+    "method.proj_hidden_dim=32",
+    "method.proj_dim=32",
+    "method.pred_hidden_dim=16",
+]
+TINY_MODEL = "resnet10t"
+
+
+def readme_commands() -> list[list[str]]:
+    """The three commands of the README's "Your own images" block, split as a shell would."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Your own images", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block, "README 'Your own images' has no bash block"
+    lines = [line.split("  #", 1)[0] for line in block.group(1).splitlines() if line.strip()]
+    return [shlex.split(line) for line in lines]
+
+
+def unlabelled_images(root: Path) -> Path:
+    """12 images of mixed sizes and formats, flat and nested, no class folders."""
+    for i in range(12):
+        folder = root / ("" if i < 6 else f"day{i % 2}/cam")
+        folder.mkdir(parents=True, exist_ok=True)
+        img = Image.new("RGB", (40 + 2 * i, 36), (20 * i, 255 - 15 * i, (37 * i) % 256))
+        img.paste((255 - 20 * i, 10 * i, 90), (4 + i, 5, 20 + i, 25))
+        img.save(folder / f"img{i}.{'jpg' if i % 3 else 'png'}")
+    return root
+
+
+def test_readme_own_images_commands_run(tmp_path: Path, capsys) -> None:
+    import timm
+
+    train, watch, export = readme_commands()
+    assert train[:3] == ["uv", "run", "python"] and train[3] == "train.py"
+    assert watch[:3] == ["uv", "run", "hvp-monitors"] and export[:3] == ["uv", "run", "hvp-export"]
+
+    # 1. pretrain from released weights: the README's overrides, the folder and weights made here
+    released = timm.create_model(TINY_MODEL, pretrained=False, num_classes=0)
+    weights = tmp_path / f"{TINY_MODEL}.pth"
+    torch.save(released.state_dict(), weights)
+    folder = unlabelled_images(tmp_path / "my_images")
+    local = {"data.root": str(folder), "backbone.name": TINY_MODEL, "backbone.init": str(weights)}
+    overrides = []
+    for item in train[4:]:
+        key = item.split("=", 1)[0]
+        overrides.append(f"{key}={local[key]}" if key in local else item)
+    assert {o.split("=", 1)[0] for o in overrides} >= set(local), "the README command lost a key this test sets"
+    run_dir = tmp_path / "run"
+    summary = run(make_cfg(*overrides, *SMALL, tiny=False), run_dir)
+    assert summary["hvp_enabled"] and summary["steps"] == 4  # 8 training images (4 held out), batch 4, 2 epochs
+    assert summary["monitor_source"] == "monitor" and summary["monitor_images"] == 4
+    assert [h["epoch"] for h in summary["monitor_history"]] == [0, 1, 2]
+    assert summary["monitor_rankme_init"] is not None  # the released weights' monitors, before the first step
+
+    # 2. watch the monitors: every pass, and the figure
+    plot = tmp_path / "monitors.png"
+    argv = [str(run_dir) if a.startswith("runs/") else (str(plot) if a.endswith(".png") else a) for a in watch[3:]]
+    capsys.readouterr()
+    assert monitors_main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:4] == ["epoch", "step", "RankMe", "feature"]
+    rows = [line.split() for line in out[1:] if line.split() and line.split()[0].isdigit()]
+    assert [int(r[0]) for r in rows] == [0, 1, 2]
+    assert [float(r[2]) for r in rows] == pytest.approx([h["rankme"] for h in summary["monitor_history"]], abs=0.01)
+    assert plot.stat().st_size > 0
+
+    # 3. export, and timm loads it with the run's features
+    out_dir = tmp_path / "exported"
+    argv = [str(run_dir) if a.startswith("runs/") else str(out_dir) for a in export[3:]]
+    assert export_main(argv) == 0
+    model = timm.create_model(f"local-dir:{out_dir}", pretrained=True).eval()
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    trunk = {
+        k.removeprefix("backbone.trunk."): v for k, v in ckpt["state_dict"].items() if k.startswith("backbone.trunk.")
+    }
+    assert trunk.keys() == model.state_dict().keys()
+    assert all(torch.equal(v, trunk[k]) for k, v in model.state_dict().items())
+    assert not all(torch.equal(v, released.state_dict()[k]) for k, v in trunk.items())  # it trained
+
+
+def test_hvp_monitors_says_what_is_missing(tmp_path: Path, capsys) -> None:
+    assert monitors_main([str(tmp_path / "nowhere")]) == 2
+    assert "not a run dir" in capsys.readouterr().err
+    assert monitors_main([str(tmp_path)]) == 1
+    assert "no monitor or k-NN pass logged yet" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        monitors_main([str(tmp_path), "--follow", "x"])
+    assert monitors_main([str(tmp_path), "--follow", "0"]) == 2

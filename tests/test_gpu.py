@@ -368,3 +368,55 @@ def test_candidate_tables_skip_tf32_on_gpu(api: str, matmul_precision_restored) 
     torch.testing.assert_close(table.double(), want, rtol=1e-5, atol=1e-4)
     if torch.cuda.get_device_capability() >= (8, 0):  # TF32 exists: the check can tell
         assert (tf32.double() - want).abs().max() > 1e-3
+
+
+def test_torchvision9_blur_on_gpu_matches_the_cpu() -> None:
+    """``blur_kind=torchvision9`` (the HVP code's GaussianBlur(9, ...), SimSiam/DINO presets): the
+    batched convolution on the GPU against the CPU's view-by-view torchvision call, same sigmas;
+    one level at most (the device's float sums may round the other way at a boundary)."""
+    import dataclasses
+
+    from hvp_lightning.data.augment import PARAM_NAMES, ViewAug
+    from hvp_lightning.data.batched import colour
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (32, 3, 40, 36), generator=g, dtype=torch.uint8)
+    aug = dataclasses.replace(ViewAug(size=40), blur_kind="torchvision9")
+    params = {k: torch.zeros(32) for k in PARAM_NAMES} | {"jitter_order": torch.full((32, 4), -1)}
+    params["blur_sigma"] = torch.rand(32, generator=g) * 1.9 + 0.1
+    cpu = colour(x, params, aug, sync_free=False)
+    gpu = colour(x.cuda(), {k: v.cuda() for k, v in params.items()}, aug)
+    assert gpu.is_cuda and (gpu.cpu() - cpu).abs().max() <= 1
+
+
+def test_timm_backbone_from_a_file_on_unlabelled_images_on_one_gpu(tmp_path: Path) -> None:
+    """Issue 38 on a GPU: ``backbone=timm`` started from a weights file, ``data=images`` with the
+    label-free monitors, SimSiam at ``trainer.precision=auto-16-mixed`` (fp16 on a GPU) with HVP,
+    then the export folder timm loads."""
+    import timm
+
+    from .conftest import images_run, write_images
+
+    weights = tmp_path / "resnet10t.pth"
+    torch.save(timm.create_model("resnet10t", num_classes=0).state_dict(), weights)
+    write_images(tmp_path / "images", 40)
+    over = images_run(
+        [
+            "trainer=gpu",
+            "trainer.precision=auto-16-mixed",
+            "backbone=timm",
+            "backbone.name=resnet10t",
+            f"backbone.init={weights}",
+            "+hvp=on",
+            "hvp.num_views=3",
+        ],
+        tmp_path / "images",
+        monitor_size=8,
+    )
+    run_dir = tmp_path / "run"
+    summary = run(make_cfg(*over), run_dir)
+    assert summary["steps"] == 2 and summary["hvp_enabled"] and math.isfinite(summary["train_loss"])
+    assert summary["monitor_source"] == "monitor" and math.isfinite(summary["monitor_rankme"])
+    assert export.main([str(run_dir), str(tmp_path / "exported")]) == 0
+    model = timm.create_model(f"local-dir:{tmp_path / 'exported'}", pretrained=True)
+    assert sum(p.numel() for p in model.parameters()) > 0

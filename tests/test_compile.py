@@ -81,7 +81,8 @@ def test_compiled_hvp_step_equals_eager_and_compiles_two_graphs(cfg_factory) -> 
     assert counters["stats"]["unique_graphs"] == 2
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+@pytest.mark.slow  # 20-35 s on 2 cores; .ci/run runs it
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_ibot_global_crops_run_compiled_blocks(cfg_factory, monkeypatch, backend: str) -> None:
     """iBOT's global crops call the trunk's parts directly (``vit_tokens``), past the backbone's
     forward: with ``method.compile`` every block of the student and the teacher still runs
@@ -139,6 +140,7 @@ def test_ibot_global_crops_run_compiled_blocks(cfg_factory, monkeypatch, backend
     assert not {c for c in eager_calls if c[0] == "compiled"}
 
 
+@pytest.mark.slow  # ~20 s each on 2 cores; .ci/run runs it
 @pytest.mark.parametrize("method", ["dino", "ibot"])
 def test_multicrop_compiles_stay_under_the_recompile_limit(cfg_factory, monkeypatch, method: str) -> None:
     """Everything a compiled DINO/iBOT run traces (HVP selection and training passes over

@@ -469,6 +469,7 @@ def test_ddp_train_every_method(method: str, tmp_path: Path) -> None:
         assert state["centering.center"].abs().sum() > 0
 
 
+@pytest.mark.slow  # ~45 s on 2 cores; .ci/run runs it
 def test_ddp_train_with_resident_images(tmp_path: Path) -> None:
     """``data.on_device=true`` under DDP: Lightning's distributed sampler splits the index
     batches (2 steps of 2 x 16, every image once), each rank holds the images and cuts its own

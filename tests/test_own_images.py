@@ -91,10 +91,10 @@ def test_readme_own_images_commands_run(tmp_path: Path, capsys) -> None:
     capsys.readouterr()
     assert monitors_main(argv) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split()[:4] == ["epoch", "step", "RankMe", "feature"]
+    assert out[0].split()[:4] == ["epoch", "RankMe", "feature", "std"]
     rows = [line.split() for line in out[1:] if line.split() and line.split()[0].isdigit()]
     assert [int(r[0]) for r in rows] == [0, 1, 2]
-    assert [float(r[2]) for r in rows] == pytest.approx([h["rankme"] for h in summary["monitor_history"]], abs=0.01)
+    assert [float(r[1]) for r in rows] == pytest.approx([h["rankme"] for h in summary["monitor_history"]], abs=0.01)
     assert plot.stat().st_size > 0
 
     # 3. export, and timm loads it with the run's features

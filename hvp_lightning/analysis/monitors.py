@@ -70,12 +70,12 @@ def feature_dim(run_dir: RunDir) -> int | None:
 def table(rows: list[Row], dim: int | None) -> str:
     """The passes as a fixed-width table; with d known, the std also as std * sqrt(d) (1 for
     isotropic directions, 0 for a collapse) and a collapse flag as the run's warning gives it."""
-    head = f"{'epoch':>5} {'step':>8} {'RankMe':>9} {'feature std':>12}"
+    head = f"{'epoch':>5} {'RankMe':>9} {'feature std':>12}"
     head += f" {'std*sqrt(d)':>12}" if dim else ""
     head += f" {'k-NN top-1':>11}"
     lines = [head]
     for r in rows:
-        text = f"{r.epoch:>5} {r.step:>8} {_fmt(r.rankme, '.2f'):>9} {_fmt(r.feature_std, '.5f'):>12}"
+        text = f"{r.epoch:>5} {_fmt(r.rankme, '.2f'):>9} {_fmt(r.feature_std, '.5f'):>12}"
         if dim:
             scaled = None if r.feature_std is None else r.feature_std * math.sqrt(dim)
             text += f" {_fmt(scaled, '.3f'):>12}"
@@ -97,6 +97,7 @@ def plot(rows: list[Row], out: Path, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     panels = [("rankme", "RankMe"), ("feature_std", "feature std (l2-normalised)"), ("knn_top1", "k-NN top-1")]
     panels = [(k, label) for k, label in panels if any(getattr(r, k) is not None for r in rows)]
@@ -105,6 +106,7 @@ def plot(rows: list[Row], out: Path, title: str) -> None:
         pts = [(r.epoch, getattr(r, key)) for r in rows if getattr(r, key) is not None]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(label)
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=9)

@@ -38,6 +38,9 @@ HVP_SUMMARY = {
     "knn_top1": 0.5,
     "knn_top1_init": 0.3,
     "knn_top5": 0.9,
+    "monitor_rankme": 41.5,
+    "monitor_feature_std": 0.03,
+    "monitor_collapse_epoch": None,
     "wall_time_s": 12.5,
     "hvp": {
         "mode": "hard",
@@ -77,6 +80,8 @@ def test_sweep_csv_has_a_column_per_override_key_then_the_results():
     hvp, base, failed = rows
     assert hvp["hvp"] == "on" and hvp["overrides"] == "method=simsiam +hvp=on seed=0"
     assert (hvp["knn_top1"], hvp["knn_top1_init"], hvp["knn_top5"], hvp["wall_time_s"]) == ("0.5", "0.3", "0.9", "12.5")
+    assert (hvp["monitor_rankme"], hvp["monitor_feature_std"], hvp["monitor_collapse_epoch"]) == ("41.5", "0.03", "")
+    assert base["monitor_rankme"] == ""  # a summary from before the monitors
     assert (hvp["hvp_mode"], hvp["hvp_num_views"], hvp["hvp_every_n_steps"]) == ("hard", "4", "1")
     assert (hvp["hvp_selection_selected_loss_mean"], hvp["hvp_selection_candidate_loss_mean"]) == ("-0.5", "-0.7")
     assert (hvp["hvp_trained_loss_mean"], hvp["hvp_nonfinite_candidates"]) == ("-0.45", "0")

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvp_lightning.cluster.waits import shared_store_restarts
 from hvp_lightning.methods.base import SSLMethod
 from hvp_lightning.run.job_signals import preempt_signal
 from hvp_lightning.run.records import read_record
@@ -336,13 +335,13 @@ def test_sigterm_under_torchrun_stops_at_a_step_and_its_restart_continues(tmp_pa
     resumes there and ends bit for bit as the uninterrupted one."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     job = ["-m", "tests._preempt_job", *DDP]
-    # As docs/checkpoints.md tells users: a restart that shares torchrun's rendezvous store with the
-    # first attempt fails to connect its gloo group here (pytorch#135712).
-    unshared = dict(os.environ, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    # torchrun's default: its rendezvous store shared with the workers, every attempt's keys in it;
+    # the package joins each attempt under a prefix of its own (cluster/distributed.py attempt_store)
+    shared = {k: v for k, v in os.environ.items() if k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
     straight = subprocess.run(
         [*torchrun, *job, f"hydra.run.dir={tmp_path / 'straight'}"],
         cwd=REPO,
-        env=dict(unshared, PREEMPT_AT_STEP="-1", PREEMPT_MARKER="-"),
+        env=dict(shared, PREEMPT_AT_STEP="-1", PREEMPT_MARKER="-"),
         capture_output=True,
         text=True,
         timeout=SUBPROCESS_TIMEOUT_S,
@@ -350,7 +349,7 @@ def test_sigterm_under_torchrun_stops_at_a_step_and_its_restart_continues(tmp_pa
     assert straight.returncode == 0, straight.stderr[-3000:]
 
     run_dir, marker = tmp_path / "stopped", tmp_path / "marker"
-    env = dict(unshared, PREEMPT_AT_STEP=str(MID), PREEMPT_RANK="1", PREEMPT_MARKER=str(marker))
+    env = dict(shared, PREEMPT_AT_STEP=str(MID), PREEMPT_RANK="1", PREEMPT_MARKER=str(marker))
     proc = subprocess.Popen(
         [*torchrun, "--max-restarts=1", *job, f"hydra.run.dir={run_dir}"],
         cwd=REPO,
@@ -388,13 +387,23 @@ def test_a_signal_after_the_last_step_is_named_as_received(caplog: pytest.LogCap
     assert "SIGTERM came after the last training step" in caplog.text
 
 
-def test_torchrun_restarts_on_a_shared_store_are_warned_of() -> None:
-    """torchrun --max-restarts with its rendezvous store shared with the workers (torch's default)
-    can hand a restarted rank the previous attempt's addresses (benchmarks/torchrun_restart_race.py):
-    the run says so and how to avoid it; torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (the
-    workers then see TORCHELASTIC_USE_AGENT_STORE=False), no restarts, or no torchrun: nothing."""
-    shared = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "1"}
-    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in shared_store_restarts(shared)
-    assert shared_store_restarts({**shared, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None
-    assert shared_store_restarts({**shared, "TORCHELASTIC_MAX_RESTARTS": "0"}) is None
-    assert shared_store_restarts({}) is None
+def test_each_torchrun_attempt_joins_under_a_prefix_of_its_own() -> None:
+    """Under a torchrun sharing its store (``TORCHELASTIC_USE_AGENT_STORE=True``) the process group
+    joins through torchrun's store under ``hvp_lightning/attempt_<restart count>/``: keys of an
+    earlier attempt (a peer's old address) are not seen by the next. Without torchrun's store: None."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from hvp_lightning.cluster.distributed import attempt_store
+
+    agent = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(agent.port)}
+    env["WORLD_SIZE"] = "1"
+    first = attempt_store(timedelta(seconds=10), {**env, "TORCHELASTIC_RESTART_COUNT": "0"})
+    second = attempt_store(timedelta(seconds=10), {**env, "TORCHELASTIC_RESTART_COUNT": "1"})
+    first.set("rank_1_address", "old")
+    assert agent.get("hvp_lightning/attempt_0/rank_1_address") == b"old"
+    assert not second.check(["rank_1_address"])  # the restart does not read the first attempt's address
+    assert attempt_store(timedelta(seconds=10), {**env, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None
+    assert attempt_store(timedelta(seconds=10), {}) is None

@@ -23,12 +23,15 @@ rank 0 writes the checkpoint: :func:`gather_per_rank` saves one entry per rank a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from lightning.pytorch.plugins.layer_sync import TorchSyncBatchNorm, _BatchNormXd
+from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
@@ -230,3 +233,44 @@ def rank_entries(saved: list[T]) -> list[T]:
     if len(saved) == world:
         return [saved[rank]]
     return list(saved) if rank == 0 else []
+
+
+def attempt_store(timeout: timedelta, env: Mapping[str, str] | None = None) -> dist.Store | None:
+    """Under a torchrun that shares its rendezvous store with its workers (torch's default,
+    ``TORCHELASTIC_USE_AGENT_STORE=True``), a view of that store for this restart attempt alone:
+    torchrun's store under the prefix ``hvp_lightning/attempt_<TORCHELASTIC_RESTART_COUNT>/``;
+    else None (the process group's own rendezvous is used).
+
+    Without it a restarted rank reads the addresses its peers left in the shared store during the
+    previous attempt and fails to connect, or waits, in ``init_process_group`` (pytorch#135712;
+    benchmarks/torchrun_restart_race.py: 5 of 5 restarts failed without a prefix, with one they join)."""
+    env = os.environ if env is None else env
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    agent = dist.TCPStore(
+        env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]), is_master=False, timeout=timeout
+    )
+    return dist.PrefixStore(f"hvp_lightning/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", agent)
+
+
+class AttemptStoreDDP(DDPStrategy):
+    """Lightning's ``DDPStrategy`` whose process group, under a torchrun sharing its store, joins
+    through :func:`attempt_store`: torchrun's restarts then connect (no
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` needed). Elsewhere it is ``DDPStrategy`` unchanged."""
+
+    def setup_distributed(self) -> None:
+        timeout = self._timeout if self._timeout is not None else timedelta(minutes=30)
+        store = None if dist.is_initialized() else attempt_store(timeout)
+        if store is not None:
+            self.set_world_ranks()
+            self._process_group_backend = self._get_process_group_backend()
+            device = self.root_device if self.root_device.type != "cpu" else None
+            dist.init_process_group(
+                self._process_group_backend,
+                store=store,
+                rank=self.global_rank,
+                world_size=self.world_size,
+                timeout=timeout,
+                device_id=device,
+            )
+        super().setup_distributed()  # finds the group made above (if any) and goes on as Lightning does

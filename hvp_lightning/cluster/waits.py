@@ -81,22 +81,6 @@ def several_processes(devices: Any, num_nodes: int, accelerator: str) -> bool:
     return accelerator in ("auto", "gpu", "cuda") and torch.cuda.device_count() > 1
 
 
-def shared_store_restarts(env: dict[str, str] | None = None) -> str | None:
-    """The warning for a torchrun that restarts its workers on a rendezvous store shared with them
-    (torch's default), else None. A restarted rank can then read a peer's address left by the
-    previous attempt and fail to connect, or wait, in ``init_process_group`` (pytorch#135712;
-    benchmarks/torchrun_restart_race.py); ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` in torchrun's
-    environment gives every attempt a store of its own."""
-    env = os.environ if env is None else env
-    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or int(env.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) < 1:
-        return None
-    return (
-        "torchrun restarts workers (--max-restarts) on a rendezvous store it shares with them: a restart can "
-        "fail to connect or wait in init_process_group (pytorch#135712). Start torchrun with "
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in its environment (docs/checkpoints.md, SIGTERM)"
-    )
-
-
 def ddp_strategy(trainer_kwargs: dict[str, Any], wait_s: float) -> Any:
     """``trainer.strategy`` with the process group's timeout set to ``wait_s``: a
     ``DDPStrategy`` for ``ddp`` (and its ``find_unused_parameters`` variants) and for ``auto``
@@ -113,9 +97,9 @@ def ddp_strategy(trainer_kwargs: dict[str, Any], wait_s: float) -> Any:
         strategy = "ddp"
     if strategy not in DDP_STRATEGIES:
         return strategy
-    from lightning.pytorch.strategies import DDPStrategy
+    from .distributed import AttemptStoreDDP  # Lightning: imported only for a DDP run
 
-    return DDPStrategy(timeout=timedelta(seconds=wait_s), **DDP_STRATEGIES[strategy])
+    return AttemptStoreDDP(timeout=timedelta(seconds=wait_s), **DDP_STRATEGIES[strategy])
 
 
 # --- the error when a limit was reached -----------------------------------------------------------

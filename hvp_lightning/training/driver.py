@@ -23,7 +23,6 @@ from ..cluster.waits import (
     describe_wait_error,
     end_descendants,
     limits,
-    shared_store_restarts,
 )
 from ..config import validate
 from ..data.datamodule import SSLDataModule
@@ -99,8 +98,6 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, options_checked: bool, wait_s: f
     validate(cfg, options_checked)
     check_accelerator("trainer.accelerator", str(cfg.trainer.get("accelerator", "auto")))
     run_dir.path.mkdir(parents=True, exist_ok=True)
-    if (restarts := shared_store_restarts()) and env_rank() == 0:
-        log.warning(restarts)
     ckpt_path, resume_step = resume_checkpoint(cfg, run_dir)  # (None, 0): a fresh run
     record = RunRecord(run_dir)  # this session's clock starts
     L.seed_everything(cfg.seed, workers=True, verbose=False)

@@ -404,6 +404,9 @@ def validate_data(cfg: DictConfig) -> None:
     if d.name == "images":
         check_images(cfg)
         return
+    if d.name == "shards":
+        check_shards(cfg)
+        return
     if OmegaConf.is_missing(d, "root"):
         fail("data.root", "???", f"the folder holding {d.name}: add data.root=<path> to the command")
     if d.name == "imagefolder":
@@ -457,10 +460,44 @@ def check_images(cfg: DictConfig) -> None:
             )
     else:
         _check_image_list(str(files), training_images(d) if Path(str(files)).expanduser().is_file() else None)
-    paths = training_images(d)
+    check_monitor(cfg, len(training_images(d)))
+
+
+def check_shards(cfg: DictConfig) -> None:
+    """``data=shards``: ``data.urls`` names shards that open and hold images (their index is
+    built here, from the manifest or by reading them, and kept for the run); the held-out
+    monitor sample and ``data.eval_root`` as for ``data=images``."""
+    from .data.shard_index import ShardError, run_index
+
+    d = cfg.data
+    if not d.get("urls"):
+        fail(
+            "data.urls",
+            d.get("urls"),
+            f"a brace pattern of WebDataset tar shards, e.g. 'data.urls=\"{EXAMPLE_URLS}\"' (quoted for Hydra)",
+        )
+    options = d.get("storage_options")
+    if options is not None and not OmegaConf.is_dict(options):
+        fail("data.storage_options", options, "a mapping of fsspec options, e.g. {anon: true}")
+    try:
+        index = run_index(d)
+    except ShardError as err:
+        fail("data.urls", str(d.urls), f"shards that can be read: {err}")
+    if not len(index):
+        fail("data.urls", str(d.urls), f"shards holding {IMAGE_FILES} (none in the {len(index.urls)} shards)")
+    check_monitor(cfg, len(index))
+
+
+EXAMPLE_URLS = "/data/train-{000000..000127}.tar"
+
+
+def check_monitor(cfg: DictConfig, n: int) -> None:
+    """``data.monitor_size`` of ``n`` images is held out, leaving some to train on, and is at
+    least 1 unless ``data.eval_root`` (an ImageNet-layout folder) gives the k-NN monitor."""
+    d = cfg.data
     int_at_least(cfg, "data.monitor_size", 0)
-    if d.monitor_size >= len(paths):
-        fail("data.monitor_size", d.monitor_size, f"fewer than the {len(paths)} images (it is held out of training)")
+    if d.monitor_size >= n:
+        fail("data.monitor_size", d.monitor_size, f"fewer than the {n} images (it is held out of training)")
     if d.get("eval_root"):
         check_imagenet_layout("data.eval_root", d.eval_root)
     elif d.monitor_size == 0:
@@ -510,7 +547,7 @@ def _warn_upsampled_crops(d: DictConfig) -> None:
     CIFAR at 224 px for a ViT), but said once at start-up."""
     if d.name == "synthetic":
         side = d.image_size
-    elif d.name in ("imagefolder", "images"):
+    elif d.name in ("imagefolder", "images", "shards"):
         side = training_image_side(d)
     else:
         side = IMAGE_SIDES.get(d.name)

@@ -45,7 +45,19 @@ def backbone_family(backbone: Mapping[str, Any]) -> str:
 OPTIMIZERS = ("sgd", "adamw", "lars")
 
 # images: unlabelled, every image under data.root or listed in data.files (docs/data.md "Your own images")
-DATASETS = ("synthetic", "imagefolder", "images", "cifar10", "cifar100", "stl10", "flowers102", "food101", "inat21")
+# shards: WebDataset tar shards, labels optional (docs/data.md "Shards")
+DATASETS = (
+    "synthetic",
+    "imagefolder",
+    "images",
+    "shards",
+    "cifar10",
+    "cifar100",
+    "stl10",
+    "flowers102",
+    "food101",
+    "inat21",
+)
 # What torchvision's dataset class reads under data.root (the first path missing is named at
 # start-up), and the images' side in pixels where it is fixed.
 TORCHVISION_FILES = {

@@ -15,12 +15,13 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from ..options import DATASETS
 from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
-from .datasets import ImageFiles, SafeImageFolder, transfer_splits
+from .datasets import ImageFiles, SafeImageFolder, ShardImages, transfer_splits
 from .iou_policy import IoUPolicy, IoUPolicyViews
 from .items import EvalDataset, FinishedViews, MultiViewDataset
 from .layout import split_dir, training_images
 from .resident import IndexDataset, ResidentImages, stack_images
 from .sampler import EpochSampler, ResumableLoader
+from .shard_index import run_index, storage_options
 from .textures import SyntheticTextures
 from .workers import worker_context, worker_options
 
@@ -43,6 +44,7 @@ def subset(ds: Dataset, n: int | None, seed: int) -> Dataset:
     return Subset(ds, idx.sort().values.tolist())
 
 
+UNLABELLED = ("images", "shards")  # data sets that hold out a monitor sample and take data.eval_root
 MONITOR_SEED = 2  # the held-out sample's permutation (subset() uses 0 and 1)
 
 
@@ -56,9 +58,14 @@ def monitor_split(n: int, size: int) -> tuple[list[int], list[int]]:
     return keep.nonzero().flatten().tolist(), held.tolist()
 
 
-def image_sets(cfg) -> tuple[ImageFiles, ImageFiles | None]:
-    """``data=images``: (training images, held-out monitor sample or None when
-    ``data.monitor_size`` is 0). An image's index in the first is its views' key."""
+def image_sets(cfg) -> tuple[Dataset, Dataset | None]:
+    """``data=images`` and ``data=shards``: (training images, held-out monitor sample or None
+    when ``data.monitor_size`` is 0). An image's index in the first is its views' key: the same
+    image has the same key in a folder and in the shards ``hvp-make-shards`` makes of it."""
+    if cfg.name == "shards":
+        index, options = run_index(cfg), storage_options(cfg)
+        train, held = monitor_split(len(index), int(cfg.get("monitor_size") or 0))
+        return ShardImages(index, options, train), ShardImages(index, options, held) if held else None
     paths = training_images(cfg)
     train, held = monitor_split(len(paths), int(cfg.get("monitor_size") or 0))
     return ImageFiles([paths[i] for i in train]), ImageFiles([paths[i] for i in held]) if held else None
@@ -69,8 +76,8 @@ def eval_roles(cfg) -> tuple[str, ...]:
     k-NN ``bank`` and ``test`` queries (every data set but ``data=images`` without
     ``data.eval_root``), then ``data=images``'s held-out ``monitor`` sample when it has one.
     The label-free monitors use the monitor sample where there is one, else the test set."""
-    labelled = cfg.name != "images" or bool(cfg.get("eval_root"))
-    held_out = cfg.name == "images" and bool(cfg.get("monitor_size"))
+    labelled = cfg.name not in UNLABELLED or bool(cfg.get("eval_root"))
+    held_out = cfg.name in UNLABELLED and bool(cfg.get("monitor_size"))
     return ("bank", "test") * labelled + ("monitor",) * held_out
 
 
@@ -87,7 +94,7 @@ def build_raw_datasets(cfg) -> tuple[Dataset, Dataset | None, Dataset | None, li
         train = SafeImageFolder(split_dir(root, "train"))
         test = SafeImageFolder(split_dir(root, "test"))
         return train, train, test, train.classes
-    if name == "images":
+    if name in UNLABELLED:
         pre, _ = image_sets(cfg)
         if not cfg.get("eval_root"):
             return pre, None, None, []

@@ -7,6 +7,8 @@
   warning instead of killing a multi-day run.
 * :class:`ImageFiles` -- unlabelled images (``data=images``: every image under a folder, or a
   list of paths), skipping unreadable files the same way (:func:`first_readable`).
+* :class:`ShardImages` -- the images of WebDataset tar shards (``data=shards``), read by byte
+  range through :mod:`.shard_index`, skipping undecodable samples the same way.
 * torchvision CIFAR-10/100 and STL-10 (downloaded only when asked to).
 * :func:`transfer_splits` -- torchvision Flowers102, Food101 and iNaturalist 2021, the paper's
   transfer data sets, read through :func:`read_image` (downloaded only when asked to).
@@ -14,6 +16,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -32,6 +35,7 @@ from ..errors import ConfigError
 from ..options import IMAGE_EXTENSIONS
 from ..run.process_rank import env_rank
 from .layout import is_image_file
+from .shard_index import ShardIndex, ShardReader, is_shard_member
 
 log = logging.getLogger(__name__)
 
@@ -45,18 +49,27 @@ MAX_RETRIES = 16  # unreadable files in a row before a sample gives up
 def first_readable(
     samples: Sequence[tuple[str, int]], index: int, loader: Callable[[str], Any]
 ) -> tuple[Any, int, str]:
-    """``(image, label, skipped)`` of sample ``index``, or of the next readable one after it
-    (wrapping around) when its file fails to decode: epochs keep their length, and
-    ``skipped`` names the first unreadable file met ("" if none) for :func:`note_skipped`.
-    Raises after :data:`MAX_RETRIES` unreadable files in a row."""
+    """``(image, label, skipped)`` of sample ``index`` of ``(path, label)`` samples, or of the next
+    readable one after it (wrapping around) when its file fails to decode: epochs keep their
+    length, and ``skipped`` names the first unreadable file met ("" if none) for
+    :func:`note_skipped`. Raises after :data:`MAX_RETRIES` unreadable files in a row."""
+    return readable_from(len(samples), index, lambda j: (loader(samples[j][0]), samples[j][1]), lambda j: samples[j][0])
+
+
+def readable_from(
+    n: int, index: int, read: Callable[[int], tuple[Any, int]], name: Callable[[int], str]
+) -> tuple[Any, int, str]:
+    """:func:`first_readable` over any ``n`` samples: ``read(j)`` gives sample ``j``'s
+    ``(image, label)`` or raises, ``name(j)`` names it in the skip report."""
     bad = ""
     for attempt in range(MAX_RETRIES):
-        path, label = samples[(index + attempt) % len(samples)]
+        j = (index + attempt) % n
         try:
-            return loader(path), label, bad
-        except Exception:  # noqa: BLE001 -- any decoder failure means "skip this file"
-            bad = bad or path
-    raise RuntimeError(f"{MAX_RETRIES} consecutive unreadable images from {samples[index][0]}")
+            image, label = read(j)
+            return image, label, bad
+        except Exception:  # noqa: BLE001 -- any decoder failure means "skip this sample"
+            bad = bad or name(j)
+    raise RuntimeError(f"{MAX_RETRIES} consecutive unreadable images from {name(index)}")
 
 
 class SafeImageFolder(ImageFolder):
@@ -105,6 +118,36 @@ class ImageFiles(Dataset):
         return first_readable(self.samples, index, read_image)
 
 
+class ShardImages(Dataset):
+    """The images of WebDataset shards (``data=shards``), in index order or the given subset of
+    it: item ``i`` is ``(image, label, skipped)`` as :class:`SafeImageFolder`'s (label -1 for
+    unlabelled shards), an image whose bytes do not decode -- or lie past the end of a
+    truncated shard -- replaced by the next readable one and named ``<shard url>#<key>``.
+    Position ``i`` is the key of the image's views, as a folder's sorted position is."""
+
+    def __init__(
+        self, index: ShardIndex, storage_options: dict[str, Any] | None = None, keep: Sequence[int] | None = None
+    ) -> None:
+        self.index = index
+        self.keep = list(range(len(index))) if keep is None else list(keep)
+        if not self.keep:
+            raise FileNotFoundError(f"no images in the {len(index.urls)} shards to read")
+        self.reader = ShardReader(storage_options)
+        self.classes = list(index.classes)
+
+    def __len__(self) -> int:
+        return len(self.keep)
+
+    def read(self, j: int) -> tuple[torch.Tensor | Image.Image, int]:
+        """(image, label) of item ``j``; raises when its bytes do not decode."""
+        k, ix = self.keep[j], self.index
+        data = self.reader.read(ix.urls[ix.shard[k]], ix.offset[k], ix.size[k])
+        return image_from_bytes(data, ix.suffix[k]), ix.label[k]
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor | Image.Image, int, str]:
+        return readable_from(len(self.keep), i, self.read, lambda j: self.index.name(self.keep[j]))
+
+
 def transfer_splits(name: str, root: str, download: bool) -> tuple[Dataset, Dataset, list[str]]:
     """(train, test, class names) of a transfer data set, split as the official HVP code
     (automl/hvp data.py): Flowers102 ``train`` (10 images a class) and ``test``; Food101
@@ -149,21 +192,43 @@ def read_image(path: str | os.PathLike) -> torch.Tensor | Image.Image:
     through :func:`load_image`."""
     path = os.fspath(path)  # torchvision's datasets pass Paths
     if path.lower().endswith(JPEG_SUFFIXES):
-        try:
-            img = decode_jpeg(read_file(path), mode=ImageReadMode.UNCHANGED, apply_exif_orientation=True)
-        except RuntimeError:  # not a JPEG after all, or damaged: PIL reads the first and names the second
-            return load_image(path)
-        if img.shape[0] in (1, 3):
+        img = jpeg_tensor(read_file(path))
+        if img is not None:
             return img
     return load_image(path)
+
+
+def image_from_bytes(data: bytes, suffix: str) -> torch.Tensor | Image.Image:
+    """:func:`read_image` of a file's bytes (a shard member with this file suffix): the same
+    pixels as the file it was made from."""
+    if f".{suffix.lower()}" in JPEG_SUFFIXES:
+        img = jpeg_tensor(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        if img is not None:
+            return img
+    return pil_image(io.BytesIO(data))
+
+
+def jpeg_tensor(data: torch.Tensor) -> torch.Tensor | None:
+    """A JPEG's pixels ``[1 or 3, H, W]`` decoded by libjpeg-turbo, or None where PIL must read
+    it (not a JPEG after all, damaged -- PIL then names why --, or CMYK)."""
+    try:
+        img = decode_jpeg(data, mode=ImageReadMode.UNCHANGED, apply_exif_orientation=True)
+    except RuntimeError:
+        return None
+    return img if img.shape[0] in (1, 3) else None
 
 
 def load_image(path: str) -> Image.Image:
     """The image at ``path`` as 8-bit RGB, upright: its EXIF orientation applied (unlike
     torchvision's loader), a GIF's first frame, any mode converted by :func:`to_rgb8`."""
     with open(path, "rb") as f:
-        img = Image.open(f)
-        img.load()  # decode now, so truncation raises here and not later in a transform
+        return pil_image(f)
+
+
+def pil_image(f: Any) -> Image.Image:
+    """:func:`load_image` of an open binary file."""
+    img = Image.open(f)
+    img.load()  # decode now, so truncation raises here and not later in a transform
     if img.getexif().get(ORIENTATION, 1) != 1:
         img = ImageOps.exif_transpose(img)
     return to_rgb8(img)
@@ -199,6 +264,8 @@ def note_skipped(seen: set[str], files: Iterable[str]) -> None:
         if path and path not in seen:
             seen.add(path)
             try:
+                if is_shard_member(path):
+                    raise ValueError("its bytes in the shard do not decode as an image, or the shard ends before them")
                 load_image(path)
                 why = "it failed to decode when loaded"
             except Exception as err:  # noqa: BLE001 -- the reason is reported, not handled

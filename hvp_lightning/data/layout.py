@@ -101,10 +101,14 @@ def training_images(d) -> tuple[str, ...]:
 
 
 def training_image_side(d) -> int:
-    """Median shorter side of a folder data set's training images (``data=imagefolder``,
-    ``data=images``)."""
+    """Median shorter side of a folder or shard data set's training images
+    (``data=imagefolder``, ``data=images``, ``data=shards``)."""
     if d.name == "images":
         return median_side(training_images(d))
+    if d.name == "shards":
+        from .shard_index import sample_side
+
+        return sample_side(d)
     return typical_image_side(split_dir(Path(str(d.root)).expanduser(), "train"))
 
 

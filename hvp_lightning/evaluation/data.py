@@ -62,8 +62,9 @@ def eval_data_cfg(cfg: DictConfig, train_cfg: DictConfig) -> DictConfig:
             data.num_workers = cfg.num_workers
     node = OmegaConf.create({"data": data, "backbone": train_cfg.backbone})
     validate_data(node)
-    if data.name == "images" and not data.get("eval_root"):
-        fail("data.eval_root", None, "a labelled ImageNet-layout folder to evaluate on (data=images has no labels)")
+    if data.name in ("images", "shards") and not data.get("eval_root"):
+        why = f"data={data.name} has no test split"
+        fail("data.eval_root", None, f"a labelled ImageNet-layout folder to evaluate on ({why})")
     resolve_auto_crop(node.data)
     validate_backbone(node)
     node.data.num_workers = usable_workers(node.data.num_workers)  # capped at the usable cores, said once

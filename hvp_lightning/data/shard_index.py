@@ -56,18 +56,17 @@ def expand_urls(pattern: str | Sequence[str]) -> list[str]:
     ``{a,b}``: alternatives; several braces multiply) or of a list of patterns, in order."""
     if not isinstance(pattern, str):
         return [url for p in pattern for url in expand_urls(str(p))]
-    m = _RANGE.search(pattern)
-    if m:
-        lo, hi = m.group(1), m.group(2)
-        width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
-        head, tail = pattern[: m.start()], pattern[m.end() :]
-        step = 1 if int(hi) >= int(lo) else -1
-        return [u for i in range(int(lo), int(hi) + step, step) for u in expand_urls(f"{head}{i:0{width}d}{tail}")]
-    m = _ALTERNATIVES.search(pattern)
-    if m:
-        head, tail = pattern[: m.start()], pattern[m.end() :]
+    found = [m for m in (_RANGE.search(pattern), _ALTERNATIVES.search(pattern)) if m]
+    if not found:
+        return [pattern]
+    m = min(found, key=lambda m: m.start())  # the leftmost brace varies slowest, as in a shell
+    head, tail = pattern[: m.start()], pattern[m.end() :]
+    if m.re is _ALTERNATIVES:
         return [u for alt in m.group(1).split(",") for u in expand_urls(head + alt + tail)]
-    return [pattern]
+    lo, hi = m.group(1), m.group(2)
+    width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
+    step = 1 if int(hi) >= int(lo) else -1
+    return [u for i in range(int(lo), int(hi) + step, step) for u in expand_urls(f"{head}{i:0{width}d}{tail}")]
 
 
 def is_local(url: str) -> bool:

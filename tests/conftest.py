@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,21 @@ def write_images(root: Path, n: int, side: int = 20) -> list[Path]:
         paths.append(folder / f"img{i:03d}.jpg")
         Image.fromarray(rng.integers(0, 256, (side, side + 4, 3), dtype=np.uint8)).save(paths[-1], quality=90)
     return sorted(paths)
+
+
+def write_plain_shards(out: Path, paths: list[Path], sizes: tuple[int, ...]) -> list[str]:
+    """Shards as another tool writes them (no manifest: the reader scans the headers), of the
+    given sample counts, ``<key>.jpg`` members only."""
+    out.mkdir(parents=True, exist_ok=True)
+    urls, start = [], 0
+    for s, n in enumerate(sizes):
+        url = str(out / f"part-{s}.tar")
+        with tarfile.open(url, "w") as tar:
+            for k, path in enumerate(paths[start : start + n], start):
+                tar.add(path, arcname=f"sample{k:05d}.jpg")
+        urls.append(url)
+        start += n
+    return urls
 
 
 def images_run(overrides: list[str], root: Path, monitor_size: int) -> list[str]:

@@ -19,7 +19,15 @@ from hvp_lightning.data.resident import ResidentImages
 from hvp_lightning.data.seeds import key_uniform, key_uniforms, view_key, view_keys
 from hvp_lightning.training.driver import run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, assert_same_reported_run, images_run, make_cfg, write_images
+from .conftest import (
+    REPO,
+    SUBPROCESS_TIMEOUT_S,
+    assert_same_reported_run,
+    images_run,
+    make_cfg,
+    write_images,
+    write_plain_shards,
+)
 
 # 96 images, batch 16: 6 steps an epoch; SimSiam + HVP (its selection draws from torch's RNG,
 # which the checkpoint carries), the default loader workers of the synthetic data (2, persistent).
@@ -157,11 +165,28 @@ def test_killed_mid_epoch_resumes_bit_for_bit_with_workers(tmp_path, case: str) 
     assert_same_reported_run(tmp_path / "resumed", tmp_path / "straight")
 
 
+# shards: 157 generated JPEGs in 3 shards of 50, 7 and 100 written without a manifest (read by
+# header scan), 29 held out: 128 to train, 4 batches of 16 per rank, 2 loader workers per rank.
+DDP_CASES = {
+    "textures": ([], 5, 4, 1),  # extra overrides, kill after step, checkpoint step, batches of epoch 1 trained
+    "shards": (["data=shards", "data.monitor_size=29", "data.num_workers=2"], 7, 6, 2),
+}
+
+
 @pytest.mark.slow
-def test_ddp_killed_mid_epoch_resumes_bit_for_bit(tmp_path) -> None:
-    """The same with trainer=ddp on 2 CPU processes (3 steps an epoch of 2 x 16): killed after
-    step 5, resumed from step 4's checkpoint (epoch 1, batch 1 of 3)."""
+@pytest.mark.parametrize("case", list(DDP_CASES))
+def test_ddp_killed_mid_epoch_resumes_bit_for_bit(tmp_path, case: str) -> None:
+    """The same with trainer=ddp on 2 CPU processes (3 steps an epoch of 2 x 16 on the textures):
+    killed after step 5, resumed from step 4's checkpoint (epoch 1, batch 1 of 3). From uneven
+    shards (4 steps an epoch): both ranks get equal batches (no hang at an epoch's end), killed
+    after step 7, resumed from step 6's (epoch 1, batch 2 of 4)."""
+    extra, kill_at, saved_at, processed = DDP_CASES[case]
     ddp = [*BASE, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "checkpoint.every_n_steps=2"]
+    if case == "shards":
+        paths = write_images(tmp_path / "images", 157)
+        write_plain_shards(tmp_path / "shards", paths, (50, 7, 100))
+        kept = [o for o in ddp if not o.startswith(("data.train_size=", "data.test_size="))]
+        ddp = [*kept, *extra, f'data.urls="{tmp_path / "shards"}/part-{{0..2}}.tar"']
     straight = subprocess.run(
         [sys.executable, "train.py", *ddp, f"hydra.run.dir={tmp_path / 'straight'}"],
         cwd=REPO,
@@ -170,9 +195,9 @@ def test_ddp_killed_mid_epoch_resumes_bit_for_bit(tmp_path) -> None:
         timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert straight.returncode == 0, straight.stderr[-3000:]
-    ckpt = _killed(tmp_path / "resumed", 5, *ddp)
-    assert ckpt["global_step"] == 4
-    assert ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["processed"] == 1
+    ckpt = _killed(tmp_path / "resumed", kill_at, *ddp)
+    assert ckpt["global_step"] == saved_at
+    assert ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["processed"] == processed
     resumed = subprocess.run(
         [sys.executable, "train.py", *ddp, f"hydra.run.dir={tmp_path / 'resumed'}"],
         cwd=REPO,

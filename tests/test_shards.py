@@ -31,7 +31,7 @@ from hvp_lightning.data.sampler import EpochSampler
 from hvp_lightning.data.shard_index import expand_urls, scan_shards, shard_index
 from hvp_lightning.errors import ConfigError
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, images_run, make_cfg, write_images
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, images_run, make_cfg, write_images, write_plain_shards
 
 
 def imagenet_layout(root: Path, per_class: int = 4) -> None:
@@ -142,21 +142,6 @@ def test_every_rank_gets_the_same_batches_from_uneven_shards(tmp_path) -> None:
             shares.append([i for _, i in sampler])
         assert len(shares[0]) == len(shares[1]) == 78
         assert not set(shares[0]) & set(shares[1])
-
-
-def write_plain_shards(out: Path, paths: list[Path], sizes: tuple[int, ...]) -> list[str]:
-    """Shards as another tool writes them (no manifest: the reader scans the headers), of the
-    given sample counts, ``<key>.jpg`` members only."""
-    out.mkdir(parents=True, exist_ok=True)
-    urls, start = [], 0
-    for s, n in enumerate(sizes):
-        url = str(out / f"part-{s}.tar")
-        with tarfile.open(url, "w") as tar:
-            for k, path in enumerate(paths[start : start + n], start):
-                tar.add(path, arcname=f"sample{k:05d}.jpg")
-        urls.append(url)
-        start += n
-    return urls
 
 
 def test_a_missing_shard_is_named_with_its_url_at_start_up(tmp_path) -> None:

@@ -9,6 +9,8 @@ times, in interleaved rounds so that machine noise hits all alike:
   ``--device cpu`` in the workers, per image after its crops (where ``train.py`` puts it on CPU);
 * ``workers``: uint8 crops alone (what stays on the CPU when the batched part runs on a GPU);
 * ``colour_in_main`` (CPU only): the batched part in the main process after the transfer;
+* ``shards`` (``--shards``): ``pipeline`` on the same images read from WebDataset shards
+  (``data=shards``; the folder's train split converted once by ``hvp-make-shards``, 8 MB shards);
 * ``reference`` (``--reference``): every view finished per image in the workers with
   torchvision's kernels (``augment``) from PIL-decoded images: the pipeline before the
   batched part and the JPEG fast path existed.
@@ -61,6 +63,7 @@ from hvp_lightning.data.augment import ViewAug, augment, to_uint8_tensor  # noqa
 from hvp_lightning.data.datamodule import SSLDataModule  # noqa: E402
 from hvp_lightning.data.datasets import SafeImageFolder, load_image  # noqa: E402
 from hvp_lightning.data.items import MultiViewDataset  # noqa: E402
+from hvp_lightning.data.make_shards import main as make_shards  # noqa: E402
 from hvp_lightning.data.seeds import view_key  # noqa: E402
 from hvp_lightning.methods import METHODS  # noqa: E402
 
@@ -97,6 +100,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="where the batched part (and with --step the model) runs")
     p.add_argument("--threads", type=int, default=None, help="torch threads of the main process")
     p.add_argument("--reference", action="store_true", help="also time the per-image torchvision pipeline")
+    p.add_argument(
+        "--shards",
+        action="store_true",
+        help="also time the pipeline on the same images read from WebDataset shards (hvp-make-shards, once)",
+    )
     p.add_argument("--skip-main-colour", action="store_true", help="CPU: leave out the colour_in_main arm")
     p.add_argument("--step", action="store_true", help="time whole Lightning steps instead of the loader")
     p.add_argument("--backbone", default="resnet18_narrow", help="backbone preset for --step")
@@ -133,6 +141,16 @@ def make_jpeg_folder(root: Path, n: int, classes: int = 8, seed: int = 0) -> Pat
             Image.fromarray(arr).save(d / f"{i:05d}.jpg", quality=90)
     done.touch()
     return root
+
+
+def shard_pattern(root: Path, shard_size: str = "8MB") -> str:
+    """The brace pattern of ``root``'s train split as shards (``hvp-make-shards``, once, beside it)."""
+    out = root.parent / f"{root.name}-shards"
+    if not (out / "manifest.json").exists():
+        if make_shards([str(root), str(out), "--shard-size", shard_size]) != 0:
+            raise SystemExit(f"hvp-make-shards {root} {out} failed")
+    names = sorted(p.name for p in out.glob("train-*.tar"))
+    return f"{out}/train-{{{names[0][6:-4]}..{names[-1][6:-4]}}}.tar"
 
 
 def build_cfg(args: argparse.Namespace, root: Path | None) -> DictConfig:
@@ -209,10 +227,12 @@ def _sync(device: torch.device) -> None:
 
 
 def loader_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.device) -> dict[str, list[float]]:
-    def module(colour_in_workers: bool, on_device: bool = False) -> SSLDataModule:
+    def module(colour_in_workers: bool, on_device: bool = False, shards: str | None = None) -> SSLDataModule:
         data = cfg.data.copy()
         with open_dict(data):
             data.on_device = on_device
+            if shards:  # the same images through data=shards (no held-out monitor sample)
+                data.update(name="shards", urls=shards, manifest=None, storage_options={}, monitor_size=0)
         dm = SSLDataModule(
             data,
             METHODS[cfg.method.name].view_augs(cfg),
@@ -235,6 +255,11 @@ def loader_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.devic
         arms["loader"] = (via_loader.train_dataloader(), lambda b: via_loader.on_after_batch_transfer(b, 0))
     if on_cpu and not args.skip_main_colour:  # the alternative on CPU: colour in the training process
         arms["colour_in_main"] = (uint8.train_dataloader(), lambda b: uint8.on_after_batch_transfer(b, 0))
+    if args.shards:
+        if args.data != "imagefolder":
+            raise SystemExit("--shards needs --data imagefolder (the shards are made of its train split)")
+        on_shards = module(on_cpu, shards=shard_pattern(Path(str(cfg.data.root))))
+        arms["shards"] = (on_shards.train_dataloader(), lambda b: on_shards.on_after_batch_transfer(b, 0))
     if args.reference:
         raw = copy.copy(uint8.train_raw)
         if isinstance(raw, SafeImageFolder):
@@ -334,6 +359,7 @@ def report(args: argparse.Namespace, res: dict[str, list[float]], device: torch.
         lines.append(f"| {name} | {statistics.median(v):.1f} | {min(v):.1f} | {max(v):.1f} | {len(v)} |")
     for base, names in (
         ("reference", ("pipeline", "workers")),
+        ("pipeline", ("shards",)),
         ("loader", ("pipeline", "workers")),
         ("step_loader", ("step",)),
     ):

@@ -22,8 +22,10 @@ import pytest
 import torch
 
 from hvp_lightning.config import validate_data
+from hvp_lightning.data.augment import MultiViewTransform, ViewAug
 from hvp_lightning.data.datamodule import SSLDataModule, view_aug
 from hvp_lightning.data.datasets import ShardImages, note_skipped, read_image
+from hvp_lightning.data.items import MultiViewDataset
 from hvp_lightning.data.layout import resolve_auto_crop
 from hvp_lightning.data.make_shards import main as make_shards
 from hvp_lightning.data.make_shards import parse_size, source_samples
@@ -191,6 +193,36 @@ def test_truncated_shards_and_undecodable_samples_are_skipped_and_counted(tmp_pa
         tar.add(sorted((tmp_path / "images").rglob("*.jpg"))[0], arcname="c.jpg")
     ds = ShardImages(shard_index([str(junk / "j-0.tar")])[0])
     assert [bad.rsplit("#", 1)[-1] for _, _, bad in (ds[0], ds[1], ds[2])] == ["a", "b", ""]
+
+
+def test_fsspec_urls_read_a_batch_together_as_local_shards_read_it(tmp_path) -> None:
+    """Shards written to an fsspec URL (memory://, in this process) are indexed from the manifest
+    there and read a batch at a time (``__getitems__`` -> one ``cat_ranges`` call): the same
+    items as from the local copy."""
+    import fsspec
+
+    write_images(tmp_path / "images", 10)
+    assert make_shards([str(tmp_path / "images"), "memory://hvp/shards", "--max-samples", "4"]) == 0
+    local = expand_urls(shards_of(tmp_path / "images", tmp_path / "local", "--max-samples", "4"))
+    remote = expand_urls("memory://hvp/shards/train-{000000..000002}.tar")
+    calls = []
+    fs = fsspec.filesystem("memory")
+    real = fs.cat_ranges
+    fs.cat_ranges = lambda *a, **k: calls.append(len(a[0])) or real(*a, **k)
+    try:
+        views = (ViewAug(size=8),)
+        got = [
+            MultiViewDataset(ShardImages(shard_index(urls)[0]), MultiViewTransform(views, 0)).__getitems__(
+                [(1, i) for i in (9, 0, 4, 5)]
+            )
+            for urls in (remote, local)
+        ]
+    finally:
+        fs.cat_ranges = real
+        fs.rm("/hvp", recursive=True)
+    assert calls == [4]
+    for a, b in zip(*got, strict=True):
+        assert a["index"] == b["index"] and torch.equal(a["views"][0], b["views"][0])
 
 
 # --- object storage for real: a local S3 server (moto) on 127.0.0.1 ------------------------------

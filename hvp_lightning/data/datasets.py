@@ -35,7 +35,7 @@ from ..errors import ConfigError
 from ..options import IMAGE_EXTENSIONS
 from ..run.process_rank import env_rank
 from .layout import is_image_file
-from .shard_index import ShardIndex, ShardReader, is_shard_member
+from .shard_index import ShardIndex, ShardReader, is_local, is_shard_member
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,7 @@ class ShardImages(Dataset):
             raise FileNotFoundError(f"no images in the {len(index.urls)} shards to read")
         self.reader = ShardReader(storage_options)
         self.classes = list(index.classes)
+        self.fetched: dict[int, bytes | None] = {}  # item -> bytes of the batch being read (prefetch)
 
     def __len__(self) -> int:
         return len(self.keep)
@@ -141,8 +142,20 @@ class ShardImages(Dataset):
     def read(self, j: int) -> tuple[torch.Tensor | Image.Image, int]:
         """(image, label) of item ``j``; raises when its bytes do not decode."""
         k, ix = self.keep[j], self.index
-        data = self.reader.read(ix.urls[ix.shard[k]], ix.offset[k], ix.size[k])
+        url = ix.urls[ix.shard[k]]
+        data = self.fetched[j] if j in self.fetched else self.reader.read(url, ix.offset[k], ix.size[k])
+        if data is None:
+            raise OSError(f"{ix.name(k)}: its bytes could not be read")
         return image_from_bytes(data, ix.suffix[k]), ix.label[k]
+
+    def prefetch(self, items: Sequence[int]) -> None:
+        """Fetch the bytes of a batch's items together (object storage: concurrent ranged GETs,
+        :meth:`.shard_index.ShardReader.read_many`) for the reads that follow; the previous
+        batch's bytes are dropped. Local shards read on demand."""
+        ix = self.index
+        wanted = [j for j in items if not is_local(ix.urls[ix.shard[self.keep[j]]])]
+        requests = [(ix.urls[ix.shard[k]], ix.offset[k], ix.size[k]) for k in (self.keep[j] for j in wanted)]
+        self.fetched = dict(zip(wanted, self.reader.read_many(requests), strict=True)) if wanted else {}
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor | Image.Image, int, str]:
         return readable_from(len(self.keep), i, self.read, lambda j: self.index.name(self.keep[j]))

@@ -16,6 +16,13 @@ def unpack_item(item: tuple) -> tuple[Any, int, str]:
     return item[0], int(item[1]), item[2] if len(item) > 2 else ""
 
 
+def prefetch(raw: Dataset, indices: list[int]) -> None:
+    """Let ``raw`` read a batch's images together where it can (:meth:`.datasets.ShardImages.prefetch`)."""
+    fetch = getattr(raw, "prefetch", None)
+    if fetch is not None:
+        fetch(indices)
+
+
 class MultiViewDataset(Dataset):
     def __init__(self, raw: Dataset, transform: MultiViewTransform) -> None:
         self.raw, self.transform = raw, transform
@@ -31,6 +38,12 @@ class MultiViewDataset(Dataset):
         views, params = self.transform(img, epoch, i)
         return {"views": views, "params": params, "label": label, "index": i, "bad_file": bad}
 
+    def __getitems__(self, keys: list) -> list[dict[str, Any]]:
+        """A batch of items (the loader's batched fetch): the raw images' bytes fetched
+        together first where the raw dataset can (shards in object storage)."""
+        prefetch(self.raw, [k[1] if isinstance(k, tuple) else k for k in keys])
+        return [self[k] for k in keys]
+
 
 class EvalDataset(Dataset):
     def __init__(self, raw: Dataset, transform: EvalTransform) -> None:
@@ -42,6 +55,10 @@ class EvalDataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         img, label, bad = unpack_item(self.raw[i])
         return {"image": self.transform(img), "label": label, "index": i, "bad_file": bad}
+
+    def __getitems__(self, keys: list[int]) -> list[dict[str, Any]]:
+        prefetch(self.raw, keys)
+        return [self[k] for k in keys]
 
 
 class FinishedViews(Dataset):
@@ -63,3 +80,7 @@ class FinishedViews(Dataset):
             [v[None] for v in item["views"]], {k: v[None] for k, v in item["params"].items()}, self.augs
         )
         return dict(item, views=[v[0] for v in views])
+
+    def __getitems__(self, keys: list) -> list[dict[str, Any]]:
+        prefetch(self.items.raw, [k[1] if isinstance(k, tuple) else k for k in keys])
+        return [self[k] for k in keys]

@@ -1,4 +1,5 @@
-"""The images a run sees: datasets (generated textures, ImageFolder, torchvision sets, devices'
+"""The images a run sees: datasets (generated textures, ImageFolder, unlabelled folders, WebDataset
+tar shards read by byte range and their converter ``hvp-make-shards``, torchvision sets, devices'
 resident copies), the view augmentation with recorded parameters (host and batched GPU steps,
 the IoU policy, iBOT's masks), samplers that resume mid-epoch, the data module, and the fork
 server its loader workers start from.

@@ -141,20 +141,20 @@ class ShardImages(Dataset):
 
     def read(self, j: int) -> tuple[torch.Tensor | Image.Image, int]:
         """(image, label) of item ``j``; raises when its bytes do not decode."""
-        k, ix = self.keep[j], self.index
-        url = ix.urls[ix.shard[k]]
-        data = self.fetched[j] if j in self.fetched else self.reader.read(url, ix.offset[k], ix.size[k])
+        k = self.keep[j]
+        url, offset, size, suffix, label = self.index.member(k)
+        data = self.fetched[j] if j in self.fetched else self.reader.read(url, offset, size)
         if data is None:
-            raise OSError(f"{ix.name(k)}: its bytes could not be read")
-        return image_from_bytes(data, ix.suffix[k]), ix.label[k]
+            raise OSError(f"{self.index.name(k)}: its bytes could not be read")
+        return image_from_bytes(data, suffix), label
 
     def prefetch(self, items: Sequence[int]) -> None:
         """Fetch the bytes of a batch's items together (object storage: concurrent ranged GETs,
         :meth:`.shard_index.ShardReader.read_many`) for the reads that follow; the previous
         batch's bytes are dropped. Local shards read on demand."""
-        ix = self.index
-        wanted = [j for j in items if not is_local(ix.urls[ix.shard[self.keep[j]]])]
-        requests = [(ix.urls[ix.shard[k]], ix.offset[k], ix.size[k]) for k in (self.keep[j] for j in wanted)]
+        members = {j: self.index.member(self.keep[j]) for j in items}
+        wanted = [j for j in items if not is_local(members[j][0])]
+        requests = [members[j][:3] for j in wanted]
         self.fetched = dict(zip(wanted, self.reader.read_many(requests), strict=True)) if wanted else {}
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor | Image.Image, int, str]:

@@ -25,6 +25,7 @@ from .layout import images_under, is_image_file
 from .shard_index import (
     MANIFEST,
     ShardError,
+    base_name,
     expand_urls,
     manifest_entry,
     parent_url,
@@ -172,14 +173,11 @@ def convert(args: argparse.Namespace) -> int:
 def index_only(pattern: str, manifest: str | None) -> int:
     urls = expand_urls(pattern)
     index, truncated = scan_shards(urls, progress=True)
-    records = []
-    for s, url in enumerate(urls):
-        rows = [
-            (index.keys[i], index.suffix[i], index.offset[i], index.size[i], index.label[i])
-            for i in range(len(index))
-            if index.shard[i] == s
-        ]
-        records.append(manifest_entry(url.rsplit("/", 1)[-1], rows, index.shard_bytes[s]))
+    rows: list[list[tuple[str, str, int, int, int]]] = [[] for _ in urls]
+    for i in range(len(index)):
+        _, offset, size, suffix, label = index.member(i)
+        rows[int(index.shard[i])].append((index.key(i), suffix, offset, size, label))
+    records = [manifest_entry(base_name(url), rows[s], index.shard_bytes[s]) for s, url in enumerate(urls)]
     where = manifest or f"{parent_url(urls[0])}/{MANIFEST}"
     write_manifest(where, records, [], source=pattern)
     print(f"indexed {len(index)} samples in {len(urls)} shards: {where}")

@@ -345,6 +345,9 @@ RESUMABLE_KEYS = (
     "data.num_workers",
     "limits",
     "data.root",
+    "data.urls",  # the same shards moved (a local copy of a bucket): the index, and so the run, is the same
+    "data.manifest",
+    "data.storage_options",
     "data.download",
     "trainer.enable_progress_bar",
     "trainer.enable_model_summary",

@@ -218,7 +218,9 @@ def model_card(config: dict[str, Any], folder_name: str, license_id: str, repo_i
         "|---|---|",
         f"| method | {method} |",
         f"| HVP settings | {', '.join(f'`hvp.{k}={_yaml(v)}`' for k, v in hvp.items()) or 'none'} |",
-        f"| data | {data.get('name')}" + (f" (`{data['root']}`)" if data.get("root") else "") + " |",
+        f"| data | {data.get('name')}"
+        + (f" (`{where}`)" if (where := data.get("root") or data.get("urls")) else "")
+        + " |",
         f"| crop, mean, std | {data.get('crop_size')} px, {data.get('mean')}, {data.get('std')} |",
         f"| epochs | {rec['epochs']}"
         + (f" (+{rec['batches_into_next_epoch']} batches)" if rec.get("batches_into_next_epoch") else "")

@@ -9,8 +9,9 @@ times, in interleaved rounds so that machine noise hits all alike:
   ``--device cpu`` in the workers, per image after its crops (where ``train.py`` puts it on CPU);
 * ``workers``: uint8 crops alone (what stays on the CPU when the batched part runs on a GPU);
 * ``colour_in_main`` (CPU only): the batched part in the main process after the transfer;
-* ``shards`` (``--shards``): ``pipeline`` on the same images read from WebDataset shards
-  (``data=shards``; the folder's train split converted once by ``hvp-make-shards``, 8 MB shards);
+* ``shards`` and ``workers_shards`` (``--shards``): ``pipeline`` and ``workers`` on the same
+  images read from WebDataset shards (``data=shards``; the folder's train split converted once by
+  ``hvp-make-shards``, 8 MB shards);
 * ``reference`` (``--reference``): every view finished per image in the workers with
   torchvision's kernels (``augment``) from PIL-decoded images: the pipeline before the
   batched part and the JPEG fast path existed.
@@ -258,8 +259,10 @@ def loader_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.devic
     if args.shards:
         if args.data != "imagefolder":
             raise SystemExit("--shards needs --data imagefolder (the shards are made of its train split)")
-        on_shards = module(on_cpu, shards=shard_pattern(Path(str(cfg.data.root))))
+        pattern = shard_pattern(Path(str(cfg.data.root)))
+        on_shards, uint8_shards = module(on_cpu, shards=pattern), module(False, shards=pattern)
         arms["shards"] = (on_shards.train_dataloader(), lambda b: on_shards.on_after_batch_transfer(b, 0))
+        arms["workers_shards"] = (uint8_shards.train_dataloader(), lambda b: b)
     if args.reference:
         raw = copy.copy(uint8.train_raw)
         if isinstance(raw, SafeImageFolder):
@@ -360,6 +363,7 @@ def report(args: argparse.Namespace, res: dict[str, list[float]], device: torch.
     for base, names in (
         ("reference", ("pipeline", "workers")),
         ("pipeline", ("shards",)),
+        ("workers", ("workers_shards",)),
         ("loader", ("pipeline", "workers")),
         ("step_loader", ("step",)),
     ):

@@ -1,5 +1,5 @@
 """Console commands: ``hvp-train``, ``hvp-eval``, ``hvp-transfer``, ``hvp-export``, ``hvp-monitors``,
-``hvp-analysis``, ``hvp-sweep-summary``.
+``hvp-make-shards``, ``hvp-analysis``, ``hvp-sweep-summary``.
 
 ``python train.py`` / ``python eval.py`` / ``python transfer.py`` in the repository call
 :func:`train` / :func:`evaluate_main` / :func:`transfer_main` too. The Hydra configs are the
@@ -12,12 +12,13 @@ repository's top-level ``conf/``; a wheel ships that same folder as ``hvp_lightn
     hvp-transfer ckpt=runs/<date>/<time>_simclr root=/datasets   # the paper's transfer table
     hvp-export RUN_DIR/checkpoints/last.ckpt backbone.pt
     hvp-monitors RUN_DIR [--follow 60] [--plot monitors.png]
+    hvp-make-shards SRC OUT [--shard-size 256MB]        # then: data=shards 'data.urls="OUT/train-{...}.tar"'
     hvp-analysis RUN_DIR [BASELINE_RUN_DIR]
     hvp-sweep-summary multirun/<date>/<time>
 
-``hvp-export``, ``hvp-monitors``, ``hvp-analysis`` and ``hvp-sweep-summary`` are the ``main`` functions of
-:mod:`hvp_lightning.training.export`, :mod:`hvp_lightning.analysis.monitors`, :mod:`hvp_lightning.analysis` and
-:mod:`hvp_lightning.cluster.sweep`.
+``hvp-export``, ``hvp-monitors``, ``hvp-make-shards``, ``hvp-analysis`` and ``hvp-sweep-summary`` are the
+``main`` functions of :mod:`hvp_lightning.training.export`, :mod:`hvp_lightning.analysis.monitors`,
+:mod:`hvp_lightning.data.make_shards`, :mod:`hvp_lightning.analysis` and :mod:`hvp_lightning.cluster.sweep`.
 """
 
 from __future__ import annotations

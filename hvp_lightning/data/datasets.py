@@ -134,7 +134,7 @@ class ShardImages(Dataset):
             raise FileNotFoundError(f"no images in the {len(index.urls)} shards to read")
         self.reader = ShardReader(storage_options)
         self.classes = list(index.classes)
-        self.fetched: dict[int, bytes | None] = {}  # item -> bytes of the batch being read (prefetch)
+        self.fetched: dict[int, bytes | bytearray | None] = {}  # item -> bytes of the batch being read (prefetch)
 
     def __len__(self) -> int:
         return len(self.keep)
@@ -211,11 +211,11 @@ def read_image(path: str | os.PathLike) -> torch.Tensor | Image.Image:
     return load_image(path)
 
 
-def image_from_bytes(data: bytes, suffix: str) -> torch.Tensor | Image.Image:
+def image_from_bytes(data: bytes | bytearray, suffix: str) -> torch.Tensor | Image.Image:
     """:func:`read_image` of a file's bytes (a shard member with this file suffix): the same
     pixels as the file it was made from."""
     if f".{suffix.lower()}" in JPEG_SUFFIXES:
-        img = jpeg_tensor(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        img = jpeg_tensor(torch.frombuffer(data if isinstance(data, bytearray) else bytearray(data), dtype=torch.uint8))
         if img is not None:
             return img
     return pil_image(io.BytesIO(data))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Subset
 
 from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
@@ -17,7 +17,11 @@ def unpack_item(item: tuple) -> tuple[Any, int, str]:
 
 
 def prefetch(raw: Dataset, indices: list[int]) -> None:
-    """Let ``raw`` read a batch's images together where it can (:meth:`.datasets.ShardImages.prefetch`)."""
+    """Let ``raw`` read a batch's images together where it can (:meth:`.datasets.ShardImages.prefetch`),
+    through a ``Subset`` (``data.train_subset``) too."""
+    if isinstance(raw, Subset):
+        prefetch(raw.dataset, [int(raw.indices[i]) for i in indices])
+        return
     fetch = getattr(raw, "prefetch", None)
     if fetch is not None:
         fetch(indices)

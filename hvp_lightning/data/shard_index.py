@@ -359,18 +359,21 @@ class ShardReader:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["storage_options"])  # type: ignore[misc]
 
-    def read(self, url: str, offset: int, size: int) -> bytes:
-        """``size`` bytes at ``offset`` (fewer where the shard ends early: a truncated shard)."""
+    def read(self, url: str, offset: int, size: int) -> bytes | bytearray:
+        """``size`` bytes at ``offset`` (fewer where the shard ends early: a truncated shard).
+        A local read lands in a fresh ``bytearray``, which the JPEG decoder takes without a copy."""
         if is_local(url):
-            return os.pread(self._fd(url), size, offset)
+            buf = bytearray(size)
+            got = os.preadv(self._fd(url), [buf], offset)
+            return buf if got == size else buf[:got]
         fs, path = self._remote(url)
         return fs.cat_file(path, start=offset, end=offset + size)
 
-    def read_many(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes | None]:
+    def read_many(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes | bytearray | None]:
         """:meth:`read` of many ``(url, offset, size)`` at once: object-store ranges are fetched
         concurrently (fsspec's ``cat_ranges``: one batch of requests, not one round trip per
         image), local ones read in turn; None where a request failed."""
-        out: list[bytes | None] = [None] * len(requests)
+        out: list[bytes | bytearray | None] = [None] * len(requests)
         groups: dict[int, list[int]] = {}  # file system -> the requests it serves
         for r, (url, offset, size) in enumerate(requests):
             if is_local(url):

@@ -24,8 +24,9 @@ is one of two, as the method's official pipeline (``ViewAug.blur_kind``):
   blurred pixel can land one level (1/255) from torchvision's ``gaussian_blur`` at a rounding
   boundary (~3e-5 of pixels measured).
 * ``torchvision9`` (the HVP code's ``torchvision.transforms.GaussianBlur(9, (0.1, 2.0))`` at
-  every crop size): on the CPU torchvision's own call, view by view (bit for bit); on an
-  accelerator :func:`torchvision_blur`, its kernel for a whole batch in one grouped convolution.
+  every crop size): :func:`torchvision_blur`, torchvision's kernel and convolution on the float
+  image (without its uint8 round trips), one view at a time on the CPU (the very call torchvision
+  makes: bit for bit, tested against it), a whole batch in one grouped convolution on an accelerator.
 
 Which samples an op touches is chosen two ways, with the same op functions:
 
@@ -52,7 +53,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as tF
 
-from .augment import ViewAug, normalize, torchvision_gaussian_blur
+from .augment import ViewAug, normalize
 
 Op = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 JITTER_KEYS = ("brightness", "contrast", "saturation", "hue")  # jitter_order indexes these
@@ -185,9 +186,10 @@ def torchvision_blur(x: torch.Tensor, sigma: torch.Tensor, kernel: int) -> torch
     """``torchvision.transforms.GaussianBlur(kernel, sigma)`` (:func:`.augment.torchvision_gaussian_blur`)
     with a per-sample ``sigma`` ``[n]`` (> 0) of float images ``[n, C, H, W]`` holding integers,
     in one depthwise convolution: torchvision's weights (``exp(-0.5 (x / sigma)^2) / sum``, their
-    outer product), reflect padding, rounding. The same pixels as torchvision's call where the
-    device's ``exp`` and convolution sums round as the CPU's; else a pixel at a rounding boundary
-    may move one level (the tests bound it)."""
+    outer product), reflect padding, rounding. One image on the CPU is torchvision's own
+    computation on its float conversion (pixels equal, tested); a batch, or another device,
+    gives the same pixels where its ``exp`` and convolution sums round as that call's, else a
+    pixel at a rounding boundary may move one level (the tests bound it)."""
     n, c, hgt, wid = x.shape
     half = (kernel - 1) * 0.5
     grid = torch.linspace(-half, half, kernel, dtype=torch.float32, device=x.device)
@@ -250,38 +252,45 @@ def pil_blur_view(x: torch.Tensor, r: int, ww: int, fw: int) -> torch.Tensor:
     known on the host: :func:`pil_blur`'s six passes in int32, each ``(ww * S + fw * F + 2^23) >> 24``
     computed as ``(T + (L >> 1)) >> 23`` with ``T = (ww >> 1) S + (fw >> 1) F + 2^22`` and ``L =
     (ww & 1) S + (fw & 1) F``: exact (``V = 2 T + L``, ``T`` an integer), and below 2^31 as
-    ``V < 2^32``. Only the taps of this radius, 4-byte integers, no product past 31 bits: at
-    224 px on one core 1.6-2.4 ms where PIL itself with the tensor conversions took 2.2-3.6 ms
-    and :func:`pil_blur` 6.5-7.4 ms (``benchmarks/blur_cpu.py``, a loaded 2-core machine).
-    ``x``: float ``[1, C, H, W]`` holding integers 0..255; returns the same."""
-    y = x.to(torch.int32)
-    for dim in (3, 3, 3, 2, 2, 2):  # along the width, then the height, as PIL
-        n = y.shape[dim]
-        p = _edge_pad(y, dim, r + 1)
-        inner = p.narrow(dim, r + 1, n) if r == 0 else p.narrow(dim, 1, n) + p.narrow(dim, 2, n)
-        for t in range(3, 2 * r + 2):
-            inner += p.narrow(dim, t, n)
-        outer = p.narrow(dim, 0, n) + p.narrow(dim, 2 * r + 2, n)
-        y = inner * (ww >> 1)
-        y += outer * (fw >> 1)
-        if ww & 1 or fw & 1:  # L >> 1
-            y += ((inner if ww & 1 else 0) + (outer if fw & 1 else 0)) >> 1
-        y += 2**22
-        y.bitwise_right_shift_(23)
-    return y.to(torch.float32)
+    ``V < 2^32``. Only the taps of this radius, 4-byte integers, no product past 31 bits. Each
+    pass writes into the middle of the next pass's edge-padded buffer and sums its taps into two
+    buffers made once, so a pass is a few arithmetic sweeps and no copy of the image: at 224 px on
+    one core ~1.0-1.3 ms where PIL itself with the tensor conversions takes ~2.1-2.2 ms
+    (``benchmarks/blur_cpu.py``). ``x``: float ``[1, C, H, W]`` holding integers 0..255; returns the same."""
+    w = r + 1  # edge width: the 2r + 1 inner taps and one outer tap on either side of a pixel
+    inner, outer = torch.empty_like(x, dtype=torch.int32), torch.empty_like(x, dtype=torch.int32)
+    dims = (3, 3, 3, 2, 2, 2)  # along the width, then the height, as PIL
+    src = _edge_padded(x, dims[0], w)
+    src.narrow(dims[0], w, x.shape[dims[0]]).copy_(x)
+    for k, dim in enumerate(dims):
+        n = x.shape[dim]
+        lo, hi = src.narrow(dim, 0, w), src.narrow(dim, n + w, w)  # PIL's edges: the end pixels repeated
+        lo.copy_(src.narrow(dim, w, 1).expand_as(lo))
+        hi.copy_(src.narrow(dim, n + w - 1, 1).expand_as(hi))
+        last = k + 1 == len(dims)
+        dst = torch.empty_like(x, dtype=torch.int32) if last else _edge_padded(x, dims[k + 1], w)
+        y = dst if last else dst.narrow(dims[k + 1], w, x.shape[dims[k + 1]])
+        torch.add(src.narrow(dim, 0, n), src.narrow(dim, 2 * r + 2, n), out=outer)
+        s = src.narrow(dim, 1, n)  # the source's own buffer: free to change once y has read it
+        if r > 0:
+            s = torch.add(s, src.narrow(dim, 2, n), out=inner)
+            for t in range(3, 2 * r + 2):
+                s += src.narrow(dim, t, n)
+        torch.mul(s, ww >> 1, out=y)
+        y.add_(outer, alpha=fw >> 1)
+        if ww & 1 or fw & 1:  # + (L >> 1)
+            odd = s.add_(outer) if ww & 1 and fw & 1 else s if ww & 1 else outer
+            y.add_(odd.bitwise_right_shift_(1))
+        y.add_(2**22).bitwise_right_shift_(23)
+        src = dst
+    return src.to(torch.float32)
 
 
-def _edge_pad(y: torch.Tensor, dim: int, width: int) -> torch.Tensor:
-    """``y`` with ``width`` copies of its first and last slice along ``dim`` on either side (PIL's
-    edges), into one new tensor (``index_select`` costs ~10x a copy on the CPU)."""
-    n = y.shape[dim]
-    shape = list(y.shape)
-    shape[dim] = n + 2 * width
-    p = y.new_empty(shape)
-    p.narrow(dim, width, n).copy_(y)
-    p.narrow(dim, 0, width).copy_(y.narrow(dim, 0, 1).expand_as(p.narrow(dim, 0, width)))
-    p.narrow(dim, n + width, width).copy_(y.narrow(dim, n - 1, 1).expand_as(p.narrow(dim, 0, width)))
-    return p
+def _edge_padded(x: torch.Tensor, dim: int, width: int) -> torch.Tensor:
+    """An int32 buffer (uninitialised) of ``x``'s shape with ``width`` more slices on either side along ``dim``."""
+    shape = list(x.shape)
+    shape[dim] += 2 * width
+    return x.new_empty(shape, dtype=torch.int32)
 
 
 def pil_max_radius(max_sigma: float) -> int:
@@ -324,10 +333,8 @@ def _blur(x: torch.Tensor, sigma: torch.Tensor, aug: ViewAug, sync_free: bool) -
     if aug.blur_kind == "pil":
         r, ww, fw = (int(b[0]) for b in pil_box(sigma))
         return pil_blur_view(x, r, ww, fw)
-    if aug.blur_kind == "torchvision9" and sync_free:
+    if aug.blur_kind == "torchvision9":  # one view: torchvision's call on float, without its uint8 round trips
         return torchvision_blur(x, sigma, aug.blur_kernel)
-    if aug.blur_kind == "torchvision9":
-        return torchvision_gaussian_blur(x.to(torch.uint8), float(sigma[0]), aug.blur_kernel).to(torch.float32)
     return gaussian_blur(x, sigma, aug.blur_kernel, trim=not sync_free)
 
 

@@ -33,6 +33,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from ..options import IMAGE_EXTENSIONS
+from ..run.process_rank import env_rank
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +330,7 @@ def shard_index(
     if doc is None:
         if manifest:
             raise ShardError(f"no manifest at {manifest}")
-        return scan_shards(urls, storage_options, progress=True)
+        return scan_shards(urls, storage_options, progress=env_rank() == 0)  # one bar, not one per rank
     index = index_from_manifest(urls, doc, where)
     truncated = []
     for s, url in enumerate(urls):

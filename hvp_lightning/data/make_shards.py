@@ -102,7 +102,11 @@ def write_shards(
         tar = tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT)
 
     for i, (path, label) in enumerate(tqdm(samples, desc="writing shards", unit="image", disable=not progress)):
-        data = Path(path).read_bytes()
+        try:
+            data = Path(path).read_bytes()
+        except OSError as err:  # kept as an empty member: keys stay the folder's, training skips it
+            print(f"hvp-make-shards: cannot read {path} ({err}): written empty, skipped when training", file=sys.stderr)
+            data = b""
         full = rows and (
             buf.tell() + len(data) + 3 * tarfile.BLOCKSIZE > shard_bytes or (max_samples and len(rows) >= max_samples)
         )

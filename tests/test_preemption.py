@@ -200,14 +200,23 @@ def _train(run_dir: Path, *extra: str, env: dict | None = None, module: str = "t
     )
 
 
-@pytest.mark.slow  # three runs of 2 processes: minutes on a small machine
-def test_ddp_signal_on_one_rank_stops_both_at_the_same_step(tmp_path):
-    """trainer=ddp, 2 CPU processes, SIGUSR2 to rank 1 only (mid-step): both ranks stop after the same
-    step, one checkpoint at it; the continuation ends bit for bit as the uninterrupted 2-process run."""
-    straight = _train(tmp_path / "straight", env=dict(os.environ, PREEMPT_AT_STEP="-1", PREEMPT_MARKER="-"))
+@pytest.fixture(scope="module")
+def ddp_straight(tmp_path_factory) -> Path:
+    """The uninterrupted 2-process run (Lightning's launcher, no loader workers), made once for the
+    three DDP tests below: each stopped run must end bit for bit as it, whatever its launcher
+    (torchrun) or loader workers (views are a function of (seed, epoch, sample, slot), not of the
+    worker count: tests/test_determinism.py)."""
+    run_dir = tmp_path_factory.mktemp("ddp_straight")
+    straight = _train(run_dir, env=dict(os.environ, PREEMPT_AT_STEP="-1", PREEMPT_MARKER="-"))
     out, err = straight.communicate(timeout=SUBPROCESS_TIMEOUT_S)
     assert straight.returncode == 0, err[-3000:]
+    return run_dir
 
+
+@pytest.mark.slow  # two runs of 2 processes (and ddp_straight, made once): minutes on a small machine
+def test_ddp_signal_on_one_rank_stops_both_at_the_same_step(ddp_straight, tmp_path):
+    """trainer=ddp, 2 CPU processes, SIGUSR2 to rank 1 only (mid-step): both ranks stop after the same
+    step, one checkpoint at it; the continuation ends bit for bit as the uninterrupted 2-process run."""
     run_dir, marker = tmp_path / "preempted", tmp_path / "marker"
     proc = _train(run_dir, env=dict(os.environ, PREEMPT_AT_STEP=str(MID), PREEMPT_RANK="1", PREEMPT_MARKER=str(marker)))
     deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
@@ -225,7 +234,7 @@ def test_ddp_signal_on_one_rank_stops_both_at_the_same_step(tmp_path):
     resumed = _train(run_dir, env=dict(os.environ, PREEMPT_AT_STEP="-1", PREEMPT_MARKER="-"))
     out, err = resumed.communicate(timeout=SUBPROCESS_TIMEOUT_S)
     assert resumed.returncode == 0, err[-3000:]
-    _assert_same_run(run_dir, tmp_path / "straight")
+    _assert_same_run(run_dir, ddp_straight)
     assert len(read_record(run_dir)["sessions_s"]) == 2
 
 
@@ -291,17 +300,13 @@ def test_wandb_rewind_point_is_noted_at_every_n_steps_checkpoints(tmp_path):
     assert all(s < 2 for s in steps[:n]) and steps[n] >= 2, (n, steps)
 
 
-@pytest.mark.slow  # three runs of 2 processes
-def test_sigterm_to_every_process_stops_at_a_step_and_the_same_command_continues(tmp_path):
+@pytest.mark.slow  # two runs of 2 processes (and ddp_straight, made once)
+def test_sigterm_to_every_process_stops_at_a_step_and_the_same_command_continues(ddp_straight, tmp_path):
     """A spot VM's or Kubernetes' notice: SIGTERM to every process of a 2-process run (ranks, the
     loader workers' fork servers, the workers) in the middle of a step. Both ranks finish the step,
     last.ckpt is written at it, every process exits (143: stopped, resumable) well inside a 30 s
     grace period, and running the same command again ends bit for bit as the uninterrupted run."""
     workers = "data.num_workers=1"
-    straight = _train(tmp_path / "straight", workers, env=dict(os.environ, PREEMPT_AT_STEP="-1", PREEMPT_MARKER="-"))
-    out, err = straight.communicate(timeout=SUBPROCESS_TIMEOUT_S)
-    assert straight.returncode == 0, err[-3000:]
-
     run_dir, marker = tmp_path / "stopped", tmp_path / "marker"
     env = dict(os.environ, PREEMPT_AT_STEP=str(MID), PREEMPT_RANK="1", PREEMPT_MARKER=str(marker))
     proc = _train(run_dir, workers, env=env)
@@ -324,12 +329,12 @@ def test_sigterm_to_every_process_stops_at_a_step_and_the_same_command_continues
     resumed = _train(run_dir, workers, env=dict(os.environ, PREEMPT_AT_STEP="-1", PREEMPT_MARKER="-"))
     out, err = resumed.communicate(timeout=SUBPROCESS_TIMEOUT_S)
     assert resumed.returncode == 0, err[-3000:]
-    _assert_same_run(run_dir, tmp_path / "straight")
+    _assert_same_run(run_dir, ddp_straight)
     assert len(read_record(run_dir)["sessions_s"]) == 2
 
 
-@pytest.mark.slow  # two runs of 2 processes under torchrun
-def test_sigterm_under_torchrun_stops_at_a_step_and_its_restart_continues(tmp_path):
+@pytest.mark.slow  # a run of 2 processes under torchrun, restarted once (and ddp_straight)
+def test_sigterm_under_torchrun_stops_at_a_step_and_its_restart_continues(ddp_straight, tmp_path):
     """torchrun (``--max-restarts=1``) starts the 2 ranks; SIGTERM to rank 1 mid-step: both ranks
     stop after that step with last.ckpt at it, torchrun restarts them, and the restarted run
     resumes there and ends bit for bit as the uninterrupted one."""
@@ -338,16 +343,6 @@ def test_sigterm_under_torchrun_stops_at_a_step_and_its_restart_continues(tmp_pa
     # torchrun's default: its rendezvous store shared with the workers, every attempt's keys in it;
     # the package joins each attempt under a prefix of its own (cluster/distributed.py attempt_store)
     shared = {k: v for k, v in os.environ.items() if k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
-    straight = subprocess.run(
-        [*torchrun, *job, f"hydra.run.dir={tmp_path / 'straight'}"],
-        cwd=REPO,
-        env=dict(shared, PREEMPT_AT_STEP="-1", PREEMPT_MARKER="-"),
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT_S,
-    )
-    assert straight.returncode == 0, straight.stderr[-3000:]
-
     run_dir, marker = tmp_path / "stopped", tmp_path / "marker"
     env = dict(shared, PREEMPT_AT_STEP=str(MID), PREEMPT_RANK="1", PREEMPT_MARKER=str(marker))
     proc = subprocess.Popen(
@@ -371,7 +366,7 @@ def test_sigterm_under_torchrun_stops_at_a_step_and_its_restart_continues(tmp_pa
     out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
     assert proc.returncode == 0, err[-3000:]
     assert f"SIGTERM: stopped after step {MID + 1} with checkpoint" in out + err
-    _assert_same_run(run_dir, tmp_path / "straight")
+    _assert_same_run(run_dir, ddp_straight)
     assert len(read_record(run_dir)["sessions_s"]) == 2
 
 

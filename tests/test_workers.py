@@ -91,6 +91,14 @@ def loader_starts_that_hung(n: int, stop_at_first: bool = False, **options) -> i
                 break
         finally:
             it._shutdown_workers()  # noqa: SLF001 -- torch's iterator: end the workers now, stuck ones too
+            # A worker hung before its first line of Python cannot run a Python SIGTERM handler it
+            # inherited at the fork (one installed in this process, by a run in an earlier test):
+            # terminate() leaves it alive, and multiprocessing's exit hook then waits for it forever
+            # (pytest -m slow printed its summary and never exited).
+            for w in it._workers:  # noqa: SLF001
+                if w.is_alive():
+                    w.kill()
+                    w.join()
     return hung
 
 

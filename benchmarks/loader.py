@@ -292,8 +292,8 @@ def loader_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.devic
     if len(dm.train_set) < need:
         raise SystemExit(f"--images: {len(dm.train_set)} training images, a round needs {need}")
     res: dict[str, list[float]] = {k: [] for k in arms}
-    for r in range(args.rounds):
-        for name, (loader, finish) in arms.items():
+    for r in range(args.rounds):  # the arms' order reversed every other round: no arm always runs first
+        for name, (loader, finish) in list(arms.items())[:: 1 if r % 2 == 0 else -1]:
             res[name].append(timed_batches(loader, finish, device, args.warmup, args.batches))
             print(f"round {r + 1} {name}: {res[name][-1]:.1f} images/s", flush=True)
     return res

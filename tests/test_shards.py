@@ -278,13 +278,14 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "A
 
 
 @pytest.mark.slow
-def test_one_epoch_from_a_local_s3_server(tmp_path, s3_server) -> None:
+def test_one_epoch_from_a_local_s3_server(tmp_path, s3_server, monkeypatch) -> None:
     """hvp-make-shards writes straight to s3:// on the local server; train.py trains one epoch
     from there (manifest read from the bucket, images by ranged GETs, 2 loader workers) and
     ends like the same run on the local copy of the shards."""
     import s3fs
 
-    os.environ.update(S3_ENV)
+    for key, value in S3_ENV.items():  # moto's dummy credentials, for this test only
+        monkeypatch.setenv(key, value)
     options = {"client_kwargs": {"endpoint_url": s3_server}}
     fs = s3fs.S3FileSystem(**options)
     fs.mkdir("hvp-test")

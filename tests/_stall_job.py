@@ -16,6 +16,10 @@ from typing import Any
 
 
 def main() -> None:
+    # Ctrl-C as in a terminal: a process started in the background by a non-interactive shell
+    # (`cmd &`, nohup: how a CI runner may start the suite) inherits SIGINT ignored, and Python
+    # then installs no SIGINT handler at all, so the SIGINT test would send a signal nobody sees.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import lightning as L
 
     from hvp_lightning.cli import train

@@ -64,11 +64,12 @@ def image_sets(cfg) -> tuple[Dataset, Dataset | None]:
     image has the same key in a folder and in the shards ``hvp-make-shards`` makes of it."""
     if cfg.name == "shards":
         index, options = run_index(cfg), storage_options(cfg)
-        train, held = monitor_split(len(index), int(cfg.get("monitor_size") or 0))
-        return ShardImages(index, options, train), ShardImages(index, options, held) if held else None
-    paths = training_images(cfg)
-    train, held = monitor_split(len(paths), int(cfg.get("monitor_size") or 0))
-    return ImageFiles([paths[i] for i in train]), ImageFiles([paths[i] for i in held]) if held else None
+        n, make = len(index), lambda keep: ShardImages(index, options, keep)
+    else:
+        paths = training_images(cfg)
+        n, make = len(paths), lambda keep: ImageFiles([paths[i] for i in keep])
+    train, held = monitor_split(n, int(cfg.get("monitor_size") or 0))
+    return make(train), make(held) if held else None
 
 
 def eval_roles(cfg) -> tuple[str, ...]:

@@ -79,12 +79,13 @@ class FinishedViews(Dataset):
         return len(self.items)
 
     def __getitem__(self, key: tuple[int, int] | int) -> dict[str, Any]:
-        item = self.items[key]
+        return self._finish(self.items[key])
+
+    def __getitems__(self, keys: list) -> list[dict[str, Any]]:
+        return [self._finish(item) for item in self.items.__getitems__(keys)]
+
+    def _finish(self, item: dict[str, Any]) -> dict[str, Any]:
         views = finish_views(
             [v[None] for v in item["views"]], {k: v[None] for k, v in item["params"].items()}, self.augs
         )
         return dict(item, views=[v[0] for v in views])
-
-    def __getitems__(self, keys: list) -> list[dict[str, Any]]:
-        prefetch(self.items.raw, [k[1] if isinstance(k, tuple) else k for k in keys])
-        return [self[k] for k in keys]

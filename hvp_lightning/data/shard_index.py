@@ -164,9 +164,6 @@ class ShardIndex:
         """``<shard url>#<key>``: sample ``i`` in skip reports."""
         return f"{self.urls[int(self.shard[i])]}{MEMBER_MARK}{self.key(i)}"
 
-    def labelled(self) -> bool:
-        return bool((self.label >= 0).any())
-
 
 # --- reading tar headers (shards made elsewhere, and the converter's own check) ------------------
 def scan_tar(fileobj: Any, total: int) -> tuple[list[tuple[str, str, int, int, int]], bool]:
@@ -433,12 +430,6 @@ def suffix_of(name: str) -> str:
 def is_shard_member(name: str) -> bool:
     """True for a ``<shard url>#<key>`` sample name (skip reports), not a file path."""
     return MEMBER_MARK in name and name.split(MEMBER_MARK, 1)[0].endswith(".tar")
-
-
-def describe(index: ShardIndex) -> str:
-    """``N samples in S shards (labelled|unlabelled)``: the start-up line."""
-    labelled = index.labelled()
-    return f"{len(index)} samples in {len(index.urls)} shards ({'labelled' if labelled else 'unlabelled'})"
 
 
 # --- the shards of a run's ``data`` config ------------------------------------------------------

@@ -9,6 +9,7 @@
 #   python3 -m pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3
 #   tar czf cifar10.tar.gz -C ../shared/datasets cifar10
 # There, one call per stage, carrying .whl (and cifar10.tar.gz for the cifar stage):
+#   bash benchmarks/gpu_session.sh tests-parallel  # all of the below at once (pytest-xdist, 12 workers)
 #   bash benchmarks/gpu_session.sh tests-runs   # test_run_on_one_gpu: the paper's methods x precision x HVP
 #   bash benchmarks/gpu_session.sh tests-runs-more  # the same for BYOL, MoCo v3, VICReg, Barlow Twins
 #   bash benchmarks/gpu_session.sh tests-compile  # compiled HVP steps (inductor compiles: minutes)
@@ -19,8 +20,9 @@
 #   bash benchmarks/gpu_session.sh cifar        # CIFAR-10 SimCLR R18 HVP N=4 bf16, 100 epochs: <= 10 min
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?"stage: tests-runs, tests-runs-more, tests-compile, tests-rest, tests-rest-more, simsiam, dino or cifar"}
+stage=${1:?"stage: tests-parallel, tests-runs, tests-runs-more, tests-compile, tests-rest, tests-rest-more, simsiam, dino or cifar"}
 out=${OUT:-/tmp/gpu_session}
+limit=${LIMIT:-570}  # seconds for the stage (LIMIT=300 to chain stages in one call)
 mkdir -p "$out"
 [ -d /tmp/site/hydra ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site WANDB_MODE=disabled
@@ -30,20 +32,22 @@ torchvision.__version__, lightning.__version__)"; git log --oneline -1 2>/dev/nu
 more="byol or mocov3 or vicreg or barlow_twins"  # the methods beyond the paper's: stages of their own
 
 loader() {  # benchmarks/loader.py with the issue's loader settings; table appended to results.md
-    timeout 570 python3 benchmarks/loader.py --crop 224 --views 4 --workers 14 --batches 50 --device cuda \
+    timeout -k 10 "$limit" python3 benchmarks/loader.py --crop 224 --views 4 --workers 14 --batches 50 --device cuda \
         --step --out "$out/results.md" "$@" 2>&1 | tee "$out/$stage.txt"
 }
 
 case "$stage" in
-    tests-runs) timeout 570 python3 -m pytest -m gpu -q -rfE --durations=15 tests/test_gpu.py \
+    tests-runs) timeout -k 10 "$limit" python3 -m pytest -m gpu -q -rfEs --durations=15 tests/test_gpu.py \
                     -k "test_run_on_one_gpu and not ($more)" 2>&1 | tee "$out/$stage.txt" ;;
-    tests-runs-more) timeout 570 python3 -m pytest -m gpu -q -rfE --durations=15 tests/test_gpu.py \
+    tests-runs-more) timeout -k 10 "$limit" python3 -m pytest -m gpu -q -rfEs --durations=15 tests/test_gpu.py \
                     -k "test_run_on_one_gpu and ($more)" 2>&1 | tee "$out/$stage.txt" ;;
-    tests-compile) timeout 570 python3 -m pytest -m gpu -q -rfE --durations=15 tests/test_gpu.py \
+    tests-parallel) timeout -k 10 "$limit" python3 -m pytest -m gpu -n 12 -q -rfEs --durations=30 --timeout 300 \
+                    tests/ 2>&1 | tee "$out/$stage.txt" ;;  # all of -m gpu over 12 xdist workers (16 cores)
+    tests-compile) timeout -k 10 "$limit" python3 -m pytest -m gpu -q -rfEs --durations=15 tests/test_gpu.py \
                     -k compiled 2>&1 | tee "$out/$stage.txt" ;;
-    tests-rest) timeout 570 python3 -m pytest -m gpu -q -rfE --durations=15 \
+    tests-rest) timeout -k 10 "$limit" python3 -m pytest -m gpu -q -rfEs --durations=15 \
                     -k "not test_run_on_one_gpu and not compiled and not ($more)" 2>&1 | tee "$out/$stage.txt" ;;  # every file
-    tests-rest-more) timeout 570 python3 -m pytest -m gpu -q -rfE --durations=15 \
+    tests-rest-more) timeout -k 10 "$limit" python3 -m pytest -m gpu -q -rfEs --durations=15 \
                     -k "not test_run_on_one_gpu and not compiled and ($more)" 2>&1 | tee "$out/$stage.txt" ;;
     simsiam) loader --method simsiam --batch-size 128 --backbone resnet50 \
                  --override trainer.precision=bf16-mixed method.compile=true ;;
@@ -54,7 +58,7 @@ case "$stage" in
         # train.py as a user runs it (progress bar on: it reads the step's loss from the GPU each
         # step). The call's own limit is 600 s, setup included: train.py is stopped before it.
         start=$(date +%s)
-        timeout 570 python3 train.py data=imagefolder data.root=/tmp/cifar10 data.on_device=true \
+        timeout -k 10 "$limit" python3 train.py data=imagefolder data.root=/tmp/cifar10 data.on_device=true \
             method=simclr_cifar backbone=resnet18_cifar +hvp=on trainer=gpu trainer.max_epochs=100 logger=csv \
             hydra.run.dir="$run" > "$out/$stage.log" 2>&1 \
             || echo "train.py failed or ran out of time (exit $?)" >> "$out/$stage.log"

@@ -43,6 +43,7 @@ import datetime as dt
 import os
 import platform
 import shlex
+import signal
 import statistics
 import sys
 import time
@@ -367,7 +368,7 @@ def report(args: argparse.Namespace, res: dict[str, list[float]], device: torch.
         ("loader", ("pipeline", "workers")),
         ("step_loader", ("step",)),
     ):
-        for name in names if base in res else ():
+        for name in (n for n in names if base in res and n in res):  # the arms this run had
             ratios = [a / b for a, b in zip(res[name], res[base])]
             lines.append(
                 f"| {name} / {base} (per round) | {statistics.median(ratios):.2f}x | {min(ratios):.2f}x | "
@@ -385,6 +386,10 @@ def report(args: argparse.Namespace, res: dict[str, list[float]], device: torch.
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    # A SIGTERM (`timeout`, a scheduler) ends the benchmark at once. Without this, Lightning's
+    # handler stops only the fit in progress and the next round starts: seen on the GPU machine,
+    # where `timeout 100` left a compiled SimSiam round running for minutes.
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(128 + signum))
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

@@ -1,0 +1,66 @@
+"""benchmarks/loader.py's contract with the GPU session script (benchmarks/gpu_session.sh).
+
+The device machine is lent for minutes a session: a benchmark that ignores its time limit, or
+fails at the end after its rounds ran, costs the whole stage. Both happened on the first GPU run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import REPO
+
+
+def load_loader_script():
+    spec = importlib.util.spec_from_file_location("bench_loader", REPO / "benchmarks" / "loader.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_report_names_the_ratios_of_the_arms_it_ran() -> None:
+    """A loader run without --shards has a ``pipeline`` but no ``shards`` arm: the report gives
+    the rates and only the ratios whose both arms ran (it raised KeyError after all rounds)."""
+    loader = load_loader_script()
+    args = loader.parse_args(["--device", "cpu", "--reference"])
+    res = {"pipeline": [10.0, 30.0], "workers": [20.0, 40.0], "reference": [5.0, 10.0]}
+    text = loader.report(args, res, torch.device("cpu"), ["--reference"])
+    assert "| pipeline | 20.0 | 10.0 | 30.0 | 2 |" in text
+    assert "| pipeline / reference (per round) | 2.50x | 2.00x | 3.00x | 2 |" in text
+    assert "shards" not in text and "step" not in text
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_step_benchmark(tmp_path: Path) -> None:
+    """``timeout`` sends SIGTERM: the benchmark ends at once with 128 + 15, instead of Lightning
+    stopping the round in progress and the next round starting."""
+    cmd = [
+        sys.executable,
+        "benchmarks/loader.py",
+        *("--data", "synthetic", "--image-size", "32", "--images", "64", "--crop", "16", "--views", "2"),
+        *("--batch-size", "8", "--batches", "2", "--warmup", "1", "--rounds", "1000", "--workers", "0"),
+        *("--step", "--method", "simsiam"),
+    ]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in proc.stdout:  # rounds are running
+            if line.startswith("round 1 "):
+                break
+        proc.send_signal(signal.SIGTERM)
+        start = time.monotonic()
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        assert time.monotonic() - start < 10
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()

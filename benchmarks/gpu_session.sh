@@ -17,10 +17,11 @@
 #   bash benchmarks/gpu_session.sh tests-rest-more  # the rest for BYOL, MoCo v3, VICReg, Barlow Twins
 #   bash benchmarks/gpu_session.sh simsiam      # SimSiam R50 224 px HVP N=4 bf16 compiled: >= 1,300 images/s
 #   bash benchmarks/gpu_session.sh dino         # DINO ViT-S/16 HVP 4+16 crops bf16: >= 500 images/s
+#   bash benchmarks/gpu_session.sh blur         # the blur's share of the colour step per batch (issue 40 item 9)
 #   bash benchmarks/gpu_session.sh cifar        # CIFAR-10 SimCLR R18 HVP N=4 bf16, 100 epochs: <= 10 min
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?"stage: tests-parallel, tests-runs, tests-runs-more, tests-compile, tests-rest, tests-rest-more, simsiam, dino or cifar"}
+stage=${1:?"stage: tests-parallel, tests-runs, tests-runs-more, tests-compile, tests-rest, tests-rest-more, simsiam, dino, blur or cifar"}
 out=${OUT:-/tmp/gpu_session}
 limit=${LIMIT:-570}  # seconds for the stage (LIMIT=300 to chain stages in one call)
 mkdir -p "$out"
@@ -52,6 +53,8 @@ case "$stage" in
     simsiam) loader --method simsiam --batch-size 128 --backbone resnet50 \
                  --override trainer.precision=bf16-mixed method.compile=true ;;
     dino) loader --method dino --batch-size 64 --backbone vit_small --override trainer.precision=bf16-mixed ;;
+    blur) timeout -k 10 "$limit" python3 benchmarks/gpu_blur_cost.py --device cuda --out "$out/results.md" \
+              2>&1 | tee "$out/$stage.txt" ;;
     cifar)
         tar xzf cifar10.tar.gz -C /tmp
         run=/tmp/cifar_run  # checkpoints stay here; summary and log go back

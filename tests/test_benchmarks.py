@@ -20,8 +20,8 @@ import torch
 from .conftest import REPO
 
 
-def load_loader_script():
-    spec = importlib.util.spec_from_file_location("bench_loader", REPO / "benchmarks" / "loader.py")
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -31,7 +31,7 @@ def load_loader_script():
 def test_report_names_the_ratios_of_the_arms_it_ran() -> None:
     """A loader run without --shards has a ``pipeline`` but no ``shards`` arm: the report gives
     the rates and only the ratios whose both arms ran (it raised KeyError after all rounds)."""
-    loader = load_loader_script()
+    loader = load_script("loader")
     args = loader.parse_args(["--device", "cpu", "--reference"])
     res = {"pipeline": [10.0, 30.0], "workers": [20.0, 40.0], "reference": [5.0, 10.0]}
     text = loader.report(args, res, torch.device("cpu"), ["--reference"])
@@ -64,3 +64,15 @@ def test_sigterm_ends_the_step_benchmark(tmp_path: Path) -> None:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_blur_cost_script_times_every_kind(tmp_path: Path) -> None:
+    """gpu_blur_cost.py (the GPU session's ``blur`` stage) on the CPU at a tiny size: a row per
+    blur kind and shape, the step and the blur alone timed, the section appended to ``--out``."""
+    out = tmp_path / "results.md"
+    load_script("gpu_blur_cost").main(
+        ["--device", "cpu", "--shapes", "4x16", "--rounds", "1", "--calls", "1", "--out", str(out)]
+    )
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| 4x16 |")]
+    assert [row.split(" | ")[1] for row in rows] == ["pil", "torchvision9", "simclr"]
+    assert all(float(row.split(" | ")[2]) > 0 and float(row.split(" | ")[3]) > 0 for row in rows)

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
@@ -300,23 +301,63 @@ def loader_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.devic
     return res
 
 
+class StepClock(L.Callback):
+    """Images from batch ``warmup`` on: ``start`` at that batch's start and ``end`` at the last
+    batch's end, each after a device sync (the fit's end-of-epoch work and teardown are after it)."""
+
+    def __init__(self, warmup: int, device: torch.device) -> None:
+        self.warmup, self.device = warmup, device
+        self.start = self.end = 0.0
+        self.images = 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if batch_idx == self.warmup:
+            _sync(self.device)
+            self.start, self.images = time.perf_counter(), 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if batch_idx >= self.warmup:
+            self.images += batch["label"].shape[0]
+        if batch_idx + 1 == trainer.num_training_batches:
+            _sync(self.device)
+            self.end = time.perf_counter()
+
+
+def step_datamodule(args: argparse.Namespace, cfg: DictConfig, on_device: bool = False) -> SSLDataModule:
+    """The training data of ``--step`` (``cfg.data``, on the device or from loader workers), set
+    up; ``cfg.data.num_classes`` filled in for the model."""
+    data = cfg.data.copy()
+    with open_dict(data):
+        data.on_device = on_device
+    dm = SSLDataModule(data, METHODS[cfg.method.name].view_augs(cfg), args.batch_size, args.workers, cfg.seed)
+    dm.setup("fit")  # colour placement is decided from the trainer's device when fit builds the loader
+    with open_dict(cfg):
+        cfg.data.num_classes = dm.num_classes
+    return dm
+
+
+def step_trainer(cfg: DictConfig, device: torch.device, batches: int, callbacks: list[L.Callback]) -> L.Trainer:
+    """The Lightning trainer of ``--step``: one device, ``cfg``'s precision, ``batches`` training
+    batches, no validation, logging, checkpoints or progress bar."""
+    return L.Trainer(
+        accelerator="cpu" if device.type == "cpu" else "gpu",
+        devices=1,
+        max_epochs=1,
+        precision=cfg.trainer.get("precision", "32-true"),
+        limit_train_batches=batches,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        num_sanity_val_steps=0,
+    )
+
+
 def step_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.device) -> dict[str, list[float]]:
-    """Whole Lightning steps fed by the real loader: images/s between batch ``warmup`` and the end."""
-    import lightning as L
-
-    class Clock(L.Callback):
-        def __init__(self) -> None:
-            self.start = self.images = 0.0
-
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            if batch_idx == args.warmup:
-                _sync(device)
-                self.start, self.images = time.perf_counter(), 0
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            if batch_idx >= args.warmup:
-                self.images += batch["label"].shape[0]
-
+    """Whole Lightning steps fed by the real loader: images/s between batch ``warmup`` and the
+    fit's return (its teardown included, as measured since session 13)."""
     variants = {"step": bool(args.on_device)}
     if args.on_device:  # the worker path on the same data, interleaved
         variants["step_loader"] = False
@@ -324,29 +365,10 @@ def step_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.device)
     for r in range(args.rounds):
         for name, on_device in variants.items():
             L.seed_everything(cfg.seed + r, workers=True, verbose=False)
-            data = cfg.data.copy()
-            with open_dict(data):
-                data.on_device = on_device
-            dm = SSLDataModule(data, METHODS[cfg.method.name].view_augs(cfg), args.batch_size, args.workers, cfg.seed)
-            dm.setup("fit")  # colour placement is decided from the trainer's device when fit builds the loader
-            with open_dict(cfg):
-                cfg.data.num_classes = dm.num_classes
+            dm = step_datamodule(args, cfg, on_device)
             model = METHODS[cfg.method.name](cfg)
-            clock = Clock()
-            trainer = L.Trainer(
-                accelerator="cpu" if device.type == "cpu" else "gpu",
-                devices=1,
-                max_epochs=1,
-                precision=cfg.trainer.get("precision", "32-true"),
-                limit_train_batches=args.warmup + args.batches,
-                limit_val_batches=0,
-                logger=False,
-                enable_checkpointing=False,
-                enable_progress_bar=False,
-                enable_model_summary=False,
-                callbacks=[clock],
-                num_sanity_val_steps=0,
-            )
+            clock = StepClock(args.warmup, device)
+            trainer = step_trainer(cfg, device, args.warmup + args.batches, [clock])
             trainer.fit(model, datamodule=dm)
             _sync(device)
             res[name].append(clock.images / (time.perf_counter() - clock.start))

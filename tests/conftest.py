@@ -121,6 +121,19 @@ def make_cfg(*overrides: str, tiny: bool = True) -> DictConfig:
     return cfg
 
 
+@pytest.fixture
+def meta_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.autocast`` accepting the meta device (as a no-op, like CPU): the meta device
+    stands in for a GPU in tests/test_device_guard.py and tests/test_host_syncs.py."""
+    real = torch.autocast
+
+    class autocast(real):  # type: ignore[misc,valid-type]
+        def __init__(self, device_type: str, *args: object, **kwargs: object) -> None:
+            super().__init__("cpu" if device_type == "meta" else device_type, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch, "autocast", autocast)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _one_thread():
     """Tiny tensors: intra-op threads only add wake-up latency (seconds on a busy 2-core box)."""

@@ -90,15 +90,8 @@ class DeviceMixGuard(TorchDispatchMode):
 
 
 @pytest.fixture
-def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> DeviceMixGuard:
+def fake_gpu(meta_autocast: None) -> DeviceMixGuard:
     """The guard, with ``torch.autocast`` accepting the meta device (as a no-op, like CPU)."""
-    real = torch.autocast
-
-    class autocast(real):  # type: ignore[misc,valid-type]
-        def __init__(self, device_type: str, *args: Any, **kwargs: Any) -> None:
-            super().__init__("cpu" if device_type == FAKE.type else device_type, *args, **kwargs)
-
-    monkeypatch.setattr(torch, "autocast", autocast)
     return DeviceMixGuard()
 
 

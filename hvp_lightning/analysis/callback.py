@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from ..data.augment import PARAM_NAMES
+from ..nn.sync_free import host_to_device
 from ..run.atomic import atomic_write_text
 from ..run.directory import RunDir
 from ..selection import global_pair_index, pair_index
@@ -85,7 +86,7 @@ def step_statistics(
     """
     n = params["crop_x"].shape[1]
     device = params["crop_x"].device
-    pairs = pair_index(n, device=device) if pairs is None else pairs.to(device)
+    pairs = pair_index(n, device=device) if pairs is None else host_to_device(pairs, device)
     m = pair_metrics(params, pairs)
     if choice is None:
         return {f"{k}_selected": v[:, 0].mean() for k, v in m.items()}

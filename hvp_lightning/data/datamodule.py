@@ -10,6 +10,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
+from torch.profiler import record_function
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from ..options import DATASETS
@@ -32,7 +33,8 @@ def finish_batch(batch: Any, augs: tuple[ViewAug, ...]) -> Any:
     """A training batch with its uint8 views coloured and normalised where they lie; any
     other batch unchanged."""
     if isinstance(batch, dict) and "views" in batch and batch["views"][0].dtype == torch.uint8:
-        return dict(batch, views=finish_views(batch["views"], batch["params"], augs))
+        with record_function("hvp/colour"):  # a profiler range (benchmarks/step_profile.py); free otherwise
+            return dict(batch, views=finish_views(batch["views"], batch["params"], augs))
     return batch
 
 

@@ -20,6 +20,7 @@ from ..nn.backbones import build_backbone
 from ..nn.health import collapse_reason, feature_std, rankme
 from ..nn.knn import knn_accuracy
 from ..nn.optim import OPTIMIZERS, make_optimizer, warmup_cosine
+from ..nn.sync_free import device_number
 from ..nn.teacher import MomentumTargetMixin
 from ..selection import hvp_config
 
@@ -142,7 +143,8 @@ class SSLMethod(L.LightningModule):
         note_skipped(self.skipped_files, batch.get("bad_file", ()))
         if self.iou_policy is not None:
             self._log_iou_policy(batch["params"]["iou_fallback"])
-        self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False, batch_size=1)  # type: ignore[union-attr]
+        lr = self.optimizers().param_groups[0]["lr"]  # type: ignore[union-attr]
+        self.log("train/lr", device_number(lr, self.device), on_step=True, on_epoch=False, batch_size=1)
 
     def _log_iou_policy(self, flags: torch.Tensor) -> None:
         """``data/iou_fallbacks``: pairs that kept their last try (flags mark both views), summed
@@ -151,7 +153,8 @@ class SSLMethod(L.LightningModule):
         self.iou_fallbacks = self.iou_fallbacks.to(fallbacks.device) + fallbacks  # no host sync
         kw: dict[str, Any] = {"on_step": False, "on_epoch": True, "batch_size": 1}
         self.log("data/iou_fallbacks", fallbacks.float(), reduce_fx="sum", sync_dist=True, **kw)
-        self.log("data/iou_threshold", self.iou_policy.threshold(self.current_epoch), **kw)  # type: ignore[union-attr]
+        threshold = self.iou_policy.threshold(self.current_epoch)  # type: ignore[union-attr]
+        self.log("data/iou_threshold", device_number(threshold, fallbacks.device), **kw)
 
     # --- run state in checkpoints (resume) ------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -42,6 +42,7 @@ from ..losses.dino import dino_ce_table
 from ..losses.ibot import ibot_loss_terms, ibot_pair_table, ibot_patch_loss
 from ..nn.backbones import vit_tokens
 from ..nn.heads import IBOTHead
+from ..nn.sync_free import device_number, host_to_device
 from ..nn.teacher import Centering, teacher_temperature
 from ..selection import chosen_views_batch, global_pair_index, hvp_config, num_global_candidates, stable_seed
 from .dino import DINO
@@ -158,9 +159,7 @@ class IBOT(DINO):
                 for _ in range(self.num_globals)
             ]
         )  # drawn on the host, as official iBOT's loader does
-        if views[0].device.type == "cuda":  # a copy from pinned memory does not wait for the GPU's queue
-            masks = masks.pin_memory()
-        return list(masks.to(views[0].device, non_blocking=True).unbind(0))
+        return list(host_to_device(masks, views[0].device).unbind(0))
 
     def _masks(self, batch: dict[str, Any]) -> list[torch.Tensor]:
         masks = batch.get("masks")
@@ -226,8 +225,10 @@ class IBOT(DINO):
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=b)
         self.log("train/loss_cls", loss_cls, on_step=True, on_epoch=True, batch_size=b)
         self.log("train/loss_patch", loss_patch, on_step=True, on_epoch=True, batch_size=b)
-        self.log("train/teacher_temp", tau_t, on_step=True, on_epoch=False, batch_size=b)
-        self.log("train/teacher_patch_temp", tau_t2, on_step=True, on_epoch=False, batch_size=b)
+        self.log("train/teacher_temp", device_number(tau_t, loss.device), on_step=True, on_epoch=False, batch_size=b)
+        self.log(
+            "train/teacher_patch_temp", device_number(tau_t2, loss.device), on_step=True, on_epoch=False, batch_size=b
+        )
         return loss
 
     # --- HVP hooks --------------------------------------------------------------------------

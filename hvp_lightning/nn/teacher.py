@@ -31,8 +31,10 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.profiler import record_function
 
 from .optim import split_weight_decay, warmup_cosine
+from .sync_free import device_number
 
 
 def make_teacher(student: nn.Module) -> nn.Module:
@@ -186,7 +188,7 @@ class MomentumTargetMixin(L.LightningModule):
         momentum = self.momentum_at(step)
         for target, online in self.momentum_pairs():
             ema_update(target, online, momentum)
-        self.log(self.momentum_log, momentum, on_step=True, on_epoch=False, batch_size=1)
+        self.log(self.momentum_log, device_number(momentum, self.device), on_step=True, on_epoch=False, batch_size=1)
 
     def on_train_start(self) -> None:
         super().on_train_start()
@@ -289,9 +291,10 @@ class TeacherStudentMixin(MomentumTargetMixin):
 
     def on_optimizer_step_done(self, step: int) -> None:
         """Centres first (from all of this step's micro-batches), then the EMA teacher."""
-        for centering in (m for m in self.modules() if isinstance(m, Centering)):  # iBOT: patch centre too
-            centering.step()
-        super().on_optimizer_step_done(step)
+        with record_function("hvp/ema"):  # a profiler range (benchmarks/step_profile.py); free otherwise
+            for centering in (m for m in self.modules() if isinstance(m, Centering)):  # iBOT: patch centre too
+                centering.step()
+            super().on_optimizer_step_done(step)
 
     @property
     def eval_backbone(self) -> nn.Module:

@@ -6,6 +6,7 @@ import hashlib
 
 import torch
 
+from ..nn.sync_free import host_to_device
 from ..options import MODES
 
 
@@ -48,7 +49,7 @@ def choose(table: torch.Tensor, mode: str, generator: torch.Generator | None = N
     if mode == "easy":
         return table.masked_fill(~finite, float("inf")).argmin(dim=1)
     # Uniform over each sample's finite entries: the argmax of i.i.d. uniform keys.
-    keys = torch.rand(table.shape, generator=generator).to(table.device)
+    keys = host_to_device(torch.rand(table.shape, generator=generator), table.device)
     return keys.masked_fill(~finite, -1.0).argmax(dim=1)
 
 

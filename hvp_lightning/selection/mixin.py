@@ -25,6 +25,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from torch.profiler import record_function
 
 from ..cluster.distributed import gather_per_rank, rank_entries
 from ..data.datamodule import view_aug
@@ -98,9 +99,12 @@ class HardViewMixin(L.LightningModule):
         if not self.hvp_active():
             # Alternating schedule: an ordinary step on the first two (i.i.d.) candidates.
             return self.ssl_step(self._chosen(batch, self._first_combination(batch), crops), batch_idx)
-        table = self.score_candidates(batch)
-        choice = choose(table, self.hvp.mode, self._choice_generator(batch_idx))
-        loss = self.ssl_step(self._chosen(batch, choice, crops), batch_idx)
+        with record_function("hvp/selection"):  # profiler ranges (benchmarks/step_profile.py); free otherwise
+            table = self.score_candidates(batch)
+            choice = choose(table, self.hvp.mode, self._choice_generator(batch_idx))
+            chosen = self._chosen(batch, choice, crops)
+        with record_function("hvp/train_forward"):
+            loss = self.ssl_step(chosen, batch_idx)
         self._record_selection(table, choice, loss)
         return loss
 

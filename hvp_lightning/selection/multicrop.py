@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..losses.dino import combination_loss, dino_ce_table
+from ..nn.sync_free import host_to_device
 from .choice import choose
 from .pairs import gather_view_params, global_pair_index
 
@@ -37,7 +38,7 @@ def _uniform_subsets(
     shape: tuple[int, ...], n: int, k: int, generator: torch.Generator | None, device: torch.device
 ) -> torch.Tensor:
     """Uniformly random k-subsets of ``range(n)``, one per entry of ``shape``: ``[*shape, k]``."""
-    return torch.rand(*shape, n, generator=generator).argsort(-1)[..., :k].to(device)
+    return host_to_device(torch.rand(*shape, n, generator=generator).argsort(-1)[..., :k], device)
 
 
 def dino_combination_table(
@@ -83,7 +84,7 @@ def dino_combination_table(
     pairs = global_pair_index(g, global_pairs, device=ce.device)  # [P, 2]
     total = pairs.shape[0] * math.comb(lc, num_local)
     if max_combinations is not None and max_combinations < total:
-        pick = torch.randint(pairs.shape[0], (bsz, max_combinations), generator=generator).to(ce.device)
+        pick = host_to_device(torch.randint(pairs.shape[0], (bsz, max_combinations), generator=generator), ce.device)
         cpairs = pairs[pick]
         clocals = _uniform_subsets((bsz, max_combinations), lc, num_local, generator, ce.device)
         return CombinationTable(combination_loss(ce, cpairs, clocals, g), cpairs, clocals)

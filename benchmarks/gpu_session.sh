@@ -18,10 +18,13 @@
 #   bash benchmarks/gpu_session.sh simsiam      # SimSiam R50 224 px HVP N=4 bf16 compiled: >= 1,300 images/s
 #   bash benchmarks/gpu_session.sh dino         # DINO ViT-S/16 HVP 4+16 crops bf16: >= 500 images/s
 #   bash benchmarks/gpu_session.sh blur         # the blur's share of the colour step per batch (issue 40 item 9)
+#   bash benchmarks/gpu_session.sh profile      # that DINO step taken apart (benchmarks/step_profile.py, ~2-3 min):
+#                                               # images/s with/without HVP and loader, time per hook and range,
+#                                               # top ops by GPU and CPU time, host syncs by source line
 #   bash benchmarks/gpu_session.sh cifar        # CIFAR-10 SimCLR R18 HVP N=4 bf16, 100 epochs: <= 10 min
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?"stage: tests-parallel, tests-runs, tests-runs-more, tests-compile, tests-rest, tests-rest-more, simsiam, dino, blur or cifar"}
+stage=${1:?"stage: tests-parallel, tests-runs, tests-runs-more, tests-compile, tests-rest, tests-rest-more, simsiam, dino, profile, blur or cifar"}
 out=${OUT:-/tmp/gpu_session}
 limit=${LIMIT:-570}  # seconds for the stage (LIMIT=300 to chain stages in one call)
 mkdir -p "$out"
@@ -32,8 +35,11 @@ torchvision.__version__, lightning.__version__)"; git log --oneline -1 2>/dev/nu
 
 more="byol or mocov3 or vicreg or barlow_twins"  # the methods beyond the paper's: stages of their own
 
+# Generated JPEGs (benchmarks/.cache, made once per machine, ~15 ms each): a fit runs one epoch,
+# so a round's (2 + 20) batches must fit in them (session 13 had 512: 6 DINO steps of 64 and 2 SimSiam
+# steps of 128 were timed, with the fit's teardown).
 loader() {  # benchmarks/loader.py with the issue's loader settings; table appended to results.md
-    timeout -k 10 "$limit" python3 benchmarks/loader.py --crop 224 --views 4 --workers 14 --batches 50 --device cuda \
+    timeout -k 10 "$limit" python3 benchmarks/loader.py --crop 224 --views 4 --workers 14 --batches 20 --device cuda \
         --step --out "$out/results.md" "$@" 2>&1 | tee "$out/$stage.txt"
 }
 
@@ -50,9 +56,12 @@ case "$stage" in
                     -k "not test_run_on_one_gpu and not compiled and not ($more)" 2>&1 | tee "$out/$stage.txt" ;;  # every file
     tests-rest-more) timeout -k 10 "$limit" python3 -m pytest -m gpu -q -rfEs --durations=15 \
                     -k "not test_run_on_one_gpu and not compiled and ($more)" 2>&1 | tee "$out/$stage.txt" ;;
-    simsiam) loader --method simsiam --batch-size 128 --backbone resnet50 \
+    simsiam) loader --method simsiam --batch-size 128 --images 2816 --backbone resnet50 \
                  --override trainer.precision=bf16-mixed method.compile=true ;;
-    dino) loader --method dino --batch-size 64 --backbone vit_small --override trainer.precision=bf16-mixed ;;
+    dino) loader --method dino --batch-size 64 --images 1408 --backbone vit_small --override trainer.precision=bf16-mixed ;;
+    profile) timeout -k 10 "$limit" python3 benchmarks/step_profile.py --method dino --backbone vit_small \
+                 --batch-size 64 --images 1408 --crop 224 --views 4 --workers 14 --warmup 5 --batches 10 --device cuda \
+                 --override trainer.precision=bf16-mixed --out "$out/results.md" 2>&1 | tee "$out/$stage.txt" ;;
     blur) timeout -k 10 "$limit" python3 benchmarks/gpu_blur_cost.py --device cuda --out "$out/results.md" \
               2>&1 | tee "$out/$stage.txt" ;;
     cifar)

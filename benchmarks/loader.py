@@ -229,6 +229,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def check_images(args: argparse.Namespace, dm: SSLDataModule) -> None:
+    """A round's batches must fit in one pass over the training images: a fit runs one epoch
+    (``--step``), and a shorter one would time fewer batches than asked, its end-of-epoch work
+    and teardown included (so did session 13's GPU stages: 512 images, 8 batches of 64)."""
+    need = (args.warmup + args.batches) * args.batch_size
+    if len(dm.train_set) < need:
+        raise SystemExit(f"--images: {len(dm.train_set)} training images, a round needs {need}")
+
+
 def loader_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.device) -> dict[str, list[float]]:
     def module(colour_in_workers: bool, on_device: bool = False, shards: str | None = None) -> SSLDataModule:
         data = cfg.data.copy()
@@ -290,9 +299,7 @@ def loader_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.devic
         else (loader, finish)
         for name, (loader, finish) in arms.items()
     }
-    need = (args.warmup + args.batches) * args.batch_size
-    if len(dm.train_set) < need:
-        raise SystemExit(f"--images: {len(dm.train_set)} training images, a round needs {need}")
+    check_images(args, dm)
     res: dict[str, list[float]] = {k: [] for k in arms}
     for r in range(args.rounds):  # the arms' order reversed every other round: no arm always runs first
         for name, (loader, finish) in list(arms.items())[:: 1 if r % 2 == 0 else -1]:
@@ -323,13 +330,23 @@ class StepClock(L.Callback):
             self.end = time.perf_counter()
 
 
-def step_datamodule(args: argparse.Namespace, cfg: DictConfig, on_device: bool = False) -> SSLDataModule:
+def step_datamodule(
+    args: argparse.Namespace, cfg: DictConfig, on_device: bool = False, colour_in_workers: bool | None = None
+) -> SSLDataModule:
     """The training data of ``--step`` (``cfg.data``, on the device or from loader workers), set
-    up; ``cfg.data.num_classes`` filled in for the model."""
+    up; ``cfg.data.num_classes`` filled in for the model. ``colour_in_workers`` None: where the
+    fit's device puts it (:class:`SSLDataModule`)."""
     data = cfg.data.copy()
     with open_dict(data):
         data.on_device = on_device
-    dm = SSLDataModule(data, METHODS[cfg.method.name].view_augs(cfg), args.batch_size, args.workers, cfg.seed)
+    dm = SSLDataModule(
+        data,
+        METHODS[cfg.method.name].view_augs(cfg),
+        args.batch_size,
+        args.workers,
+        cfg.seed,
+        colour_in_workers=colour_in_workers,
+    )
     dm.setup("fit")  # colour placement is decided from the trainer's device when fit builds the loader
     with open_dict(cfg):
         cfg.data.num_classes = dm.num_classes
@@ -366,6 +383,7 @@ def step_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.device)
         for name, on_device in variants.items():
             L.seed_everything(cfg.seed + r, workers=True, verbose=False)
             dm = step_datamodule(args, cfg, on_device)
+            check_images(args, dm)
             model = METHODS[cfg.method.name](cfg)
             clock = StepClock(args.warmup, device)
             trainer = step_trainer(cfg, device, args.warmup + args.batches, [clock])

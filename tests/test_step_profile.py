@@ -72,13 +72,12 @@ def test_step_profile_reports_rates_split_ranges_and_ops(tmp_path: Path) -> None
     for arm in ("hvp", "hvp_fixed_batch", "no_hvp", "no_hvp_fixed_batch"):
         steps, to_return = (float(x) for x in _row(text, arm))
         assert steps > 0 and to_return > 0
-    forward = float(_row(text, sp.SEGMENTS["batch_start"])[0])
-    for segment in ("before_backward", "before_optimizer_step", "batch_end"):
+    for segment in ("batch_start", "before_backward", "before_optimizer_step", "batch_end"):
         assert float(_row(text, sp.SEGMENTS[segment])[0]) > 0
-    selection, train_forward = (float(_row(text, r)[0]) for r in ("hvp/selection", "hvp/train_forward"))
-    # Both ranges run inside training_step: together within its span, each a real part of it.
-    assert 0 < selection and 0 < train_forward and selection + train_forward <= forward * 1.05
-    assert int(_row(text, "hvp/selection")[2]) == 2  # one selection per timed step
+        assert _row(text, sp.SEGMENTS[segment])[1] == "n/a"  # no CUDA events on the CPU
+    for name in ("hvp/selection", "hvp/train_forward"):
+        host, _, calls = _row(text, name)
+        assert float(host) > 0 and int(calls) == 2  # once per timed step
     assert int(_row(text, "hvp/ema")[2]) >= 1
     assert "By cpu_time_total" in text and "aten::" in text
     assert "Host syncs: n/a on the CPU" in text

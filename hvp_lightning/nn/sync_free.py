@@ -18,9 +18,10 @@ def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     waiting for the device's queue: a plain ``.to(cuda)`` of pageable memory blocks the host
     until the GPU has run every kernel queued before it. From pinned memory the copy is queued
     like a kernel, and torch's pinned-memory cache keeps the buffer until the copy has run.
-    The values are the same either way."""
+    Contiguous first: a strided source would be made contiguous in pageable memory by the copy
+    itself. The values are the same either way."""
     if device.type == "cuda" and t.device.type == "cpu":
-        t = t.pin_memory()
+        t = t.contiguous().pin_memory()
     return t.to(device, non_blocking=True)
 
 

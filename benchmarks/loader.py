@@ -423,13 +423,17 @@ def report(args: argparse.Namespace, res: dict[str, list[float]], device: torch.
     return f"{head}\n\n```bash\n{cmd}\n```\n\n" + "\n".join(lines) + "\n"
 
 
+def end_on_sigterm() -> None:
+    """A SIGTERM (`timeout`, a scheduler) ends the benchmark at once. Without this, Lightning's
+    handler stops only the fit in progress and the next round starts: seen on the GPU machine,
+    where `timeout 100` left a compiled SimSiam round running for minutes."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(128 + signum))
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    # A SIGTERM (`timeout`, a scheduler) ends the benchmark at once. Without this, Lightning's
-    # handler stops only the fit in progress and the next round starts: seen on the GPU machine,
-    # where `timeout 100` left a compiled SimSiam round running for minutes.
-    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(128 + signum))
+    end_on_sigterm()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

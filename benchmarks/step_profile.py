@@ -28,7 +28,7 @@ Any ``loader.py`` option is taken (``--method``, ``--backbone``, ``--batch-size`
     python3 benchmarks/step_profile.py --method dino --backbone vit_small --batch-size 64 --crop 224 \\
         --views 4 --workers 14 --warmup 5 --batches 10 --device cuda --override trainer.precision=bf16-mixed
 
-On the CPU, tiny (seconds; tests/test_step_profile.py):
+On the CPU, tiny (seconds; tests/test_benchmarks.py, slow):
 
     uv run python benchmarks/step_profile.py --method dino_cifar --data synthetic --images 64 --crop 16 \\
         --batch-size 8 --workers 0 --warmup 1 --batches 2 --backbone vit_tiny --override backbone.patch_size=8 \\
@@ -61,6 +61,7 @@ from loader import (  # noqa: E402  (benchmarks/loader.py; it puts the repositor
     StepClock,
     build_cfg,
     check_images,
+    end_on_sigterm,
     make_jpeg_folder,
     parse_args,
     step_datamodule,
@@ -265,6 +266,7 @@ def main(argv: list[str] | None = None) -> str:
     own.add_argument("--top", type=int, default=25, help="rows of each op table")
     mine, rest = own.parse_known_args(argv)
     args = parse_args(rest)
+    end_on_sigterm()  # the stage's `timeout` ends it, not only the fit in progress
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     root = args.root

@@ -47,13 +47,16 @@ from per-view recorded parameters (docs/DESIGN.md, "View pipeline").
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as tF
 
+from . import cpu_kernels
 from .augment import ViewAug, normalize
+from .cpu_kernels import Kernels
 
 Op = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 JITTER_KEYS = ("brightness", "contrast", "saturation", "hue")  # jitter_order indexes these
@@ -190,15 +193,44 @@ def torchvision_blur(x: torch.Tensor, sigma: torch.Tensor, kernel: int) -> torch
     computation on its float conversion (pixels equal, tested); a batch, or another device,
     gives the same pixels where its ``exp`` and convolution sums round as that call's, else a
     pixel at a rounding boundary may move one level (the tests bound it)."""
-    n, c, hgt, wid = x.shape
+    return _torchvision_sums(x, sigma, kernel).round_()
+
+
+def torchvision_weights(sigma: torch.Tensor, kernel: int) -> torch.Tensor:
+    """torchvision's 2-D Gaussian kernel per sample (``[n]`` sigmas -> ``[n, kernel, kernel]``)."""
     half = (kernel - 1) * 0.5
-    grid = torch.linspace(-half, half, kernel, dtype=torch.float32, device=x.device)
+    grid = torch.linspace(-half, half, kernel, dtype=torch.float32, device=sigma.device)
     pdf = torch.exp(-0.5 * (grid / sigma.to(torch.float32)[:, None]).pow(2))  # tensor / tensor: no reciprocal
     w1 = pdf / pdf.sum(1, keepdim=True)
-    w2 = (w1[:, :, None] * w1[:, None, :]).repeat_interleave(c, 0)[:, None]  # [n * C, 1, k, k]
+    return w1[:, :, None] * w1[:, None, :]
+
+
+def _torchvision_sums(x: torch.Tensor, sigma: torch.Tensor, kernel: int) -> torch.Tensor:
+    """:func:`torchvision_blur` before its rounding."""
+    n, c, hgt, wid = x.shape
+    w2 = torchvision_weights(sigma.to(x.device), kernel).repeat_interleave(c, 0)[:, None]  # [n * C, 1, k, k]
     pad = kernel // 2
     y = tF.pad(x.reshape(1, n * c, hgt, wid), (pad, pad, pad, pad), mode="reflect")
-    return tF.conv2d(y, w2, groups=n * c).reshape(n, c, hgt, wid).round_()
+    return tF.conv2d(y, w2, groups=n * c).reshape(n, c, hgt, wid)
+
+
+@functools.cache
+def native_conv_is_torchs(native: Kernels, hgt: int, wid: int, kernel: int) -> bool:
+    """Whether the C convolution (:meth:`.cpu_kernels.Kernels.conv_reflect`) gives this process's
+    ``conv2d`` sums bit for bit at this image size: compared unrounded on a noise image at two
+    sigmas, where a different order of the float sums changes a large share of them (20-80%
+    measured). Once per size and process; where it does not, :func:`torchvision_blur` runs (and
+    raises on images too small for the padding)."""
+    if kernel // 2 >= min(hgt, wid):
+        return False
+    x = torch.randint(0, 256, (1, 3, hgt, wid), generator=torch.Generator().manual_seed(0)).to(torch.float32)
+    for s in (0.3, 1.7):
+        sigma = torch.tensor([s])
+        if not torch.equal(
+            native.conv_reflect(x, torchvision_weights(sigma, kernel)[0]), _torchvision_sums(x, sigma, kernel)
+        ):
+            return False
+    return True
 
 
 PIL_PASSES = 3  # ImageFilter.GaussianBlur's box blurs per direction
@@ -325,31 +357,41 @@ def colour(
     return _colour_masked(x, params, aug) if sync_free else _colour_per_view(x, params, aug)
 
 
-def _blur(x: torch.Tensor, sigma: torch.Tensor, aug: ViewAug, sync_free: bool) -> torch.Tensor:
+def _blur(
+    x: torch.Tensor, sigma: torch.Tensor, aug: ViewAug, sync_free: bool, native: Kernels | None = None
+) -> torch.Tensor:
     """``aug``'s blur of a batch (``sync_free``) or of one view on the CPU: there PIL's box
-    read on the host and its passes in int32 (:func:`pil_blur_view`) -- the same pixels."""
+    read on the host and its passes in integers, and the 9 px kernel's convolution, each by the
+    ``native`` C kernels where given (the 9 px one where it sums as ``conv2d``), else in torch --
+    the same pixels."""
     if aug.blur_kind == "pil" and sync_free:
         return pil_blur(x, sigma, pil_max_radius(aug.blur_sigma[1]))
     if aug.blur_kind == "pil":
         r, ww, fw = (int(b[0]) for b in pil_box(sigma))
-        return pil_blur_view(x, r, ww, fw)
+        return pil_blur_view(x, r, ww, fw) if native is None else native.pil_blur(x, r, ww, fw)
     if aug.blur_kind == "torchvision9":  # one view: torchvision's call on float, without its uint8 round trips
+        if native is not None and native_conv_is_torchs(native, x.shape[2], x.shape[3], aug.blur_kernel):
+            return native.conv_reflect(x, torchvision_weights(sigma, aug.blur_kernel)[0]).round_()
         return torchvision_blur(x, sigma, aug.blur_kernel)
     return gaussian_blur(x, sigma, aug.blur_kernel, trim=not sync_free)
 
 
 def _colour_per_view(x: torch.Tensor, params: dict[str, torch.Tensor], aug: ViewAug) -> torch.Tensor:
+    """One view at a time; on the CPU the hue and the blur by the C kernels (:mod:`.cpu_kernels`)
+    where they could be built: one pass over the view instead of dozens, the same pixels."""
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     order, gray, sigma, sol = (params[k].tolist() for k in ("jitter_order", "grayscale", "blur_sigma", "solarize"))
+    native = cpu_kernels.kernels() if x.device.type == "cpu" else None
+    ops = JITTER_OPS if native is None else tuple(native.hue if op is hue else op for op in JITTER_OPS)
     for i in range(x.shape[0]):
         v = x[i : i + 1].to(torch.float32)
         for op_idx in order[i]:
             if op_idx >= 0:
-                v = JITTER_OPS[op_idx](v, params[JITTER_KEYS[op_idx]][i : i + 1])
+                v = ops[op_idx](v, params[JITTER_KEYS[op_idx]][i : i + 1])
         if gray[i]:
             v = grayscale(v)
         if sigma[i] > 0:
-            v = _blur(v, params["blur_sigma"][i : i + 1], aug, sync_free=False)
+            v = _blur(v, params["blur_sigma"][i : i + 1], aug, sync_free=False, native=native)
         if sol[i]:
             v = solarize(v)
         out[i : i + 1] = v

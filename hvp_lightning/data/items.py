@@ -7,6 +7,7 @@ from typing import Any
 
 from torch.utils.data import Dataset, Subset
 
+from . import cpu_kernels
 from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
 
@@ -70,10 +71,12 @@ class FinishedViews(Dataset):
     their crops (CPU training): :func:`.batched.finish_views` on one image's views, whose
     float images the collate step then stacks straight into shared memory (colouring the
     collated batch instead costs one more copy of every float view on its way to the
-    training process)."""
+    training process). Made in the main process, it builds the colour step's C kernels there
+    (:func:`.cpu_kernels.kernels`, once: later only loaded), so the workers only load them."""
 
     def __init__(self, items: MultiViewDataset, augs: tuple[ViewAug, ...]) -> None:
         self.items, self.augs = items, augs
+        cpu_kernels.kernels()
 
     def __len__(self) -> int:
         return len(self.items)

@@ -1,0 +1,323 @@
+"""Plain-C kernels for the CPU per-view colour path: the hue rotation, PIL's box blur and the
+9 px blur's convolution, one pass over a view each instead of ~100 (hue) or dozens (blur) of
+eager torch passes whose temporaries spill out of the cache (benchmarks/RESULTS.md, issue 40
+item 9). They give the views the eager code gives, bit for bit:
+
+* the hue does :func:`.batched.hue`'s float32 adds, multiplies, divisions and floors in its
+  order, one rounding each: compiled with ``-ffp-contract=off -fno-fast-math`` nothing is fused
+  or reordered, so IEEE arithmetic gives the same bits on any machine;
+* PIL's blur is integer arithmetic (:func:`.batched.pil_blur_view`'s formula, Pillow's own);
+* the 9 px convolution sums its taps as ``fmaf`` from zero, kernel rows outer, columns inner:
+  the order of oneDNN's depthwise kernel that torch's ``conv2d`` runs on x86 with FMA (AVX2,
+  AVX-512). Another torch build or CPU may sum otherwise, so :mod:`.batched` uses it only where
+  it reproduces this process's ``conv2d`` sums on a probe image of the view's size.
+
+The source is compiled at first use with the system C compiler (``cc``) into a shared object
+under the user's cache directory, named by the hash of the source, flags and platform, and
+written atomically (several processes or ranks may build it at once); later processes only load
+it. On x86-64 with GCC each function is built for AVX-512, AVX2+FMA and baseline x86-64 and
+picked at load by the CPU (``target_clones``), so one cached file serves every node sharing a
+home directory. Loader workers never build it: :class:`.items.FinishedViews` builds it in the
+main process before they start. Without a compiler, or if building or loading fails, the
+colour path stays on its eager torch code (same views, only slower) after one log line.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.utils.data import get_worker_info
+
+from ..run.atomic import atomic_write
+
+log = logging.getLogger(__name__)
+
+COMPILER = "cc"
+# -fno-trapping-math lets the compiler vectorise the branch-free selects; it changes no value.
+FLAGS = ("-O3", "-std=gnu99", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math")
+
+SOURCE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CLONES
+#endif
+/* Helpers are inlined into each clone, so they get its instruction set too. */
+#define INLINE static inline __attribute__((always_inline))
+
+/* floor(x) for |x| < 2^31 from a truncation (vectorises without SSE4.1's roundps). */
+INLINE float floor_small(float x) {
+    float t = (float)(int32_t)x;
+    return t > x ? t - 1.0f : t;
+}
+
+/* min + role * (mid - min) + (role == 2) * (max - 2 mid + min), role = clamp(2.5 - ||sector - at| - 3|, 0, 2) */
+INLINE float place(float sector, float at, float above_min, float mn, float spread) {
+    float a = fabsf(fabsf(sector - at) - 3.0f);
+    float role = 2.5f - a;
+    role = role < 0.0f ? 0.0f : role;
+    role = role > 2.0f ? 2.0f : role;
+    float top = role - 1.0f;
+    top = top > 0.0f ? top : 0.0f;
+    return (role * above_min + mn) + top * spread;
+}
+
+/* batched.hue on one image: planes r, g, b of npix floats holding integers 0..255. */
+CLONES void hvp_hue(const float *restrict x, float *restrict out, long npix, float shift) {
+    const float k255 = (float)(1.0 / 255), k6 = (float)(1.0 / 6.0), tiny = 1e-30f;
+    const float scale = (float)(255 + 1.0 - 1e-3);
+    const float *rp = x, *gp = x + npix, *bp = x + 2 * npix;
+    float *ro = out, *go = out + npix, *bo = out + 2 * npix;
+    for (long i = 0; i < npix; i++) {
+        float r = rp[i], g = gp[i], b = bp[i];
+        float mx = r > g ? r : g;
+        mx = mx > b ? mx : b;
+        float mn = r < g ? r : g;
+        mn = mn < b ? mn : b;
+        float maxc = mx * k255;
+        float rng = maxc - mn * k255;
+        float s = rng / (maxc > tiny ? maxc : tiny);
+        float div = rng > tiny ? rng : tiny;
+        float rc = (maxc - r * k255) / div, gc = (maxc - g * k255) / div, bc = (maxc - b * k255) / div;
+        float not_r = mx - r, not_g = mx - g;
+        not_r = not_r < 1.0f ? not_r : 1.0f;
+        not_g = not_g < 1.0f ? not_g : 1.0f;
+        float h = (bc - gc) * (1.0f - not_r);
+        h = h + ((rc + 2.0f) - bc) * ((1.0f - not_g) * not_r);
+        h = h + ((gc + 4.0f) - rc) * (not_g * not_r);
+        h = h * k6 + 1.0f;
+        h = h - floor_small(h);
+        h = h + shift;
+        h = h - floor_small(h);
+        float h6 = h * 6.0f;
+        float sector = floor_small(h6);
+        float f = h6 - sector;
+        float sxf = s * f;
+        float q = (1.0f - sxf) * maxc;
+        float t = (sxf + (1.0f - s)) * maxc;
+        float odd = sector - floor_small(sector * 0.5f) * 2.0f;
+        float mid = floor_small((q * odd + t * (1.0f - odd)) * scale);
+        float above_min = mid - mn;
+        float spread = (mx - mn) - above_min * 2.0f;
+        float o0 = place(sector, 2.5f, above_min, mn, spread), o1 = place(sector, 4.5f, above_min, mn, spread);
+        ro[i] = o0;
+        go[i] = o1;
+        bo[i] = ((mx + mid + mn) - o0) - o1;
+    }
+}
+
+INLINE void box_out(const uint32_t *s, const uint32_t *f, uint8_t *dst, long n, uint32_t ww, uint32_t fw) {
+    for (long i = 0; i < n; i++) dst[i] = (uint8_t)((s[i] * ww + f[i] * fw + (1u << 23)) >> 24);
+}
+
+INLINE long clamp_index(long i, long n) { return i < 0 ? 0 : i >= n ? n - 1 : i; }
+
+/* One extended box pass along each of h rows of w pixels, the end pixels repeated. */
+INLINE void rows_pass(const uint8_t *src, uint8_t *dst, long h, long w, long r, uint32_t ww, uint32_t fw,
+                      uint8_t *line, uint32_t *s, uint32_t *f) {
+    long e = r + 1;
+    for (long y = 0; y < h; y++) {
+        const uint8_t *in = src + y * w;
+        for (long k = 0; k < e; k++) {
+            line[k] = in[0];
+            line[e + w + k] = in[w - 1];
+        }
+        for (long x = 0; x < w; x++) line[e + x] = in[x];
+        for (long x = 0; x < w; x++) {
+            s[x] = line[x + 1];
+            f[x] = (uint32_t)line[x] + line[x + 2 * r + 2];
+        }
+        for (long t = 2; t <= 2 * r + 1; t++)
+            for (long x = 0; x < w; x++) s[x] += line[x + t];
+        box_out(s, f, dst + y * w, w, ww, fw);
+    }
+}
+
+/* The same pass along the columns, a whole output row at a time. */
+INLINE void cols_pass(const uint8_t *src, uint8_t *dst, long h, long w, long r, uint32_t ww, uint32_t fw,
+                      uint32_t *s, uint32_t *f) {
+    for (long y = 0; y < h; y++) {
+        const uint8_t *lo = src + clamp_index(y - r - 1, h) * w, *hi = src + clamp_index(y + r + 1, h) * w;
+        const uint8_t *first = src + clamp_index(y - r, h) * w;
+        for (long x = 0; x < w; x++) {
+            s[x] = first[x];
+            f[x] = (uint32_t)lo[x] + hi[x];
+        }
+        for (long t = y - r + 1; t <= y + r; t++) {
+            const uint8_t *row = src + clamp_index(t, h) * w;
+            for (long x = 0; x < w; x++) s[x] += row[x];
+        }
+        box_out(s, f, dst + y * w, w, ww, fw);
+    }
+}
+
+/* PIL's GaussianBlur of planes of h x w integers 0..255: three row passes, three column passes,
+   each (ww * inner sum + fw * outer pair + 2^23) >> 24 (< 2^32), rounded to uint8 as PIL. */
+CLONES int hvp_pil_blur(const float *x, float *out, long planes, long h, long w, long r, long ww, long fw) {
+    long n = planes * h * w, m = w > h ? w : h;
+    uint8_t *a = malloc(n), *b = malloc(n), *line = malloc(w + 2 * (r + 1));
+    uint32_t *s = malloc(m * sizeof(uint32_t)), *f = malloc(m * sizeof(uint32_t));
+    int ok = a && b && line && s && f;
+    if (ok) {
+        for (long i = 0; i < n; i++) a[i] = (uint8_t)(int32_t)x[i];
+        for (long p = 0; p < planes; p++) {
+            uint8_t *pa = a + p * h * w, *pb = b + p * h * w;
+            rows_pass(pa, pb, h, w, r, ww, fw, line, s, f);
+            rows_pass(pb, pa, h, w, r, ww, fw, line, s, f);
+            rows_pass(pa, pb, h, w, r, ww, fw, line, s, f);
+            cols_pass(pb, pa, h, w, r, ww, fw, s, f);
+            cols_pass(pa, pb, h, w, r, ww, fw, s, f);
+            cols_pass(pb, pa, h, w, r, ww, fw, s, f);
+        }
+        for (long i = 0; i < n; i++) out[i] = a[i];
+    }
+    free(a), free(b), free(line), free(s), free(f);
+    return ok ? 0 : -1;
+}
+
+INLINE long reflect_index(long i, long n) { return i < 0 ? -i : i >= n ? 2 * (n - 1) - i : i; }
+
+/* k x k convolution of planes of h x w (k / 2 < h, w) with reflect padding, unrounded: each
+   sum fmaf(w, x, acc) from 0, kernel rows outer, columns inner. */
+CLONES int hvp_conv_reflect(const float *x, float *out, long planes, long h, long w, const float *wk, long k) {
+    long p = k / 2, pw = w + 2 * p, ph = h + 2 * p;
+    float *pad = malloc(ph * pw * sizeof(float)), *acc = malloc(w * sizeof(float));
+    int ok = pad && acc;
+    for (long c = 0; ok && c < planes; c++) {
+        const float *src = x + c * h * w;
+        for (long y = 0; y < ph; y++) {
+            const float *row = src + reflect_index(y - p, h) * w;
+            float *dst = pad + y * pw;
+            for (long j = 0; j < p; j++) {
+                dst[j] = row[p - j];
+                dst[p + w + j] = row[w - 2 - j];
+            }
+            for (long j = 0; j < w; j++) dst[p + j] = row[j];
+        }
+        float *o = out + c * h * w;
+        for (long y = 0; y < h; y++) {
+            for (long j = 0; j < w; j++) acc[j] = 0.0f;
+            for (long u = 0; u < k; u++)
+                for (long v = 0; v < k; v++) {
+                    const float wt = wk[u * k + v], *row = pad + (y + u) * pw + v;
+                    for (long j = 0; j < w; j++) acc[j] = fmaf(wt, row[j], acc[j]);
+                }
+            for (long j = 0; j < w; j++) o[y * w + j] = acc[j];
+        }
+    }
+    free(pad), free(acc);
+    return ok ? 0 : -1;
+}
+"""
+
+
+class Kernels:
+    """The loaded library's functions on contiguous CPU float32 tensors ``[n, C, H, W]``."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        ptr, long = ctypes.c_void_p, ctypes.c_long
+        self._hue, self._pil_blur, self._conv = lib.hvp_hue, lib.hvp_pil_blur, lib.hvp_conv_reflect
+        self._hue.argtypes, self._hue.restype = [ptr, ptr, long, ctypes.c_float], None
+        self._pil_blur.argtypes, self._pil_blur.restype = [ptr, ptr, long, long, long, long, long, long], ctypes.c_int
+        self._conv.argtypes, self._conv.restype = [ptr, ptr, long, long, long, ptr, long], ctypes.c_int
+
+    def hue(self, x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+        """:func:`.batched.hue` (``shift`` ``[n]``, turns), the same bits."""
+        x = _checked(x)
+        out = torch.empty_like(x)
+        npix = x.shape[2] * x.shape[3]
+        for i, s in enumerate(shift.to(torch.float32).tolist()):
+            self._hue(x[i].data_ptr(), out[i].data_ptr(), npix, s)
+        return out
+
+    def pil_blur(self, x: torch.Tensor, r: int, ww: int, fw: int) -> torch.Tensor:
+        """:func:`.batched.pil_blur_view` with PIL's box ``r, ww, fw`` (:func:`.batched.pil_box`)."""
+        x = _checked(x)
+        out = torch.empty_like(x)
+        n, c, h, w = x.shape
+        if self._pil_blur(x.data_ptr(), out.data_ptr(), n * c, h, w, r, ww, fw):
+            raise MemoryError("hvp_pil_blur: out of memory")
+        return out
+
+    def conv_reflect(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``conv2d`` of every plane with one ``[k, k]`` kernel after reflect padding by ``k // 2``,
+        unrounded, summed in oneDNN's order (module docstring)."""
+        x, weight = _checked(x), weight.to(torch.float32).contiguous()
+        n, c, h, w = x.shape
+        k = weight.shape[-1]
+        if k // 2 >= min(h, w):
+            raise ValueError(f"a {k} px kernel's reflect padding needs images over {k // 2} px, got {h}x{w}")
+        out = torch.empty_like(x)
+        if self._conv(x.data_ptr(), out.data_ptr(), n * c, h, w, weight.data_ptr(), k):
+            raise MemoryError("hvp_conv_reflect: out of memory")
+        return out
+
+
+def _checked(x: torch.Tensor) -> torch.Tensor:
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 4:
+        raise ValueError(
+            f"C kernels take CPU float32 [n, C, H, W] images, got {x.dtype} {tuple(x.shape)} on {x.device}"
+        )
+    return x.contiguous()
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/hvp_lightning``, else ``~/.cache/hvp_lightning``: per user."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hvp_lightning"
+
+
+def library_path() -> Path:
+    """Where this source's shared object lives: one file per source, flags and platform."""
+    key = "\0".join((SOURCE, *FLAGS, platform.machine(), sys.platform))
+    return cache_dir() / f"cpu_kernels-{hashlib.sha256(key.encode()).hexdigest()[:16]}.so"
+
+
+def build(path: Path) -> None:
+    """Compile :data:`SOURCE` into ``path`` (atomically: readers see no file or the whole one).
+    Raises ``FileNotFoundError`` without a compiler, ``RuntimeError`` with its message if it fails."""
+    cc = shutil.which(COMPILER)
+    if cc is None:
+        raise FileNotFoundError(f"no C compiler ({COMPILER!r}) on PATH")
+    with tempfile.TemporaryDirectory(prefix="hvp-cpu-kernels-") as tmp:
+        src, lib = Path(tmp) / "cpu_kernels.c", Path(tmp) / "cpu_kernels.so"
+        src.write_text(SOURCE)
+        done = subprocess.run([cc, *FLAGS, "-o", str(lib), str(src), "-lm"], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{COMPILER} failed: {(done.stderr or done.stdout).strip()[-500:]}")
+        atomic_write(path, lambda f: f.write(lib.read_bytes()))
+
+
+@functools.cache
+def kernels() -> Kernels | None:
+    """The C kernels, built on first use (never in a loader worker: there a missing library means
+    the main process could not build it and has said why) and loaded once per process; ``None``
+    where they cannot be had: the caller then runs its eager torch code."""
+    path = library_path()
+    try:
+        if not path.exists():
+            if get_worker_info() is not None:
+                return None
+            build(path)
+        return Kernels(ctypes.CDLL(str(path)))
+    except (OSError, RuntimeError, AttributeError) as err:
+        log.warning(
+            "hvp_lightning: the CPU colour step's C kernels are not available (%s): it runs its torch code, "
+            "the same views, only slower",
+            err,
+        )
+        return None

@@ -18,7 +18,8 @@ is one of two, as the method's official pipeline (``ViewAug.blur_kind``):
   (Pillow's BoxBlur.c, Gwosdek et al. 2011), in its integer arithmetic, rounding to uint8 after
   each pass as PIL does, with the box radius computed in PIL's float32/float64 steps: bit for
   bit PIL's output (the tests compare with PIL itself). One view on the CPU reads its box on the
-  host and runs only its taps, in int32 (:func:`pil_blur_view`).
+  host and runs only its taps, in integers (the C kernel of :mod:`.cpu_kernels`, else
+  :func:`pil_blur_view` in int32 torch ops).
 * ``simclr`` (SimCLR's kernel of 10% of the crop): separable (two 1-D passes of shifted
   multiply-adds, 2k instead of k*k multiplies per pixel), which reorders its float sums: a
   blurred pixel can land one level (1/255) from torchvision's ``gaussian_blur`` at a rounding
@@ -26,7 +27,9 @@ is one of two, as the method's official pipeline (``ViewAug.blur_kind``):
 * ``torchvision9`` (the HVP code's ``torchvision.transforms.GaussianBlur(9, (0.1, 2.0))`` at
   every crop size): :func:`torchvision_blur`, torchvision's kernel and convolution on the float
   image (without its uint8 round trips), one view at a time on the CPU (the very call torchvision
-  makes: bit for bit, tested against it), a whole batch in one grouped convolution on an accelerator.
+  makes, or a C kernel summing in its order where it gives its sums on a probe,
+  :func:`native_conv_is_torchs`: bit for bit, tested against it), a whole batch in one grouped
+  convolution on an accelerator.
 
 Which samples an op touches is chosen two ways, with the same op functions:
 
@@ -34,7 +37,9 @@ Which samples an op touches is chosen two ways, with the same op functions:
   control flow: each view runs only the ops it drew, on a 224 px image whose temporaries stay
   in cache. Per-view small elementwise passes cost ~5-20 us each there, while bool masks,
   ``where``, ``gather`` and dimension reductions such as ``aminmax`` cost 3-100x a plain
-  arithmetic pass; so the ops below are written with arithmetic only.
+  arithmetic pass; so the ops below are written with arithmetic only. The hue and the blur,
+  dozens of such passes, run there as C kernels with the same bits where a C compiler built
+  them (:mod:`.cpu_kernels`).
 * on an accelerator (``sync_free=True``), every op runs on the whole batch and ``torch.where``
   keeps its result for the samples that drew it: no ``nonzero``/``item`` host syncs, a fixed
   sequence of kernel launches (jitter costs 4 runs of each op, one per position in the order).

@@ -239,6 +239,8 @@ class Kernels:
     def hue(self, x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
         """:func:`.batched.hue` (``shift`` ``[n]``, turns), the same bits."""
         x = _checked(x)
+        if x.shape[1] != 3:
+            raise ValueError(f"the hue rotates RGB images, got {x.shape[1]} channels")
         out = torch.empty_like(x)
         npix = x.shape[2] * x.shape[3]
         for i, s in enumerate(shift.to(torch.float32).tolist()):

@@ -240,21 +240,7 @@ def check_images(args: argparse.Namespace, dm: SSLDataModule) -> None:
 
 def loader_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.device) -> dict[str, list[float]]:
     def module(colour_in_workers: bool, on_device: bool = False, shards: str | None = None) -> SSLDataModule:
-        data = cfg.data.copy()
-        with open_dict(data):
-            data.on_device = on_device
-            if shards:  # the same images through data=shards (no held-out monitor sample)
-                data.update(name="shards", urls=shards, manifest=None, storage_options={}, monitor_size=0)
-        dm = SSLDataModule(
-            data,
-            METHODS[cfg.method.name].view_augs(cfg),
-            args.batch_size,
-            args.workers,
-            cfg.seed,
-            colour_in_workers=colour_in_workers,
-        )
-        dm.setup("fit")
-        return dm
+        return datamodule(args, cfg, on_device, colour_in_workers, shards)
 
     on_cpu = device.type == "cpu"
     dm, uint8 = module(on_cpu, args.on_device), module(False)  # as train.py runs it; crops only
@@ -330,15 +316,21 @@ class StepClock(L.Callback):
             self.end = time.perf_counter()
 
 
-def step_datamodule(
-    args: argparse.Namespace, cfg: DictConfig, on_device: bool = False, colour_in_workers: bool | None = None
+def datamodule(
+    args: argparse.Namespace,
+    cfg: DictConfig,
+    on_device: bool = False,
+    colour_in_workers: bool | None = None,
+    shards: str | None = None,
 ) -> SSLDataModule:
-    """The training data of ``--step`` (``cfg.data``, on the device or from loader workers), set
-    up; ``cfg.data.num_classes`` filled in for the model. ``colour_in_workers`` None: where the
-    fit's device puts it (:class:`SSLDataModule`)."""
+    """``cfg.data`` (held on the device with ``on_device``; through ``data=shards`` of the same
+    images with ``shards``, no held-out monitor sample) as the method's views, set up.
+    ``colour_in_workers`` None: where a fit's device puts it (:class:`SSLDataModule`)."""
     data = cfg.data.copy()
     with open_dict(data):
         data.on_device = on_device
+        if shards:
+            data.update(name="shards", urls=shards, manifest=None, storage_options={}, monitor_size=0)
     dm = SSLDataModule(
         data,
         METHODS[cfg.method.name].view_augs(cfg),
@@ -347,7 +339,17 @@ def step_datamodule(
         cfg.seed,
         colour_in_workers=colour_in_workers,
     )
-    dm.setup("fit")  # colour placement is decided from the trainer's device when fit builds the loader
+    dm.setup("fit")
+    return dm
+
+
+def step_datamodule(
+    args: argparse.Namespace, cfg: DictConfig, on_device: bool = False, colour_in_workers: bool | None = None
+) -> SSLDataModule:
+    """The training data of ``--step`` (:func:`datamodule`); ``cfg.data.num_classes`` filled in
+    for the model. The colour placement is decided from the trainer's device when fit builds
+    the loader."""
+    dm = datamodule(args, cfg, on_device, colour_in_workers)
     with open_dict(cfg):
         cfg.data.num_classes = dm.num_classes
     return dm

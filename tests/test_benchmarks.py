@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from .conftest import REPO
+from .test_device_guard import VIT
 
 
 def load_script(name: str):
@@ -105,13 +106,7 @@ TINY_DINO = [
     "--backbone",
     "vit_tiny",
     "--override",
-    "backbone.patch_size=8",
-    "backbone.img_size=16",
-    "+backbone.depth=1",
-    "method.local_crop_size=8",
-    "method.out_dim=32",
-    "method.head_hidden_dim=16",
-    "method.bottleneck_dim=8",
+    *VIT[1:],  # the tiny ViT of the device guard; the backbone itself is named above
 ]
 
 

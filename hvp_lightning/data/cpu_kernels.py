@@ -44,6 +44,7 @@ from ..run.atomic import atomic_write
 log = logging.getLogger(__name__)
 
 COMPILER = "cc"
+BUILD_TIMEOUT_S = 120
 # -fno-trapping-math lets the compiler vectorise the branch-free selects; it changes no value.
 FLAGS = ("-O3", "-std=gnu99", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math")
 
@@ -291,14 +292,20 @@ def library_path() -> Path:
 
 def build(path: Path) -> None:
     """Compile :data:`SOURCE` into ``path`` (atomically: readers see no file or the whole one).
-    Raises ``FileNotFoundError`` without a compiler, ``RuntimeError`` with its message if it fails."""
+    Raises ``FileNotFoundError`` without a compiler, ``RuntimeError`` with its message if it fails
+    or takes over :data:`BUILD_TIMEOUT_S`."""
     cc = shutil.which(COMPILER)
     if cc is None:
         raise FileNotFoundError(f"no C compiler ({COMPILER!r}) on PATH")
     with tempfile.TemporaryDirectory(prefix="hvp-cpu-kernels-") as tmp:
         src, lib = Path(tmp) / "cpu_kernels.c", Path(tmp) / "cpu_kernels.so"
         src.write_text(SOURCE)
-        done = subprocess.run([cc, *FLAGS, "-o", str(lib), str(src), "-lm"], capture_output=True, text=True)
+        try:  # a compile takes ~1-5 s; a compiler that hangs (a stale NFS lock, a licence server) is given up
+            done = subprocess.run(
+                [cc, *FLAGS, "-o", str(lib), str(src), "-lm"], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired as err:
+            raise RuntimeError(f"{COMPILER} did not finish within {BUILD_TIMEOUT_S} s") from err
         if done.returncode != 0:
             raise RuntimeError(f"{COMPILER} failed: {(done.stderr or done.stdout).strip()[-500:]}")
         atomic_write(path, lambda f: f.write(lib.read_bytes()))

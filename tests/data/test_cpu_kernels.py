@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import logging
+import os
 import platform
 import shutil
 import subprocess
@@ -162,3 +163,22 @@ def test_a_loader_worker_does_not_build(monkeypatch, tmp_path, caplog) -> None:
         assert cpu_kernels.kernels() is None
     cpu_kernels.kernels.cache_clear()
     assert not caplog.records
+
+
+def test_a_compiler_that_hangs_is_given_up(monkeypatch, tmp_path, caplog) -> None:
+    """Nothing waits forever: a compiler that does not finish within ``BUILD_TIMEOUT_S`` is given
+    up, named in the one log line, and the torch code runs."""
+    fake = tmp_path / "bin" / "slow-cc"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexec sleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(cpu_kernels, "COMPILER", "slow-cc")
+    monkeypatch.setattr(cpu_kernels, "BUILD_TIMEOUT_S", 0.5)
+    cpu_kernels.kernels.cache_clear()
+    with caplog.at_level(logging.WARNING, logger=cpu_kernels.__name__):
+        assert cpu_kernels.kernels() is None
+    cpu_kernels.kernels.cache_clear()
+    assert len(caplog.records) == 1 and "did not finish within 0.5 s" in caplog.records[0].getMessage()
+    assert not cpu_kernels.library_path().exists()

@@ -3,18 +3,22 @@
 A training process is multi-threaded; a child forked from it can inherit the interpreter's
 thread-list lock held by another thread and hang before it runs a line of Python (CPython
 gh-112275, present up to 3.11.7: a resumed DDP run hung in its final k-NN pass that way). The
-reproduction: a native thread that calls into Python in a loop (each call makes and drops a
+reproduction: native threads that call into Python in a loop (each call makes and drops a
 thread state, taking that lock without the GIL) while the main thread starts loader workers.
+Four of them: with one, a quiet 2-core machine hung 0 of 40 fork starts twice (the lock is held
+for a smaller share of the time); with four, 1-2 of 40.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,25 +31,28 @@ from hvp_lightning.evaluation import evaluate
 from hvp_lightning.run.job_signals import job_signals
 from hvp_lightning.training.driver import run
 
-from .conftest import eval_cfg, make_cfg
+from .conftest import REPO, eval_cfg, make_cfg
 
-# A native thread that makes and drops thread states in a loop, without the GIL (both calls take
+# Native threads that make and drop thread states in a loop, without the GIL (both calls take
 # the runtime's thread-list lock): the lock a forked child can inherit held.
 CHURN_C = r"""
 #include <pthread.h>
 typedef void *(*new_t)(void *);
 typedef void (*delete_t)(void *);
+#define THREADS 4
 static volatile int running = 0;
-static pthread_t thread;
+static pthread_t threads[THREADS];
 static new_t new_state;
 static delete_t delete_state;
 static void *interp;
 static void *loop(void *arg) { while (running) delete_state(new_state(interp)); return 0; }
 int churn_start(new_t n, delete_t d, void *i) {
     new_state = n; delete_state = d; interp = i; running = 1;
-    return pthread_create(&thread, 0, loop, 0);
+    for (int k = 0; k < THREADS; k++)
+        if (pthread_create(&threads[k], 0, loop, 0)) return 1;
+    return 0;
 }
-void churn_stop(void) { running = 0; pthread_join(thread, 0); }
+void churn_stop(void) { running = 0; for (int k = 0; k < THREADS; k++) pthread_join(threads[k], 0); }
 """
 
 
@@ -54,13 +61,12 @@ void churn_stop(void) { running = 0; pthread_join(thread, 0); }
 ITEMS = list(range(8))
 
 
-@pytest.fixture
-def native_churn(tmp_path: Path):
-    """The churning native thread (``PyThreadState_New`` / ``PyThreadState_Delete`` of this
-    interpreter, which need no GIL); skipped without a C compiler."""
+@contextlib.contextmanager
+def churning(tmp_path: Path) -> Iterator[None]:
+    """The churning native threads (``PyThreadState_New`` / ``PyThreadState_Delete`` of this
+    interpreter, which need no GIL), built with ``cc`` into ``tmp_path``."""
     cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler (cc/gcc) to build the native-thread helper")
+    assert cc is not None
     lib_path = tmp_path / "churn.so"
     (tmp_path / "churn.c").write_text(CHURN_C)
     subprocess.run([cc, "-shared", "-fPIC", "-pthread", "-o", str(lib_path), str(tmp_path / "churn.c")], check=True)
@@ -74,6 +80,15 @@ def native_churn(tmp_path: Path):
         yield
     finally:
         lib.churn_stop()
+
+
+@pytest.fixture
+def native_churn(tmp_path: Path):
+    """:func:`churning` for a test; skipped without a C compiler."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler (cc/gcc) to build the native-thread helper")
+    with churning(tmp_path):
+        yield
 
 
 def loader_starts_that_hung(n: int, stop_at_first: bool = False, **options) -> int:
@@ -113,10 +128,22 @@ def test_project_loaders_never_hang_beside_a_native_thread(native_churn):
 @pytest.mark.skipif(
     sys.version_info >= (3, 11, 8), reason="this interpreter has CPython's fix for gh-112275: fork cannot hang there"
 )
-def test_forked_workers_do_hang_beside_a_native_thread(native_churn):
+def test_forked_workers_do_hang_beside_a_native_thread(tmp_path: Path):
     """The control: the same churn with torch's default fork start hangs a loader start (the
-    reproduction the fix is tested against)."""
-    assert loader_starts_that_hung(40, stop_at_first=True, num_workers=2, timeout=3) == 1
+    reproduction the fix is tested against). A race: up to 200 starts until the first hang (a
+    few per cent of starts hang on a quiet 2-core machine), in a fresh interpreter (at the end of
+    the slow suite, in the process that had run every other test, 40 starts once ran without one)."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler (cc/gcc) to build the native-thread helper")
+    code = (
+        "from pathlib import Path\n"
+        "from tests.test_workers import churning, loader_starts_that_hung\n"
+        f"with churning(Path({str(tmp_path)!r})):\n"
+        "    print('hung:', loader_starts_that_hung(200, stop_at_first=True, num_workers=2, timeout=3))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == "hung: 1", proc.stdout[-2000:]
 
 
 def _status(pid: int, field: str) -> str:

@@ -27,6 +27,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import lightning as L
 import pytest
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
@@ -133,15 +134,12 @@ def counter(meta_autocast: None, monkeypatch: pytest.MonkeyPatch) -> SyncCounter
     return counting
 
 
-def logged_like_lightning(model: torch.nn.Module):
+def logged_like_lightning(module: Any, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
     """``LightningModule.log`` without a Trainer: a Python number becomes
-    ``torch.tensor(value, device=module.device)``, as Lightning's ``__to_tensor`` makes it."""
-
-    def log(name: str, value: Any, *args: Any, **kwargs: Any) -> None:
-        if isinstance(value, numbers.Number):
-            torch.tensor(value, device=model.device, dtype=torch.get_default_dtype())
-
-    return log
+    ``torch.tensor(value, device=module.device)``, as Lightning's ``__to_tensor`` makes it
+    (patched on the class, so that a method's own ``log`` runs on top of it)."""
+    if isinstance(value, numbers.Number):
+        torch.tensor(value, device=module.device, dtype=torch.get_default_dtype())
 
 
 def one_step(model: Any, batch: dict[str, Any], trainer: SimpleNamespace) -> None:
@@ -180,7 +178,7 @@ def test_a_training_step_syncs_only_where_stated(
     model.trainer = trainer  # type: ignore[assignment]
     optimizer = SimpleNamespace(param_groups=[{"lr": 0.1, "weight_decay": 0.04, "wd_schedule": True}])
     monkeypatch.setattr(model, "optimizers", lambda: optimizer)
-    monkeypatch.setattr(model, "log", logged_like_lightning(model))
+    monkeypatch.setattr(L.LightningModule, "log", logged_like_lightning)
     model.on_train_start()
     with counter:
         one_step(model, batch, trainer)

@@ -143,8 +143,15 @@ class SSLMethod(L.LightningModule):
         note_skipped(self.skipped_files, batch.get("bad_file", ()))
         if self.iou_policy is not None:
             self._log_iou_policy(batch["params"]["iou_fallback"])
-        lr = self.optimizers().param_groups[0]["lr"]  # type: ignore[union-attr]
-        self.log("train/lr", device_number(lr, self.device), on_step=True, on_epoch=False, batch_size=1)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True, on_epoch=False, batch_size=1)  # type: ignore[union-attr]
+
+    def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        """Lightning's ``log``, a Python number made on the module's device first
+        (:func:`.nn.sync_free.device_number`, the value Lightning would make): Lightning copies
+        it from the host, which waits for the GPU's queue on every logged number of a step."""
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = device_number(value, self.device)
+        super().log(name, value, *args, **kwargs)
 
     def _log_iou_policy(self, flags: torch.Tensor) -> None:
         """``data/iou_fallbacks``: pairs that kept their last try (flags mark both views), summed
@@ -153,8 +160,7 @@ class SSLMethod(L.LightningModule):
         self.iou_fallbacks = self.iou_fallbacks.to(fallbacks.device) + fallbacks  # no host sync
         kw: dict[str, Any] = {"on_step": False, "on_epoch": True, "batch_size": 1}
         self.log("data/iou_fallbacks", fallbacks.float(), reduce_fx="sum", sync_dist=True, **kw)
-        threshold = self.iou_policy.threshold(self.current_epoch)  # type: ignore[union-attr]
-        self.log("data/iou_threshold", device_number(threshold, fallbacks.device), **kw)
+        self.log("data/iou_threshold", self.iou_policy.threshold(self.current_epoch), **kw)  # type: ignore[union-attr]
 
     # --- run state in checkpoints (resume) ------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -31,7 +31,6 @@ from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
 from ..losses.dino import dino_ce_table, dino_loss
 from ..nn.heads import DINOHead
-from ..nn.sync_free import device_number
 from ..nn.teacher import Centering, TeacherStudentMixin
 from ..selection import (
     HardViewMixin,
@@ -170,7 +169,7 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
         self.centering.accumulate(teacher_out)  # detaches itself
         b = globals_[0].shape[0]
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=b)
-        self.log("train/teacher_temp", device_number(tau_t, loss.device), on_step=True, on_epoch=False, batch_size=b)
+        self.log("train/teacher_temp", tau_t, on_step=True, on_epoch=False, batch_size=b)
         return loss
 
     # --- HVP hooks --------------------------------------------------------------------------

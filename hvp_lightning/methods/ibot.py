@@ -42,7 +42,7 @@ from ..losses.dino import dino_ce_table
 from ..losses.ibot import ibot_loss_terms, ibot_pair_table, ibot_patch_loss
 from ..nn.backbones import vit_tokens
 from ..nn.heads import IBOTHead
-from ..nn.sync_free import device_number, host_to_device
+from ..nn.sync_free import host_to_device
 from ..nn.teacher import Centering, teacher_temperature
 from ..selection import chosen_views_batch, global_pair_index, hvp_config, num_global_candidates, stable_seed
 from .dino import DINO
@@ -225,10 +225,8 @@ class IBOT(DINO):
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=b)
         self.log("train/loss_cls", loss_cls, on_step=True, on_epoch=True, batch_size=b)
         self.log("train/loss_patch", loss_patch, on_step=True, on_epoch=True, batch_size=b)
-        self.log("train/teacher_temp", device_number(tau_t, loss.device), on_step=True, on_epoch=False, batch_size=b)
-        self.log(
-            "train/teacher_patch_temp", device_number(tau_t2, loss.device), on_step=True, on_epoch=False, batch_size=b
-        )
+        self.log("train/teacher_temp", tau_t, on_step=True, on_epoch=False, batch_size=b)
+        self.log("train/teacher_patch_temp", tau_t2, on_step=True, on_epoch=False, batch_size=b)
         return loss
 
     # --- HVP hooks --------------------------------------------------------------------------

@@ -34,7 +34,6 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.profiler import record_function
 
 from .optim import split_weight_decay, warmup_cosine
-from .sync_free import device_number
 
 
 def make_teacher(student: nn.Module) -> nn.Module:
@@ -188,7 +187,7 @@ class MomentumTargetMixin(L.LightningModule):
         momentum = self.momentum_at(step)
         for target, online in self.momentum_pairs():
             ema_update(target, online, momentum)
-        self.log(self.momentum_log, device_number(momentum, self.device), on_step=True, on_epoch=False, batch_size=1)
+        self.log(self.momentum_log, momentum, on_step=True, on_epoch=False, batch_size=1)
 
     def on_train_start(self) -> None:
         super().on_train_start()

@@ -313,15 +313,20 @@ def augment(img: torch.Tensor, aug: ViewAug, key: int) -> tuple[torch.Tensor, di
     return normalize(x, aug.mean, aug.std), params
 
 
-def normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """0..255 values ``[..., 3, H, W]`` (uint8, or float32: then in place) -> float32
-    ``(x / 255 - mean) / std``, torchvision's ``normalize`` after ``/255`` up to float rounding,
-    as one scale and one shift per channel with Python scalars (nothing copied to a device).
-    One function for training views (the batched colour step), the reference and evaluation."""
+def normalize(
+    x: torch.Tensor, mean: Sequence[float], std: Sequence[float], out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """0..255 values ``[..., 3, H, W]`` (uint8, or float32: then in place, or into ``out``) ->
+    float32 ``(x / 255 - mean) / std``, torchvision's ``normalize`` after ``/255`` up to float
+    rounding, as one scale and one shift per channel with Python scalars (nothing copied to a
+    device). One function for training views (the batched colour step), the reference and
+    evaluation; ``out`` (float32, ``x``'s shape) saves a loader worker a copy of the view."""
     x = x.to(torch.float32)
+    if out is None:
+        out = x
     for c, (m, s) in enumerate(zip(mean, std)):
-        x[..., c, :, :].mul_(1 / (255 * s)).sub_(m / s)
-    return x
+        torch.mul(x[..., c, :, :], 1 / (255 * s), out=out[..., c, :, :]).sub_(m / s)
+    return out
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ from .cpu_kernels import Kernels
 
 Op = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 JITTER_KEYS = ("brightness", "contrast", "saturation", "hue")  # jitter_order indexes these
+HUE = JITTER_KEYS.index("hue")
 TINY = 1e-30  # stands in for a zero divisor whose numerator is zero as well
 NEGLIGIBLE_TAP = 1e-8  # blur weights below this are left out on the CPU (gaussian_blur)
 
@@ -385,22 +386,28 @@ def _colour_per_view(x: torch.Tensor, params: dict[str, torch.Tensor], aug: View
     """One view at a time; on the CPU the hue and the blur by the C kernels (:mod:`.cpu_kernels`)
     where they could be built: one pass over the view instead of dozens, the same pixels."""
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    order, gray, sigma, sol = (params[k].tolist() for k in ("jitter_order", "grayscale", "blur_sigma", "solarize"))
     native = cpu_kernels.kernels() if x.device.type == "cpu" else None
-    ops = JITTER_OPS if native is None else tuple(native.hue if op is hue else op for op in JITTER_OPS)
     for i in range(x.shape[0]):
-        v = x[i : i + 1].to(torch.float32)
-        for op_idx in order[i]:
-            if op_idx >= 0:
-                v = ops[op_idx](v, params[JITTER_KEYS[op_idx]][i : i + 1])
-        if gray[i]:
-            v = grayscale(v)
-        if sigma[i] > 0:
-            v = _blur(v, params["blur_sigma"][i : i + 1], aug, sync_free=False, native=native)
-        if sol[i]:
-            v = solarize(v)
-        out[i : i + 1] = v
+        out[i : i + 1] = _colour_view(x[i : i + 1], {k: v[i : i + 1] for k, v in params.items()}, aug, native)
     return out
+
+
+def _colour_view(
+    x: torch.Tensor, params: dict[str, torch.Tensor], aug: ViewAug, native: Kernels | None
+) -> torch.Tensor:
+    """The ops one view ``x`` (``[1, 3, H, W]``, uint8) drew, in its order, with plain Python control
+    flow: float32 ``[1, 3, H, W]`` with integer values 0..255 (``native``: the C hue and blur)."""
+    order, gray, sigma, sol = (params[k][0].tolist() for k in ("jitter_order", "grayscale", "blur_sigma", "solarize"))
+    v = x.to(torch.float32)
+    for op_idx in order:
+        if op_idx >= 0:
+            op = native.hue if native is not None and op_idx == HUE else JITTER_OPS[op_idx]
+            v = op(v, params[JITTER_KEYS[op_idx]])
+    if gray:
+        v = grayscale(v)
+    if sigma > 0:
+        v = _blur(v, params["blur_sigma"], aug, sync_free=False, native=native)
+    return solarize(v) if sol else v
 
 
 def _colour_masked(x: torch.Tensor, params: dict[str, torch.Tensor], aug: ViewAug) -> torch.Tensor:
@@ -444,3 +451,22 @@ def finish_views(
         for i, part in zip(idx, y.chunk(len(idx))):
             out[i] = part
     return out  # type: ignore[return-value]
+
+
+def finish_image_into(
+    views: Sequence[torch.Tensor],
+    params: dict[str, torch.Tensor],
+    augs: Sequence[ViewAug],
+    out: Sequence[torch.Tensor],
+) -> None:
+    """Colour + normalise one image's N uint8 views ``[3, S_i, S_i]`` on the CPU straight into
+    ``out[i]`` (float32 ``[3, S_i, S_i]``: its rows of the batch a loader worker hands on, already
+    in shared memory), ``params`` ``{name: [N, ...]}``. The pixels of :func:`finish_views`,
+    without its per-group batch, the normalisation's second pass and the collate step's copy of
+    every float view (:class:`.items.FinishedViews`)."""
+    if not len(views) == len(augs) == len(out):
+        raise ValueError(f"{len(views)} views, {len(augs)} view augmentations and {len(out)} outputs")
+    native = cpu_kernels.kernels()
+    for i, (x, aug, dst) in enumerate(zip(views, augs, out)):
+        v = _colour_view(x[None], {k: p[i : i + 1] for k, p in params.items()}, aug, native)
+        normalize(v[0], aug.mean, aug.std, out=dst)

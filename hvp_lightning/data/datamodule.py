@@ -18,7 +18,7 @@ from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
 from .datasets import ImageFiles, SafeImageFolder, ShardImages, transfer_splits
 from .iou_policy import IoUPolicy, IoUPolicyViews
-from .items import EvalDataset, FinishedViews, MultiViewDataset
+from .items import EvalDataset, FinishedViews, MultiViewDataset, collate
 from .layout import split_dir, training_images
 from .resident import IndexDataset, ResidentImages, stack_images
 from .sampler import EpochSampler, ResumableLoader
@@ -301,7 +301,7 @@ class SSLDataModule(L.LightningDataModule):
         if self.resume_position:  # the first loader of a resumed fit starts where the checkpoint stood
             sampler.resume_at(*self.resume_position)
             self.resume_position = None
-        return ResumableLoader(ds, sampler, self.trained_position, drop_last=True, **options)
+        return ResumableLoader(ds, sampler, self.trained_position, drop_last=True, collate_fn=collate, **options)
 
     def val_dataloader(self) -> list[DataLoader]:
         """The evaluation loaders (:func:`eval_roles`), the same objects on every call for this rank,

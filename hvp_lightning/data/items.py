@@ -3,13 +3,15 @@ so that the loader workers' fork server need not import Lightning (:mod:`.worker
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from torch.utils.data import Dataset, Subset
+import torch
+from torch.utils.data import Dataset, Subset, default_collate, get_worker_info
 
 from . import cpu_kernels
 from .augment import EvalTransform, MultiViewTransform, ViewAug
-from .batched import finish_views
+from .batched import finish_image_into
 
 
 def unpack_item(item: tuple) -> tuple[Any, int, str]:
@@ -68,11 +70,11 @@ class EvalDataset(Dataset):
 
 class FinishedViews(Dataset):
     """Training items whose views are coloured and normalised in the loader worker right after
-    their crops (CPU training): :func:`.batched.finish_views` on one image's views, whose
-    float images the collate step then stacks straight into shared memory (colouring the
-    collated batch instead costs one more copy of every float view on its way to the
-    training process). Made in the main process, it builds the colour step's C kernels there
-    (:func:`.cpu_kernels.kernels`, once: later only loaded), so the workers only load them."""
+    their crops (CPU training). A batch (:meth:`__getitems__`) is made whole here: every image's
+    float views are written straight into the batch's tensors, in shared memory inside a worker
+    (:func:`.batched.finish_image_into`), so :func:`collate` passes them on instead of copying
+    every float view once more. Made in the main process, it builds the colour step's C kernels
+    there (:func:`.cpu_kernels.kernels`, once: later only loaded), so the workers only load them."""
 
     def __init__(self, items: MultiViewDataset, augs: tuple[ViewAug, ...]) -> None:
         self.items, self.augs = items, augs
@@ -82,13 +84,36 @@ class FinishedViews(Dataset):
         return len(self.items)
 
     def __getitem__(self, key: tuple[int, int] | int) -> dict[str, Any]:
-        return self._finish(self.items[key])
+        item = self.items[key]
+        views = [torch.empty(v.shape, dtype=torch.float32) for v in item["views"]]
+        finish_image_into(item["views"], item["params"], self.augs, views)
+        return dict(item, views=views)
 
-    def __getitems__(self, keys: list) -> list[dict[str, Any]]:
-        return [self._finish(item) for item in self.items.__getitems__(keys)]
+    def __getitems__(self, keys: list) -> Batch:
+        items = self.items.__getitems__(keys)
+        views = [batch_tensor((len(items), *v.shape)) for v in items[0]["views"]]
+        for b, item in enumerate(items):
+            finish_image_into(item["views"], item["params"], self.augs, [v[b] for v in views])
+        rest = default_collate([{k: v for k, v in item.items() if k != "views"} for item in items])
+        return Batch(views=views, **rest)
 
-    def _finish(self, item: dict[str, Any]) -> dict[str, Any]:
-        views = finish_views(
-            [v[None] for v in item["views"]], {k: v[None] for k, v in item["params"].items()}, self.augs
-        )
-        return dict(item, views=[v[0] for v in views])
+
+class Batch(dict):
+    """A batch that a dataset's ``__getitems__`` made whole (:class:`FinishedViews`): :func:`collate`
+    hands it on as it is."""
+
+
+def collate(items: list[dict[str, Any]] | Batch) -> dict[str, Any]:
+    """The training loader's collate step: ``default_collate``, except for a :class:`Batch`."""
+    return dict(items) if isinstance(items, Batch) else default_collate(items)
+
+
+def batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
+    """An uninitialised float32 tensor for a batch: in shared memory inside a loader worker (as
+    ``default_collate`` allocates its output there), so sending it to the training process
+    copies nothing; a plain one in the main process."""
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.float32)
+    numel = math.prod(shape)
+    storage = torch.UntypedStorage._new_shared(numel * 4)  # noqa: SLF001 -- as default_collate: no copy
+    return torch.empty(0, dtype=torch.float32).set_(storage, 0, shape)

@@ -294,6 +294,31 @@ def test_datamodule_colours_views_after_transfer_or_in_the_workers(cfg_factory) 
     assert cpu.on_after_batch_transfer(in_workers, 0)["views"] is in_workers["views"]
 
 
+@pytest.mark.parametrize("aug", BLURS.values(), ids=BLURS.keys())
+def test_worker_made_batches_equal_the_colour_step_after_transfer(cfg_factory, aug: ViewAug) -> None:
+    """CPU training: two loader workers write every image's coloured views straight into the
+    batch's shared-memory tensors (no collate copy). The batch must be the one the accelerator
+    path makes from the uint8 crops -- the same pixels, parameters, labels and indices -- for
+    every blur kind and with views of two sizes (DINO's globals and locals)."""
+    cfg = cfg_factory("+hvp=on", "hvp.num_views=3")
+    augs = (aug, dataclasses.replace(aug, size=12), aug)
+    crops = SSLDataModule(cfg.data, augs, batch_size=8, num_workers=0, colour_in_workers=False)
+    in_workers = SSLDataModule(cfg.data, augs, batch_size=8, num_workers=2, wait_s=120)
+    crops.setup("fit")
+    in_workers.setup("fit")
+    uint8 = list(crops.train_dataloader())[:2]
+    made = list(in_workers.train_dataloader())[:2]
+    for raw, got in zip(uint8, made):
+        want = finish_batch(raw, augs)
+        assert [v.shape for v in got["views"]] == [(8, 3, 24, 24), (8, 3, 12, 12), (8, 3, 24, 24)]
+        assert all(v.is_shared() and v.dtype == torch.float32 for v in got["views"])
+        assert all(torch.equal(a, b) for a, b in zip(got["views"], want["views"]))
+        assert got.keys() == want.keys() and isinstance(got, dict) and type(got) is dict
+        assert all(torch.equal(got["params"][k], want["params"][k]) for k in want["params"])
+        assert torch.equal(got["label"], want["label"]) and torch.equal(got["index"], want["index"])
+        assert got["bad_file"] == want["bad_file"]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("aug", BLURS.values(), ids=BLURS.keys())

@@ -93,12 +93,13 @@ def main() -> None:
         unblurred = [
             dict(it, params=dict(it["params"], blur_sigma=torch.zeros_like(it["params"]["blur_sigma"]))) for it in items
         ]
-        ops = batched.JITTER_OPS
+        ops, native_ops = batched.JITTER_OPS, batched.native_jitter_ops
         batched.JITTER_OPS = (*ops[:3], lambda x, shift: x)
+        batched.native_jitter_ops = lambda native, npix: (*native_ops(native, npix)[:3], lambda x, shift: x)
         try:
             return colour(batched, unblurred)
         finally:
-            batched.JITTER_OPS = ops
+            batched.JITTER_OPS, batched.native_jitter_ops = ops, native_ops
 
     base = load_batched(args.baseline) if args.baseline else None
     first = crops(0)  # also warms every arm up

@@ -372,12 +372,14 @@ def _blur(
     the same pixels."""
     if aug.blur_kind == "pil" and sync_free:
         return pil_blur(x, sigma, pil_max_radius(aug.blur_sigma[1]))
+    if aug.blur_kind == "pil" and native is not None:
+        return native.pil_blur(x, *native.pil_box(float(sigma)), out=x)
     if aug.blur_kind == "pil":
         r, ww, fw = (int(b[0]) for b in pil_box(sigma))
-        return pil_blur_view(x, r, ww, fw) if native is None else native.pil_blur(x, r, ww, fw)
+        return pil_blur_view(x, r, ww, fw)
     if aug.blur_kind == "torchvision9":  # one view: torchvision's call on float, without its uint8 round trips
         if native is not None and native_conv_is_torchs(native, x.shape[2], x.shape[3], aug.blur_kernel):
-            return native.conv_reflect(x, torchvision_weights(sigma, aug.blur_kernel)[0]).round_()
+            return native.conv_reflect(x, torchvision_weights(sigma, aug.blur_kernel)[0], out=x).round_()
         return torchvision_blur(x, sigma, aug.blur_kernel)
     return gaussian_blur(x, sigma, aug.blur_kernel, trim=not sync_free)
 
@@ -396,18 +398,62 @@ def _colour_view(
     x: torch.Tensor, params: dict[str, torch.Tensor], aug: ViewAug, native: Kernels | None
 ) -> torch.Tensor:
     """The ops one view ``x`` (``[1, 3, H, W]``, uint8) drew, in its order, with plain Python control
-    flow: float32 ``[1, 3, H, W]`` with integer values 0..255 (``native``: the C hue and blur)."""
+    flow: float32 ``[1, 3, H, W]`` with integer values 0..255. With ``native``, the hue and the blur
+    by its C kernels, and the other ops too, in place, where they give this process's torch bits
+    (:func:`native_colour_is_torchs`)."""
     order, gray, sigma, sol = (params[k][0].tolist() for k in ("jitter_order", "grayscale", "blur_sigma", "solarize"))
-    v = x.to(torch.float32)
+    v = x.to(torch.float32, memory_format=torch.contiguous_format, copy=True)  # its own buffer, for the C kernels
+    in_place = native is not None and native_colour_is_torchs(native)
+    if native is None:
+        ops = JITTER_OPS
+    elif in_place:
+        ops = native_jitter_ops(native, v.shape[2] * v.shape[3])
+    else:
+        ops = (*JITTER_OPS[:HUE], native.hue_)
     for op_idx in order:
         if op_idx >= 0:
-            op = native.hue if native is not None and op_idx == HUE else JITTER_OPS[op_idx]
-            v = op(v, params[JITTER_KEYS[op_idx]])
+            v = ops[op_idx](v, params[JITTER_KEYS[op_idx]])
     if gray:
-        v = grayscale(v)
+        v = native.grayscale_(v) if in_place else grayscale(v)  # type: ignore[union-attr]
     if sigma > 0:
         v = _blur(v, params["blur_sigma"], aug, sync_free=False, native=native)
-    return solarize(v) if sol else v
+    if sol:
+        v = native.solarize_(v) if in_place else solarize(v)  # type: ignore[union-attr]
+    return v
+
+
+def native_jitter_ops(native: Kernels, npix: int) -> tuple[Op, ...]:
+    """:data:`JITTER_OPS` as the C kernels in place (the contrast where its mean is exact)."""
+    return (
+        native.brightness_,
+        native.contrast_ if npix <= cpu_kernels.CONTRAST_MAX_PIXELS else contrast,
+        native.saturation_,
+        native.hue_,
+    )
+
+
+@functools.cache
+def native_colour_is_torchs(native: Kernels) -> bool:
+    """Whether the C brightness, contrast, saturation, grayscale, solarize and normalisation give
+    this process's torch ops bit for bit: their blends are one fused multiply-add as torch's
+    vectorised CPU kernels compute them on x86 with FMA; a torch build or CPU that rounds the
+    product first differs on ~1/6 of the pixels. Compared on a noise image of 37 x 41 pixels (its
+    odd length takes torch's vector loop and its scalar tail) at 40 factors, once per process;
+    where any differs, the torch ops run (the same views, slower)."""
+    x = torch.randint(0, 256, (1, 3, 37, 41), generator=torch.Generator().manual_seed(0)).to(torch.float32)
+    drawn = torch.rand(35, generator=torch.Generator().manual_seed(1)) * 2
+    factors = torch.cat([torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0]), drawn])
+    for f in factors.view(-1, 1):
+        for torch_op, c_op in zip(JITTER_OPS[:HUE], native_jitter_ops(native, 37 * 41)[:HUE]):
+            if not torch.equal(c_op(x.clone(), f), torch_op(x, f)):
+                return False
+    for torch_op, c_op in ((grayscale, native.grayscale_), (solarize, native.solarize_)):
+        if not torch.equal(c_op(x.clone()), torch_op(x)):
+            return False
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    out = torch.empty_like(x)
+    native.normalize(x, mean, std, out)
+    return torch.equal(out, normalize(x.clone(), mean, std))
 
 
 def _colour_masked(x: torch.Tensor, params: dict[str, torch.Tensor], aug: ViewAug) -> torch.Tensor:
@@ -467,6 +513,10 @@ def finish_image_into(
     if not len(views) == len(augs) == len(out):
         raise ValueError(f"{len(views)} views, {len(augs)} view augmentations and {len(out)} outputs")
     native = cpu_kernels.kernels()
+    in_c = native is not None and native_colour_is_torchs(native)
     for i, (x, aug, dst) in enumerate(zip(views, augs, out)):
         v = _colour_view(x[None], {k: p[i : i + 1] for k, p in params.items()}, aug, native)
-        normalize(v[0], aug.mean, aug.std, out=dst)
+        if in_c and dst.is_contiguous():
+            native.normalize(v, aug.mean, aug.std, dst)  # type: ignore[union-attr]
+        else:
+            normalize(v[0], aug.mean, aug.std, out=dst)

@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -224,18 +225,109 @@ CLONES int hvp_conv_reflect(const float *x, float *out, long planes, long h, lon
     free(pad), free(acc);
     return ok ? 0 : -1;
 }
+
+/* The jitter's other ops, grayscale, solarize and normalisation on one image (planes r, g, b of
+   npix floats holding integers 0..255), in place, as batched.py's torch ops compute them here:
+   products and sums of float32 rounded once each; torch's add with alpha and its addcmul as
+   one fused multiply-add (fmaf), which is what its vectorised CPU kernels do on x86 with FMA.
+   batched.native_colour_is_torchs checks that against this process's torch before use. */
+INLINE float trunc255(float v) {
+    v = v < 0.0f ? 0.0f : v;
+    v = v > 255.0f ? 255.0f : v;
+    return floorf(v); /* not floor_small: its int conversion after the clamps stops GCC 12 vectorising */
+}
+
+/* floor(r * 0.2989 + g * 0.587 + b * 0.114), torchvision's weights and order (batched._luma). */
+INLINE float luma_floor(float r, float g, float b) {
+    return floorf(fmaf(b, 0.114f, fmaf(g, 0.587f, r * 0.2989f)));
+}
+
+/* batched._blend: x * f + other * (1 - f), truncated to 0..255. */
+INLINE float blend(float x, float other, float f, float omf) { return trunc255(fmaf(other, omf, x * f)); }
+
+CLONES void hvp_brightness(float *x, long n, float f) {
+    for (long i = 0; i < n; i++) x[i] = trunc255(x[i] * f);
+}
+
+/* The mean of the floored luma is its integer sum over npix (exact in float32 too while
+   npix * 255 < 2^24: the caller's condition) divided by npix in float32, as torch's mean. */
+CLONES void hvp_contrast(float *x, long npix, float f) {
+    const float *r = x, *g = x + npix, *b = x + 2 * npix;
+    int32_t sum = 0; /* < 2^24 */
+    for (long i = 0; i < npix; i++) sum += (int32_t)luma_floor(r[i], g[i], b[i]);
+    const float mean = (float)sum / (float)npix, omf = 1.0f - f;
+    for (long i = 0; i < 3 * npix; i++) x[i] = blend(x[i], mean, f, omf);
+}
+
+CLONES void hvp_saturation(float *x, long npix, float f) {
+    float *r = x, *g = x + npix, *b = x + 2 * npix;
+    const float omf = 1.0f - f;
+    for (long i = 0; i < npix; i++) {
+        float l = luma_floor(r[i], g[i], b[i]);
+        r[i] = blend(r[i], l, f, omf);
+        g[i] = blend(g[i], l, f, omf);
+        b[i] = blend(b[i], l, f, omf);
+    }
+}
+
+CLONES void hvp_grayscale(float *x, long npix) {
+    float *r = x, *g = x + npix, *b = x + 2 * npix;
+    for (long i = 0; i < npix; i++) r[i] = g[i] = b[i] = luma_floor(r[i], g[i], b[i]);
+}
+
+CLONES void hvp_solarize(float *x, long n) {
+    for (long i = 0; i < n; i++) x[i] = x[i] >= 128.0f ? 255.0f - x[i] : x[i];
+}
+
+/* augment.normalize: x * scale_c, then minus shift_c, two float32 roundings (not fused). */
+CLONES void hvp_normalize(const float *x, float *out, long npix, float s0, float s1, float s2, float h0, float h1,
+                          float h2) {
+    const float scale[3] = {s0, s1, s2}, shift[3] = {h0, h1, h2};
+    for (long c = 0; c < 3; c++) {
+        const float *src = x + c * npix;
+        float *dst = out + c * npix;
+        for (long i = 0; i < npix; i++) {
+            float v = src[i] * scale[c];
+            dst[i] = v - shift[c];
+        }
+    }
+}
+
+/* batched.pil_box for one sigma: Pillow's _gaussian_blur_radius and box weights, its float32
+   and float64 steps in its order. */
+void hvp_pil_box(float sigma, long *box) {
+    float sigma2 = sigma * sigma / 3.0f;
+    float big_l = (float)sqrt((double)sigma2 * 12.0 + 1.0);
+    float small_l = (float)floor(((double)big_l - 1.0) * 0.5);
+    float a = (small_l * 2.0f + 1.0f) * (small_l * (small_l + 1.0f) - sigma2 * 3.0f);
+    a = a / ((sigma2 - (small_l + 1.0f) * (small_l + 1.0f)) * 6.0f);
+    float radius = small_l + a;
+    long r = (long)radius, ww = (long)(16777216.0f / (radius * 2.0f + 1.0f));
+    box[0] = r, box[1] = ww, box[2] = (16777216L - (2 * r + 1) * ww) / 2;
+}
 """
 
 
 class Kernels:
-    """The loaded library's functions on contiguous CPU float32 tensors ``[n, C, H, W]``."""
+    """The loaded library's functions on contiguous CPU float32 tensors ``[n, C, H, W]`` (the
+    jitter's other ops, grayscale, solarize and normalisation: one image ``[1, 3, H, W]``, in place)."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        ptr, long = ctypes.c_void_p, ctypes.c_long
+        ptr, long, flt = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
         self._hue, self._pil_blur, self._conv = lib.hvp_hue, lib.hvp_pil_blur, lib.hvp_conv_reflect
-        self._hue.argtypes, self._hue.restype = [ptr, ptr, long, ctypes.c_float], None
+        self._hue.argtypes, self._hue.restype = [ptr, ptr, long, flt], None
         self._pil_blur.argtypes, self._pil_blur.restype = [ptr, ptr, long, long, long, long, long, long], ctypes.c_int
         self._conv.argtypes, self._conv.restype = [ptr, ptr, long, long, long, ptr, long], ctypes.c_int
+        self._pointwise = {name: getattr(lib, f"hvp_{name}") for name in ("brightness", "contrast", "saturation")}
+        for fn in self._pointwise.values():
+            fn.argtypes, fn.restype = [ptr, long, flt], None
+        self._grayscale, self._solarize = lib.hvp_grayscale, lib.hvp_solarize
+        for fn in (self._grayscale, self._solarize):
+            fn.argtypes, fn.restype = [ptr, long], None
+        self._normalize = lib.hvp_normalize
+        self._normalize.argtypes, self._normalize.restype = [ptr, ptr, long, *[flt] * 6], None
+        self._pil_box = lib.hvp_pil_box
+        self._pil_box.argtypes, self._pil_box.restype = [flt, ctypes.POINTER(long)], None
 
     def hue(self, x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
         """:func:`.batched.hue` (``shift`` ``[n]``, turns), the same bits."""
@@ -248,27 +340,89 @@ class Kernels:
             self._hue(x[i].data_ptr(), out[i].data_ptr(), npix, s)
         return out
 
-    def pil_blur(self, x: torch.Tensor, r: int, ww: int, fw: int) -> torch.Tensor:
-        """:func:`.batched.pil_blur_view` with PIL's box ``r, ww, fw`` (:func:`.batched.pil_box`)."""
+    def hue_(self, x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+        """:meth:`hue` of one image in place (each pixel is read whole before it is written)."""
+        self._hue(_image(x).data_ptr(), x.data_ptr(), x.shape[2] * x.shape[3], float(shift))
+        return x
+
+    def brightness_(self, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        """:func:`.batched.brightness` of one image in place (``f``: its one factor)."""
+        self._pointwise["brightness"](_image(x).data_ptr(), x.numel(), float(f))
+        return x
+
+    def contrast_(self, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        """:func:`.batched.contrast` of one image in place; its mean is exact below 2^24 / 255
+        pixels (:data:`CONTRAST_MAX_PIXELS`), where the caller uses it."""
+        if x.shape[2] * x.shape[3] > CONTRAST_MAX_PIXELS:
+            raise ValueError(f"the C contrast takes at most {CONTRAST_MAX_PIXELS} pixels, got {tuple(x.shape)}")
+        self._pointwise["contrast"](_image(x).data_ptr(), x.shape[2] * x.shape[3], float(f))
+        return x
+
+    def saturation_(self, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        """:func:`.batched.saturation` of one image in place."""
+        self._pointwise["saturation"](_image(x).data_ptr(), x.shape[2] * x.shape[3], float(f))
+        return x
+
+    def grayscale_(self, x: torch.Tensor) -> torch.Tensor:
+        """:func:`.batched.grayscale` of one image in place."""
+        self._grayscale(_image(x).data_ptr(), x.shape[2] * x.shape[3])
+        return x
+
+    def solarize_(self, x: torch.Tensor) -> torch.Tensor:
+        """:func:`.batched.solarize` of one image in place."""
+        self._solarize(_image(x).data_ptr(), x.numel())
+        return x
+
+    def normalize(self, x: torch.Tensor, mean: Sequence[float], std: Sequence[float], out: torch.Tensor) -> None:
+        """:func:`.augment.normalize` of one image into ``out`` (contiguous float32, its size): its
+        scales ``1 / (255 s)`` and shifts ``m / s`` rounded to float32 as torch does with them."""
+        if not (out.is_contiguous() and out.dtype == torch.float32 and out.numel() == x.numel()):
+            raise ValueError(f"normalize needs a contiguous float32 output of {x.numel()} values")
+        scales = [1 / (255 * s) for s in std]
+        shifts = [m / s for m, s in zip(mean, std)]
+        self._normalize(_image(x).data_ptr(), out.data_ptr(), x.shape[2] * x.shape[3], *scales, *shifts)
+
+    def pil_box(self, sigma: float) -> tuple[int, int, int]:
+        """:func:`.batched.pil_box` of one sigma, on the host: ``(r, ww, fw)``."""
+        box = (ctypes.c_long * 3)()
+        self._pil_box(sigma, box)
+        return box[0], box[1], box[2]
+
+    def pil_blur(self, x: torch.Tensor, r: int, ww: int, fw: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """:func:`.batched.pil_blur_view` with PIL's box ``r, ww, fw`` (:meth:`pil_box`); ``out``
+        may be ``x`` (the image is read whole first)."""
         x = _checked(x)
-        out = torch.empty_like(x)
+        out = torch.empty_like(x) if out is None else _image(out)
         n, c, h, w = x.shape
         if self._pil_blur(x.data_ptr(), out.data_ptr(), n * c, h, w, r, ww, fw):
             raise MemoryError("hvp_pil_blur: out of memory")
         return out
 
-    def conv_reflect(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def conv_reflect(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """``conv2d`` of every plane with one ``[k, k]`` kernel after reflect padding by ``k // 2``,
-        unrounded, summed in oneDNN's order (module docstring)."""
+        unrounded, summed in oneDNN's order (module docstring); ``out`` may be ``x`` (each plane
+        is padded into a buffer of its own first)."""
         x, weight = _checked(x), weight.to(torch.float32).contiguous()
         n, c, h, w = x.shape
         k = weight.shape[-1]
         if k // 2 >= min(h, w):
             raise ValueError(f"a {k} px kernel's reflect padding needs images over {k // 2} px, got {h}x{w}")
-        out = torch.empty_like(x)
+        out = torch.empty_like(x) if out is None else _image(out)
         if self._conv(x.data_ptr(), out.data_ptr(), n * c, h, w, weight.data_ptr(), k):
             raise MemoryError("hvp_conv_reflect: out of memory")
         return out
+
+
+CONTRAST_MAX_PIXELS = (2**24 - 1) // 255  # floored luma sums up to 255 per pixel stay exact in float32
+
+
+def _image(x: torch.Tensor) -> torch.Tensor:
+    """``x`` must be one contiguous CPU float32 image ``[1, 3, H, W]`` (the in-place kernels)."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.shape[:2] != (1, 3) or not x.is_contiguous():
+        raise ValueError(
+            f"in-place C kernels take one contiguous CPU float32 [1, 3, H, W] image, got {x.dtype} {tuple(x.shape)}"
+        )
+    return x
 
 
 def _checked(x: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from hvp_lightning.data import batched, cpu_kernels
-from hvp_lightning.data.augment import ViewAug, crop_flip, pil_gaussian_blur, sample_params
+from hvp_lightning.data.augment import ViewAug, crop_flip, normalize, pil_gaussian_blur, sample_params
 from hvp_lightning.data.batched import colour, hue, pil_blur_view, pil_box, torchvision_blur
 from hvp_lightning.data.seeds import view_key
 
@@ -123,6 +123,88 @@ def test_conv_that_sums_otherwise_is_not_used(native, monkeypatch) -> None:
     eager = colour(crops, params, aug, sync_free=False)
     monkeypatch.setattr(cpu_kernels, "kernels", lambda: other)
     assert torch.equal(colour(crops, params, aug, sync_free=False), eager) and (params["blur_sigma"] > 0).any()
+
+
+JITTER = {"brightness": batched.brightness, "contrast": batched.contrast, "saturation": batched.saturation}
+
+
+def test_jitter_grayscale_solarize_and_normalisation_are_the_eager_ops(native) -> None:
+    """The in-place C ops against the torch ops they replace, at DINO's global and local sizes,
+    odd ones (torch's scalar tails) and one pixel, factors across and past the presets' ranges:
+    every float32 bit equal; the probe agrees on this machine."""
+    g = torch.Generator().manual_seed(0)
+    factors = torch.cat([torch.tensor([0.0, 1.0, 2.0, 1e-7, 0.6 - 2.0**-24]), torch.rand(24, generator=g) * 2])
+    for h, w in ((224, 224), (96, 96), (37, 41), (3, 5), (1, 1)):
+        x = torch.randint(0, 256, (1, 3, h, w), generator=g).float()
+        for f in factors.view(-1, 1):
+            for name, op in JITTER.items():
+                got = getattr(native, f"{name}_")(x.clone(), f)
+                assert torch.equal(_bits(got), _bits(op(x, f))), (name, h, w, float(f))
+        assert torch.equal(native.grayscale_(x.clone()), batched.grayscale(x))
+        assert torch.equal(native.solarize_(x.clone()), batched.solarize(x))
+        for mean, std in (
+            ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+            ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
+        ):
+            out = torch.empty_like(x)
+            native.normalize(x, mean, std, out)
+            assert torch.equal(_bits(out), _bits(normalize(x.clone(), mean, std))), (h, w, mean)
+    assert batched.native_colour_is_torchs(native)
+
+
+def test_luma_ops_on_every_colour(native) -> None:
+    """Saturation and grayscale floor the luma, a fused sum of three products: all 2^24 colours
+    (one 4096 x 4096 image) at two factors give torch's bits. The contrast's mean is exact only
+    below 2^24 / 255 pixels: past that the C contrast refuses and the CPU path keeps torch's."""
+    x = torch.arange(2**24, dtype=torch.int32)
+    x = torch.stack([x >> 16, (x >> 8) & 255, x & 255]).float().view(1, 3, 4096, 4096)
+    assert torch.equal(native.grayscale_(x.clone()), batched.grayscale(x))
+    for f in (0.35, 1.6180339):
+        fac = torch.tensor([f])
+        assert torch.equal(native.saturation_(x.clone(), fac), batched.saturation(x, fac)), f
+    with pytest.raises(ValueError, match="at most 65793 pixels"):
+        native.contrast_(x[:, :, :257, :257].contiguous(), torch.tensor([1.2]))
+    assert batched.native_jitter_ops(native, 257 * 257)[1] is batched.contrast
+    assert batched.native_jitter_ops(native, 256 * 256)[1] == native.contrast_
+
+
+def test_pil_box_on_the_host_is_the_tensor_one(native) -> None:
+    """PIL's box for one sigma in C (per view, no tensor ops) equals :func:`.batched.pil_box` for
+    20,000 sigmas over the presets' range and past it."""
+    g = torch.Generator().manual_seed(0)
+    sigma = torch.cat(
+        [
+            torch.tensor([0.1, 2.0, 1e-3, 9.5]),
+            0.1 + 1.9 * torch.rand(16000, generator=g),
+            10 * torch.rand(3996, generator=g) + 1e-3,
+        ]
+    )
+    want = list(zip(*(b.tolist() for b in pil_box(sigma))))
+    assert [native.pil_box(s) for s in sigma.tolist()] == want
+
+
+def test_a_torch_that_rounds_its_blend_twice_keeps_the_torch_ops(native, monkeypatch) -> None:
+    """Where torch's blend is not one fused multiply-add (another CPU or torch build; here its
+    product rounded first), the probe says so and the per-view path runs the torch ops: the views
+    of the eager code, not the C kernels'."""
+
+    def blend_rounded_twice(x: torch.Tensor, other: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        f = f.view(-1, 1, 1, 1)
+        return (x * f + other * (1 - f)).clamp_(0, 255).floor_()
+
+    aug = BLURS["pil"]
+    crops, params = _views(aug, 48)
+    with_c = colour(crops, params, aug, sync_free=False)
+    monkeypatch.setattr(batched, "_blend", blend_rounded_twice)
+    batched.native_colour_is_torchs.cache_clear()
+    try:
+        assert not batched.native_colour_is_torchs(native)
+        got = colour(crops, params, aug, sync_free=False)
+        monkeypatch.setattr(cpu_kernels, "kernels", lambda: None)
+        eager = colour(crops, params, aug, sync_free=False)
+    finally:
+        batched.native_colour_is_torchs.cache_clear()
+    assert torch.equal(got, eager) and not torch.equal(got, with_c)
 
 
 def _views(aug: ViewAug, n: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -37,9 +37,9 @@ Which samples an op touches is chosen two ways, with the same op functions:
   control flow: each view runs only the ops it drew, on a 224 px image whose temporaries stay
   in cache. Per-view small elementwise passes cost ~5-20 us each there, while bool masks,
   ``where``, ``gather`` and dimension reductions such as ``aminmax`` cost 3-100x a plain
-  arithmetic pass; so the ops below are written with arithmetic only. The hue and the blur,
-  dozens of such passes, run there as C kernels with the same bits where a C compiler built
-  them (:mod:`.cpu_kernels`).
+  arithmetic pass; so the ops below are written with arithmetic only. There every op runs as
+  a C kernel with the same bits where a C compiler built them (:mod:`.cpu_kernels`; the hue and
+  the blur are dozens of such passes, the rest a few each), in place in the view's buffer.
 * on an accelerator (``sync_free=True``), every op runs on the whole batch and ``torch.where``
   keeps its result for the samples that drew it: no ``nonzero``/``item`` host syncs, a fixed
   sequence of kernel launches (jitter costs 4 runs of each op, one per position in the order).
@@ -385,8 +385,8 @@ def _blur(
 
 
 def _colour_per_view(x: torch.Tensor, params: dict[str, torch.Tensor], aug: ViewAug) -> torch.Tensor:
-    """One view at a time; on the CPU the hue and the blur by the C kernels (:mod:`.cpu_kernels`)
-    where they could be built: one pass over the view instead of dozens, the same pixels."""
+    """One view at a time; on the CPU by the C kernels (:mod:`.cpu_kernels`) where they could be
+    built: one pass over the view for each op instead of several to dozens, the same pixels."""
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     native = cpu_kernels.kernels() if x.device.type == "cpu" else None
     for i in range(x.shape[0]):

@@ -1,7 +1,8 @@
 """Plain-C kernels for the CPU per-view colour path: the hue rotation, PIL's box blur and the
 9 px blur's convolution, one pass over a view each instead of ~100 (hue) or dozens (blur) of
 eager torch passes whose temporaries spill out of the cache (benchmarks/RESULTS.md, issue 40
-item 9). They give the views the eager code gives, bit for bit:
+item 9), and the other jitter ops, grayscale, solarize and normalisation in place, one pass each.
+They give the views the eager code gives, bit for bit:
 
 * the hue does :func:`.batched.hue`'s float32 adds, multiplies, divisions and floors in its
   order, one rounding each: compiled with ``-ffp-contract=off -fno-fast-math`` nothing is fused
@@ -10,7 +11,10 @@ item 9). They give the views the eager code gives, bit for bit:
 * the 9 px convolution sums its taps as ``fmaf`` from zero, kernel rows outer, columns inner:
   the order of oneDNN's depthwise kernel that torch's ``conv2d`` runs on x86 with FMA (AVX2,
   AVX-512). Another torch build or CPU may sum otherwise, so :mod:`.batched` uses it only where
-  it reproduces this process's ``conv2d`` sums on a probe image of the view's size.
+  it reproduces this process's ``conv2d`` sums on a probe image of the view's size;
+* the jitter's blends and the luma are fused multiply-adds (``fmaf``) where torch's vectorised
+  kernels fuse them (x86 with FMA); :func:`.batched.native_colour_is_torchs` checks that once per
+  process, else the torch ops run.
 
 The source is compiled at first use with the system C compiler (``cc``) into a shared object
 under the user's cache directory, named by the hash of the source, flags and platform, and

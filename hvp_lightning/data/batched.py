@@ -369,7 +369,7 @@ def _blur(
     """``aug``'s blur of a batch (``sync_free``) or of one view on the CPU: there PIL's box
     read on the host and its passes in integers, and the 9 px kernel's convolution, each by the
     ``native`` C kernels where given (the 9 px one where it sums as ``conv2d``), else in torch --
-    the same pixels."""
+    the same pixels. The C kernels blur ``x`` in place: it must be the caller's own buffer."""
     if aug.blur_kind == "pil" and sync_free:
         return pil_blur(x, sigma, pil_max_radius(aug.blur_sigma[1]))
     if aug.blur_kind == "pil" and native is not None:
@@ -432,15 +432,30 @@ def native_jitter_ops(native: Kernels, npix: int) -> tuple[Op, ...]:
     )
 
 
+# The colours whose floored luma depends on which of its two multiply-adds are fused (35 of the
+# 2^24; tests/data/test_cpu_kernels.py finds them again): a random probe image would miss them.
+LUMA_TELLTALES = (
+    (10, 61, 186), (10, 93, 30), (20, 114, 36), (20, 152, 7), (20, 186, 60), (30, 63, 18), (40, 228, 72),
+    (40, 244, 244), (40, 252, 80), (60, 126, 36), (70, 129, 161), (110, 111, 26), (120, 76, 180), (120, 114, 151),
+    (120, 252, 72), (130, 255, 197), (140, 160, 81), (140, 236, 23), (140, 252, 195), (170, 61, 170), (190, 59, 84),
+    (190, 137, 235), (190, 175, 206), (220, 222, 52), (230, 225, 177), (240, 222, 175), (250, 9, 228), (250, 17, 64),
+    (250, 47, 199), (250, 55, 35), (250, 95, 215), (250, 117, 14), (250, 133, 186), (250, 171, 157), (250, 247, 99),
+)  # fmt: skip
+
+
 @functools.cache
 def native_colour_is_torchs(native: Kernels) -> bool:
     """Whether the C brightness, contrast, saturation, grayscale, solarize and normalisation give
-    this process's torch ops bit for bit: their blends are one fused multiply-add as torch's
-    vectorised CPU kernels compute them on x86 with FMA; a torch build or CPU that rounds the
-    product first differs on ~1/6 of the pixels. Compared on a noise image of 37 x 41 pixels (its
-    odd length takes torch's vector loop and its scalar tail) at 40 factors, once per process;
-    where any differs, the torch ops run (the same views, slower)."""
+    this process's torch ops bit for bit. They assume what torch's vectorised CPU kernels do on
+    x86 with FMA: a blend (``addcmul``) and each step of the luma (``add`` with ``alpha``) is one
+    fused multiply-add, and ``mean`` divides the sum by the count. Checked once per process:
+    the ops on a noise image of 37 x 41 pixels (its odd length takes torch's vector loop and its
+    scalar tail; a blend rounded twice moves ~1/6 of its pixels) holding the
+    :data:`LUMA_TELLTALES`, at 40 factors; and ``mean`` on 64 planes of chosen integer sums at two
+    sizes (a multiplication by the reciprocal moves ~1/3 of such means). Where any differs, the
+    torch ops run (the same views, slower)."""
     x = torch.randint(0, 256, (1, 3, 37, 41), generator=torch.Generator().manual_seed(0)).to(torch.float32)
+    x.view(3, -1)[:, : len(LUMA_TELLTALES)] = torch.tensor(LUMA_TELLTALES, dtype=torch.float32).T
     drawn = torch.rand(35, generator=torch.Generator().manual_seed(1)) * 2
     factors = torch.cat([torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0]), drawn])
     for f in factors.view(-1, 1):
@@ -453,7 +468,16 @@ def native_colour_is_torchs(native: Kernels) -> bool:
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     out = torch.empty_like(x)
     native.normalize(x, mean, std, out)
-    return torch.equal(out, normalize(x.clone(), mean, std))
+    return torch.equal(out, normalize(x.clone(), mean, std)) and _mean_divides(37 * 41) and _mean_divides(224 * 224)
+
+
+def _mean_divides(npix: int) -> bool:
+    """Whether torch's ``mean`` of integer planes of ``npix`` values is their sum divided by
+    ``npix`` in float32, as the C contrast computes it, for 64 sums across the range."""
+    sums = torch.linspace(0, 255 * npix, 64, dtype=torch.float64).round().to(torch.int64)
+    planes = (sums[:, None] // npix + (torch.arange(npix) < sums[:, None] % npix)).to(torch.float32)
+    got = planes.view(64, 1, 1, npix).mean(dim=(1, 2, 3))
+    return torch.equal(got, sums.to(torch.float32) / torch.tensor(float(npix)))
 
 
 def _colour_masked(x: torch.Tensor, params: dict[str, torch.Tensor], aug: ViewAug) -> torch.Tensor:
@@ -516,7 +540,7 @@ def finish_image_into(
     in_c = native is not None and native_colour_is_torchs(native)
     for i, (x, aug, dst) in enumerate(zip(views, augs, out)):
         v = _colour_view(x[None], {k: p[i : i + 1] for k, p in params.items()}, aug, native)
-        if in_c and dst.is_contiguous():
+        if in_c:
             native.normalize(v, aug.mean, aug.std, dst)  # type: ignore[union-attr]
         else:
             normalize(v[0], aug.mean, aug.std, out=dst)

@@ -83,12 +83,11 @@ INLINE float place(float sector, float at, float above_min, float mn, float spre
     return (role * above_min + mn) + top * spread;
 }
 
-/* batched.hue on one image: planes r, g, b of npix floats holding integers 0..255. */
-CLONES void hvp_hue(const float *restrict x, float *restrict out, long npix, float shift) {
+/* batched.hue on one image in place: its planes r, g, b (disjoint) of npix floats holding
+   integers 0..255; each pixel is read whole before it is written. */
+CLONES void hvp_hue(float *restrict rp, float *restrict gp, float *restrict bp, long npix, float shift) {
     const float k255 = (float)(1.0 / 255), k6 = (float)(1.0 / 6.0), tiny = 1e-30f;
     const float scale = (float)(255 + 1.0 - 1e-3);
-    const float *rp = x, *gp = x + npix, *bp = x + 2 * npix;
-    float *ro = out, *go = out + npix, *bo = out + 2 * npix;
     for (long i = 0; i < npix; i++) {
         float r = rp[i], g = gp[i], b = bp[i];
         float mx = r > g ? r : g;
@@ -121,9 +120,9 @@ CLONES void hvp_hue(const float *restrict x, float *restrict out, long npix, flo
         float above_min = mid - mn;
         float spread = (mx - mn) - above_min * 2.0f;
         float o0 = place(sector, 2.5f, above_min, mn, spread), o1 = place(sector, 4.5f, above_min, mn, spread);
-        ro[i] = o0;
-        go[i] = o1;
-        bo[i] = ((mx + mid + mn) - o0) - o1;
+        rp[i] = o0;
+        gp[i] = o1;
+        bp[i] = ((mx + mid + mn) - o0) - o1;
     }
 }
 
@@ -264,7 +263,7 @@ CLONES void hvp_contrast(float *x, long npix, float f) {
 }
 
 CLONES void hvp_saturation(float *x, long npix, float f) {
-    float *r = x, *g = x + npix, *b = x + 2 * npix;
+    float *restrict r = x, *restrict g = x + npix, *restrict b = x + 2 * npix; /* disjoint planes */
     const float omf = 1.0f - f;
     for (long i = 0; i < npix; i++) {
         float l = luma_floor(r[i], g[i], b[i]);
@@ -275,7 +274,7 @@ CLONES void hvp_saturation(float *x, long npix, float f) {
 }
 
 CLONES void hvp_grayscale(float *x, long npix) {
-    float *r = x, *g = x + npix, *b = x + 2 * npix;
+    float *restrict r = x, *restrict g = x + npix, *restrict b = x + 2 * npix;
     for (long i = 0; i < npix; i++) r[i] = g[i] = b[i] = luma_floor(r[i], g[i], b[i]);
 }
 
@@ -319,7 +318,7 @@ class Kernels:
     def __init__(self, lib: ctypes.CDLL) -> None:
         ptr, long, flt = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
         self._hue, self._pil_blur, self._conv = lib.hvp_hue, lib.hvp_pil_blur, lib.hvp_conv_reflect
-        self._hue.argtypes, self._hue.restype = [ptr, ptr, long, flt], None
+        self._hue.argtypes, self._hue.restype = [ptr, ptr, ptr, long, flt], None
         self._pil_blur.argtypes, self._pil_blur.restype = [ptr, ptr, long, long, long, long, long, long], ctypes.c_int
         self._conv.argtypes, self._conv.restype = [ptr, ptr, long, long, long, ptr, long], ctypes.c_int
         self._pointwise = {name: getattr(lib, f"hvp_{name}") for name in ("brightness", "contrast", "saturation")}
@@ -338,15 +337,15 @@ class Kernels:
         x = _checked(x)
         if x.shape[1] != 3:
             raise ValueError(f"the hue rotates RGB images, got {x.shape[1]} channels")
-        out = torch.empty_like(x)
-        npix = x.shape[2] * x.shape[3]
+        out = x.clone()
         for i, s in enumerate(shift.to(torch.float32).tolist()):
-            self._hue(x[i].data_ptr(), out[i].data_ptr(), npix, s)
+            self.hue_(out[i : i + 1], torch.tensor(s))
         return out
 
     def hue_(self, x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-        """:meth:`hue` of one image in place (each pixel is read whole before it is written)."""
-        self._hue(_image(x).data_ptr(), x.data_ptr(), x.shape[2] * x.shape[3], float(shift))
+        """:meth:`hue` of one image in place."""
+        r, g, b = _image(x)[0]
+        self._hue(r.data_ptr(), g.data_ptr(), b.data_ptr(), r.numel(), float(shift))
         return x
 
     def brightness_(self, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
@@ -378,10 +377,14 @@ class Kernels:
         return x
 
     def normalize(self, x: torch.Tensor, mean: Sequence[float], std: Sequence[float], out: torch.Tensor) -> None:
-        """:func:`.augment.normalize` of one image into ``out`` (contiguous float32, its size): its
+        """:func:`.augment.normalize` of one image into ``out`` (contiguous CPU float32, its size): its
         scales ``1 / (255 s)`` and shifts ``m / s`` rounded to float32 as torch does with them."""
-        if not (out.is_contiguous() and out.dtype == torch.float32 and out.numel() == x.numel()):
-            raise ValueError(f"normalize needs a contiguous float32 output of {x.numel()} values")
+        fits = out.is_contiguous() and out.dtype == torch.float32 and out.numel() == x.numel()
+        if not (fits and out.device.type == "cpu"):
+            raise ValueError(
+                f"normalize writes into a contiguous CPU float32 tensor of {x.numel()} values, got {out.dtype} "
+                f"{tuple(out.shape)} on {out.device} (contiguous: {out.is_contiguous()})"
+            )
         scales = [1 / (255 * s) for s in std]
         shifts = [m / s for m, s in zip(mean, std)]
         self._normalize(_image(x).data_ptr(), out.data_ptr(), x.shape[2] * x.shape[3], *scales, *shifts)
@@ -424,7 +427,8 @@ def _image(x: torch.Tensor) -> torch.Tensor:
     """``x`` must be one contiguous CPU float32 image ``[1, 3, H, W]`` (the in-place kernels)."""
     if x.device.type != "cpu" or x.dtype != torch.float32 or x.shape[:2] != (1, 3) or not x.is_contiguous():
         raise ValueError(
-            f"in-place C kernels take one contiguous CPU float32 [1, 3, H, W] image, got {x.dtype} {tuple(x.shape)}"
+            f"in-place C kernels take one contiguous CPU float32 [1, 3, H, W] image, got {x.dtype} {tuple(x.shape)} "
+            f"on {x.device} (contiguous: {x.is_contiguous()})"
         )
     return x
 

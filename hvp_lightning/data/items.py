@@ -103,7 +103,7 @@ class Batch(dict):
     hands it on as it is."""
 
 
-def collate(items: list[dict[str, Any]] | Batch) -> dict[str, Any]:
+def collate(items: list[Any] | Batch) -> Any:
     """The training loader's collate step: ``default_collate``, except for a :class:`Batch`."""
     return dict(items) if isinstance(items, Batch) else default_collate(items)
 
@@ -114,6 +114,6 @@ def batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
     copies nothing; a plain one in the main process."""
     if get_worker_info() is None:
         return torch.empty(shape, dtype=torch.float32)
-    numel = math.prod(shape)
-    storage = torch.UntypedStorage._new_shared(numel * 4)  # noqa: SLF001 -- as default_collate: no copy
+    nbytes = math.prod(shape) * torch.float32.itemsize
+    storage = torch.UntypedStorage._new_shared(nbytes)  # noqa: SLF001 -- as default_collate: no copy
     return torch.empty(0, dtype=torch.float32).set_(storage, 0, shape)

@@ -317,6 +317,10 @@ def test_worker_made_batches_equal_the_colour_step_after_transfer(cfg_factory, a
         assert all(torch.equal(got["params"][k], want["params"][k]) for k in want["params"])
         assert torch.equal(got["label"], want["label"]) and torch.equal(got["index"], want["index"])
         assert got["bad_file"] == want["bad_file"]
+    one = in_workers.train_dataloader().dataset[(0, 3)]  # an item alone (no batch): the same views
+    raw = crops.train_set[(0, 3)]
+    want_one = finish_views([v[None] for v in raw["views"]], {k: v[None] for k, v in raw["params"].items()}, augs)
+    assert all(torch.equal(a, b[0]) for a, b in zip(one["views"], want_one))
 
 
 @pytest.mark.gpu

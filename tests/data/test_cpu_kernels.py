@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import torch
 
@@ -128,62 +129,126 @@ def test_conv_that_sums_otherwise_is_not_used(native, monkeypatch) -> None:
 JITTER = {"brightness": batched.brightness, "contrast": batched.contrast, "saturation": batched.saturation}
 
 
-def test_jitter_grayscale_solarize_and_normalisation_are_the_eager_ops(native) -> None:
+@pytest.fixture
+def fused(native) -> cpu_kernels.Kernels:
+    """The kernels where the probe lets them replace torch's jitter ops (x86 with FMA); elsewhere
+    the torch ops run and there is nothing to compare."""
+    if not batched.native_colour_is_torchs(native):
+        pytest.skip("torch's blends are not fused multiply-adds on this CPU: the torch ops run")
+    return native
+
+
+def test_jitter_grayscale_solarize_and_normalisation_are_the_eager_ops(fused) -> None:
     """The in-place C ops against the torch ops they replace, at DINO's global and local sizes,
     odd ones (torch's scalar tails) and one pixel, factors across and past the presets' ranges:
-    every float32 bit equal; the probe agrees on this machine."""
+    every float32 bit equal."""
     g = torch.Generator().manual_seed(0)
     factors = torch.cat([torch.tensor([0.0, 1.0, 2.0, 1e-7, 0.6 - 2.0**-24]), torch.rand(24, generator=g) * 2])
     for h, w in ((224, 224), (96, 96), (37, 41), (3, 5), (1, 1)):
         x = torch.randint(0, 256, (1, 3, h, w), generator=g).float()
         for f in factors.view(-1, 1):
             for name, op in JITTER.items():
-                got = getattr(native, f"{name}_")(x.clone(), f)
+                got = getattr(fused, f"{name}_")(x.clone(), f)
                 assert torch.equal(_bits(got), _bits(op(x, f))), (name, h, w, float(f))
-        assert torch.equal(native.grayscale_(x.clone()), batched.grayscale(x))
-        assert torch.equal(native.solarize_(x.clone()), batched.solarize(x))
+        assert torch.equal(fused.grayscale_(x.clone()), batched.grayscale(x))
+        assert torch.equal(fused.solarize_(x.clone()), batched.solarize(x))
         for mean, std in (
             ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
             ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
         ):
             out = torch.empty_like(x)
-            native.normalize(x, mean, std, out)
+            fused.normalize(x, mean, std, out)
             assert torch.equal(_bits(out), _bits(normalize(x.clone(), mean, std))), (h, w, mean)
-    assert batched.native_colour_is_torchs(native)
 
 
-def test_luma_ops_on_every_colour(native) -> None:
-    """Saturation and grayscale floor the luma, a fused sum of three products: all 2^24 colours
-    (one 4096 x 4096 image) at two factors give torch's bits. The contrast's mean is exact only
-    below 2^24 / 255 pixels: past that the C contrast refuses and the CPU path keeps torch's."""
-    x = torch.arange(2**24, dtype=torch.int32)
-    x = torch.stack([x >> 16, (x >> 8) & 255, x & 255]).float().view(1, 3, 4096, 4096)
-    assert torch.equal(native.grayscale_(x.clone()), batched.grayscale(x))
-    for f in (0.35, 1.6180339):
-        fac = torch.tensor([f])
-        assert torch.equal(native.saturation_(x.clone(), fac), batched.saturation(x, fac)), f
+def _every_colour(chunks: int = 16) -> Iterator[torch.Tensor]:
+    """All 2^24 colours as ``chunks`` images [1, 3, 1024, 1024 * 16 / chunks]."""
+    for part in torch.arange(2**24, dtype=torch.int32).chunk(chunks):
+        yield torch.stack([part >> 16, (part >> 8) & 255, part & 255]).float().view(1, 3, 1024, -1)
+
+
+def test_luma_ops_on_every_colour(fused) -> None:
+    """Saturation and grayscale floor the luma, two fused multiply-adds: all 2^24 colours at two
+    factors give torch's bits. The contrast's mean is exact only below 2^24 / 255 pixels: past
+    that the C contrast refuses and the CPU path keeps torch's."""
+    for x in _every_colour():
+        assert torch.equal(fused.grayscale_(x.clone()), batched.grayscale(x))
+        for f in (0.35, 1.6180339):
+            fac = torch.tensor([f])
+            assert torch.equal(fused.saturation_(x.clone(), fac), batched.saturation(x, fac)), f
+    big = torch.zeros(1, 3, 257, 257)
     with pytest.raises(ValueError, match="at most 65793 pixels"):
-        native.contrast_(x[:, :, :257, :257].contiguous(), torch.tensor([1.2]))
-    assert batched.native_jitter_ops(native, 257 * 257)[1] is batched.contrast
-    assert batched.native_jitter_ops(native, 256 * 256)[1] == native.contrast_
+        fused.contrast_(big, torch.tensor([1.2]))
+    assert batched.native_jitter_ops(fused, 257 * 257)[1] is batched.contrast
+    assert batched.native_jitter_ops(fused, 256 * 256)[1] == fused.contrast_
+
+
+def test_the_luma_telltales_are_every_colour_whose_luma_depends_on_fusing() -> None:
+    """:data:`.batched.LUMA_TELLTALES` (in the probe image) are exactly the colours whose floored
+    luma changes when either multiply-add of it rounds its product first (float64 stands in for
+    the fused operation: a float32 product is exact there)."""
+    w = (np.float32(0.2989), np.float32(0.587), np.float32(0.114))
+
+    def fma(a, k, c):
+        return (a.astype(np.float64) * np.float64(k) + c).astype(np.float32)
+
+    def mad(a, k, c):
+        return a * k + c
+
+    found = []
+    for x in _every_colour():
+        r, g, b = (c.numpy().ravel() for c in x[0])
+        first = {"fused": fma(g, w[1], r * w[0]), "rounded": mad(g, w[1], r * w[0])}
+        floors = {
+            (i, j): np.floor(step(b, w[2], s))
+            for i, s in first.items()
+            for j, step in (("fused", fma), ("rounded", mad))
+        }
+        both = floors["fused", "fused"]
+        moved = np.zeros(both.shape, dtype=bool)
+        for v in floors.values():
+            moved |= v != both
+        found += [(int(r[i]), int(g[i]), int(b[i])) for i in np.flatnonzero(moved)]
+    assert tuple(found) == batched.LUMA_TELLTALES
+
+
+def test_the_probe_tells_a_luma_with_one_product_rounded(native, monkeypatch) -> None:
+    """A torch whose luma fuses only its second multiply-add (one of the builds the C code does not
+    follow) is told from this one by the telltale colours alone, and the torch ops then run."""
+
+    def luma_first_rounded(x: torch.Tensor) -> torch.Tensor:
+        r, g, b = x.unbind(1)
+        return r.mul(0.2989).add_(g.mul(0.587)).add_(b, alpha=0.114).unsqueeze(1)
+
+    monkeypatch.setattr(batched, "_luma", luma_first_rounded)
+    batched.native_colour_is_torchs.cache_clear()
+    try:
+        assert not batched.native_colour_is_torchs(native)
+    finally:
+        batched.native_colour_is_torchs.cache_clear()
+
+
+def test_the_probe_would_tell_a_mean_by_reciprocal() -> None:
+    """The probe's planes have sums whose float32 quotient by the count differs from their product
+    with its reciprocal at both probed sizes, so a torch whose ``mean`` multiplied would fail it."""
+    for npix in (37 * 41, 224 * 224):
+        assert batched._mean_divides(npix)
+        sums = torch.linspace(0, 255 * npix, 64, dtype=torch.float64).round().to(torch.float32)
+        n = torch.tensor(float(npix))
+        assert (sums / n != sums * (1 / n)).sum() >= 5, npix
 
 
 def test_pil_box_on_the_host_is_the_tensor_one(native) -> None:
     """PIL's box for one sigma in C (per view, no tensor ops) equals :func:`.batched.pil_box` for
     20,000 sigmas over the presets' range and past it."""
     g = torch.Generator().manual_seed(0)
-    sigma = torch.cat(
-        [
-            torch.tensor([0.1, 2.0, 1e-3, 9.5]),
-            0.1 + 1.9 * torch.rand(16000, generator=g),
-            10 * torch.rand(3996, generator=g) + 1e-3,
-        ]
-    )
+    presets = 0.1 + 1.9 * torch.rand(16000, generator=g)
+    sigma = torch.cat([torch.tensor([0.1, 2.0, 1e-3, 9.5]), presets, 10 * torch.rand(3996, generator=g) + 1e-3])
     want = list(zip(*(b.tolist() for b in pil_box(sigma))))
     assert [native.pil_box(s) for s in sigma.tolist()] == want
 
 
-def test_a_torch_that_rounds_its_blend_twice_keeps_the_torch_ops(native, monkeypatch) -> None:
+def test_a_torch_that_rounds_its_blend_twice_keeps_the_torch_ops(fused, monkeypatch) -> None:
     """Where torch's blend is not one fused multiply-add (another CPU or torch build; here its
     product rounded first), the probe says so and the per-view path runs the torch ops: the views
     of the eager code, not the C kernels'."""
@@ -198,7 +263,7 @@ def test_a_torch_that_rounds_its_blend_twice_keeps_the_torch_ops(native, monkeyp
     monkeypatch.setattr(batched, "_blend", blend_rounded_twice)
     batched.native_colour_is_torchs.cache_clear()
     try:
-        assert not batched.native_colour_is_torchs(native)
+        assert not batched.native_colour_is_torchs(fused)
         got = colour(crops, params, aug, sync_free=False)
         monkeypatch.setattr(cpu_kernels, "kernels", lambda: None)
         eager = colour(crops, params, aug, sync_free=False)

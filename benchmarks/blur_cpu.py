@@ -77,7 +77,7 @@ def main() -> None:
         ms = [cpu_ms(f, args.calls) for f in calls]
         print(f"| {sigma} | {r} | " + " | ".join(f"{m:.2f}" for m in ms) + " |")
     shift = torch.tensor([0.1])
-    eager, c = cpu_ms(lambda: hue(x, shift), args.calls), cpu_ms(lambda: native.hue(x, shift), args.calls)
+    eager, c = cpu_ms(lambda: hue(x, shift), args.calls), cpu_ms(lambda: native.hue_(x.clone(), shift), args.calls)
     print(f"\nhue, one view: batched.hue (torch ops) {eager:.2f} ms, C kernel {c:.2f} ms")
 
 

@@ -332,18 +332,8 @@ class Kernels:
         self._pil_box = lib.hvp_pil_box
         self._pil_box.argtypes, self._pil_box.restype = [flt, ctypes.POINTER(long)], None
 
-    def hue(self, x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-        """:func:`.batched.hue` (``shift`` ``[n]``, turns), the same bits."""
-        x = _checked(x)
-        if x.shape[1] != 3:
-            raise ValueError(f"the hue rotates RGB images, got {x.shape[1]} channels")
-        out = x.clone()
-        for i, s in enumerate(shift.to(torch.float32).tolist()):
-            self.hue_(out[i : i + 1], torch.tensor(s))
-        return out
-
     def hue_(self, x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-        """:meth:`hue` of one image in place."""
+        """:func:`.batched.hue` of one image in place (``shift``: its one shift, turns), the same bits."""
         r, g, b = _image(x)[0]
         self._hue(r.data_ptr(), g.data_ptr(), b.data_ptr(), r.numel(), float(shift))
         return x

@@ -72,7 +72,7 @@ class FinishedViews(Dataset):
     """Training items whose views are coloured and normalised in the loader worker right after
     their crops (CPU training). A batch (:meth:`__getitems__`) is made whole here: every image's
     float views are written straight into the batch's tensors, in shared memory inside a worker
-    (:func:`.batched.finish_image_into`), so :func:`collate` passes them on instead of copying
+    (:func:`.batched.finish_image_into`), and :func:`collate` passes them on instead of copying
     every float view once more. Made in the main process, it builds the colour step's C kernels
     there (:func:`.cpu_kernels.kernels`, once: later only loaded), so the workers only load them."""
 
@@ -89,23 +89,20 @@ class FinishedViews(Dataset):
         finish_image_into(item["views"], item["params"], self.augs, views)
         return dict(item, views=views)
 
-    def __getitems__(self, keys: list) -> Batch:
+    def __getitems__(self, keys: list) -> dict[str, Any]:
+        """The whole batch (a dict, which :func:`collate` hands on), not a list of items."""
         items = self.items.__getitems__(keys)
         views = [batch_tensor((len(items), *v.shape)) for v in items[0]["views"]]
         for b, item in enumerate(items):
             finish_image_into(item["views"], item["params"], self.augs, [v[b] for v in views])
         rest = default_collate([{k: v for k, v in item.items() if k != "views"} for item in items])
-        return Batch(views=views, **rest)
+        return dict(views=views, **rest)
 
 
-class Batch(dict):
-    """A batch that a dataset's ``__getitems__`` made whole (:class:`FinishedViews`): :func:`collate`
-    hands it on as it is."""
-
-
-def collate(items: list[Any] | Batch) -> Any:
-    """The training loader's collate step: ``default_collate``, except for a :class:`Batch`."""
-    return dict(items) if isinstance(items, Batch) else default_collate(items)
+def collate(items: list[Any] | dict[str, Any]) -> Any:
+    """The training loader's collate step: ``default_collate`` of a list of items; a batch that
+    the dataset's ``__getitems__`` made whole (a dict: :class:`FinishedViews`) as it is."""
+    return items if isinstance(items, dict) else default_collate(items)
 
 
 def batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:

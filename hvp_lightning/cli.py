@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .cluster import slurm, sweep  # noqa: F401  register ${hvp_dirname:...} (hydra.sweep.subdir), ${hvp_slurm_*:...}
 from .config import check_eval_options, check_options
+from .config_rules import config_dir
 from .data.workers import worker_context
 from .errors import CheckpointError, ConfigError
 from .run.directory import RunDir, resolve_checkpoint
@@ -44,15 +45,7 @@ from .run.directory import RunDir, resolve_checkpoint
 # their config first (hvp_lightning/config.py) and import those only for a config that passed.
 
 
-def config_dir() -> str:
-    """The Hydra config folder: shipped inside an installed wheel, the repository's ``conf/``
-    in a checkout (an editable install included)."""
-    package = Path(__file__).resolve().parent
-    shipped = package / "conf"
-    return str(shipped if shipped.is_dir() else package.parent / "conf")
-
-
-CONFIG_DIR = config_dir()
+CONFIG_DIR = str(config_dir())
 
 
 def _resume_run_dir(resume: str) -> str:

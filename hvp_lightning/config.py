@@ -18,6 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from .config_rules import check_known_keys, check_rules
 from .data.layout import is_image_file, resolve_auto_crop, split_dir, training_image_side, training_images
 from .errors import ConfigError
 from .options import (
@@ -95,29 +96,11 @@ def _get(cfg: DictConfig, key: str) -> Any:
     return node
 
 
-def check_online_target(cfg: DictConfig) -> None:
-    """BYOL/MoCo v3: head sizes, the base momentum of the target and MoCo v3's temperature."""
-    for key in ("proj_hidden_dim", "proj_dim", "pred_hidden_dim"):
-        int_at_least(cfg, f"method.{key}", 1)
-    for key in ("proj_layers", "pred_layers"):
-        int_at_least(cfg, f"method.{key}", 1)
-    for key in ("proj_last_bn", "pred_last_bn"):
-        if not isinstance(_get(cfg, f"method.{key}"), bool):
-            fail(f"method.{key}", _get(cfg, f"method.{key}"), "true or false")
-    _prob(cfg, "method.base_momentum")
-    if cfg.method.name == "mocov3":
-        t = _get(cfg, "method.temperature")
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
-            fail("method.temperature", t, "expected a number > 0")
-
-
 def check_multicrop(cfg: DictConfig) -> None:
-    """DINO/iBOT multi-crop settings (``method.*`` crops and scales against the backbone)."""
+    """DINO/iBOT multi-crop settings (``method.*`` crops against the backbone; types and ranges:
+    the rules table)."""
+    check_rules(cfg)
     m = cfg.method
-    if int(m.num_local_crops) < 0:
-        fail("method.num_local_crops", m.num_local_crops, "expected an integer >= 0")
-    if int(m.num_local_crops) > 0 and int(m.local_crop_size) < 1:
-        fail("method.local_crop_size", m.local_crop_size, "expected an integer >= 1")
     b = cfg.backbone  # a timm ViT's patch: check_timm_backbone
     if backbone_family(b) == "vit" and int(m.num_local_crops) > 0 and m.local_crop_size % b.patch_size:
         fail(
@@ -125,47 +108,19 @@ def check_multicrop(cfg: DictConfig) -> None:
             m.local_crop_size,
             f"a multiple of backbone.patch_size={b.patch_size} for {b.name}",
         )
-    for key in ("global_scale", "local_scale"):
-        lo, hi = m[key]
-        if not 0 < lo <= hi <= 1:
-            fail(f"method.{key}", list(m[key]), "two numbers 0 < min <= max <= 1")
-    clip = m.get("clip_grad") or 0.0
-    if isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0:
-        fail("method.clip_grad", clip, "expected a number >= 0 (0 = no clipping)")
     if m.get("clip_grad_kind", "per_parameter") not in CLIP_GRAD_KINDS:
         fail("method.clip_grad_kind", m.clip_grad_kind, f"one of {', '.join(CLIP_GRAD_KINDS)}")
 
 
-def check_batch_loss(cfg: DictConfig) -> None:
-    """VICReg's loss weights and Barlow Twins' lambda and biases' learning rate: numbers in range."""
-    keys = {"vicreg": ("sim_coeff", "std_coeff", "cov_coeff"), "barlow_twins": ("lambd",)}[cfg.method.name]
-    for key in keys:
-        value = _get(cfg, f"method.{key}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            fail(f"method.{key}", value, "expected a number >= 0")
-    if cfg.method.name == "barlow_twins":
-        value = _get(cfg, "method.optimizer.base_lr_biases")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            fail("method.optimizer.base_lr_biases", value, "expected a number > 0")
-
-
 def check_ibot(cfg: DictConfig) -> None:
-    """iBOT's own settings: a ViT backbone (patch tokens) and the masking and loss weights."""
-    m, b = cfg.method, cfg.backbone
+    """iBOT's own setting: a ViT backbone (patch tokens; the masking and loss weights: the rules table)."""
+    check_rules(cfg)
+    b = cfg.backbone
     if backbone_family(b) not in ("vit", TIMM_FAMILY):  # which timm models have tokens: check_timm_backbone
         raise ConfigError(
             f"backbone.name={b.name!r} is not allowed for method=ibot: a ViT (patch tokens), "
             f"one of {', '.join(n for n, f in BACKBONE_FAMILIES.items() if f == 'vit')} or a timm ViT (backbone=timm)"
         )
-    lo, hi = m.mask_ratio
-    if not 0 <= lo <= hi <= 1:
-        fail("method.mask_ratio", list(m.mask_ratio), "two numbers 0 <= min <= max <= 1")
-    _prob(cfg, "method.mask_prob")
-    if not 0 < m.mask_min_aspect <= 1:
-        fail("method.mask_min_aspect", m.mask_min_aspect, "expected 0 < value <= 1")
-    for key in ("lambda1", "lambda2"):
-        if not m[key] >= 0:
-            fail(f"method.{key}", m[key], "expected >= 0")
 
 
 def check_options(cfg: DictConfig) -> None:
@@ -175,13 +130,11 @@ def check_options(cfg: DictConfig) -> None:
     if cfg.method.name not in METHOD_NAMES:
         fail("method.name", cfg.method.name, f"one of {', '.join(METHOD_NAMES)}")
     _int_in(cfg, "seed", 0, 2**32 - 1)  # what NumPy's and Lightning's seeding accept
-    int_at_least(cfg, "method.batch_size", 2)  # BatchNorm heads need >= 2 samples
-    if not isinstance(cfg.method.get("compile", False), bool):
-        fail("method.compile", cfg.method.compile, "true or false")
+    check_rules(cfg)  # every plain value's type and range, before anything below compares it
+    if not cfg.get("resume"):  # a resumed run's config may hold keys of an older version
+        check_known_keys(cfg)
     if cfg.method.optimizer.name not in OPTIMIZERS:
         fail("method.optimizer.name", cfg.method.optimizer.name, f"one of {', '.join(OPTIMIZERS)}")
-    if cfg.method.optimizer.base_lr <= 0:
-        fail("method.optimizer.base_lr", cfg.method.optimizer.base_lr, "expected > 0")
     _validate_lr_end(cfg)
     validate_data(cfg)
     resolve_auto_crop(cfg.data)
@@ -193,25 +146,10 @@ def check_options(cfg: DictConfig) -> None:
         check_multicrop(cfg)
     if cfg.method.name == "ibot":
         check_ibot(cfg)
-    if cfg.method.name in ("byol", "mocov3"):
-        check_online_target(cfg)
-    if cfg.method.name in ("vicreg", "barlow_twins"):
-        check_batch_loss(cfg)
     check_candidate_counts(cfg)
     _check_trainer(cfg)
     _validate_distributed(cfg)
-    _validate_analysis(cfg)
-    int_at_least(cfg, "eval.every_n_epochs", 1)
-    if OmegaConf.select(cfg, "checkpoint.every_n_epochs") is not None:
-        int_at_least(cfg, "checkpoint.every_n_epochs", 1)
-    if OmegaConf.select(cfg, "checkpoint.every_n_steps") is not None:
-        int_at_least(cfg, "checkpoint.every_n_steps", 1)
-    int_at_least(cfg, "eval.knn_k", 1)
     check_limits(cfg)
-    if not isinstance(cfg.eval.at_start, bool):
-        fail("eval.at_start", cfg.eval.at_start, "true or false")
-    if not cfg.eval.knn_temperature > 0:
-        fail("eval.knn_temperature", cfg.eval.knn_temperature, "expected > 0")
     _check_logger(cfg.logger)
 
 
@@ -227,6 +165,8 @@ def validate(cfg: DictConfig, options_checked: bool = False) -> None:
     _validate_precision(cfg)
     _validate_deterministic(cfg)
     _warn_upsampled_crops(cfg.data)
+    _warn_long_warmup(cfg)
+    _warn_small_monitor(cfg.data)
     _warn_cpu_oversubscription(cfg.trainer)
 
 
@@ -239,6 +179,8 @@ def check_eval_options(cfg: DictConfig) -> None:
         fail("protocol.name", cfg.protocol.name, f"one of {', '.join(PROTOCOLS)}")
     if cfg.devices != 1:
         fail("devices", cfg.devices, "1 (evaluation runs on one device)")
+    if not isinstance(cfg.get("student", False), bool):
+        fail("student", cfg.student, "true or false (DINO/iBOT: evaluate the student instead of the teacher)")
     precision = cfg.get("precision", "32-true")
     if precision != "auto" and precision not in TRAINER_PRECISIONS:
         fail("precision", precision, f"auto or one of {', '.join(TRAINER_PRECISIONS)}")
@@ -273,16 +215,11 @@ def validate_backbone(cfg: DictConfig) -> None:
     if family == TIMM_FAMILY:
         return
     if family == "resnet":
-        int_at_least(cfg, "backbone.width", 1)
-        if not isinstance(b.get("zero_init_residual", False), bool):
-            fail("backbone.zero_init_residual", b.zero_init_residual, "true or false")
         smallest = 8 if b.cifar_stem else 32  # the trunk downsamples 8x (CIFAR stem) or 32x
         if crop < smallest:
             fail("data.crop_size", crop, f">= {smallest} px for {b.name} with cifar_stem={b.cifar_stem}")
-    else:
-        int_at_least(cfg, "backbone.patch_size", 1)
-        if crop % b.patch_size:
-            fail("data.crop_size", crop, f"a multiple of backbone.patch_size={b.patch_size} for {b.name}")
+    elif crop % b.patch_size:
+        fail("data.crop_size", crop, f"a multiple of backbone.patch_size={b.patch_size} for {b.name}")
 
 
 def _check_timm_keys(cfg: DictConfig) -> None:
@@ -291,15 +228,8 @@ def _check_timm_keys(cfg: DictConfig) -> None:
     b = cfg.backbone
     if OmegaConf.is_missing(b, "name") or not isinstance(b.name, str) or not b.name:
         fail("backbone.name", b.get("name", "???"), "a timm model name: backbone=timm backbone.name=<name>")
-    if b.get("img_size") is not None:
-        int_at_least(cfg, "backbone.img_size", 1)
-    rate = b.get("drop_path_rate", 0.0)
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
-        fail("backbone.drop_path_rate", rate, "expected a number in [0, 1)")
     if b.model_args is not None and not isinstance(b.model_args, DictConfig):
         fail("backbone.model_args", b.model_args, "null or a mapping of timm.create_model keywords, e.g. {depth: 6}")
-    if not isinstance(b.get("channels_last", False), bool):
-        fail("backbone.channels_last", b.channels_last, "true or false")
 
 
 def _check_init(b: DictConfig, resuming: bool = False) -> None:
@@ -307,8 +237,6 @@ def _check_init(b: DictConfig, resuming: bool = False) -> None:
     (what the file holds is checked when it is loaded: hvp_lightning/nn/weights.py). Not the
     path on ``resume=``: a resumed run starts from its checkpoint, not from ``backbone.init``."""
     init = b.get("init")
-    if not isinstance(b.get("init_student", False), bool):
-        fail("backbone.init_student", b.init_student, "true or false")
     if init is None:
         return
     allowed = "null, a weights file (.pth, .pt, .safetensors), an hvp-export folder, a run dir, " + " or ".join(
@@ -361,10 +289,40 @@ def _validate_lr_end(cfg: DictConfig) -> None:
             "set exactly one of method.optimizer.min_lr (absolute end lr) "
             "and method.optimizer.final_lr_ratio (end lr / peak lr)",
         )
-    if min_lr is not None and (isinstance(min_lr, bool) or not isinstance(min_lr, (int, float)) or min_lr < 0):
-        fail("method.optimizer.min_lr", min_lr, "expected a number >= 0")
-    if ratio is not None:
-        _prob(cfg, "method.optimizer.final_lr_ratio")
+
+
+def _warn_long_warmup(cfg: DictConfig) -> None:
+    """A learning-rate warm-up as long as the run never reaches the peak lr (base_lr x batch / 256):
+    allowed (a short trial of a long recipe), but said once at start-up."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    warmup, epochs = cfg.method.optimizer.get("warmup_epochs"), cfg.trainer.get("max_epochs")
+    if isinstance(warmup, int) and isinstance(epochs, int) and warmup >= epochs and rank_zero_only.rank == 0:
+        log.warning(
+            "method.optimizer.warmup_epochs=%s is not shorter than trainer.max_epochs=%s: the learning rate "
+            "never reaches its peak (it warms up over the whole run)",
+            warmup,
+            epochs,
+        )
+
+
+def _warn_small_monitor(d: DictConfig) -> None:
+    """RankMe on n images is at most n, so below 3 held-out images it is always under the collapse
+    floor of 2 (hvp_lightning/nn/health.py): allowed, but every pass would signal collapse."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from .nn.health import RANKME_COLLAPSE
+
+    size = d.get("monitor_size") if d.name in ("images", "shards") else None
+    if isinstance(size, int) and 0 < size <= RANKME_COLLAPSE and rank_zero_only.rank == 0:
+        log.warning(
+            "data.monitor_size=%s: RankMe on %s images is at most %s, under the collapse floor of %g, so every "
+            "monitor pass will signal collapse; hold out more images (the default is 512)",
+            size,
+            size,
+            size,
+            RANKME_COLLAPSE,
+        )
 
 
 def _validate_distributed(cfg: DictConfig) -> None:
@@ -373,33 +331,19 @@ def _validate_distributed(cfg: DictConfig) -> None:
     sync = t.get("sync_batchnorm", "auto")
     if not (sync == "auto" or isinstance(sync, bool)):
         fail("trainer.sync_batchnorm", sync, "auto (on when the model has BatchNorm), true or false")
-    if t.get("num_nodes") is not None:
-        int_at_least(cfg, "trainer.num_nodes", 1)
 
 
 def validate_data(cfg: DictConfig) -> None:
+    """``data.*`` (types and ranges: the rules table, checked here too for eval.py's data)."""
+    check_rules(cfg)
     d = cfg.data
     if d.name not in DATASETS:
         fail("data.name", d.name, f"one of {', '.join(DATASETS)}")
-    for key in ("flip_p", "jitter_p", "gray_p", "blur_p", "solarize_p"):
-        _prob(cfg, f"data.aug.{key}")
-    lo, hi = d.aug.scale
-    if not 0 < lo <= hi <= 1:
-        fail("data.aug.scale", list(d.aug.scale), "two numbers 0 < min <= max <= 1")
     if d.aug.get("blur_kind", "simclr") not in BLUR_KINDS:
         fail("data.aug.blur_kind", d.aug.blur_kind, f"one of {', '.join(BLUR_KINDS)}")
     if d.aug.get("interpolation", "bilinear") not in INTERPOLATIONS:
         fail("data.aug.interpolation", d.aug.interpolation, f"one of {', '.join(INTERPOLATIONS)}")
-    int_at_least(cfg, "data.num_workers", 0)
-    on_device = d.get("on_device", False)
-    if not isinstance(on_device, bool):
-        fail("data.on_device", on_device, "true or false")
-    for key in ("train_subset", "test_subset"):
-        if d.get(key) is not None:
-            int_at_least(cfg, f"data.{key}", 1)
     if d.name == "synthetic":
-        int_at_least(cfg, "data.train_size", 2)
-        int_at_least(cfg, "data.test_size", 1)
         return
     if d.name == "images":
         check_images(cfg)
@@ -594,23 +538,28 @@ def _validate_hvp(cfg: DictConfig) -> None:
         )
     if h is None or not h.get("enabled", False):
         return
-    int_at_least(cfg, "hvp.num_views", 2)
     if h.mode not in MODES:
         fail("hvp.mode", h.mode, f"one of {', '.join(MODES)}")
-    int_at_least(cfg, "hvp.every_n_steps", 1)
     if h.selection_precision not in PRECISIONS:
         fail("hvp.selection_precision", h.selection_precision, f"one of {', '.join(PRECISIONS)}")
-    if h.get("max_combinations") is not None:
-        int_at_least(cfg, "hvp.max_combinations", 1)
-        if cfg.method.name != "dino":
-            fail(
-                "hvp.max_combinations",
-                h.max_combinations,
-                f"only with method dino (it samples (global pair, "
-                f"locals) combinations); {cfg.method.name} scores every candidate combination",
-            )
+    if h.get("max_combinations") is not None and cfg.method.name != "dino":
+        fail(
+            "hvp.max_combinations",
+            h.max_combinations,
+            f"only with method dino (it samples (global pair, "
+            f"locals) combinations); {cfg.method.name} scores every candidate combination",
+        )
     if h.get("global_pairs", "cross") not in GLOBAL_PAIRS:
         fail("hvp.global_pairs", h.global_pairs, f"one of {', '.join(GLOBAL_PAIRS)}")
+    if cfg.method.name not in ("dino", "ibot"):
+        for key, default in MULTICROP_HVP_DEFAULTS.items():
+            if h.get(key, default) != default:
+                fail(
+                    f"hvp.{key}",
+                    h[key],
+                    f"{'null' if default is None else default} for method {cfg.method.name}: only DINO and iBOT "
+                    "have global and local candidates",
+                )
     colour = h.get("colour", "per_view")
     if colour not in HVP_COLOURS:
         fail("hvp.colour", colour, f"one of {', '.join(HVP_COLOURS)}")
@@ -622,6 +571,9 @@ def _validate_hvp(cfg: DictConfig) -> None:
             "candidates of a pair method; DINO/iBOT's global pipelines differ in blur and solarize)",
         )
 
+
+# conf/hvp/on.yaml's multi-crop keys, which a pair method would ignore: refused there unless at these
+MULTICROP_HVP_DEFAULTS = {"global_pairs": "cross", "num_global_candidates": None, "num_local_candidates": None}
 
 IOU_POLICY_KEYS = ("enabled", "schedule", "start", "end", "warmup_epochs", "skip_p", "max_tries")
 
@@ -675,18 +627,6 @@ def check_candidate_counts(cfg: DictConfig) -> None:
         fail("hvp.num_local_candidates", lc, f"expected an integer >= method.num_local_crops={num_local}")
 
 
-def _validate_analysis(cfg: DictConfig) -> None:
-    a = cfg.get("analysis")
-    if a is None:
-        return
-    if not isinstance(a.get("online", True), bool):
-        fail("analysis.online", a.online, "true or false")
-    if a.get("log_every_n_steps") is not None:
-        int_at_least(cfg, "analysis.log_every_n_steps", 1)
-    if a.get("flush_every_n_logs") is not None:
-        int_at_least(cfg, "analysis.flush_every_n_logs", 1)
-
-
 def _check_trainer(cfg: DictConfig) -> None:
     for key in OWNED_TRAINER_KEYS:
         if key in cfg.trainer:
@@ -695,9 +635,6 @@ def _check_trainer(cfg: DictConfig) -> None:
                 cfg.trainer[key],
                 "not set here: checkpoints are always written (checkpoint.every_n_epochs sets the kept ones)",
             )
-    int_at_least(cfg, "trainer.max_epochs", 1)
-    if cfg.trainer.get("accumulate_grad_batches") is not None:
-        int_at_least(cfg, "trainer.accumulate_grad_batches", 1)
     precision = cfg.trainer.get("precision", "32-true")
     if precision not in AUTO_PRECISIONS + TRAINER_PRECISIONS:
         fail("trainer.precision", precision, f"one of {', '.join(AUTO_PRECISIONS + TRAINER_PRECISIONS)}")

@@ -234,6 +234,18 @@ def test_importance_recovers_a_planted_dependence() -> None:
     assert max(imp["permutation"], key=imp["permutation"].get) == "iou"
 
 
+def test_importance_holds_out_whole_images() -> None:
+    """The candidate pairs of one image at a step share views and their centred losses sum to
+    zero: held-out R^2 is honest only if no image has pairs on both sides."""
+    from hvp_lightning.analysis.importance import split_by_group
+
+    group = np.repeat(np.arange(200), 6)[np.random.default_rng(0).permutation(1200)]
+    train, test = split_by_group(group, test_size=0.25, seed=0)
+    assert not set(group[train]) & set(group[test])
+    assert sorted([*train, *test]) == list(range(1200))
+    assert 0.2 < len(test) / 1200 < 0.3
+
+
 def test_analysis_config_validated() -> None:
     from hvp_lightning.config import ConfigError, validate
 

@@ -11,7 +11,7 @@ import hvp_lightning.device
 from hvp_lightning.config import validate
 from hvp_lightning.device import auto_precision, device_line
 from hvp_lightning.errors import ConfigError
-from hvp_lightning.training.driver import final_line
+from hvp_lightning.training.driver import final_line, monitor_summary
 
 from .conftest import make_cfg
 
@@ -232,3 +232,14 @@ def test_a_gpu_accelerator_without_a_gpu_is_one_line_naming_the_key(monkeypatch)
         check_accelerator("trainer.accelerator", accelerator)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     check_accelerator("accelerator", "gpu")
+
+
+def test_a_low_reading_at_random_init_is_not_a_collapse_of_the_run():
+    """An untrained network can span few directions (a timm ResNet-10: RankMe 1.4 on a few images);
+    the summary's collapse epoch is the first *trained* pass below the thresholds."""
+    low, healthy = {"rankme": 1.4, "feature_std": 0.05}, {"rankme": 9.0, "feature_std": 0.05}
+    history = [{"step": 0, "epoch": 0.0, **low}, {"step": 8, "epoch": 1.0, **healthy}]
+    last = {"dim": 64, "images": 16, "source": "monitor", **healthy}
+    assert monitor_summary(last, low, history)["monitor_collapse_epoch"] is None
+    history.append({"step": 16, "epoch": 2.0, **low})
+    assert monitor_summary(last, low, history)["monitor_collapse_epoch"] == 2.0

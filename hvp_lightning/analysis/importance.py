@@ -8,7 +8,9 @@ variance of its partial-dependence curve (evaluated on the feature's quantiles, 
 its empirical marginal) divided by the variance of the forest's predictions. That is
 fANOVA's first-order importance, with the empirical feature distribution instead of a
 uniform one, and comparable to the paper's percentages. We also report scikit-learn's
-permutation importance (drop in held-out R^2), which needs no independence assumption. The
+permutation importance (drop in held-out R^2), which needs no independence assumption. Held
+out are whole images at a step: the candidate pairs of one image share views and their centred
+losses sum to zero, so pairs of one image on both sides of the split would inflate the R^2. The
 target is the candidate pair's loss *centred per image and step* (minus the mean over that
 image's candidate pairs), because HVP compares pairs of the same image at the same step:
 training progress and image content would otherwise dominate the variance.
@@ -36,7 +38,6 @@ def importance(
     per-image-centred candidate-pair loss (see the module docstring for the method)."""
     from sklearn.ensemble import RandomForestRegressor
     from sklearn.inspection import permutation_importance
-    from sklearn.model_selection import train_test_split
 
     ok = pairs["hvp"] & np.isfinite(pairs["loss"])
     if ok.sum() < 50:
@@ -53,8 +54,9 @@ def importance(
     rng = np.random.default_rng(seed)
     if len(y) > max_samples:
         pick = rng.choice(len(y), max_samples, replace=False)
-        x, y = x[pick], y[pick]
-    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.25, random_state=seed)
+        x, y, group = x[pick], y[pick], group[pick]
+    train, test = split_by_group(group, test_size=0.25, seed=seed)
+    x_tr, x_te, y_tr, y_te = x[train], x[test], y[train], y[test]
     rf = RandomForestRegressor(
         n_estimators=trees,
         min_samples_leaf=max(5, len(y_tr) // 2000),
@@ -89,3 +91,13 @@ def importance(
         "permutation": {f: float(v) for f, v in zip(features, perm.importances_mean)},
         "permutation_std": {f: float(v) for f, v in zip(features, perm.importances_std)},
     }
+
+
+def split_by_group(group: np.ndarray, test_size: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) row indices with every group (an image at a step) wholly on one side, about
+    ``test_size`` of the groups held out (scikit-learn's ``GroupShuffleSplit``)."""
+    from sklearn.model_selection import GroupShuffleSplit
+
+    split = GroupShuffleSplit(n_splits=1, test_size=test_size, random_state=seed)
+    train, test = next(split.split(np.zeros((len(group), 1)), groups=group))
+    return train, test

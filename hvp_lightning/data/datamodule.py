@@ -38,8 +38,12 @@ def finish_batch(batch: Any, augs: tuple[ViewAug, ...]) -> Any:
     return batch
 
 
-def subset(ds: Dataset, n: int | None, seed: int) -> Dataset:
-    """A fixed random subset (same images for every arm and seed of a comparison)."""
+def subset(ds: Dataset, n: int | None, seed: int, key: str | None = None) -> Dataset:
+    """A fixed random subset (same images for every arm and seed of a comparison). ``n`` at least
+    the data set's size keeps all of it, said once (naming ``key``) when it is more: a subset
+    size carried over from a larger data set would otherwise pass unnoticed."""
+    if n is not None and n > len(ds) and key is not None and rank_zero_only.rank == 0:  # type: ignore[arg-type]
+        log.warning("%s=%s is more than the %s images there: all of them are used", key, n, len(ds))  # type: ignore[arg-type]
     if n is None or n >= len(ds):  # type: ignore[arg-type]
         return ds
     idx = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed))[:n]  # type: ignore[arg-type]
@@ -120,6 +124,15 @@ def build_raw_datasets(cfg) -> tuple[Dataset, Dataset | None, Dataset | None, li
         train, test, classes = transfer_splits(name, cfg.root, cfg.download)
         return train, train, test, classes
     raise ValueError(f"data.name={name!r}; allowed: {', '.join(DATASETS)}")
+
+
+def data_counts(name: str, train: Dataset, given: dict[str, Dataset | None], roles: tuple[str, ...]) -> str:
+    """One start-up line of what was found: a wrong root or extensions that do not count show at
+    once, not as a step count that is too small (``data=images`` scans a whole tree)."""
+    words = {"bank": "k-NN bank", "test": "k-NN test", "monitor": "held out for the monitors"}
+    parts = [f"{len(train)} training images ({name})"]  # type: ignore[arg-type]
+    parts += [f"{len(given[r])} {words[r]}" for r in roles]  # type: ignore[arg-type]
+    return ", ".join(parts)
 
 
 def view_aug(cfg) -> ViewAug:
@@ -215,9 +228,9 @@ class SSLDataModule(L.LightningDataModule):
         if hasattr(self, "train_set"):
             return
         pre, bank, test, self.class_names = build_raw_datasets(self.cfg)
-        pre = subset(pre, self.cfg.train_subset, seed=0)
+        pre = subset(pre, self.cfg.train_subset, seed=0, key="data.train_subset")
         bank = pre if bank is pre or bank is getattr(pre, "dataset", None) else bank
-        test = subset(test, self.cfg.test_subset, seed=1) if test is not None else None
+        test = subset(test, self.cfg.test_subset, seed=1, key="data.test_subset") if test is not None else None
         self.train_raw = pre  # what the logged ``index`` of a training view points into
         if self.cfg.get("on_device", False):
             images, labels = stack_images(pre, self.num_workers, self.wait_s)
@@ -236,6 +249,8 @@ class SSLDataModule(L.LightningDataModule):
         held_out = image_sets(self.cfg)[1] if "monitor" in eval_roles(self.cfg) else None
         given = {"bank": bank, "test": test, "monitor": held_out}
         self.eval_sets = {role: EvalDataset(given[role], evaluate) for role in eval_roles(self.cfg)}  # type: ignore[arg-type]
+        if rank_zero_only.rank == 0:
+            log.info("data: %s", data_counts(self.cfg.name, pre, given, eval_roles(self.cfg)))
 
     @property
     def num_classes(self) -> int:

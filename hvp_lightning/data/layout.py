@@ -52,7 +52,7 @@ def listed_images(list_file: Path) -> tuple[str, ...]:
 @functools.lru_cache(maxsize=4)
 def _read_list(list_file: Path, mtime_ns: int, size: int) -> tuple[str, ...]:
     base = list_file.parent
-    lines = (line.strip() for line in list_file.read_text().splitlines())
+    lines = (line.strip() for line in list_file.read_text(encoding="utf-8-sig").splitlines())  # a BOM is no path
     return tuple(str(base / Path(line).expanduser()) for line in lines if line and not line.startswith("#"))
 
 

@@ -270,13 +270,12 @@ class SSLMethod(L.LightningModule):
         self.log("monitor/epoch", position["epoch"], add_dataloader_idx=False)  # the curves' x (W&B)
         reason = collapse_reason(values["rankme"], values["feature_std"], d)
         if reason is not None and self.trainer.is_global_zero:
-            log.warning(
-                "epoch %s: the label-free monitors signal collapse: %s (on %d %s images)",
-                position["epoch"],
-                reason,
-                n,
-                "held-out" if source == "monitor" else "test",
+            what = (  # at random init: the untrained network's features, not a collapse of training
+                "at random init, the label-free monitors are below the collapse thresholds"
+                if position["step"] == 0
+                else f"epoch {position['epoch']}: the label-free monitors signal collapse"
             )
+            log.warning("%s: %s (on %d %s images)", what, reason, n, "held-out" if source == "monitor" else "test")
 
 
 def per_rank_files(saved: list[list[str]] | list[str]) -> list[list[str]]:

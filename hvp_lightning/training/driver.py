@@ -236,9 +236,15 @@ def monitor_summary(last: dict[str, Any], init: dict[str, float], history: list[
     """summary.json's ``monitor_*`` keys: the last pass's RankMe and feature std, their values at
     random init, the sample they are computed on (``monitor_source``: ``monitor`` = data=images's
     held-out images, ``test`` = the labelled test set), every pass's values, and the epoch at
-    which they first signalled collapse (None if never)."""
+    which they first signalled collapse (None if never). The pass at random init (step 0) does not
+    count: an untrained network's features can span few directions (a timm ResNet-10 measures
+    RankMe 1.4 on a few images), and collapse is what training does to them."""
     dim = last.get("dim")
-    collapsed = [h["epoch"] for h in history if dim and collapse_reason(h["rankme"], h["feature_std"], dim)]
+    collapsed = [
+        h["epoch"]
+        for h in history
+        if dim and h.get("step", 1) > 0 and collapse_reason(h["rankme"], h["feature_std"], dim)
+    ]
     return {
         **{f"monitor_{k}": last.get(k) for k in MONITORS},
         **{f"monitor_{k}_init": init.get(k) for k in MONITORS},

@@ -167,3 +167,18 @@ def test_shared_cifar10_imagefolder(cfg_factory):
     assert (batch["params"]["src_w"] == 32).all()
     ev = next(iter(dm.val_dataloader()[1]))
     assert ev["image"].shape == (8, 3, 32, 32) and ev["label"].max() < 10
+
+
+def test_start_up_says_how_many_images_were_found_held_out_and_trained_on(tmp_path, caplog, cfg_factory):
+    """A wrong root or extensions that do not count show at start-up, not as a short epoch."""
+    write_images(tmp_path, 11)
+    cfg = cfg_factory("data=images", f"data.root={tmp_path}", "data.monitor_size=3", "data.crop_size=16")
+    dm = SSLDataModule(cfg.data, (ViewAug(size=16),) * 2, batch_size=4, num_workers=0)
+    with caplog.at_level(logging.INFO, logger="hvp_lightning.data.datamodule"):
+        dm.setup()
+    assert "data: 8 training images (images), 3 held out for the monitors" in caplog.text
+    caplog.clear()
+    dm = SSLDataModule(cfg_factory().data, (ViewAug(size=16),) * 2, batch_size=4, num_workers=0)
+    with caplog.at_level(logging.INFO, logger="hvp_lightning.data.datamodule"):
+        dm.setup()
+    assert "data: 64 training images (synthetic), 64 k-NN bank, 32 k-NN test" in caplog.text

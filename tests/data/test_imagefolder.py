@@ -178,3 +178,10 @@ def test_listed_images_relative_to_the_list_comments_and_blank_lines_skipped(tmp
         str(tmp_path / "lists" / ".." / "a.png"),
         str(other),
     )
+
+
+def test_a_list_saved_with_a_byte_order_mark_reads_its_first_path(tmp_path):
+    """Windows editors write UTF-8 with a BOM: it is no part of the first path (which was then
+    reported missing, the BOM invisible in the message)."""
+    (tmp_path / "files.txt").write_bytes("\ufeffa.jpg\nb.jpg\n".encode())
+    assert listed_images(tmp_path / "files.txt") == (str(tmp_path / "a.jpg"), str(tmp_path / "b.jpg"))

@@ -27,6 +27,7 @@ import logging
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -216,15 +217,26 @@ def evaluate_main(cfg: DictConfig) -> float | None:
     except user_errors() as err:  # bad settings or checkpoint: one line, no traceback
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
-    m = summary["metrics"]
-    k = f" (k={m['k_for_top1']})" if summary["protocol"] == "knn" else ""
+    print(eval_line(summary))
+    return summary["metrics"]["top1"]
+
+
+def eval_line(summary: dict[str, Any]) -> str:
+    """``eval.py``'s last line: top-1 and top-5 and what they are of (a k-NN's k: the neighbours
+    that voted, which a ``protocol.ks`` entry above the training images does not give)."""
+    m, what = summary["metrics"], ""
+    if summary["protocol"] == "knn":
+        n = summary["dataset"]["train_images"]
+        over = [k for k in summary["settings"]["ks"] if k > n]
+        what = f" (k={m['k_for_top1']}" + (
+            f"; protocol.ks {over} above the {n} training images count all of them)" if over else ")"
+        )
     if m.get("best_top1") is not None:  # a classifier: also the official scripts' best epoch
-        k = f" (last epoch; best: {100 * m['best_top1']:.2f}% at epoch {m['best_epoch']})"
-    print(
-        f"{summary['protocol']} top-1: {100 * m['top1']:.2f}%{k}, top-5: {100 * m['top5']:.2f}% "
+        what = f" (last epoch; best: {100 * m['best_top1']:.2f}% at epoch {m['best_epoch']})"
+    return (
+        f"{summary['protocol']} top-1: {100 * m['top1']:.2f}%{what}, top-5: {100 * m['top5']:.2f}% "
         f"(chance {100 * summary['chance']:.1f}%) | {summary['out_dir']}/eval_summary.json"
     )
-    return m["top1"]
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="transfer", version_base="1.3")

@@ -81,6 +81,28 @@ OmegaConf.register_new_resolver(
 )
 OmegaConf.register_new_resolver("hvp_hydra_files", hydra_files_subdir, replace=True)
 
+# The config groups eval.py and transfer.py compose from (by their config's name); train.py's
+# are all the others but protocol. Hydra's --help would list every group under conf/ for each.
+EVAL_GROUPS = {"eval": ("protocol", "data", "logger"), "transfer": ("logger",)}
+
+
+def help_groups(config_name: str) -> str:
+    """The "Configuration groups" of ``--help`` (conf/hydra/help/hvp.yaml) for the command whose
+    top-level config is ``config_name``, formatted as Hydra formats its own list."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    def shown(group: str) -> bool:
+        if group.split("/")[0] == "hydra":
+            return False
+        return group in EVAL_GROUPS[config_name] if config_name in EVAL_GROUPS else group != "protocol"
+
+    hydra_app = GlobalHydra.instance().hydra
+    assert hydra_app is not None  # set while Hydra prints --help
+    return hydra_app.format_config_groups(shown).rstrip("\n")
+
+
+OmegaConf.register_new_resolver("hvp_help_groups", help_groups, replace=True)
+
 
 def _checked_resume(resume: str, run_dir: Path, fresh: bool) -> str:
     """``resume=``'s run dir, or a :class:`CheckpointError` that says what is wrong with it: a

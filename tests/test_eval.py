@@ -24,7 +24,7 @@ from hvp_lightning.nn.knn import knn_accuracies, knn_accuracy
 from hvp_lightning.training import export
 from hvp_lightning.training.driver import run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, eval_cfg, make_cfg, write_images
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, eval_cfg, help_groups, make_cfg, write_images
 
 DINO = [
     "method=dino_cifar",
@@ -385,6 +385,11 @@ def test_knn_with_k_above_the_bank_says_the_k_that_voted(simsiam_run):
     m = summary["metrics"]
     assert summary["dataset"]["train_images"] == 64 and m["k_for_top1"] == 64 and m["top1"] == m["k1000"]["top1"]
     assert "(k=64; protocol.ks [1000] above the 64 training images count all of them)" in eval_line(summary)
+
+
+def test_eval_help_lists_only_the_groups_eval_takes():
+    """Hydra listed every group under conf/, method= among them, which eval.py refuses."""
+    assert help_groups("eval.py") == {"protocol", "data", "logger"}
 
 
 # --- export --------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Does HVP help here? Baseline vs HVP arms x seeds, pretrained with identical settings.
 
-    uv run python benchmarks/quality.py --scale cpu                 # 15 SimCLR runs (30 with SimSiam: 108 min)
-    uv run python benchmarks/quality.py --scale gpu --jobs 1        # full CIFAR-10, 100 epochs
+    uv run python benchmarks/quality.py --scale cpu                 # 75 runs: 5 methods x 5 arms x 3 seeds
+    uv run python benchmarks/quality.py --scale gpu --jobs 1        # 90 runs (SimSiam too): full CIFAR-10, 100 epochs
     uv run python benchmarks/quality.py --scale cpu --report-only --results benchmarks/RESULTS.md
 
 Every run is ``train.py`` with the scale's common overrides, the method, the seed and the
@@ -70,7 +70,7 @@ class Scale:
 
 
 SCALES: dict[str, Scale] = {
-    # 15 runs on 2 cores (the 30-run version with SimSiam took 108 min): fixed 5k-image subset,
+    # 75 runs on 2 cores (5 methods x 5 arms x 3 seeds; SimSiam left out below): fixed 5k-image subset,
     # ResNet-18 (CIFAR stem) at width 8, batch 256, 12 epochs (228 optimiser steps, 58k images seen
     # per run), k-NN every epoch on a fixed 2k-image test subset with the 5k training images as bank.
     # Two 1-thread jobs at a time (measured faster than one 2-thread job for this small net).

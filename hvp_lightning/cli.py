@@ -27,6 +27,7 @@ import logging
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -72,6 +73,28 @@ OmegaConf.register_new_resolver(
     "hvp_resume_or", lambda resume, new: _resume_run_dir(resume) if resume else new, replace=True
 )
 OmegaConf.register_new_resolver("hvp_hydra_files", hydra_files_subdir, replace=True)
+
+# The config groups eval.py and transfer.py compose from (by their config's name); train.py's
+# are all the others but protocol. Hydra's --help would list every group under conf/ for each.
+EVAL_GROUPS = {"eval": ("protocol", "data", "logger"), "transfer": ("logger",)}
+
+
+def help_groups(config_name: str) -> str:
+    """The "Configuration groups" of ``--help`` (conf/hydra/help/hvp.yaml) for the command whose
+    top-level config is ``config_name``, formatted as Hydra formats its own list."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    def shown(group: str) -> bool:
+        if group.split("/")[0] == "hydra":
+            return False
+        return group in EVAL_GROUPS[config_name] if config_name in EVAL_GROUPS else group != "protocol"
+
+    hydra_app = GlobalHydra.instance().hydra
+    assert hydra_app is not None  # set while Hydra prints --help
+    return hydra_app.format_config_groups(shown).rstrip("\n")
+
+
+OmegaConf.register_new_resolver("hvp_help_groups", help_groups, replace=True)
 
 
 def _checked_resume(resume: str, run_dir: Path, fresh: bool) -> str:
@@ -209,15 +232,26 @@ def evaluate_main(cfg: DictConfig) -> float | None:
     except user_errors() as err:  # bad settings or checkpoint: one line, no traceback
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
-    m = summary["metrics"]
-    k = f" (k={m['k_for_top1']})" if summary["protocol"] == "knn" else ""
+    print(eval_line(summary))
+    return summary["metrics"]["top1"]
+
+
+def eval_line(summary: dict[str, Any]) -> str:
+    """``eval.py``'s last line: top-1 and top-5 and what they are of (a k-NN's k: the neighbours
+    that voted, which a ``protocol.ks`` entry above the training images does not give)."""
+    m, what = summary["metrics"], ""
+    if summary["protocol"] == "knn":
+        n = summary["dataset"]["train_images"]
+        over = [k for k in summary["settings"]["ks"] if k > n]
+        what = f" (k={m['k_for_top1']}" + (
+            f"; protocol.ks {over} above the {n} training images count all of them)" if over else ")"
+        )
     if m.get("best_top1") is not None:  # a classifier: also the official scripts' best epoch
-        k = f" (last epoch; best: {100 * m['best_top1']:.2f}% at epoch {m['best_epoch']})"
-    print(
-        f"{summary['protocol']} top-1: {100 * m['top1']:.2f}%{k}, top-5: {100 * m['top5']:.2f}% "
+        what = f" (last epoch; best: {100 * m['best_top1']:.2f}% at epoch {m['best_epoch']})"
+    return (
+        f"{summary['protocol']} top-1: {100 * m['top1']:.2f}%{what}, top-5: {100 * m['top5']:.2f}% "
         f"(chance {100 * summary['chance']:.1f}%) | {summary['out_dir']}/eval_summary.json"
     )
-    return m["top1"]
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="transfer", version_base="1.3")

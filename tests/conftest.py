@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -279,6 +281,16 @@ def eval_cfg(*overrides: str) -> DictConfig:
     """conf/eval.yaml composed with ``overrides`` (no progress bar)."""
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return compose("eval", overrides=["progress_bar=false", *overrides])
+
+
+def help_groups(script: str) -> set[str]:
+    """The config groups ``python <script> --help`` lists (conf/hydra/help/hvp.yaml)."""
+    proc = subprocess.run(
+        [sys.executable, script, "--help"], cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    section = proc.stdout.split("== Configuration groups ==", 1)[1].split("== Config ==", 1)[0]
+    return {line.split(":", 1)[0] for line in section.splitlines()[2:] if ":" in line}
 
 
 def compose_with_hydra(*overrides: str) -> DictConfig:

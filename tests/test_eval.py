@@ -24,7 +24,7 @@ from hvp_lightning.nn.knn import knn_accuracies, knn_accuracy
 from hvp_lightning.training import export
 from hvp_lightning.training.driver import run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, eval_cfg, make_cfg, write_images
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, eval_cfg, help_groups, make_cfg, write_images
 
 DINO = [
     "method=dino_cifar",
@@ -371,6 +371,25 @@ def test_eval_cli(simsiam_run):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "knn top-1:" in proc.stdout and "eval_summary.json" in proc.stdout
     assert set(json.loads((run_dir / "eval" / "knn" / "eval_summary.json").read_text())["metrics"]) >= {"k5", "k20"}
+
+
+def test_knn_with_k_above_the_bank_says_the_k_that_voted(simsiam_run):
+    """protocol.ks=[1000] on a 64-image bank: all 64 vote, and the summary and line say so
+    (the line used to read k=1000)."""
+    from hvp_lightning.cli import eval_line
+
+    run_dir, _ = simsiam_run
+    summary = evaluate(
+        eval_cfg(f"ckpt={run_dir}", "protocol=knn", "protocol.ks=[1000]", f"out_dir={run_dir / 'k1000'}")
+    )
+    m = summary["metrics"]
+    assert summary["dataset"]["train_images"] == 64 and m["k_for_top1"] == 64 and m["top1"] == m["k1000"]["top1"]
+    assert "(k=64; protocol.ks [1000] above the 64 training images count all of them)" in eval_line(summary)
+
+
+def test_eval_help_lists_only_the_groups_eval_takes():
+    """Hydra listed every group under conf/, method= among them, which eval.py refuses."""
+    assert help_groups("eval.py") == {"protocol", "data", "logger"}
 
 
 # --- export --------------------------------------------------------------------------------------

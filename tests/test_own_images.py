@@ -119,3 +119,34 @@ def test_hvp_monitors_says_what_is_missing(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         monitors_main([str(tmp_path), "--follow", "x"])
     assert monitors_main([str(tmp_path), "--follow", "0"]) == 2
+
+
+def _logged_run(run_dir: Path) -> None:
+    """A run dir whose CSV log holds two monitor passes, the second collapsed."""
+    (run_dir / "csv").mkdir(parents=True)
+    (run_dir / "csv" / "metrics.csv").write_text(
+        "epoch,step,monitor/epoch,monitor/rankme,monitor/feature_std\n0,0,0,30.0,0.1\n1,8,1,1.5,0.0001\n"
+    )
+
+
+def test_hvp_monitors_follow_gives_d_once_the_run_has_ended(tmp_path: Path, capsys, monkeypatch) -> None:
+    """--follow on an ended run prints what a plain call does (std*sqrt(d), collapse); on a live
+    run, the lines without d and, when summary.json appears, the whole table again with d."""
+    _logged_run(tmp_path)
+    (tmp_path / "summary.json").write_text('{"monitor_dim": 64}')
+    assert monitors_main([str(tmp_path)]) == 0
+    plain = capsys.readouterr().out
+    assert "std*sqrt(d)" in plain and "collapse: " in plain
+    assert monitors_main([str(tmp_path), "--follow", "60"]) == 0
+    assert capsys.readouterr().out == plain
+
+    live = tmp_path / "live"
+    _logged_run(live)
+    monkeypatch.setattr(
+        "hvp_lightning.analysis.monitors.time.sleep",
+        lambda s: (live / "summary.json").write_text('{"monitor_dim": 64}'),
+    )
+    assert monitors_main([str(live), "--follow", "60"]) == 0
+    first, final = capsys.readouterr().out.split("run ended (d=64):\n")
+    assert "std*sqrt(d)" not in first and "collapse" not in first and len(first.splitlines()) == 3
+    assert final == plain

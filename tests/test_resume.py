@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from hvp_lightning.training.checkpoint import (
+    RESUMABLE_KEYS,
     AtomicCheckpointIO,
     CheckpointError,
     atomic_save,
@@ -127,6 +128,15 @@ def test_run_dir_of_another_run_is_not_continued(tmp_path):
         resume_checkpoint(make_cfg("method=simclr_cifar"), tmp_path)
     with pytest.raises(CheckpointError, match=r"resume='.*' is not allowed: a run dir holding checkpoints/last.ckpt"):
         resume_checkpoint(make_cfg(f"resume={tmp_path / 'empty'}"), tmp_path / "empty")
+
+
+def test_docs_list_the_keys_a_resumed_run_may_change():
+    """docs/checkpoints.md "Which keys may change" names RESUMABLE_KEYS, no more, no fewer."""
+    text = (REPO / "docs" / "checkpoints.md").read_text()
+    section = text.split("### Which keys may change", 1)[1].split("\n### ", 1)[0]
+    listed = [line for line in section.splitlines() if line.startswith(("- ", "  "))]
+    keys = {k.removesuffix(".*") for line in listed for k in re.findall(r"`([a-z_.*]+)`", line)}
+    assert keys == set(RESUMABLE_KEYS) - {"resume"}
 
 
 def test_atomic_save_never_leaves_a_partial_file(tmp_path, monkeypatch):

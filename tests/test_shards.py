@@ -102,6 +102,28 @@ def test_converter_writes_what_the_reader_indexes(tmp_path, capsys) -> None:
     assert first == {p.name: p.read_bytes() for p in (tmp_path / "again").iterdir()}
 
 
+def test_converter_refuses_an_out_with_earlier_shards_and_names_a_bad_shard_size(tmp_path, capsys) -> None:
+    """Converting into a folder of earlier shards used to leave the old ones beside a manifest
+    that does not list them; nothing of the user's is deleted."""
+    write_images(tmp_path / "six", 6)
+    shards_of(tmp_path / "six", tmp_path / "out", "--max-samples", "1")
+    before = sorted(p.name for p in (tmp_path / "out").iterdir())
+    write_images(tmp_path / "three", 3)
+    capsys.readouterr()
+    assert make_shards([str(tmp_path / "three"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"OUT={tmp_path / 'out'} already holds shards or a manifest (manifest.json, train-000000.tar" in err
+    assert "train-000001.tar and 4 more): pick an empty folder or remove them" in err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == before
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("kept")  # other files are no earlier output
+    assert make_shards([str(tmp_path / "three"), str(tmp_path / "other")]) == 0
+    assert make_shards([str(tmp_path / "three"), str(tmp_path / "new"), "--shard-size", "1XB"]) == 2
+    err = capsys.readouterr().err
+    assert "--shard-size=1XB is not allowed: expected a number of bytes with an optional unit" in err
+    assert not (tmp_path / "new").exists()
+
+
 def test_an_image_has_the_same_views_from_its_folder_and_its_shards(tmp_path) -> None:
     """data=images on a folder and data=shards on the shards made of it: the same training
     items (views and crop parameters, bit for bit) under the same (epoch, index) keys, the same

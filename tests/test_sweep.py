@@ -24,6 +24,7 @@ from hvp_lightning.cluster.sweep import (
     Job,
     SweepSummary,
     job_dir_name,
+    main,
     read_jobs,
     sweep_csv,
     write_sweep_summary,
@@ -182,6 +183,25 @@ def test_cli_rebuilds_the_table(tmp_path):
         timeout=SUBPROCESS_TIMEOUT_S,
     )
     assert proc.returncode == 0 and proc.stdout.strip() == str(tmp_path / FILENAME)
+
+
+def test_cli_refuses_what_is_no_sweep_dir(tmp_path, capsys):
+    """A mistyped path used to be made, with a header-only table; a run dir got a one-row table."""
+    run_dir = fake_job(tmp_path, "run", ["seed=0"], HVP_SUMMARY)
+    (tmp_path / "empty").mkdir()
+    for path, why in [
+        (tmp_path / "nowhere", "no such folder"),
+        (run_dir, "it is a single run dir"),
+        (tmp_path / "empty", "it holds no job subfolder"),
+    ]:
+        assert main([str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"hvp-sweep-summary: {path} is not a sweep dir ({why}") and "train.py -m" in err
+        assert not (path / FILENAME).exists()
+    assert not (tmp_path / "nowhere").exists() and not (tmp_path / FILENAME).exists()
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "one row per job" in capsys.readouterr().out
 
 
 def test_slurm_launcher_renders_one_task_per_gpu(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import pytest
 from hvp_lightning.config import ConfigError, validate
 from hvp_lightning.training.driver import final_line, run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, wandb_records, write_images
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, help_groups, wandb_records, write_images
 
 SUMMARY_KEYS = {"method", "hvp_enabled", "num_classes", "knn_top1", "train_loss", "epochs", "images_seen"}
 
@@ -270,3 +270,8 @@ def test_wandb_offline_run_logs_metrics_and_summary(cfg_factory, tmp_path, monke
         "summary/hvp_selection_selected_loss_mean",
     ):
         assert key.encode() in record, key
+
+
+def test_train_help_lists_every_group_but_eval_s_protocol():
+    groups = {str(p.parent.relative_to(REPO / "conf")) for p in (REPO / "conf").rglob("*.yaml")} - {"."}
+    assert help_groups("train.py") == {g for g in groups if g.split("/")[0] != "hydra"} - {"protocol"}

@@ -24,7 +24,7 @@ from hvp_lightning.options import TRANSFER_DATASETS, TRANSFER_PROTOCOLS
 from hvp_lightning.run.directory import TransferDir
 from hvp_lightning.training.driver import run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, make_cfg
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, help_groups, make_cfg
 
 savemat = pytest.importorskip("scipy.io", reason="Flowers102 reads .mat files with scipy").savemat
 
@@ -289,3 +289,7 @@ def test_transfer_writes_the_paper_table(datasets, tiny_run, tmp_path, fakes_pas
     best, last, batch = ([c.strip() for c in line.strip("|").split("|")] for line in md[2:5])
     assert "best epoch (the paper's" in best[2] and "last epoch" in last[2] and batch[2] == "batch"
     assert best[3] == row["cifar10_linear_best"] and last[4] == row["cifar10_finetune_last"] and batch[4] == "512"
+
+
+def test_transfer_help_lists_only_the_groups_transfer_takes():
+    assert help_groups("transfer.py") == {"logger"}

@@ -137,11 +137,12 @@ def main(argv: list[str] | None = None, prog: str = "hvp-monitors") -> int:
         print(f"{prog}: {args.run_dir} is not a run dir (no such folder)", file=sys.stderr)
         return 2
     shown = 0
-    # following, d is not known before the run ends (summary.json): the columns stay those of the first lines
-    dim = feature_dim(run_dir) if args.follow is None else None
     while True:
-        rows = read_passes(run_dir.csv_metrics) if run_dir.csv_metrics.is_file() else []
+        # summary.json before the log: the run writes it last, so a finished run's log is read whole
         finished = run_dir.summary.is_file()
+        rows = read_passes(run_dir.csv_metrics) if run_dir.csv_metrics.is_file() else []
+        # d comes with summary.json: a live table has no std*sqrt(d) column and no collapse verdict
+        dim = feature_dim(run_dir) if finished else None
         text = table(rows, dim).splitlines()
         if args.follow is None:
             if not rows:
@@ -149,9 +150,11 @@ def main(argv: list[str] | None = None, prog: str = "hvp-monitors") -> int:
                 return 1
             print("\n".join(text))
             break
-        if len(rows) > shown:
+        if finished and dim and shown:  # the lines so far lacked d: the whole table again, with it
+            print(f"run ended (d={dim}):", "\n".join(text), sep="\n", flush=True)
+        elif len(rows) > shown:
             print("\n".join(text[0 if shown == 0 else shown + 1 :]), flush=True)
-            shown = len(rows)
+        shown = len(rows)
         if finished:
             break
         time.sleep(args.follow)

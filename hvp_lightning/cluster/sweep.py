@@ -214,16 +214,39 @@ class SweepSummary(Callback):
         print(f"sweep summary: {path}")
 
 
-def main(argv: list[str] | None = None) -> int:
+SWEEP_DIR = "the folder `python train.py -m ...` writes (multirun/<date>/<time>), holding one subfolder per job"
+
+
+def sweep_dir_problem(path: Path) -> str | None:
+    """Why ``path`` is no sweep dir to tabulate, or None: a run dir or a mistyped path would
+    otherwise get a one-row or a header-only table (and the missing folder made)."""
+    if not path.is_dir():
+        return "no such folder"
+    if RunDir(path).overrides.is_file():
+        return "it is a single run dir"
+    if not RunDir.started_under(path):
+        return "it holds no job subfolder (.hydra/overrides.yaml)"
+    return None
+
+
+def main(argv: list[str] | None = None, prog: str = "hvp-sweep-summary") -> int:
     """``hvp-sweep-summary SWEEP_DIR`` (``python -m hvp_lightning.cluster.sweep SWEEP_DIR``): (re)write
     ``sweep_summary.csv`` of a Hydra multirun, e.g. after some of its jobs were rerun."""
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or args[0] in ("-h", "--help"):
-        print("usage: hvp-sweep-summary SWEEP_DIR  (writes SWEEP_DIR/sweep_summary.csv)", file=sys.stderr)
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog=prog,
+        description="(Re)write SWEEP_DIR/sweep_summary.csv, one row per job of a Hydra multirun, from what "
+        "the jobs left on disk: e.g. after SLURM killed a job or some jobs were rerun.",
+    )
+    ap.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR", help=SWEEP_DIR)
+    args = ap.parse_args(argv)
+    if problem := sweep_dir_problem(args.sweep_dir):
+        print(f"{prog}: {args.sweep_dir} is not a sweep dir ({problem}); a sweep dir is {SWEEP_DIR}", file=sys.stderr)
         return 2
-    print(write_sweep_summary(args[0]))
+    print(write_sweep_summary(args.sweep_dir))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(prog="python -m hvp_lightning.cluster.sweep"))

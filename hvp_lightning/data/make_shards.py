@@ -37,13 +37,29 @@ from .shard_index import (
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
+SIZES = "a number of bytes with an optional unit B, KB, MB, GB, KiB, MiB or GiB (e.g. 256MB, 1GiB, 5e8)"
+
+
 def parse_size(text: str) -> int:
     """``256MB``, ``1GiB``, ``5e8``: bytes."""
     t = text.strip().upper().replace(" ", "")
-    for unit in sorted(UNITS, key=len, reverse=True):
-        if unit and t.endswith(unit):
-            return int(float(t[: -len(unit)]) * UNITS[unit])
-    return int(float(t))
+    unit = next((u for u in sorted(UNITS, key=len, reverse=True) if u and t.endswith(u)), "")
+    try:
+        return int(float(t[: len(t) - len(unit)]) * UNITS[unit])
+    except ValueError:
+        raise ValueError(f"--shard-size={text} is not allowed: expected {SIZES}") from None
+
+
+def earlier_output(out: str) -> list[str]:
+    """The shards (``*.tar``) and manifest already in OUT, sorted: new shards beside them would
+    leave old ones the new manifest does not list (and the same names overwritten)."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(out)
+    if not fs.isdir(root):
+        return []
+    names = sorted(name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(root, detail=False))
+    return [name for name in names if name == MANIFEST or name.endswith(".tar")]
 
 
 def source_samples(src: Path) -> tuple[list[tuple[str, int]], list[str]]:
@@ -146,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.src or not args.out:
             ap.error("SRC and OUT are needed (or --index URLS)")
         return convert(args)
-    except (ShardError, FileNotFoundError, ValueError) as err:
+    except (ShardError, FileNotFoundError, FileExistsError, ValueError) as err:
         print(f"hvp-make-shards: {err}", file=sys.stderr)
         return 2
 
@@ -157,15 +173,21 @@ def convert(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"{src} is not a folder")
     shard_bytes = parse_size(args.shard_size)
     if shard_bytes < 10 * tarfile.BLOCKSIZE:
-        raise ValueError(f"--shard-size={args.shard_size} is too small (at least 5KiB)")
+        raise ValueError(f"--shard-size={args.shard_size} is not allowed: expected at least 5KiB")
     if args.max_samples is not None and args.max_samples < 1:
-        raise ValueError(f"--max-samples={args.max_samples}: at least 1")
+        raise ValueError(f"--max-samples={args.max_samples} is not allowed: expected at least 1")
     samples, classes = source_samples(src)
     if not samples:
         raise FileNotFoundError(f"no image files under {src}")
     out = args.out.rstrip("/")
     if "://" not in out:
         out = os.path.abspath(os.path.expanduser(out))
+    if found := earlier_output(out):
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise FileExistsError(
+            f"OUT={out} already holds shards or a manifest ({shown}): pick an empty folder or remove them"
+        )
+    if "://" not in out:
         os.makedirs(out, exist_ok=True)
     records = write_shards(samples, classes, out, args.prefix, shard_bytes, args.max_samples, source=str(src))
     labelled = f"labelled, {len(classes)} classes" if classes else "unlabelled"

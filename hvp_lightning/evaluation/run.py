@@ -71,11 +71,13 @@ def run_knn(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[str, An
         s["temperature"],
     )
     ref = 20 if 20 in res else s["ks"][0]
+    if over := [k for k in s["ks"] if k > len(bank)]:
+        log.warning("protocol.ks: k=%s above the %d training images: each votes with all of them", over, len(bank))
     logger.log_metrics({f"eval/knn_k{k}_{m}": v for k, r in res.items() for m, v in r.items()}, step=0)
     return {
         "top1": res[ref]["top1"],
         "top5": res[ref]["top5"],
-        "k_for_top1": ref,
+        "k_for_top1": min(ref, len(bank)),  # the neighbours that voted: a k above the bank counts all of it
         **{f"k{k}": v for k, v in sorted(res.items())},
     }
 

@@ -114,16 +114,24 @@ def test_readme_own_images_commands_run(tmp_path: Path, capsys) -> None:
 def test_hvp_monitors_says_what_is_missing(tmp_path: Path, capsys) -> None:
     assert monitors_main([str(tmp_path / "nowhere")]) == 2
     assert "not a run dir" in capsys.readouterr().err
+    # a folder that holds no run (runs/<date> instead of the run): --follow would wait forever
+    assert monitors_main([str(tmp_path), "--follow", "60"]) == 2
+    assert "not a run dir (no config.yaml or .hydra/ in it" in capsys.readouterr().err
+    (tmp_path / ".hydra").mkdir()  # a run that has just started
     assert monitors_main([str(tmp_path)]) == 1
     assert "no monitor or k-NN pass logged yet" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         monitors_main([str(tmp_path), "--follow", "x"])
     assert monitors_main([str(tmp_path), "--follow", "0"]) == 2
+    assert monitors_main([str(tmp_path), "--plot", str(tmp_path / "curves.jpeg2")]) == 2  # was matplotlib's traceback
+    err = capsys.readouterr().err
+    assert "--plot=" in err and "curves.jpeg2 is not allowed" in err and ".png" in err
 
 
 def _logged_run(run_dir: Path) -> None:
     """A run dir whose CSV log holds two monitor passes, the second collapsed."""
     (run_dir / "csv").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("seed: 0\n")
     (run_dir / "csv" / "metrics.csv").write_text(
         "epoch,step,monitor/epoch,monitor/rankme,monitor/feature_std\n0,0,0,30.0,0.1\n1,8,1,1.5,0.0001\n"
     )

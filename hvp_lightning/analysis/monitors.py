@@ -116,6 +116,16 @@ def plot(rows: list[Row], out: Path, title: str) -> None:
     plt.close(fig)
 
 
+def plot_formats() -> set[str]:
+    """The file types matplotlib can write here (``savefig`` picks one by the name's suffix)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return set(FigureCanvasBase.get_supported_filetypes())
+
+
 def main(argv: list[str] | None = None, prog: str = "hvp-monitors") -> int:
     """The ``hvp-monitors`` console command; ``prog``: the command name its usage line shows."""
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
@@ -135,6 +145,20 @@ def main(argv: list[str] | None = None, prog: str = "hvp-monitors") -> int:
         return 2
     if not run_dir.path.is_dir():
         print(f"{prog}: {args.run_dir} is not a run dir (no such folder)", file=sys.stderr)
+        return 2
+    if not (run_dir.config.is_file() or run_dir.hydra.is_dir()):  # e.g. runs/<date>: --follow would wait forever
+        print(
+            f"{prog}: {args.run_dir} is not a run dir (no config.yaml or .hydra/ in it; a run dir is "
+            "runs/<date>/<time>_<method>, the path train.py's last line names)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.plot is not None and args.plot.suffix.lstrip(".").lower() not in plot_formats():
+        print(
+            f"{prog}: --plot={args.plot} is not allowed: a file name ending in one of "
+            f"{', '.join('.' + f for f in sorted(plot_formats()))}",
+            file=sys.stderr,
+        )
         return 2
     shown = 0
     while True:

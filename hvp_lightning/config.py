@@ -394,7 +394,12 @@ def check_images(cfg: DictConfig) -> None:
         )
     if root:
         if not Path(str(root)).expanduser().is_dir():
-            fail("data.root", str(root), f"a folder holding {IMAGE_FILES} at any depth (no folder there)")
+            what = (
+                "a file, not a folder; a list of paths goes in data.files"
+                if Path(str(root)).expanduser().is_file()
+                else "no folder there"
+            )
+            fail("data.root", str(root), f"a folder holding {IMAGE_FILES} at any depth ({what})")
         if not training_images(d):
             fail(
                 "data.root",

@@ -156,6 +156,10 @@ def test_images_settings_are_checked_against_the_files(cfg_factory, tmp_path):
         ([root, "data.monitor_size=6"], r"data.monitor_size=6 .*fewer than the 6 images"),
         ([root, "data.monitor_size=0"], r"data.monitor_size=0 .*without data.eval_root"),
         ([root, "data.monitor_size=1", f"data.eval_root={tmp_path / 'imgs'}"], r"data.eval_root=.*ImageNet-layout"),
+        (
+            [f"data.root={tmp_path / 'list.txt'}"],
+            r"data.root=.*\(a file, not a folder; a list of paths goes in data.files",
+        ),
     ]
     for overrides, message in cases:
         with pytest.raises(ConfigError, match=f"^{message}"):

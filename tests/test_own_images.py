@@ -158,3 +158,23 @@ def test_hvp_monitors_follow_gives_d_once_the_run_has_ended(tmp_path: Path, caps
     first, final = capsys.readouterr().out.split("run ended (d=64):\n")
     assert "std*sqrt(d)" not in first and "collapse" not in first and len(first.splitlines()) == 3
     assert final == plain
+
+
+def test_unreadable_held_out_images_are_left_out_of_the_monitors(tmp_path: Path, caplog) -> None:
+    """An unreadable file's row holds the next readable image; counted in, its duplicate would pull
+    RankMe down and the summary would claim images the monitors never saw."""
+    from hvp_lightning.data.datamodule import monitor_split
+    from hvp_lightning.data.layout import images_under
+
+    root = unlabelled_images(tmp_path / "imgs")
+    for i in range(4):
+        (root / f"broken{i}.jpg").write_bytes(b"not a jpeg")
+    paths = images_under(root)
+    held = monitor_split(len(paths), 10)[1]
+    broken = sum("broken" in paths[i] for i in held)
+    assert 0 < broken < 10  # the seeded split holds some out, and keeps readable ones too
+    base = ["method=simsiam", "data=images", f"data.root={root}", *SMALL, "data.monitor_size=10"]
+    cfg = make_cfg(*base, "trainer.max_epochs=1", "method.batch_size=2", tiny=False)
+    summary = run(cfg, tmp_path / "run")
+    assert summary["monitor_images"] == 10 - broken
+    assert f"{broken} unreadable monitor images left out ({10 - broken} used)" in caplog.text

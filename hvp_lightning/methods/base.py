@@ -199,7 +199,10 @@ class SSLMethod(L.LightningModule):
     # --- online monitors (validation loop: the loaders of ``self.eval_roles``) --------------
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         feats = self.eval_backbone(batch["image"]).float()  # raw: RankMe's input; k-NN normalises
-        self._val_store.setdefault(dataloader_idx, []).append((feats, batch["label"], batch["index"]))
+        # an unreadable file's row holds the next readable image: a duplicate the monitors leave out
+        flags = [bool(b) for b in batch.get("bad_file", [""] * len(feats))]
+        stand_in = torch.tensor(flags, dtype=torch.uint8, device=feats.device)  # uint8: gloo gathers no bool
+        self._val_store.setdefault(dataloader_idx, []).append((feats, batch["label"], batch["index"], stand_in))
         note_skipped(self.skipped_files, batch.get("bad_file", ()))
 
     @property
@@ -217,16 +220,19 @@ class SSLMethod(L.LightningModule):
             return float(self.current_epoch)
         return self.global_step / max(1, math.ceil(batches / self.trainer.accumulate_grad_batches))
 
-    def _gathered(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        feats, labels, index = (torch.cat(x) for x in zip(*self._val_store[idx]))
+    def _gathered(self, idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(features, labels, stand-in flags) of loader ``idx``, every rank's, each sample once."""
+        feats, labels, index, stand_in = (torch.cat(x) for x in zip(*self._val_store[idx]))
         if self.trainer.world_size > 1:  # every rank saw a shard; DistributedSampler pads duplicates
-            feats, labels, index = (self.all_gather(x).flatten(0, 1) for x in (feats, labels, index))
+            feats, labels, index, stand_in = (
+                self.all_gather(x).flatten(0, 1) for x in (feats, labels, index, stand_in)
+            )
             order = torch.argsort(index, stable=True)
-            index, feats, labels = index[order], feats[order], labels[order]
+            index, feats, labels, stand_in = index[order], feats[order], labels[order], stand_in[order]
             keep = torch.ones_like(index, dtype=torch.bool)
             keep[1:] = index[1:] != index[:-1]
-            feats, labels = feats[keep], labels[keep]
-        return feats, labels
+            feats, labels, stand_in = feats[keep], labels[keep], stand_in[keep]
+        return feats, labels, stand_in.bool()
 
     def on_validation_epoch_end(self) -> None:
         if not set(range(len(self.eval_roles))) <= self._val_store.keys():
@@ -235,10 +241,11 @@ class SSLMethod(L.LightningModule):
         data = {role: self._gathered(i) for i, role in enumerate(self.eval_roles)}
         self._val_store.clear()
         position = {"step": int(self.global_step), "epoch": round(self._epochs_done(), 4)}
-        if "test" in data:
-            self._knn_pass(*data["bank"], *data["test"], position)
+        if "test" in data:  # stand-ins stay: the k-NN's sets keep their size, as DINO's loaders would
+            self._knn_pass(*data["bank"][:2], *data["test"][:2], position)
         source = "monitor" if "monitor" in data else "test"
-        self._monitor_pass(data[source][0], source, position)
+        feats, _, stand_in = data[source]
+        self._monitor_pass(feats[~stand_in], source, position, left_out=int(stand_in.sum()))
 
     def _knn_pass(
         self,
@@ -258,11 +265,16 @@ class SSLMethod(L.LightningModule):
         self.log("knn/top5", res["top5"], add_dataloader_idx=False)
         self.log("knn/epoch", position["epoch"], add_dataloader_idx=False)  # the curves' x (W&B)
 
-    def _monitor_pass(self, feats: torch.Tensor, source: str, position: dict[str, Any]) -> None:
-        """RankMe and feature std of ``feats`` (every rank has them all), logged, kept in the
+    def _monitor_pass(self, feats: torch.Tensor, source: str, position: dict[str, Any], left_out: int = 0) -> None:
+        """RankMe and feature std of ``feats`` (every rank has them all; ``left_out`` unreadable
+        images' stand-ins not among them: duplicates would pull RankMe down), logged, kept in the
         history, and one warning line naming the epoch when they signal collapse."""
-        values = {"rankme": rankme(feats), "feature_std": feature_std(feats)}
         n, d = feats.shape
+        if left_out and self.trainer.is_global_zero:
+            log.warning("label-free monitors: %d unreadable %s images left out (%d used)", left_out, source, n)
+        if n == 0:
+            return
+        values = {"rankme": rankme(feats), "feature_std": feature_std(feats)}
         self.monitor_result = dict(values, images=int(n), dim=int(d), source=source, **position)
         self.monitor_history.append({**position, "images_seen": int(self.images_seen), **values})
         for key, value in values.items():

@@ -73,6 +73,36 @@ def test_a_timm_trunk_is_timms_own_model_without_classifier(name, args):
     assert backbone(torch.randn(2, 3, 32, 32)).shape == (2, reference.num_features)
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mobilenetv3_small_050",
+        "mobilenetv4_conv_small",
+        "ghostnet_050",
+        "repghostnet_050",
+        "hgnetv2_b0",
+        "lcnet_050",
+        "fbnetv3_b",
+        "resnet10t",
+        "convnext_atto",
+        "vit_tiny_patch16_224",
+    ],
+)
+def test_feature_dim_is_the_width_of_timms_pooled_output(name):
+    """Mobile-family models put a head conv after the pooling: their output has
+    ``head_hidden_size`` features, not ``num_features`` (the heads would not fit)."""
+    cfg = make_cfg("backbone=timm", f"backbone.name={name}", "data.crop_size=32").backbone
+    with torch.device("meta"):
+        backbone = build_backbone(cfg)
+        assert backbone(torch.empty(2, 3, 32, 32)).shape == (2, backbone.feature_dim)
+
+
+def test_a_drop_path_rate_the_model_lacks_is_named():
+    cfg = make_cfg("backbone=timm", "backbone.name=ghostnet_050", "backbone.drop_path_rate=0.1").backbone
+    with torch.device("meta"), pytest.raises(ConfigError, match=r"^backbone.drop_path_rate=0.1 is not allowed: 0.0"):
+        build_backbone(cfg)
+
+
 def test_register_tokens_are_skipped_by_the_token_path_and_masking_moves_only_patches():
     cfg = make_cfg(*TINY_VIT, "backbone.img_size=32", "data.crop_size=32").backbone
     with open_dict(cfg):

@@ -186,7 +186,9 @@ def build_timm(
     import timm
 
     check_timm_name(name)
-    kwargs: dict = {"drop_path_rate": drop_path_rate}
+    kwargs: dict = (
+        {"drop_path_rate": drop_path_rate} if drop_path_rate else {}
+    )  # 0: timm's default, not every model takes it
     vit = timm_is_vit(name)
     if vit:
         kwargs["dynamic_img_size"] = True
@@ -195,10 +197,21 @@ def build_timm(
     kwargs.update(model_args or {})
     try:
         trunk = timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
-    except TypeError as err:  # a model_args key (or drop_path_rate) the model does not take
+    except TypeError as err:  # a keyword the model does not take
+        if "'drop_path_rate'" in str(err) and "drop_path_rate" not in (model_args or {}):
+            raise ConfigError(
+                f"backbone.drop_path_rate={drop_path_rate!r} is not allowed: 0.0 for {name}: {err}"
+            ) from err
         raise ConfigError(f"backbone.model_args={model_args!r} is not allowed for {name}: {err}") from err
     patch = trunk.patch_embed.patch_size[0] if vit and hasattr(trunk, "patch_embed") else None
-    return Backbone(trunk, int(trunk.num_features), channels_last=channels_last, patch_size=patch)
+    return Backbone(trunk, timm_pooled_width(trunk), channels_last=channels_last, patch_size=patch)
+
+
+def timm_pooled_width(trunk: nn.Module) -> int:
+    """Features per image of ``trunk(x)`` for a timm model built with ``num_classes=0``: its
+    ``head_hidden_size``, not ``num_features``, where a head layer sits after the pooling
+    (MobileNetV3/V4, GhostNet, HGNetV2, LCNet, FBNetV3: a 1x1 conv; ConvNeXt with a hidden head)."""
+    return int(getattr(trunk, "head_hidden_size", None) or trunk.num_features)
 
 
 @dataclass(frozen=True)

@@ -420,6 +420,30 @@ def test_batchnorm_fused_with_an_activation_keeps_per_process_batchnorm():
         sync_batchnorm_plugins(True, efficientnet)
 
 
-def test_img_size_is_refused_for_a_model_that_takes_any_size():
-    with pytest.raises(ConfigError, match=r"backbone.img_size=64 is not allowed: null for resnet10t: a ResNet"):
+def test_img_size_is_refused_for_a_model_that_takes_none():
+    with pytest.raises(
+        ConfigError, match=r"backbone.img_size=64 is not allowed: null for resnet10t: ResNet.* 'img_size'"
+    ):
         validate(make_cfg("backbone=timm", "backbone.name=resnet10t", "backbone.img_size=64", "data.crop_size=32"))
+
+
+def test_a_model_built_for_one_input_size_is_refused_at_start_up_with_what_fits():
+    """Swin and LeViT take their img_size only: the start-up check runs them (meta device) at the
+    run's crop sizes and names the setting that fits, instead of an assertion at the first step."""
+    swin = ["backbone=timm", "backbone.name=swin_tiny_patch4_window7_224", "data.crop_size=32"]
+    with pytest.raises(ConfigError, match=r"^data.crop_size=32 is not allowed: .* set backbone.img_size=32$"):
+        validate(make_cfg(*swin))
+    validate(make_cfg(*swin, "backbone.img_size=32"))
+    dino = ["method=dino_cifar", "method.local_crop_size=16", "method.num_local_crops=2"]
+    with pytest.raises(ConfigError, match=r"set 'backbone.model_args=\{dynamic_img_size: true\}'$"):
+        validate(make_cfg(*dino, *swin))
+    validate(make_cfg(*dino, *swin, "backbone.model_args={dynamic_img_size: true}"))
+    levit = ["backbone=timm", "backbone.name=levit_128s", "data.crop_size=32", "backbone.img_size=32"]
+    with pytest.raises(ConfigError, match=r"^method.local_crop_size=16 is not allowed: a size levit_128s takes"):
+        validate(make_cfg(*dino, *levit))
+
+
+def test_an_unpooled_output_is_refused_naming_global_pool():
+    cfg = make_cfg("backbone=timm", "backbone.name=resnet10t", "backbone.model_args={global_pool: ''}")
+    with pytest.raises(ConfigError, match=r"^backbone.model_args=\{'global_pool': ''\} is not allowed: a global_pool"):
+        validate(cfg)

@@ -537,7 +537,7 @@ def test_export_folder_vit_teacher_student_and_narrow_resnet(dino_run, simsiam_r
 
 def test_timm_target_of_timm_family_trunks():
     """backbone=timm (its preset has model_args): the trunk is timm's own model, so its name (tag
-    dropped) and model_args rebuild it, img_size only where the model has a patch grid; a wrong
+    dropped) and model_args rebuild it, img_size where the run set it (the model took it); a wrong
     argument is caught by the check before anything is written: other keys, or the same keys
     with other features."""
     import timm
@@ -545,8 +545,8 @@ def test_timm_target_of_timm_family_trunks():
     from hvp_lightning.nn.backbones import Backbone
     from hvp_lightning.training.model_card import timm_target
 
-    def timm_cfg(name: str, **model_args) -> DictConfig:
-        keys = dict(img_size=32, drop_path_rate=0.0, init=None, init_student=False, channels_last=False)
+    def timm_cfg(name: str, img_size: int | None = 32, **model_args) -> DictConfig:
+        keys = dict(img_size=img_size, drop_path_rate=0.0, init=None, init_student=False, channels_last=False)
         return OmegaConf.create(dict(name=name, model_args=model_args, **keys))
 
     vit = timm.create_model(
@@ -555,7 +555,7 @@ def test_timm_target_of_timm_family_trunks():
     cnn = timm.create_model("resnet18", num_classes=0)  # a timm name that is also a preset's
     cases = (
         (timm_cfg("vit_tiny_patch16_224.augreg_in21k", patch_size=8, depth=1), vit, 192, 32),
-        (timm_cfg("resnet18"), cnn, 512, 32),
+        (timm_cfg("resnet18", img_size=None), cnn, 512, 32),
     )
     for cfg, trunk, dim, size in cases:
         target = timm_target(cfg, trunk)
@@ -568,7 +568,7 @@ def test_timm_target_of_timm_family_trunks():
     wrong = timm_target(timm_cfg("vit_tiny_patch16_224", patch_size=8, depth=2), vit)
     with pytest.raises(ConfigError, match=r"missing \['blocks\.1\."):
         export.check_in_timm(wrong, dict(vit.state_dict()), Backbone(vit, 192), [3, 32, 32])
-    max_pool = timm_target(timm_cfg("resnet18", global_pool="max"), cnn)  # same keys, other features
+    max_pool = timm_target(timm_cfg("resnet18", img_size=None, global_pool="max"), cnn)  # same keys, other features
     with pytest.raises(ConfigError, match="features differ from the run's"):
         export.check_in_timm(max_pool, dict(cnn.state_dict()), Backbone(cnn, 512).eval(), [3, 64, 64])  # 2x2 maps
 

@@ -57,7 +57,7 @@ def timm_target(backbone_cfg: DictConfig, trunk: Any) -> TimmTarget:
         architecture = str(backbone_cfg.name).split(".", 1)[0]
         if backbone_cfg.model_args is not None:
             args.update(OmegaConf.to_container(backbone_cfg.model_args, resolve=True))  # type: ignore[arg-type]
-        if backbone_cfg.get("img_size") is not None and hasattr(trunk, "patch_embed"):
+        if backbone_cfg.get("img_size") is not None:  # the model took it (build_timm passes it to any)
             args["img_size"] = int(backbone_cfg.img_size)
     elif family == "resnet":
         width, cifar = backbone_cfg.get("width", 64), bool(backbone_cfg.get("cifar_stem", False))

@@ -187,6 +187,18 @@ def test_weights_of_another_architecture_stop_the_run_before_training(tmp_path):
     assert "\n" not in msg and not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_a_text_file_and_a_whole_pickled_model_are_named_in_one_plain_line(tmp_path):
+    from hvp_lightning.nn.weights import read_state
+
+    text, whole = tmp_path / "notes.txt", tmp_path / "model.pth"
+    text.write_text("not weights\n")
+    torch.save(torch.nn.Linear(2, 2), whole)
+    for path, said in ((text, "not a weights file"), (whole, "a whole pickled model .*: save model.state_dict")):
+        with pytest.raises(ConfigError, match=f"^backbone.init='.*' is not allowed: {said}") as err:
+            read_state(str(path))
+        assert "\n" not in str(err.value) and "\x1b" not in str(err.value)
+
+
 def test_wrongly_shaped_keys_show_both_shapes(tmp_path):
     weights = tmp_path / "wide.pth"
     state = build_backbone(make_cfg("backbone.width=16").backbone).trunk.state_dict()

@@ -253,10 +253,11 @@ def _check_init(b: DictConfig, resuming: bool = False) -> None:
 
 
 def check_timm_backbone(cfg: DictConfig) -> None:
-    """``backbone=timm`` against timm itself: the name (else the closest names timm knows), the
-    crops against a ViT's patch size, and iBOT's need for a ViT with a class token. The model is
-    built on the meta device, so this costs no memory and no initialisation."""
-    from .nn.backbones import check_timm_name, timm_layout
+    """``backbone=timm`` against timm itself: the name (else the closest names timm knows), iBOT's
+    need for a ViT with a class token, and the model run at every crop size of the run (a ViT's
+    patch size, a fixed input size, kernels larger than the image; a pooled ``[batch, features]``
+    output). The model is built and run on the meta device: no memory, no initialisation, no compute."""
+    from .nn.backbones import check_timm_name, meta_output_shape, meta_timm, timm_layout, timm_size_fix
 
     b, m = cfg.backbone, cfg.method
     check_timm_name(b.name)
@@ -266,16 +267,30 @@ def check_timm_backbone(cfg: DictConfig) -> None:
             f"backbone.name={b.name!r} is not allowed for method=ibot: {b.name} is a {layout.kind}, and iBOT "
             "needs patch tokens, a class token and a mask token (a timm ViT, e.g. vit_small_patch16_224)"
         )
-    if layout.patch_size is None:
-        if b.get("img_size") is not None:
-            fail("backbone.img_size", b.img_size, f"null for {b.name}: a {layout.kind} takes any image size")
-        return
     sizes = {"data.crop_size": cfg.data.crop_size}
     if m.name in ("dino", "ibot") and int(m.get("num_local_crops") or 0) > 0:
         sizes["method.local_crop_size"] = m.local_crop_size
     for key, size in sizes.items():
-        if size % layout.patch_size:
+        if layout.patch_size is not None and size % layout.patch_size:
             fail(key, size, f"a multiple of {b.name}'s patch size {layout.patch_size}")
+    backbone = meta_timm(b)
+    for key, size in sizes.items():
+        try:
+            shape = meta_output_shape(backbone, size)
+        except Exception as err:  # the model's own code refuses this size (an assertion, a shape mismatch)
+            fix = timm_size_fix(b, list(sizes.values()))
+            said = (str(err).splitlines() or [type(err).__name__])[0]
+            why = f"{b.name} fails on {size} px images ({said if len(said) <= 120 else said[:117] + '...'})"
+            if fix is None:
+                fail(key, size, f"a size {b.name} takes (its default: {layout.default_size}): {why}")
+            fail(key, size, f"{why}; set {fix}")
+        if len(shape) != 2:
+            fail(
+                "backbone.model_args",
+                OmegaConf.to_container(b.model_args) if b.model_args is not None else None,
+                f"a global_pool that pools: {b.name} gives {list(shape)} at {size} px, not [batch, features] "
+                "(leave global_pool out, or e.g. avg)",
+            )
 
 
 def _validate_lr_end(cfg: DictConfig) -> None:

@@ -73,6 +73,36 @@ def test_a_timm_trunk_is_timms_own_model_without_classifier(name, args):
     assert backbone(torch.randn(2, 3, 32, 32)).shape == (2, reference.num_features)
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mobilenetv3_small_050",
+        "mobilenetv4_conv_small",
+        "ghostnet_050",
+        "repghostnet_050",
+        "hgnetv2_b0",
+        "lcnet_050",
+        "fbnetv3_b",
+        "resnet10t",
+        "convnext_atto",
+        "vit_tiny_patch16_224",
+    ],
+)
+def test_feature_dim_is_the_width_of_timms_pooled_output(name):
+    """Mobile-family models put a head conv after the pooling: their output has
+    ``head_hidden_size`` features, not ``num_features`` (the heads would not fit)."""
+    cfg = make_cfg("backbone=timm", f"backbone.name={name}", "data.crop_size=32").backbone
+    with torch.device("meta"):
+        backbone = build_backbone(cfg)
+        assert backbone(torch.empty(2, 3, 32, 32)).shape == (2, backbone.feature_dim)
+
+
+def test_a_drop_path_rate_the_model_lacks_is_named():
+    cfg = make_cfg("backbone=timm", "backbone.name=ghostnet_050", "backbone.drop_path_rate=0.1").backbone
+    with torch.device("meta"), pytest.raises(ConfigError, match=r"^backbone.drop_path_rate=0.1 is not allowed: 0.0"):
+        build_backbone(cfg)
+
+
 def test_register_tokens_are_skipped_by_the_token_path_and_masking_moves_only_patches():
     cfg = make_cfg(*TINY_VIT, "backbone.img_size=32", "data.crop_size=32").backbone
     with open_dict(cfg):
@@ -155,6 +185,18 @@ def test_weights_of_another_architecture_stop_the_run_before_training(tmp_path):
     assert msg.startswith(f"backbone.init='{weights}' is not allowed: its weights do not fit backbone.name='resnet18'")
     assert "missing: conv1.weight [8, 3, 3, 3]" in msg and "unexpected: cls_token [1, 1, 192]" in msg
     assert "\n" not in msg and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_text_file_and_a_whole_pickled_model_are_named_in_one_plain_line(tmp_path):
+    from hvp_lightning.nn.weights import read_state
+
+    text, whole = tmp_path / "notes.txt", tmp_path / "model.pth"
+    text.write_text("not weights\n")
+    torch.save(torch.nn.Linear(2, 2), whole)
+    for path, said in ((text, "not a weights file"), (whole, "a whole pickled model .*: save model.state_dict")):
+        with pytest.raises(ConfigError, match=f"^backbone.init='.*' is not allowed: {said}") as err:
+            read_state(str(path))
+        assert "\n" not in str(err.value) and "\x1b" not in str(err.value)
 
 
 def test_wrongly_shaped_keys_show_both_shapes(tmp_path):
@@ -390,6 +432,30 @@ def test_batchnorm_fused_with_an_activation_keeps_per_process_batchnorm():
         sync_batchnorm_plugins(True, efficientnet)
 
 
-def test_img_size_is_refused_for_a_model_that_takes_any_size():
-    with pytest.raises(ConfigError, match=r"backbone.img_size=64 is not allowed: null for resnet10t: a ResNet"):
+def test_img_size_is_refused_for_a_model_that_takes_none():
+    with pytest.raises(
+        ConfigError, match=r"backbone.img_size=64 is not allowed: null for resnet10t: ResNet.* 'img_size'"
+    ):
         validate(make_cfg("backbone=timm", "backbone.name=resnet10t", "backbone.img_size=64", "data.crop_size=32"))
+
+
+def test_a_model_built_for_one_input_size_is_refused_at_start_up_with_what_fits():
+    """Swin and LeViT take their img_size only: the start-up check runs them (meta device) at the
+    run's crop sizes and names the setting that fits, instead of an assertion at the first step."""
+    swin = ["backbone=timm", "backbone.name=swin_tiny_patch4_window7_224", "data.crop_size=32"]
+    with pytest.raises(ConfigError, match=r"^data.crop_size=32 is not allowed: .* set backbone.img_size=32$"):
+        validate(make_cfg(*swin))
+    validate(make_cfg(*swin, "backbone.img_size=32"))
+    dino = ["method=dino_cifar", "method.local_crop_size=16", "method.num_local_crops=2"]
+    with pytest.raises(ConfigError, match=r"set 'backbone.model_args=\{dynamic_img_size: true\}'$"):
+        validate(make_cfg(*dino, *swin))
+    validate(make_cfg(*dino, *swin, "backbone.model_args={dynamic_img_size: true}"))
+    levit = ["backbone=timm", "backbone.name=levit_128s", "data.crop_size=32", "backbone.img_size=32"]
+    with pytest.raises(ConfigError, match=r"^method.local_crop_size=16 is not allowed: a size levit_128s takes"):
+        validate(make_cfg(*dino, *levit))
+
+
+def test_an_unpooled_output_is_refused_naming_global_pool():
+    cfg = make_cfg("backbone=timm", "backbone.name=resnet10t", "backbone.model_args={global_pool: ''}")
+    with pytest.raises(ConfigError, match=r"^backbone.model_args=\{'global_pool': ''\} is not allowed: a global_pool"):
+        validate(cfg)

@@ -479,7 +479,7 @@ def test_export_folder_loads_strictly_in_timm_with_the_runs_features(resnet18_ch
     out = tmp_path / "export"
     assert export.main([str(ckpt), str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "checked: timm's resnet18 loads it strictly" in printed
+    assert f'checked: timm.create_model("local-dir:{out}", pretrained=True) loads it strictly' in printed
     weights = load_file(out / "model.safetensors")
     x = _fixed_batch(32)
     reference = model.eval_backbone(x)
@@ -554,18 +554,26 @@ def test_export_folder_vit_teacher_student_and_narrow_resnet(dino_run, simsiam_r
     assert _max_diff(trunk(x16), narrow.eval_backbone(x16)) <= 1e-5
 
 
-def test_timm_target_of_timm_family_trunks():
+def _folder(out: Path, target, state: dict, size: int) -> Path:
+    """What hvp-export writes for ``target``: the weights and timm's fields of config.json."""
+    pretrained = {"input_size": [3, size, size], "num_classes": 0}
+    config = {"architecture": target.architecture, "num_classes": 0, "model_args": target.model_args}
+    export.write_folder(out, state, {**config, "pretrained_cfg": pretrained}, "")
+    return out
+
+
+def test_timm_target_of_timm_family_trunks(tmp_path):
     """backbone=timm (its preset has model_args): the trunk is timm's own model, so its name (tag
-    dropped) and model_args rebuild it, img_size only where the model has a patch grid; a wrong
-    argument is caught by the check before anything is written: other keys, or the same keys
-    with other features."""
+    dropped) and model_args rebuild it, img_size where the run set it (the model took it) and a
+    ViT's always; a wrong argument is caught by the check of the written folder (local-dir:):
+    other keys, the same keys with other features, or a ViT grid timm would resample."""
     import timm
 
     from hvp_lightning.nn.backbones import Backbone
-    from hvp_lightning.training.model_card import timm_target
+    from hvp_lightning.training.model_card import TimmTarget, timm_target
 
-    def timm_cfg(name: str, **model_args) -> DictConfig:
-        keys = dict(img_size=32, drop_path_rate=0.0, init=None, init_student=False, channels_last=False)
+    def timm_cfg(name: str, img_size: int | None = 32, **model_args) -> DictConfig:
+        keys = dict(img_size=img_size, drop_path_rate=0.0, init=None, init_student=False, channels_last=False)
         return OmegaConf.create(dict(name=name, model_args=model_args, **keys))
 
     vit = timm.create_model(
@@ -574,22 +582,34 @@ def test_timm_target_of_timm_family_trunks():
     cnn = timm.create_model("resnet18", num_classes=0)  # a timm name that is also a preset's
     cases = (
         (timm_cfg("vit_tiny_patch16_224.augreg_in21k", patch_size=8, depth=1), vit, 192, 32),
-        (timm_cfg("resnet18"), cnn, 512, 32),
+        (timm_cfg("resnet18", img_size=None), cnn, 512, 32),
     )
     for cfg, trunk, dim, size in cases:
         target = timm_target(cfg, trunk)
         assert target.architecture == cfg.name.split(".")[0]
         backbone = Backbone(trunk, dim).eval()
         state = {k: v.clone() for k, v in trunk.state_dict().items()}
-        assert export.check_in_timm(target, state, backbone, [3, size, size]) <= 1e-5
+        folder = _folder(tmp_path / cfg.name, target, state, size)
+        assert export.check_in_timm(folder, state, backbone, [3, size, size]) <= 1e-5
     assert timm_target(cases[0][0], vit).model_args == dict(patch_size=8, depth=1, img_size=32, dynamic_img_size=True)
     assert timm_target(cases[1][0], cnn).model_args == {}
     wrong = timm_target(timm_cfg("vit_tiny_patch16_224", patch_size=8, depth=2), vit)
+    state = dict(vit.state_dict())
+    folder = _folder(tmp_path / "wrong", wrong, state, 32)
     with pytest.raises(ConfigError, match=r"missing \['blocks\.1\."):
-        export.check_in_timm(wrong, dict(vit.state_dict()), Backbone(vit, 192), [3, 32, 32])
-    max_pool = timm_target(timm_cfg("resnet18", global_pool="max"), cnn)  # same keys, other features
+        export.check_in_timm(folder, state, Backbone(vit, 192), [3, 32, 32])
+    max_pool = timm_target(timm_cfg("resnet18", img_size=None, global_pool="max"), cnn)  # same keys, other features
+    state = dict(cnn.state_dict())
+    folder = _folder(tmp_path / "max", max_pool, state, 64)
     with pytest.raises(ConfigError, match="features differ from the run's"):
-        export.check_in_timm(max_pool, dict(cnn.state_dict()), Backbone(cnn, 512).eval(), [3, 64, 64])  # 2x2 maps
+        export.check_in_timm(folder, state, Backbone(cnn, 512).eval(), [3, 64, 64])  # 2x2 maps
+    vit384 = timm.create_model("vit_tiny_patch16_384", num_classes=0, depth=1, dynamic_img_size=True)
+    assert timm_target(timm_cfg("vit_tiny_patch16_384", img_size=None, depth=1), vit384).model_args["img_size"] == 384
+    no_size = TimmTarget("vit_tiny_patch16_384", dict(depth=1, dynamic_img_size=True))  # local-dir: a 224 grid
+    state = dict(vit384.state_dict())
+    folder = _folder(tmp_path / "no_size", no_size, state, 32)
+    with pytest.raises(ConfigError, match=r"shapes \(ours vs timm's\) \['pos_embed \(1, 577, 192\) vs \(1, 197, 192\)"):
+        export.check_in_timm(folder, state, Backbone(vit384, 192).eval(), [3, 32, 32])
 
 
 @pytest.mark.parametrize(
@@ -597,10 +617,12 @@ def test_timm_target_of_timm_family_trunks():
     [
         ["backbone.name=vit_tiny_patch16_224", "backbone.img_size=16", "backbone.model_args={patch_size:8,depth:1}"],
         ["backbone.name=resnet10t", "backbone.img_size=null"],
+        ["backbone.name=vit_tiny_patch16_384", "backbone.img_size=null", "backbone.model_args={depth:1}"],
     ],
 )
 def test_export_of_a_timm_backbone_run(overrides, tmp_path):
-    """A backbone=timm run's export: timm rebuilds it from config.json alone and gives the run's features."""
+    """A backbone=timm run's export: timm rebuilds it from config.json alone and gives the run's
+    features (a ViT whose default grid is not 224 px too: config.json records its img_size)."""
     import timm
 
     from hvp_lightning.methods import SimSiam
@@ -642,7 +664,8 @@ def test_full_size_presets_are_timm_architectures(name, tmp_path):
     target = timm_target(cfg, backbone.trunk)
     assert target.architecture == (name if name.startswith("resnet") else f"{name}_patch16_224")
     state = {k: v.contiguous() for k, v in backbone.trunk.state_dict().items()}
-    assert export.check_in_timm(target, state, backbone, [3, 224, 224]) <= 1e-5
+    folder = _folder(tmp_path / "checked", target, state, 224)
+    assert export.check_in_timm(folder, state, backbone, [3, 224, 224]) <= 1e-5
     save_file(state, tmp_path / "model.safetensors")
     tm = timm.create_model(
         target.architecture,

@@ -8,6 +8,7 @@ are loaded into it afterwards (hvp_lightning/nn/weights.py), so tests run offlin
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -146,23 +147,59 @@ class TimmLayout:
     """What start-up checks need to know of a timm model (:func:`timm_layout`)."""
 
     kind: str  # the model class, e.g. "VisionTransformer", "ConvNeXt"
-    patch_size: int | None  # a ViT's patch side; None: any image size
+    patch_size: int | None  # a ViT's patch side; None: not a ViT
     img_size: int | None  # a ViT's position-embedding grid in pixels
     tokens: bool  # a VisionTransformer with a class token read by :func:`vit_tokens` (iBOT)
+    default_size: int  # the side of timm's default input (its pretrained_cfg)
+
+
+def meta_timm(cfg, img_size: int | None = None, model_args: dict | None = None) -> Backbone:
+    """The ``backbone=timm`` model of ``cfg`` built on the meta device (no memory, no random
+    init); ``img_size`` / ``model_args`` replace ``cfg``'s where given."""
+    args = dict(cfg.get("model_args") or {}) if model_args is None else model_args
+    with torch.device("meta"):
+        return build_timm(cfg.name, img_size or cfg.get("img_size"), 0.0, args)
 
 
 def timm_layout(cfg) -> TimmLayout:
-    """The ``backbone=timm`` model of ``cfg`` built on the meta device (no memory, no random
-    init), read for its patch size and whether iBOT can use its tokens."""
-    with torch.device("meta"):
-        trunk = build_timm(cfg.name, cfg.get("img_size"), 0.0, dict(cfg.get("model_args") or {})).trunk
+    """The model of ``cfg`` built on the meta device, read for its patch size and whether iBOT
+    can use its tokens."""
+    trunk = meta_timm(cfg).trunk
     embed = getattr(trunk, "patch_embed", None)
     return TimmLayout(
         kind=type(trunk).__name__,
         patch_size=int(embed.patch_size[0]) if timm_is_vit(cfg.name) and embed is not None else None,
         img_size=int(embed.img_size[0]) if embed is not None and embed.img_size is not None else None,
         tokens=has_vit_tokens(trunk),
+        default_size=int(trunk.pretrained_cfg.get("input_size", (3, 224, 224))[-1]),
     )
+
+
+def meta_output_shape(backbone: Backbone, size: int) -> tuple[int, ...]:
+    """The shape of ``backbone``'s output for two ``size`` px images, run on the meta device
+    (no compute); the model's own error where it cannot take them (a fixed input size, too
+    small an image for its kernels)."""
+    return tuple(backbone(torch.empty(2, 3, size, size, device="meta")).shape)
+
+
+def timm_size_fix(cfg, sizes: list[int]) -> str | None:
+    """The setting with which the model of ``cfg`` takes every crop size, tried on the meta
+    device: ``backbone.img_size`` (models built for one input size, where all crops have one
+    size), else ``dynamic_img_size`` (Swin, ViTs); None where neither does."""
+    args = dict(cfg.get("model_args") or {})
+    dynamic = {**args, "dynamic_img_size": True}
+    spelled = ", ".join(f"{k}: {json.dumps(v)}" for k, v in dynamic.items())
+    tries = [(f"backbone.img_size={sizes[0]}", sizes[0], args)] if len(set(sizes)) == 1 else []
+    tries.append((f"'backbone.model_args={{{spelled}}}'", None, dynamic))
+    for hint, img_size, model_args in tries:
+        try:
+            backbone = meta_timm(cfg, img_size, model_args)
+            for size in sizes:
+                meta_output_shape(backbone, size)
+        except Exception:  # whatever the model's own code raises: this setting does not mend it
+            continue
+        return hint
+    return None
 
 
 def has_vit_tokens(trunk: nn.Module) -> bool:
@@ -182,23 +219,39 @@ def build_timm(
 ) -> Backbone:
     """``timm.create_model(name, pretrained=False, num_classes=0, ...)`` wrapped as a :class:`Backbone`:
     the trunk's state_dict keys are timm's own (so timm loads an export as is) and ``trunk(x)``
-    is timm's pooled feature. ViTs get ``dynamic_img_size`` (multi-crop) and ``img_size``."""
+    is timm's pooled feature. ViTs get ``dynamic_img_size`` (multi-crop); ``img_size`` goes to any
+    model (those built for one input size take it)."""
     import timm
 
     check_timm_name(name)
-    kwargs: dict = {"drop_path_rate": drop_path_rate}
+    kwargs: dict = (
+        {"drop_path_rate": drop_path_rate} if drop_path_rate else {}
+    )  # 0: timm's default, not every model takes it
     vit = timm_is_vit(name)
     if vit:
         kwargs["dynamic_img_size"] = True
-        if img_size is not None:
-            kwargs["img_size"] = img_size
+    if img_size is not None:
+        kwargs["img_size"] = img_size
     kwargs.update(model_args or {})
     try:
         trunk = timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
-    except TypeError as err:  # a model_args key (or drop_path_rate) the model does not take
+    except TypeError as err:  # a keyword the model does not take
+        if "'img_size'" in str(err) and "img_size" not in (model_args or {}):
+            raise ConfigError(f"backbone.img_size={img_size!r} is not allowed: null for {name}: {err}") from err
+        if "'drop_path_rate'" in str(err) and "drop_path_rate" not in (model_args or {}):
+            raise ConfigError(
+                f"backbone.drop_path_rate={drop_path_rate!r} is not allowed: 0.0 for {name}: {err}"
+            ) from err
         raise ConfigError(f"backbone.model_args={model_args!r} is not allowed for {name}: {err}") from err
     patch = trunk.patch_embed.patch_size[0] if vit and hasattr(trunk, "patch_embed") else None
-    return Backbone(trunk, int(trunk.num_features), channels_last=channels_last, patch_size=patch)
+    return Backbone(trunk, timm_pooled_width(trunk), channels_last=channels_last, patch_size=patch)
+
+
+def timm_pooled_width(trunk: nn.Module) -> int:
+    """Features per image of ``trunk(x)`` for a timm model built with ``num_classes=0``: its
+    ``head_hidden_size``, not ``num_features``, where a head layer sits after the pooling
+    (MobileNetV3/V4, GhostNet, HGNetV2, LCNet, FBNetV3: a 1x1 conv; ConvNeXt with a hidden head)."""
+    return int(getattr(trunk, "head_hidden_size", None) or trunk.num_features)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,9 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
+import sys
+import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -74,9 +77,37 @@ def load_file(path: Path, source: str) -> object:
             return load_safetensors(str(path))
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 -- every unreadable file gets the same one-line answer
-        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"backbone.init={source!r} is not allowed: cannot be read as weights ({first})") from None
+    except Exception as err:  # noqa: BLE001 -- every unreadable file gets a one-line answer
+        raise ConfigError(f"backbone.init={source!r} is not allowed: {unreadable(path, err)}") from None
+
+
+def unreadable(path: Path, err: Exception) -> str:
+    """Why ``path`` gives no weights, in one line: torch's own messages run over many lines with
+    terminal colour codes, and a text file only says ``KeyError: 105`` (its first byte)."""
+    said = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
+    pickled = re.search(r"GLOBAL ([\w.]+)", said)
+    if pickled and _is_module_class(pickled.group(1)):
+        return f"a whole pickled model ({pickled.group(1)}): save model.state_dict()"
+    if pickled:
+        return f"it pickles {pickled.group(1)}, which a weights-only load refuses: save a state_dict of tensors"
+    if path.suffix != ".safetensors" and not _torch_saved(path):
+        return "not a weights file: neither torch.save's format nor .safetensors"
+    first = said.strip().splitlines()[0][:200] if said.strip() else type(err).__name__
+    return f"cannot be read as weights ({first})"
+
+
+def _is_module_class(name: str) -> bool:
+    """``name`` (``module.Class``) is an ``nn.Module`` class of a module already imported (none is
+    imported here: the file is not trusted)."""
+    module, _, attr = name.rpartition(".")
+    cls = getattr(sys.modules.get(module), attr, None)
+    return isinstance(cls, type) and issubclass(cls, nn.Module)
+
+
+def _torch_saved(path: Path) -> bool:
+    """A zip archive (torch.save's format since 1.6) or a pickle (the legacy one starts with protocol 2's opcode)."""
+    with open(path, "rb") as f:
+        return f.read(1) == b"\x80" or zipfile.is_zipfile(f)
 
 
 def unwrap(obj: object, source: str, student: bool, what: str) -> tuple[dict[str, torch.Tensor], str]:

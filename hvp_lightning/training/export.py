@@ -11,10 +11,11 @@ student's with ``--student``), the backbone otherwise. Keys are the trunk's own
 ``OUT_DIR`` gets ``model.safetensors`` (that state dict), ``config.json`` (timm's hub layout:
 architecture, model_args, feature width and the run's evaluation views, plus an ``hvp`` record of
 how the weights were made; hvp_lightning/training/model_card.py) and ``README.md``, a model card.
-``timm.create_model("local-dir:OUT_DIR", pretrained=True)`` then rebuilds the trunk; before writing,
-the export builds that timm model, loads the weights strictly and compares its features with the
-run's on a fixed batch. Narrow and CIFAR-stem ResNets have no timm architecture: the folder is
-written all the same (``architecture`` null, ``hvp_builder`` naming ``build_resnet``'s arguments).
+``timm.create_model("local-dir:OUT_DIR", pretrained=True)`` then rebuilds the trunk; once written,
+the export loads the folder so, checks the keys and shapes strictly and compares its features with
+the run's on a fixed batch (a folder that fails is removed). Narrow and CIFAR-stem ResNets have no
+timm architecture: the folder is written all the same (``architecture`` null, ``hvp_builder``
+naming ``build_resnet``'s arguments).
 ``--push REPO_ID`` then uploads the folder to the Hugging Face Hub; nothing else goes online.
 
 A ``.pth`` / ``.pt`` output is the plain state_dict only (``torch.load(..., weights_only=True)``),
@@ -85,20 +86,22 @@ def backbone_state_dict(ckpt: dict, student: bool = False) -> tuple[dict[str, to
     return state, info
 
 
-def check_in_timm(target: TimmTarget, state: dict[str, torch.Tensor], backbone: Any, input_size: list[int]) -> float:
-    """Build ``timm.create_model(architecture, num_classes=0, **model_args)``, load ``state``
-    strictly and return the max abs difference of its features from ``backbone``'s on a fixed
-    batch of 2 (eval mode). A mismatch of keys or shapes, or features further apart than
-    float32 noise (:data:`FEATURE_TOLERANCE`), is a :class:`CheckpointError`."""
+def check_in_timm(folder: Path, state: dict[str, torch.Tensor], backbone: Any, input_size: list[int]) -> float:
+    """Load the written ``folder`` as users are told to (``timm.create_model("local-dir:<folder>",
+    pretrained=True)``) and return the max abs difference of its features from ``backbone``'s on a
+    fixed batch of 2 (eval mode). Keys or shapes that differ from ``state`` (checked on a meta
+    build first: timm's loader would resample a position embedding silently), or features further
+    apart than float32 noise (:data:`FEATURE_TOLERANCE`), are a :class:`CheckpointError`."""
     import timm
     import torch
 
-    call = f"timm.create_model({target.architecture!r}, num_classes=0, **{target.model_args})"
+    source = f"local-dir:{folder}"
+    call = f"timm.create_model({source!r}, pretrained=True)"
     try:
-        model = timm.create_model(target.architecture, pretrained=False, num_classes=0, **target.model_args)
-    except (RuntimeError, TypeError, ValueError) as err:
+        with torch.device("meta"):
+            own = timm.create_model(source, pretrained=False).state_dict()
+    except (RuntimeError, TypeError, ValueError, AssertionError) as err:
         raise CheckpointError(f"{call} fails: {err}") from None
-    own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     shapes = [
@@ -111,7 +114,7 @@ def check_in_timm(target: TimmTarget, state: dict[str, torch.Tensor], backbone: 
             f"{call} does not take the trunk's weights: missing {missing[:3]}, unexpected {unexpected[:3]}, "
             f"shapes (ours vs timm's) {shapes[:3]}"
         )
-    model.load_state_dict(state, strict=True)
+    model = timm.create_model(source, pretrained=True)
     x = torch.randn((2, *input_size), generator=torch.Generator().manual_seed(0))
     was_training = backbone.training
     with torch.no_grad():
@@ -166,11 +169,21 @@ def export_folder(
     target = mc.timm_target(model.cfg.backbone, backbone.trunk)
     record = mc.run_record(model.cfg, ckpt, summary, weights)
     config = mc.export_config(target, backbone.feature_dim, model.cfg.data, record)
+    write_folder(out, state, config, mc.model_card(config, out.name, license_id, repo_id))
     diff = None
     if target.architecture is not None:
-        diff = check_in_timm(target, state, backbone, config["pretrained_cfg"]["input_size"])
-    write_folder(out, state, config, mc.model_card(config, out.name, license_id, repo_id))
+        try:
+            diff = check_in_timm(out, state, backbone, config["pretrained_cfg"]["input_size"])
+        except CheckpointError:
+            remove_folder_files(out)  # no folder that loads into other features is left behind
+            raise
     return state, config, info, target, diff
+
+
+def remove_folder_files(out: Path) -> None:
+    """What :func:`write_folder` wrote."""
+    for name in (WEIGHTS, CONFIG, CARD):
+        (out / name).unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None, prog: str = "hvp-export") -> int:
@@ -260,8 +273,8 @@ def _report_folder(out: Path, state: dict, config: dict, info: dict, target: Tim
         return
     size = "x".join(str(v) for v in config["pretrained_cfg"]["input_size"])
     print(
-        f"checked: timm's {target.architecture} loads it strictly; features equal the run's "
-        f"(max abs diff {diff:.2g} on 2 images {size})"
+        f'checked: timm.create_model("local-dir:{out}", pretrained=True) loads it strictly; features equal '
+        f"the run's (max abs diff {diff:.2g} on 2 images {size})"
     )
     print(f'load: timm.create_model("local-dir:{out}", pretrained=True)')
     print(f"  or: {mc.create_model_line(target, weights)}")

@@ -50,15 +50,22 @@ def timm_target(backbone_cfg: DictConfig, trunk: Any) -> TimmTarget:
     key names); the ViT presets are ``vit_{tiny,small,base}_patch16_224`` with the arguments that
     differ from that default; ``backbone=timm`` trunks are their own name (a pretrained tag such
     as ``.fb_in1k`` dropped: it picks weights, not the network). ``dynamic_img_size`` is recorded
-    where the trunk has it on, so a loaded ViT takes other image sizes as the run's did."""
+    where the trunk has it on, so a loaded ViT takes other image sizes as the run's did; a timm
+    ViT's ``img_size`` always, even where it is the model's default: config.json's
+    ``pretrained_cfg`` holds the run's crop size and no ``fixed_input_size``, so a ``local-dir:``
+    load would otherwise build a 224 grid (``vit_*_384``, DINOv2's 518) and resample the weights."""
     family = backbone_family(backbone_cfg)
     args: dict[str, Any] = {}
     if family == TIMM_FAMILY:
+        from ..nn.backbones import timm_is_vit
+
         architecture = str(backbone_cfg.name).split(".", 1)[0]
         if backbone_cfg.model_args is not None:
             args.update(OmegaConf.to_container(backbone_cfg.model_args, resolve=True))  # type: ignore[arg-type]
-        if backbone_cfg.get("img_size") is not None and hasattr(trunk, "patch_embed"):
+        if backbone_cfg.get("img_size") is not None:  # the model took it (build_timm passes it to any)
             args["img_size"] = int(backbone_cfg.img_size)
+        elif timm_is_vit(architecture):  # its default grid, which a loader would not take from our pretrained_cfg
+            args["img_size"] = _side(trunk.patch_embed.img_size)
     elif family == "resnet":
         width, cifar = backbone_cfg.get("width", 64), bool(backbone_cfg.get("cifar_stem", False))
         if width != 64 or cifar:
@@ -73,6 +80,12 @@ def timm_target(backbone_cfg: DictConfig, trunk: Any) -> TimmTarget:
     if getattr(trunk, "dynamic_img_size", False):
         args["dynamic_img_size"] = True
     return TimmTarget(architecture, args)
+
+
+def _side(size: Any) -> int | list[int]:
+    """A patch grid's image size as config.json spells it: one int where square."""
+    h, w = (int(v) for v in size)
+    return h if h == w else [h, w]
 
 
 def pretrained_cfg(data_cfg: DictConfig, target: TimmTarget) -> dict[str, Any]:

@@ -373,6 +373,30 @@ def test_eval_cli(simsiam_run):
     assert set(json.loads((run_dir / "eval" / "knn" / "eval_summary.json").read_text())["metrics"]) >= {"k5", "k20"}
 
 
+@pytest.mark.parametrize(
+    ("script", "key", "refusal", "rest"),
+    [
+        ("eval.py", "ckpt", "nothing at that path", []),
+        ("transfer.py", "ckpt", "nothing at that path", ["datasets=[cifar10]", "data.cifar10.download=true"]),
+        ("train.py", "resume", "a run dir holding checkpoints/last.ckpt", []),
+        ("train.py", "backbone.init", "no such file or folder", []),
+    ],
+)
+def test_checkpoint_paths_with_equals_parse_as_typed(tmp_path, script, key, refusal, rest):
+    """Kept checkpoints are named epoch=NNN.ckpt: the documented unquoted ``ckpt=.../epoch=100.ckpt``
+    reaches our checks (here: no such file) instead of failing in Hydra's override parser."""
+    path = tmp_path / "run" / "checkpoints" / "epoch=100.ckpt"
+    proc = subprocess.run(
+        [sys.executable, script, f"{key}={path}", f"hydra.run.dir={tmp_path / 'new'}", *rest],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"config error: {key}={str(path)!r} is not allowed: " in proc.stderr and refusal in proc.stderr
+
+
 # --- export --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def resnet18_checkpoint(tmp_path_factory):

@@ -26,8 +26,10 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -141,6 +143,19 @@ def user_errors() -> tuple[type[Exception], ...]:
     return (ConfigError,) + ((lightning_errors.MisconfigurationException,) if lightning_errors else ())
 
 
+def sigterm_exits() -> tuple[type[BaseException], ...]:
+    """Lightning's ``SIGTERMException`` once Lightning is imported: a ``SystemExit`` without a code,
+    with which a killed evaluation would end with status 0."""
+    lightning_errors = sys.modules.get("lightning.pytorch.utilities.exceptions")
+    return (lightning_errors.SIGTERMException,) if lightning_errors else ()
+
+
+def stopped(what: str) -> NoReturn:
+    """End a command that SIGTERM stopped, saying ``what`` it left, with status 143 (128 + signal) as train.py."""
+    print(f"stopped by SIGTERM: {what}", file=sys.stderr)
+    sys.exit(128 + signal.SIGTERM)
+
+
 def _close_log_files(run_dir: Path) -> None:
     """Close Hydra's log file handlers that write into ``run_dir`` (``train.log``)."""
     for handler in list(logging.root.handlers):
@@ -244,6 +259,8 @@ def evaluate_job(cfg: DictConfig) -> float | None:
     except user_errors() as err:  # bad settings or checkpoint: one line, no traceback
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
+    except sigterm_exits():
+        stopped("the evaluation wrote no eval_summary.json (the earlier one was removed when it started)")
     m = summary["metrics"]
     k = f" (k={m['k_for_top1']})" if summary["protocol"] == "knn" else ""
     if m.get("best_top1") is not None:  # a classifier: also the official scripts' best epoch
@@ -272,6 +289,9 @@ def transfer_job(cfg: DictConfig) -> None:
     except user_errors() as err:  # bad settings or checkpoint: one line, no traceback
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
+    except sigterm_exits():
+        table = transfer_out_dir(cfg).table_md
+        stopped(f"the evaluation under way wrote no eval_summary.json; {table} holds the finished ones")
     print(transfer_out_dir(cfg).table_md.read_text(), end="")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -371,6 +372,28 @@ def test_eval_cli(simsiam_run):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "knn top-1:" in proc.stdout and "eval_summary.json" in proc.stdout
     assert set(json.loads((run_dir / "eval" / "knn" / "eval_summary.json").read_text())["metrics"]) >= {"k5", "k20"}
+
+
+def test_eval_stopped_by_sigterm_exits_143_and_leaves_no_old_summary(simsiam_run, tmp_path):
+    """Lightning ends a SIGTERM with a code-less SystemExit (status 0); eval.py says it stopped and
+    exits 143, and the previous evaluation's summary is not left beside the new log."""
+    run_dir, _ = simsiam_run
+    out = tmp_path / "out"
+    (out / "csv").mkdir(parents=True)
+    (out / "eval_summary.json").write_text("{}")
+    (out / "eval_config.yaml").write_text("{}")
+    cmd = [sys.executable, "eval.py", "protocol=linear", f"ckpt={run_dir}", f"out_dir={out}", "progress_bar=false"]
+    cmd += ["protocol.augment=true", "protocol.epochs=1000", "protocol.batch_size=8", "accelerator=cpu"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    for line in proc.stdout:  # the probe is training: Lightning's SIGTERM handler is in place
+        if line.startswith("epoch 1 of 1000 took"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)[0]
+    assert proc.returncode == 143, rest[-2000:]
+    assert "stopped by SIGTERM: the evaluation wrote no eval_summary.json" in rest
+    assert not (out / "eval_summary.json").exists() and not (out / "eval_config.yaml").exists()
 
 
 @pytest.mark.parametrize(

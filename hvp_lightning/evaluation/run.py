@@ -191,7 +191,7 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     if len(data.train) == 0 or len(data.test) == 0:
         raise ConfigError(f"data.name={data_cfg.name!r} is not allowed: its train or test split is empty")
     out = EvalDir(Path(cfg.out_dir)) if cfg.get("out_dir") else run_dir.eval(protocol)
-    out.path.mkdir(parents=True, exist_ok=True)
+    out.start()  # no earlier summary stays beside this evaluation's log
     logger = eval_logger(cfg, train_cfg, out, run_dir, protocol)
     log.info(
         "%s evaluation of %s (%s, %s, %s) on %s: %d train / %d test images, %d classes; accelerator=%s, precision=%s",

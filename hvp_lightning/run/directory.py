@@ -60,6 +60,14 @@ class EvalDir:
     def csv_metrics(self) -> Path:
         return self.path / _CSV / _CSV_METRICS
 
+    def start(self) -> None:
+        """Make the folder for a new evaluation, removing the previous one's summary, config and CSV
+        log: an evaluation that is stopped before its summary is written leaves none of the old
+        results beside its own log."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        for old in (self.summary, self.config, self.csv_metrics):
+            old.unlink(missing_ok=True)
+
 
 @dataclass(frozen=True)
 class TransferDir:

@@ -246,10 +246,16 @@ def check_eval_options(cfg: DictConfig) -> None:
     if cfg.get("num_workers") is not None:
         int_at_least(cfg, "num_workers", 0)
     check_limits(cfg)
-    if cfg.get("data") is not None:
+    if data_preset_given(cfg):  # else the checkpoint's data, checked once it is loaded
         validate_data(cfg)
     if cfg.get("logger") is not None:
         _check_logger(cfg.logger)
+
+
+def data_preset_given(cfg: DictConfig) -> bool:
+    """Whether an evaluation's ``data`` is a data set (``data=<name>``), not only ``+data.<key>=``
+    changes to the checkpoint's own data (conf/eval.yaml has no ``data`` without a preset)."""
+    return cfg.get("data") is not None and "name" in cfg.data
 
 
 def _check_logger(lc: DictConfig) -> None:

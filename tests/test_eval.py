@@ -257,6 +257,15 @@ def test_eval_protocols_end_to_end(simsiam_run, protocol):
             assert s["augment"] is False  # CPU: cached features
 
 
+def test_data_keys_without_a_data_set_change_the_checkpoints_data(simsiam_run, tmp_path):
+    """``+data.test_subset=N`` (conf/eval.yaml has no ``data`` without ``data=<name>``) subsamples
+    the pretraining data; it used to be taken for a whole data preset and fail validation."""
+    run_dir, _ = simsiam_run
+    cfg = eval_cfg(f"ckpt={run_dir}", "protocol=knn", "+data.test_subset=5", f"out_dir={tmp_path}")
+    summary = evaluate(cfg)
+    assert summary["dataset"]["name"] == "synthetic" and summary["dataset"]["test_images"] == 5
+
+
 @pytest.mark.parametrize("lr", [0.05, 2.0])
 def test_lars_growth_bound_holds_and_is_nearly_reached(lr):
     """LARS on a linear head whose gradient always points outwards (the worst case): the
@@ -346,6 +355,7 @@ def test_eval_config_errors(simsiam_run, tmp_path):
             r"protocol.interpolation='nearest'",
         ),
         ([f"ckpt={run_dir}", "accelerator=cpu", "precision=16-mixed"], r"precision='16-mixed' is not allowed: on CPU"),
+        ([f"ckpt={run_dir}", "+data.subset=5"], r"data.subset=5 is not allowed: a key of the checkpoint's data \("),
     ]
     for overrides, match in cases:
         with pytest.raises(ConfigError, match=match):

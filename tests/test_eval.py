@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from hvp_lightning.evaluation.features import FeatureNet, eval_precision
 from hvp_lightning.evaluation.probe import Classifier, fit_classifier, lars_growth_bound, warn_if_lars_cannot_fit
 from hvp_lightning.nn.backbones import build_resnet, build_vit
 from hvp_lightning.nn.knn import knn_accuracies, knn_accuracy
+from hvp_lightning.run.directory import eval_variant
 from hvp_lightning.training import export
 from hvp_lightning.training.driver import run
 
@@ -264,6 +266,21 @@ def test_data_keys_without_a_data_set_change_the_checkpoints_data(simsiam_run, t
     cfg = eval_cfg(f"ckpt={run_dir}", "protocol=knn", "+data.test_subset=5", f"out_dir={tmp_path}")
     summary = evaluate(cfg)
     assert summary["dataset"]["name"] == "synthetic" and summary["dataset"]["test_images"] == 5
+
+
+def test_other_checkpoint_files_and_data_sets_keep_their_own_eval_folder(simsiam_run, tmp_path):
+    """An evaluation of another checkpoint file, or on another data set, used to replace the run's
+    own ``eval/<protocol>/eval_summary.json``; each now has its ``eval/<variant>/<protocol>/``."""
+    run_dir, _ = simsiam_run
+    kept = tmp_path / "run" / "checkpoints" / "epoch=1.ckpt"
+    kept.parent.mkdir(parents=True)
+    shutil.copy(run_dir / "checkpoints" / "last.ckpt", kept)
+    summary = evaluate(eval_cfg(f"ckpt='{kept}'", "protocol=knn"))
+    assert Path(summary["out_dir"]) == tmp_path / "run" / "eval" / "epoch=1" / "knn"
+    assert (tmp_path / "run" / "eval" / "epoch=1" / "knn" / "eval_summary.json").is_file()
+    assert eval_variant(run_dir / "checkpoints" / "last.ckpt", None) is None
+    assert eval_variant(run_dir / "checkpoints" / "last.ckpt", "food101") == "food101"
+    assert eval_variant(kept, "food101") == "epoch=1_food101"
 
 
 @pytest.mark.parametrize("lr", [0.05, 2.0])

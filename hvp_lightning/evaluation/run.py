@@ -1,5 +1,6 @@
 """Evaluation of pretrained checkpoints (``python eval.py``): weighted k-NN, linear probe,
-full fine-tuning. Each writes ``eval_summary.json`` into ``<run_dir>/eval/<protocol>/`` and
+full fine-tuning. Each writes ``eval_summary.json`` into ``<run_dir>/eval/<protocol>/`` (another
+checkpoint file or data set: ``<run_dir>/eval/<variant>/<protocol>/``, :func:`eval_variant`) and
 logs to the pretraining run's logger kind (CSV next to the summary, or a W&B run in the
 group named after the pretraining run).
 
@@ -23,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, TensorDataset
 
 from ..cluster.waits import limits
-from ..config import check_cpu_precision, check_eval_options, fail
+from ..config import check_cpu_precision, check_eval_options, data_preset_given, fail
 from ..data.augment import TrainTransform
 from ..data.items import EvalDataset
 from ..device import check_accelerator, runs_on_cpu, set_matmul_precision
@@ -31,7 +32,7 @@ from ..errors import ConfigError
 from ..nn.backbones import Backbone
 from ..nn.knn import knn_accuracies
 from ..run.atomic import atomic_write_text
-from ..run.directory import EvalDir
+from ..run.directory import EvalDir, eval_variant
 from ..training.checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
 from ..warning_filters import quiet_console
 from .data import EvalData, eval_data, eval_data_cfg, eval_loader, eval_transform
@@ -190,7 +191,8 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     data = eval_data(data_cfg)
     if len(data.train) == 0 or len(data.test) == 0:
         raise ConfigError(f"data.name={data_cfg.name!r} is not allowed: its train or test split is empty")
-    out = EvalDir(Path(cfg.out_dir)) if cfg.get("out_dir") else run_dir.eval(protocol)
+    variant = eval_variant(ckpt_path, data_cfg.name if data_preset_given(cfg) else None)
+    out = EvalDir(Path(cfg.out_dir)) if cfg.get("out_dir") else run_dir.eval(protocol, variant)
     out.start()  # no earlier summary stays beside this evaluation's log
     logger = eval_logger(cfg, train_cfg, out, run_dir, protocol)
     log.info(

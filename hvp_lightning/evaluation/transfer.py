@@ -1,9 +1,10 @@
 """The paper's transfer table for one checkpoint (``transfer.py``, ``hvp-transfer``; conf/transfer.yaml).
 
 Every (data set, protocol) asked for is one evaluation of eval.py's (:func:`hvp_lightning.evaluation.evaluate`),
-one after another in this process, each writing ``<out_dir>/<dataset>/<protocol>/eval_summary.json``.
-After each, the table is rebuilt from those files: ``<out_dir>/transfer_table.csv`` and ``.md``, one
-row for the checkpoint and a column per data set and protocol in the paper's order (its table
+one after another in this process, each writing ``<out_dir>/[<checkpoint>/]<dataset>/<protocol>/eval_summary.json``
+(:func:`checkpoint_cells`). After each, the checkpoint's row is rebuilt from those files into
+``<out_dir>/transfer_table.csv`` and ``.md``, beside the rows of other checkpoints sharing ``out_dir``; a
+column per data set and protocol in the paper's order (its table
 "transfer_classification_results": CIFAR10, CIFAR100, Flowers102, iNat 21, Food101, each Lin. and
 F.T.). Built from disk, the table keeps what an earlier command for the same checkpoint left there:
 a subset run later (``datasets=[inat21]``) fills in its cells, and a failed evaluation loses none.
@@ -28,7 +29,7 @@ from ..config import check_eval_options, check_torchvision_root, fail
 from ..errors import ConfigError
 from ..options import TRANSFER_DATASETS, TRANSFER_PROTOCOLS
 from ..run.atomic import atomic_write_text
-from ..run.directory import TransferDir, resolve_checkpoint
+from ..run.directory import RunDir, TransferDir, resolve_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,19 @@ def cell(name: str, protocol: str) -> str:
 
 
 def transfer_out_dir(cfg: DictConfig) -> TransferDir:
-    """``out_dir``, or ``<run_dir>/eval/transfer`` of the checkpoint."""
+    """The table's folder: ``out_dir``, or ``<run_dir>/eval/transfer`` of the checkpoint."""
     return TransferDir(Path(cfg.out_dir)) if cfg.get("out_dir") else resolve_checkpoint(cfg.ckpt)[1].transfer
+
+
+def checkpoint_cells(cfg: DictConfig) -> TransferDir:
+    """Where this checkpoint's cells go: the table's folder for a run's last.ckpt in its own
+    ``eval/transfer``, else a subfolder naming the checkpoint (``out_dir=``: its run dir's name, and
+    the file's stem unless last.ckpt), so that the checkpoints sharing a table keep their own cells."""
+    ckpt_path, run_dir = resolve_checkpoint(cfg.ckpt)
+    parts = [run_dir.name] if cfg.get("out_dir") else []
+    parts += [] if RunDir.is_last_checkpoint(ckpt_path) else [ckpt_path.stem]
+    table = transfer_out_dir(cfg)
+    return TransferDir(table.path / "_".join(parts)) if parts else table
 
 
 def job_config(cfg: DictConfig, name: str, protocol: str) -> DictConfig:
@@ -72,7 +84,7 @@ def job_config(cfg: DictConfig, name: str, protocol: str) -> DictConfig:
     plain = lambda node: OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node  # noqa: E731
     job = {key: plain(cfg.get(key)) for key in EVAL_KEYS}
     job["protocol"], job["data"] = plain(cfg[protocol]), plain(cfg.data[name])
-    job["out_dir"] = str(transfer_out_dir(cfg).cell(name, protocol).path)
+    job["out_dir"] = str(checkpoint_cells(cfg).cell(name, protocol).path)
     return OmegaConf.create(job)
 
 
@@ -147,34 +159,47 @@ def table_row(label: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict
     return row
 
 
-def table_csv(row: dict[str, Any]) -> str:
+def table_csv(rows: list[dict[str, Any]]) -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(row), lineterminator="\n")
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
     writer.writeheader()
-    writer.writerow(row)
+    writer.writerows(rows)
     return out.getvalue()
 
 
-def table_markdown(row: dict[str, Any]) -> str:
-    """The paper's layout: Method, Arch., then Lin. and F.T. per data set; a row per kind of cell."""
+def table_markdown(rows: list[dict[str, Any]]) -> str:
+    """The paper's layout: Method, Arch., then Lin. and F.T. per data set; per checkpoint a row per kind of cell."""
     cols = [cell(n, p) for n in TRANSFER_DATASETS for p in TRANSFER_PROTOCOLS]
     heads = ["Method", "Arch.", ""] + [f"{TITLES[n]} {SHORT[p]}" for n in TRANSFER_DATASETS for p in TRANSFER_PROTOCOLS]
     lines = [f"| {' | '.join(heads)} |", f"|{'---|' * len(heads)}"]
-    for kind, title in KINDS.items():
-        values = [row["method"], row["backbone"], title] + [row[f"{c}_{kind}"] or "-" for c in cols]
-        lines.append(f"| {' | '.join(values)} |")
+    for row in rows:
+        for kind, title in KINDS.items():
+            values = [row["method"], row["backbone"], title] + [row[f"{c}_{kind}"] or "-" for c in cols]
+            lines.append(f"| {' | '.join(values)} |")
+    sources = "; ".join(f"`{r['checkpoint']}` ({r['pretrain_epochs']} pretraining epochs)" for r in rows)
     return (
         "\n".join(lines) + "\n\n"
-        f"Top-1 accuracy (%) of `{row['checkpoint']}` ({row['pretrain_epochs']} pretraining epochs); "
-        "each cell's settings: `<dataset>/<protocol>/eval_summary.json` next to this file.\n"
+        f"Top-1 accuracy (%) of {sources}; "
+        "each cell's settings: `[<checkpoint>/]<dataset>/<protocol>/eval_summary.json` next to this file.\n"
     )
 
 
-def write_table(out_dir: TransferDir, label: dict[str, Any], checkpoint: Path) -> dict[str, Any]:
-    """Rebuild ``transfer_table.csv`` and ``.md`` in ``out_dir`` from its eval summaries; the row."""
-    row = table_row(label, read_results(out_dir, checkpoint))
-    atomic_write_text(out_dir.table_csv, table_csv(row))
-    atomic_write_text(out_dir.table_md, table_markdown(row))
+def table_rows(path: Path, row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of the table at ``path`` with ``row`` in place of its checkpoint's (or added): the
+    rows of several checkpoints sharing ``out_dir`` stack. Rows of another layout are dropped."""
+    old = list(csv.DictReader(io.StringIO(path.read_text()))) if path.is_file() else []
+    rows = {r["checkpoint"]: r for r in old if list(r) == list(row)}
+    rows[row["checkpoint"]] = row
+    return list(rows.values())
+
+
+def write_table(out_dir: TransferDir, cells: TransferDir, label: dict[str, Any], checkpoint: Path) -> dict[str, Any]:
+    """Rebuild the checkpoint's row of ``transfer_table.csv`` and ``.md`` in ``out_dir`` from its eval
+    summaries in ``cells``; the row."""
+    row = table_row(label, read_results(cells, checkpoint))
+    rows = table_rows(out_dir.table_csv, row)
+    atomic_write_text(out_dir.table_csv, table_csv(rows))
+    atomic_write_text(out_dir.table_md, table_markdown(rows))
     return row
 
 
@@ -230,7 +255,7 @@ def run_transfer(cfg: DictConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]
         log.info("transfer %d/%d: %s on %s ...", i, len(jobs), protocol, name)
         start = time.time()
         summary = evaluate(job, options_checked=True)
-        row = write_table(out_dir, label, ckpt_path)
+        row = write_table(out_dir, checkpoint_cells(cfg), label, ckpt_path)
         cells = cell_values(summary)
         log.info(
             "transfer %d/%d: %s on %s at batch %s: top-1 %s%% best epoch, %s%% last (%.0f s); table: %s",

@@ -26,6 +26,7 @@ from .options import (
     BLUR_KINDS,
     CLIP_GRAD_KINDS,
     DATASETS,
+    EVAL_ACCELERATORS,
     GLOBAL_PAIRS,
     HVP_COLOURS,
     IMAGE_EXTENSIONS,
@@ -239,6 +240,8 @@ def check_eval_options(cfg: DictConfig) -> None:
         fail("protocol.name", cfg.protocol.name, f"one of {', '.join(PROTOCOLS)}")
     if cfg.devices != 1:
         fail("devices", cfg.devices, "1 (evaluation runs on one device)")
+    if str(cfg.accelerator) not in EVAL_ACCELERATORS:
+        fail("accelerator", cfg.accelerator, f"one of {', '.join(EVAL_ACCELERATORS)}")
     precision = cfg.get("precision", "32-true")
     if precision != "auto" and precision not in TRAINER_PRECISIONS:
         fail("precision", precision, f"auto or one of {', '.join(TRAINER_PRECISIONS)}")

@@ -108,6 +108,7 @@ WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 # eval.py
 PROTOCOLS = ("knn", "linear", "finetune")
+EVAL_ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")  # one device; Lightning's tpu/hpu need packages we lack
 # transfer.py: the paper's transfer table, its columns in the paper's order
 TRANSFER_DATASETS = ("cifar10", "cifar100", "flowers102", "inat21", "food101")
 TRANSFER_PROTOCOLS = ("linear", "finetune")

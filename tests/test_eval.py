@@ -372,6 +372,7 @@ def test_eval_config_errors(simsiam_run, tmp_path):
             r"protocol.interpolation='nearest'",
         ),
         ([f"ckpt={run_dir}", "accelerator=cpu", "precision=16-mixed"], r"precision='16-mixed' is not allowed: on CPU"),
+        ([f"ckpt={run_dir}", "accelerator=tpu"], r"accelerator='tpu' is not allowed: one of auto, cpu, gpu, cuda, mps"),
         ([f"ckpt={run_dir}", "+data.subset=5"], r"data.subset=5 is not allowed: a key of the checkpoint's data \("),
     ]
     for overrides, match in cases:

@@ -25,6 +25,7 @@ from hvp_lightning.nn.backbones import build_resnet, build_vit
 from hvp_lightning.nn.knn import knn_accuracies, knn_accuracy
 from hvp_lightning.run.directory import eval_variant
 from hvp_lightning.training import export
+from hvp_lightning.training.checkpoint import pretrained_for
 from hvp_lightning.training.driver import run
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, eval_cfg, make_cfg, write_images
@@ -234,7 +235,8 @@ def test_eval_protocols_end_to_end(simsiam_run, protocol):
         "std": list(make_cfg().data.std),
     }
     m = on_disk["metrics"]
-    assert 0 <= m["top1"] <= m["top5"] <= 1 and on_disk["features"] == "backbone" and on_disk["pretrain_epochs"] == 1
+    assert 0 <= m["top1"] <= m["top5"] <= 1 and on_disk["features"] == "backbone"
+    assert (on_disk["pretrain_epochs"], on_disk["pretrain_batches"]) == (1, 0)
     assert summary["metrics"] == m
     header = (out / "csv" / "metrics.csv").read_text().splitlines()[0].split(",")
     if name == "knn":
@@ -281,6 +283,19 @@ def test_other_checkpoint_files_and_data_sets_keep_their_own_eval_folder(simsiam
     assert eval_variant(run_dir / "checkpoints" / "last.ckpt", None) is None
     assert eval_variant(run_dir / "checkpoints" / "last.ckpt", "food101") == "food101"
     assert eval_variant(kept, "food101") == "epoch=1_food101"
+
+
+def test_pretrained_for_counts_only_finished_epochs():
+    """A checkpoint saved inside an epoch (checkpoint.every_n_steps, a pre-emption) was counted as
+    ``epoch + 1`` epochs; it is the finished epochs and the batches into the next."""
+
+    def ckpt(epoch: int, step: int, done: int, last: bool) -> dict:
+        progress = {"current": {"completed": done}, "is_last_batch": last}
+        return {"epoch": epoch, "global_step": step, "loops": {"fit_loop": {"epoch_loop.batch_progress": progress}}}
+
+    assert pretrained_for(ckpt(0, 3, 3, last=False)) == {"epochs": 0, "batches": 3, "steps": 3}
+    assert pretrained_for(ckpt(1, 16, 8, last=True)) == {"epochs": 2, "batches": 0, "steps": 16}
+    assert pretrained_for({"epoch": 4, "global_step": 50}) == {"epochs": 5, "batches": 0, "steps": 50}
 
 
 @pytest.mark.parametrize("lr", [0.05, 2.0])

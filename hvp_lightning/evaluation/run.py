@@ -33,7 +33,7 @@ from ..nn.backbones import Backbone
 from ..nn.knn import knn_accuracies
 from ..run.atomic import atomic_write_text
 from ..run.directory import EvalDir, eval_variant
-from ..training.checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
+from ..training.checkpoint import build_method, checkpoint_config, load_checkpoint, pretrained_for, resolve_checkpoint
 from ..warning_filters import quiet_console
 from .data import EvalData, eval_data, eval_data_cfg, eval_loader, eval_transform
 from .features import FeatureNet, eval_precision, extract, forward_seconds, is_vit
@@ -173,8 +173,7 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     settings = protocol_settings(cfg.protocol, train_cfg.method.name, data_cfg.name)
     validate_settings(settings, protocol)
     model = build_method(ckpt)
-    # Our checkpoints are written at the end of an epoch, when Lightning's "epoch" is its index.
-    pretrain = {"epochs": int(ckpt.get("epoch", -1)) + 1, "steps": ckpt.get("global_step")}
+    pretrain = pretrained_for(ckpt)
     del ckpt
     backbone = model.backbone if cfg.student else model.eval_backbone
     on_gpu = not runs_on_cpu(str(cfg.accelerator)) and torch.cuda.is_available()
@@ -231,7 +230,8 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
         "backbone": train_cfg.backbone.name,
         "features": which,
         "precision": cfg.precision,
-        "pretrain_epochs": pretrain["epochs"],
+        "pretrain_epochs": pretrain["epochs"],  # whole epochs; a checkpoint saved inside one: + batches
+        "pretrain_batches": pretrain["batches"],
         "pretrain_steps": pretrain["steps"],
         "settings": settings,
         "chance": 1 / len(data.classes),

@@ -167,6 +167,12 @@ def table_csv(rows: list[dict[str, Any]]) -> str:
     return out.getvalue()
 
 
+def pretraining(row: dict[str, Any]) -> str:
+    """``2 pretraining epochs``, or ``0 pretraining epochs + 3 batches`` for a checkpoint saved inside an epoch."""
+    batches = int(row["pretrain_batches"])
+    return f"{row['pretrain_epochs']} pretraining epochs" + (f" + {batches} batches" if batches else "")
+
+
 def table_markdown(rows: list[dict[str, Any]]) -> str:
     """The paper's layout: Method, Arch., then Lin. and F.T. per data set; per checkpoint a row per kind of cell."""
     cols = [cell(n, p) for n in TRANSFER_DATASETS for p in TRANSFER_PROTOCOLS]
@@ -176,7 +182,7 @@ def table_markdown(rows: list[dict[str, Any]]) -> str:
         for kind, title in KINDS.items():
             values = [row["method"], row["backbone"], title] + [row[f"{c}_{kind}"] or "-" for c in cols]
             lines.append(f"| {' | '.join(values)} |")
-    sources = "; ".join(f"`{r['checkpoint']}` ({r['pretrain_epochs']} pretraining epochs)" for r in rows)
+    sources = "; ".join(f"`{r['checkpoint']}` ({pretraining(r)})" for r in rows)
     return (
         "\n".join(lines) + "\n\n"
         f"Top-1 accuracy (%) of {sources}; "
@@ -205,7 +211,7 @@ def write_table(out_dir: TransferDir, cells: TransferDir, label: dict[str, Any],
 
 def run_transfer(cfg: DictConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]:
     """Every evaluation of ``jobs`` (from :func:`check_transfer_options`), then the table; its row."""
-    from ..training.checkpoint import checkpoint_config, load_checkpoint
+    from ..training.checkpoint import checkpoint_config, load_checkpoint, pretrained_for
     from .data import eval_data, eval_data_cfg
     from .run import evaluate
 
@@ -213,11 +219,13 @@ def run_transfer(cfg: DictConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]
     ckpt = load_checkpoint(ckpt_path, mmap=True)
     train_cfg = checkpoint_config(ckpt)
     hvp = bool((train_cfg.get("hvp") or {}).get("enabled"))
+    pretrain = pretrained_for(ckpt)
     label = {
         "method": train_cfg.method.name + (" + HVP" if hvp else ""),
         "backbone": train_cfg.backbone.name,
         "checkpoint": str(ckpt_path.resolve()),
-        "pretrain_epochs": int(ckpt.get("epoch", -1)) + 1,  # saved at an epoch's end, as its index
+        "pretrain_epochs": pretrain["epochs"],
+        "pretrain_batches": pretrain["batches"],  # into the next epoch: a checkpoint saved inside one
     }
     del ckpt
     configs = []

@@ -281,6 +281,7 @@ def test_transfer_writes_the_paper_table(datasets, tiny_run, tmp_path, fakes_pas
             assert row[f"{col}_best"] == f"{100 * m['best_top1']:.2f}"
             assert row[f"{col}_last"] == f"{100 * m['top1']:.2f}"
             assert row[f"{col}_batch"] == str(batch)
+            assert row[f"{col}_epochs"] == str(s["epochs"]) == ("2" if protocol == "linear" else "1")  # as asked
             assert (summary["dataset"]["train_images"], summary["dataset"]["test_images"]) == (len(TRAIN), len(TEST))
             assert summary["dataset"]["crop_size"] == pretrain.data.crop_size  # the pretraining crop
     md = TransferDir(out).table_md.read_text().splitlines()
@@ -323,3 +324,11 @@ def test_checkpoints_sharing_out_dir_keep_their_cells_and_stack_rows(tiny_run, t
     for r in runs:
         assert (out / r.name / "cifar10" / "linear" / "eval_summary.json").is_file()
     assert TransferDir(out).table_md.read_text().count("| top-1, last epoch |") == 2
+
+
+def test_protocol_setting_errors_name_the_transfer_key(tiny_run, tmp_path, fakes_pass_checksums):
+    """``linear.epochs=0`` was refused as ``protocol.epochs=0``, a key transfer.py does not have."""
+    FAKES["cifar10"](tmp_path / "cifar10")
+    cfg = compose_cfg("transfer", f"ckpt={tiny_run}", f"root={tmp_path}", "datasets=[cifar10]", "linear.epochs=0")
+    with pytest.raises(ConfigError, match=r"^linear.epochs=0 is not allowed: expected an integer >= 1"):
+        run_transfer(cfg, check_transfer_options(cfg))

@@ -129,28 +129,36 @@ def read_results(out_dir: TransferDir, checkpoint: Path) -> dict[str, dict[str, 
     return found
 
 
-# Per evaluation, three CSV columns ``<dataset>_<protocol>_<kind>`` and three Markdown rows: the best
+# Per evaluation, four CSV columns ``<dataset>_<protocol>_<kind>`` and four Markdown rows: the best
 # test top-1 over epochs (what the official eval_linear.py reports, dino:eval_linear.py lines 192 and
-# 217, hence the paper's tables), the last epoch's, and the batch the evaluation trained at.
+# 217, hence the paper's tables), the last epoch's, and the batch and epochs the evaluation trained
+# with (a table made with linear.epochs=5 must not pass for the paper's recipe).
 KINDS = {
     "best": "top-1, best epoch (the paper's / official scripts' convention)",
     "last": "top-1, last epoch",
     "batch": "batch",
+    "epochs": "epochs",
 }
 
 
 def cell_values(summary: dict[str, Any] | None) -> dict[str, str]:
-    """One evaluation's cells: best and last top-1 (%) and its batch; "" where not run or not recorded."""
+    """One evaluation's cells: best and last top-1 (%), its batch and epochs; "" where not run or not recorded."""
     if summary is None:
         return dict.fromkeys(KINDS, "")
-    m, batch = summary["metrics"], summary.get("settings", {}).get("batch_size")
+    m, s = summary["metrics"], summary.get("settings", {})
     pct = lambda v: f"{100 * v:.2f}" if v is not None else ""  # noqa: E731
-    return {"best": pct(m.get("best_top1")), "last": pct(m["top1"]), "batch": str(batch) if batch else ""}
+    text = lambda key: str(s[key]) if s.get(key) else ""  # noqa: E731
+    return {
+        "best": pct(m.get("best_top1")),
+        "last": pct(m["top1"]),
+        "batch": text("batch_size"),
+        "epochs": text("epochs"),
+    }
 
 
 def table_row(label: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The checkpoint's row: ``label``'s columns, then per data set and protocol its best and
-    last top-1 (%) and batch ("" if not run)."""
+    last top-1 (%), batch and epochs ("" if not run)."""
     row = dict(label)
     for name in TRANSFER_DATASETS:
         for protocol in TRANSFER_PROTOCOLS:
@@ -209,6 +217,18 @@ def write_table(out_dir: TransferDir, cells: TransferDir, label: dict[str, Any],
     return row
 
 
+def check_settings(job: DictConfig, method: str) -> None:
+    """The protocol settings of one evaluation, before any runs; an error names the key as typed
+    here (``linear.epochs``, not eval.py's ``protocol.epochs``)."""
+    from .protocols import protocol_settings, validate_settings
+
+    protocol = job.protocol.name
+    try:
+        validate_settings(protocol_settings(job.protocol, method, job.data.name), protocol)
+    except ConfigError as err:
+        raise ConfigError(f"{protocol}.{str(err).removeprefix('protocol.')}") from None
+
+
 def run_transfer(cfg: DictConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]:
     """Every evaluation of ``jobs`` (from :func:`check_transfer_options`), then the table; its row."""
     from ..training.checkpoint import checkpoint_config, load_checkpoint, pretrained_for
@@ -234,6 +254,7 @@ def run_transfer(cfg: DictConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]
         for key in ("crop_size", "eval_crop_ratio"):
             if job.data[key] is None:
                 job.data[key] = train_cfg.data[key]
+        check_settings(job, train_cfg.method.name)
         configs.append(job)
     plan = {}  # data set -> its line of the plan
     for job in configs:

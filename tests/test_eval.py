@@ -216,9 +216,10 @@ def test_vit_features_concatenate_cls_of_last_blocks():
     ],
     ids=["knn", "linear", "linear-precomputed", "linear-defaults", "finetune"],
 )
-def test_eval_protocols_end_to_end(simsiam_run, protocol):
+def test_eval_protocols_end_to_end(simsiam_run, protocol, caplog):
     run_dir, train_summary = simsiam_run
-    summary = evaluate(eval_cfg(f"ckpt={run_dir}", *protocol))
+    with caplog.at_level("INFO", logger="hvp_lightning.evaluation.run"):
+        summary = evaluate(eval_cfg(f"ckpt={run_dir}", *protocol))
     name = protocol[0].split("=")[1]
     out = run_dir / "eval" / name
     on_disk = json.loads((out / "eval_summary.json").read_text())
@@ -250,6 +251,8 @@ def test_eval_protocols_end_to_end(simsiam_run, protocol):
         # SimSiam recipes; both scale lr = base_lr * batch / 256 as the official eval_linear.py
         # (automl/hvp main:eval_linear.py line 127, dino:eval_linear.py line 128)
         want = ("lars", 0.1, 256) if name == "linear" else ("adamw", 0.01, 256)
+        if name == "finetune":  # synthetic data is not in the table: the row auto took is said
+            assert "table, row cifar10, as synthetic is not in it; protocol.table_row= picks another" in caplog.text
         assert (s["optimizer"], s["base_lr"], s["lr_ref_batch"]) == want
         assert s["lr"] == pytest.approx(s["base_lr"] * s["batch_size"] / 256)
         assert s["interpolation"] == "bilinear" and on_disk["precision"] == "32-true"  # SimSiam: main:data.py

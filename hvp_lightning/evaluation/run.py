@@ -81,6 +81,13 @@ def run_knn(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[str, An
     }
 
 
+def table_row_used(s: dict[str, Any], dataset: str) -> str:
+    """Which row of the fine-tuning table set the lr and epochs: ``table_row: auto`` takes cifar10's
+    for data the table does not list (imagefolder, synthetic, stl10), which should not pass unsaid."""
+    row = f"{s['recipe']} table, row {s['table_row']}"
+    return row if s["table_row"] == dataset else f"{row}, as {dataset} is not in it; protocol.table_row= picks another"
+
+
 def run_classifier(
     cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[str, Any], logger, finetune: bool
 ) -> dict[str, Any]:
@@ -112,7 +119,7 @@ def run_classifier(
     log.info(
         "%s: %d epochs x %d steps of batch %d (lr %.3g) on %s; %d images through the backbone at %.1f ms each: "
         "about %.0f s%s",
-        "linear probe" if not finetune else "fine-tuning",
+        "linear probe" if not finetune else f"fine-tuning ({table_row_used(s, d.name)})",
         s["epochs"],
         s["steps_per_epoch"],
         s["batch_size"],

@@ -5,7 +5,8 @@
     python eval.py protocol=linear ckpt=<run_dir> protocol.augment=false      # fast path, small data
     python eval.py protocol=finetune ckpt=<run_dir>/checkpoints/epoch=100.ckpt data=cifar10 data.root=...
 
-Writes <run_dir>/eval/<protocol>/eval_summary.json (conf/eval.yaml, conf/protocol/).
+Writes <run_dir>/eval/<protocol>/eval_summary.json; for another checkpoint file or data set
+<run_dir>/eval/<variant>/<protocol>/ (epoch=100, food101, epoch=100_food101; conf/eval.yaml, conf/protocol/).
 """
 
 from hvp_lightning.cli import evaluate_main

@@ -24,10 +24,12 @@ repository's top-level ``conf/``; a wheel ships that same folder as ``hvp_lightn
 from __future__ import annotations
 
 import logging
+import re
 import shutil
+import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -118,6 +120,31 @@ def _checked_resume(resume: str, run_dir: Path, fresh: bool) -> str:
     return str(resume)
 
 
+# Overrides whose value is a path. Kept checkpoints are named ``epoch=NNN.ckpt``, and Hydra's
+# override grammar refuses an unquoted '=' in a value: :func:`quote_path_overrides` quotes it.
+PATH_KEYS = r"ckpt|resume|out_dir|backbone\.init|(?:[\w.]+\.)?(?:eval_)?root"  # root: transfer.py's, data.*root
+PATH_OVERRIDE = re.compile(rf"(?P<key>\+{{0,2}}(?:{PATH_KEYS}))=(?P<value>.*)", re.S)
+
+
+def _quoted_path(arg: str) -> str:
+    """``arg`` with each comma-separated path of its value quoted, if it is a path override whose
+    value holds '=' and is not written in Hydra's grammar already (quoted, a list, a sweep function)."""
+    m = PATH_OVERRIDE.fullmatch(arg)
+    value = m["value"] if m else ""
+    if "=" not in value or value[0] in "'\"" or any(c in value for c in "()[]{}"):
+        return arg
+    paths = value.split(",")  # a -m sweep over several checkpoints stays a sweep
+    if any("'" in p and '"' in p for p in paths):
+        return arg  # no quote left to quote it with: Hydra says what is wrong
+    return f"{m['key']}=" + ",".join(f'"{p}"' if "'" in p else f"'{p}'" for p in paths)
+
+
+def quote_path_overrides(argv: list[str]) -> list[str]:
+    """``argv`` with path overrides such as ``ckpt=<run_dir>/checkpoints/epoch=100.ckpt`` quoted,
+    so that the documented commands parse as typed (the shell has already removed the user's quotes)."""
+    return [_quoted_path(arg) for arg in argv]
+
+
 class SweepConfigError(CompactHydraException):
     """A sweep job's config error: Hydra reports the job failed with this one line (no traceback),
     runs the other jobs, and its sweep_summary.csv row says failed."""
@@ -129,6 +156,19 @@ def user_errors() -> tuple[type[Exception], ...]:
     that cannot be Lightning's)."""
     lightning_errors = sys.modules.get("lightning.fabric.utilities.exceptions")
     return (ConfigError,) + ((lightning_errors.MisconfigurationException,) if lightning_errors else ())
+
+
+def sigterm_exits() -> tuple[type[BaseException], ...]:
+    """Lightning's ``SIGTERMException`` once Lightning is imported: a ``SystemExit`` without a code,
+    with which a killed evaluation would end with status 0."""
+    lightning_errors = sys.modules.get("lightning.pytorch.utilities.exceptions")
+    return (lightning_errors.SIGTERMException,) if lightning_errors else ()
+
+
+def stopped(what: str) -> NoReturn:
+    """End a command that SIGTERM stopped, saying ``what`` it left, with status 143 (128 + signal) as train.py."""
+    print(f"stopped by SIGTERM: {what}", file=sys.stderr)
+    sys.exit(128 + signal.SIGTERM)
 
 
 def _close_log_files(run_dir: Path) -> None:
@@ -213,6 +253,7 @@ def train() -> None:
     job's ``config error: ...`` line and exit code 1, as Hydra ends any sweep with a failed job
     (with ``HYDRA_FULL_ERROR=1`` Hydra would re-raise it: a traceback for a user error). A single
     run refused for its settings exits with 2 (:func:`train_job`); crashes keep Hydra's handling."""
+    sys.argv = quote_path_overrides(sys.argv)
     try:
         train_job()
     except SweepConfigError as err:  # only reaches here when Hydra re-raises (HYDRA_FULL_ERROR=1)
@@ -221,7 +262,8 @@ def train() -> None:
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="eval", version_base="1.3")
-def evaluate_main(cfg: DictConfig) -> float | None:
+def evaluate_job(cfg: DictConfig) -> float | None:
+    """One evaluation under Hydra; :func:`evaluate_main` starts it."""
     try:
         check_eval_options(cfg)  # the config alone, before the heavy imports
         if cfg.get("num_workers") != 0:  # null: the data's (2 by default)
@@ -232,6 +274,8 @@ def evaluate_main(cfg: DictConfig) -> float | None:
     except user_errors() as err:  # bad settings or checkpoint: one line, no traceback
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
+    except sigterm_exits():
+        stopped("the evaluation wrote no eval_summary.json (the earlier one was removed when it started)")
     print(eval_line(summary))
     return summary["metrics"]["top1"]
 
@@ -254,8 +298,14 @@ def eval_line(summary: dict[str, Any]) -> str:
     )
 
 
+def evaluate_main() -> None:
+    """``hvp-eval`` / ``python eval.py``: :func:`evaluate_job` on the command line, paths quoted."""
+    sys.argv = quote_path_overrides(sys.argv)
+    evaluate_job()
+
+
 @hydra.main(config_path=CONFIG_DIR, config_name="transfer", version_base="1.3")
-def transfer_main(cfg: DictConfig) -> None:
+def transfer_job(cfg: DictConfig) -> None:
     """The paper's transfer table for one checkpoint (:mod:`hvp_lightning.evaluation.transfer`)."""
     from .evaluation.transfer import check_transfer_options, run_transfer, transfer_out_dir
 
@@ -265,4 +315,13 @@ def transfer_main(cfg: DictConfig) -> None:
     except user_errors() as err:  # bad settings or checkpoint: one line, no traceback
         print(f"config error: {err}", file=sys.stderr)
         sys.exit(2)
+    except sigterm_exits():
+        table = transfer_out_dir(cfg).table_md
+        stopped(f"the evaluation under way wrote no eval_summary.json; {table} holds the finished ones")
     print(transfer_out_dir(cfg).table_md.read_text(), end="")
+
+
+def transfer_main() -> None:
+    """``hvp-transfer`` / ``python transfer.py``: :func:`transfer_job` on the command line, paths quoted."""
+    sys.argv = quote_path_overrides(sys.argv)
+    transfer_job()

@@ -22,6 +22,7 @@ from .config_rules import check_known_keys, check_rules
 from .data.layout import is_image_file, resolve_auto_crop, split_dir, training_image_side, training_images
 from .errors import ConfigError
 from .options import (
+    ACCELERATORS,
     AUTO_PRECISIONS,
     BACKBONE_FAMILIES,
     BLUR_KINDS,
@@ -181,6 +182,8 @@ def check_eval_options(cfg: DictConfig) -> None:
         fail("devices", cfg.devices, "1 (evaluation runs on one device)")
     if not isinstance(cfg.get("student", False), bool):
         fail("student", cfg.student, "true or false (DINO/iBOT: evaluate the student instead of the teacher)")
+    if str(cfg.accelerator) not in ACCELERATORS:
+        fail("accelerator", cfg.accelerator, f"one of {', '.join(ACCELERATORS)}")
     precision = cfg.get("precision", "32-true")
     if precision != "auto" and precision not in TRAINER_PRECISIONS:
         fail("precision", precision, f"auto or one of {', '.join(TRAINER_PRECISIONS)}")
@@ -188,10 +191,16 @@ def check_eval_options(cfg: DictConfig) -> None:
     if cfg.get("num_workers") is not None:
         int_at_least(cfg, "num_workers", 0)
     check_limits(cfg)
-    if cfg.get("data") is not None:
+    if data_preset_given(cfg):  # else the checkpoint's data, checked once it is loaded
         validate_data(cfg)
     if cfg.get("logger") is not None:
         _check_logger(cfg.logger)
+
+
+def data_preset_given(cfg: DictConfig) -> bool:
+    """Whether an evaluation's ``data`` is a data set (``data=<name>``), not only ``+data.<key>=``
+    changes to the checkpoint's own data (conf/eval.yaml has no ``data`` without a preset)."""
+    return cfg.get("data") is not None and "name" in cfg.data
 
 
 def _check_logger(lc: DictConfig) -> None:

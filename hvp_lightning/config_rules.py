@@ -21,6 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .errors import ConfigError
+from .options import ACCELERATORS
 
 
 def config_dir() -> Path:
@@ -241,10 +242,6 @@ RULES: dict[str, Rule] = {
     "analysis.log_every_n_steps": Rule("int", low=1, nullable=True),
     "analysis.flush_every_n_logs": Rule("int", low=1, nullable=True),
 }
-
-# trainer.accelerator: Lightning's accelerators but XLA's (TPUs: not supported here; Lightning
-# would fail on the missing torch_xla after the heavy imports).
-ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 
 
 def _value(cfg: DictConfig, key: str) -> tuple[bool, Any]:

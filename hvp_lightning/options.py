@@ -108,6 +108,8 @@ WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 # eval.py
 PROTOCOLS = ("knn", "linear", "finetune")
+# trainer.accelerator and eval.py's accelerator: Lightning's but XLA's and Gaudi's (tpu, hpu: packages we lack)
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 # transfer.py: the paper's transfer table, its columns in the paper's order
 TRANSFER_DATASETS = ("cifar10", "cifar100", "flowers102", "inat21", "food101")
 TRANSFER_PROTOCOLS = ("linear", "finetune")

@@ -299,6 +299,11 @@ def test_cli_missing_run_dir_says_so_and_makes_nothing(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="steps-r"):
         main([str(empty)])
     assert list(empty.iterdir()) == []
+    # a typo'd baseline (or --compare run) used to be a warnings.warn line and a path in analysis.json
+    for argv in ([str(empty), str(missing)], [str(empty), "--compare", str(missing)]):
+        with pytest.raises(SystemExit, match=f"{missing}: no such run dir"):
+            main(argv)
+        assert list(empty.iterdir()) == []
 
 
 def test_view_log_lowest_iou_share_matches_a_brute_force_count(tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +23,9 @@ from hvp_lightning.evaluation.features import FeatureNet, eval_precision
 from hvp_lightning.evaluation.probe import Classifier, fit_classifier, lars_growth_bound, warn_if_lars_cannot_fit
 from hvp_lightning.nn.backbones import build_resnet, build_vit
 from hvp_lightning.nn.knn import knn_accuracies, knn_accuracy
+from hvp_lightning.run.directory import eval_variant
 from hvp_lightning.training import export
+from hvp_lightning.training.checkpoint import pretrained_for
 from hvp_lightning.training.driver import run
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, eval_cfg, help_groups, make_cfg, write_images
@@ -212,9 +216,10 @@ def test_vit_features_concatenate_cls_of_last_blocks():
     ],
     ids=["knn", "linear", "linear-precomputed", "linear-defaults", "finetune"],
 )
-def test_eval_protocols_end_to_end(simsiam_run, protocol):
+def test_eval_protocols_end_to_end(simsiam_run, protocol, caplog):
     run_dir, train_summary = simsiam_run
-    summary = evaluate(eval_cfg(f"ckpt={run_dir}", *protocol))
+    with caplog.at_level("INFO", logger="hvp_lightning.evaluation.run"):
+        summary = evaluate(eval_cfg(f"ckpt={run_dir}", *protocol))
     name = protocol[0].split("=")[1]
     out = run_dir / "eval" / name
     on_disk = json.loads((out / "eval_summary.json").read_text())
@@ -231,7 +236,8 @@ def test_eval_protocols_end_to_end(simsiam_run, protocol):
         "std": list(make_cfg().data.std),
     }
     m = on_disk["metrics"]
-    assert 0 <= m["top1"] <= m["top5"] <= 1 and on_disk["features"] == "backbone" and on_disk["pretrain_epochs"] == 1
+    assert 0 <= m["top1"] <= m["top5"] <= 1 and on_disk["features"] == "backbone"
+    assert (on_disk["pretrain_epochs"], on_disk["pretrain_batches"]) == (1, 0)
     assert summary["metrics"] == m
     header = (out / "csv" / "metrics.csv").read_text().splitlines()[0].split(",")
     if name == "knn":
@@ -245,6 +251,8 @@ def test_eval_protocols_end_to_end(simsiam_run, protocol):
         # SimSiam recipes; both scale lr = base_lr * batch / 256 as the official eval_linear.py
         # (automl/hvp main:eval_linear.py line 127, dino:eval_linear.py line 128)
         want = ("lars", 0.1, 256) if name == "linear" else ("adamw", 0.01, 256)
+        if name == "finetune":  # synthetic data is not in the table: the row auto took is said
+            assert "table, row cifar10, as synthetic is not in it; protocol.table_row= picks another" in caplog.text
         assert (s["optimizer"], s["base_lr"], s["lr_ref_batch"]) == want
         assert s["lr"] == pytest.approx(s["base_lr"] * s["batch_size"] / 256)
         assert s["interpolation"] == "bilinear" and on_disk["precision"] == "32-true"  # SimSiam: main:data.py
@@ -254,6 +262,43 @@ def test_eval_protocols_end_to_end(simsiam_run, protocol):
             # DataLoader's), the lr of batch 4,096 (paper appendix: SimSiam linear, batch 4096, lr 0.1)
             assert (s["batch_size"], s["steps_per_epoch"], s["lr"]) == (4096, 1, pytest.approx(0.1 * 4096 / 256))
             assert s["augment"] is False  # CPU: cached features
+
+
+def test_data_keys_without_a_data_set_change_the_checkpoints_data(simsiam_run, tmp_path):
+    """``+data.test_subset=N`` (conf/eval.yaml has no ``data`` without ``data=<name>``) subsamples
+    the pretraining data; it used to be taken for a whole data preset and fail validation."""
+    run_dir, _ = simsiam_run
+    cfg = eval_cfg(f"ckpt={run_dir}", "protocol=knn", "+data.test_subset=5", f"out_dir={tmp_path}")
+    summary = evaluate(cfg)
+    assert summary["dataset"]["name"] == "synthetic" and summary["dataset"]["test_images"] == 5
+
+
+def test_other_checkpoint_files_and_data_sets_keep_their_own_eval_folder(simsiam_run, tmp_path):
+    """An evaluation of another checkpoint file, or on another data set, used to replace the run's
+    own ``eval/<protocol>/eval_summary.json``; each now has its ``eval/<variant>/<protocol>/``."""
+    run_dir, _ = simsiam_run
+    kept = tmp_path / "run" / "checkpoints" / "epoch=1.ckpt"
+    kept.parent.mkdir(parents=True)
+    shutil.copy(run_dir / "checkpoints" / "last.ckpt", kept)
+    summary = evaluate(eval_cfg(f"ckpt='{kept}'", "protocol=knn"))
+    assert Path(summary["out_dir"]) == tmp_path / "run" / "eval" / "epoch=1" / "knn"
+    assert (tmp_path / "run" / "eval" / "epoch=1" / "knn" / "eval_summary.json").is_file()
+    assert eval_variant(run_dir / "checkpoints" / "last.ckpt", None) is None
+    assert eval_variant(run_dir / "checkpoints" / "last.ckpt", "food101") == "food101"
+    assert eval_variant(kept, "food101") == "epoch=1_food101"
+
+
+def test_pretrained_for_counts_only_finished_epochs():
+    """A checkpoint saved inside an epoch (checkpoint.every_n_steps, a pre-emption) was counted as
+    ``epoch + 1`` epochs; it is the finished epochs and the batches into the next."""
+
+    def ckpt(epoch: int, step: int, done: int, last: bool) -> dict:
+        progress = {"current": {"completed": done}, "is_last_batch": last}
+        return {"epoch": epoch, "global_step": step, "loops": {"fit_loop": {"epoch_loop.batch_progress": progress}}}
+
+    assert pretrained_for(ckpt(0, 3, 3, last=False)) == {"epochs": 0, "batches": 3, "steps": 3}
+    assert pretrained_for(ckpt(1, 16, 8, last=True)) == {"epochs": 2, "batches": 0, "steps": 16}
+    assert pretrained_for({"epoch": 4, "global_step": 50}) == {"epochs": 5, "batches": 0, "steps": 50}
 
 
 @pytest.mark.parametrize("lr", [0.05, 2.0])
@@ -345,6 +390,8 @@ def test_eval_config_errors(simsiam_run, tmp_path):
             r"protocol.interpolation='nearest'",
         ),
         ([f"ckpt={run_dir}", "accelerator=cpu", "precision=16-mixed"], r"precision='16-mixed' is not allowed: on CPU"),
+        ([f"ckpt={run_dir}", "accelerator=tpu"], r"accelerator='tpu' is not allowed: one of auto, cpu, gpu, cuda, mps"),
+        ([f"ckpt={run_dir}", "+data.subset=5"], r"data.subset=5 is not allowed: a key of the checkpoint's data \("),
     ]
     for overrides, match in cases:
         with pytest.raises(ConfigError, match=match):
@@ -390,6 +437,52 @@ def test_knn_with_k_above_the_bank_says_the_k_that_voted(simsiam_run):
 def test_eval_help_lists_only_the_groups_eval_takes():
     """Hydra listed every group under conf/, method= among them, which eval.py refuses."""
     assert help_groups("eval.py") == {"protocol", "data", "logger"}
+
+
+def test_eval_stopped_by_sigterm_exits_143_and_leaves_no_old_summary(simsiam_run, tmp_path):
+    """Lightning ends a SIGTERM with a code-less SystemExit (status 0); eval.py says it stopped and
+    exits 143, and the previous evaluation's summary is not left beside the new log."""
+    run_dir, _ = simsiam_run
+    out = tmp_path / "out"
+    (out / "csv").mkdir(parents=True)
+    (out / "eval_summary.json").write_text("{}")
+    (out / "eval_config.yaml").write_text("{}")
+    cmd = [sys.executable, "eval.py", "protocol=linear", f"ckpt={run_dir}", f"out_dir={out}", "progress_bar=false"]
+    cmd += ["protocol.augment=true", "protocol.epochs=1000", "protocol.batch_size=8", "accelerator=cpu"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    for line in proc.stdout:  # the probe is training: Lightning's SIGTERM handler is in place
+        if line.startswith("epoch 1 of 1000 took"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)[0]
+    assert proc.returncode == 143, rest[-2000:]
+    assert "stopped by SIGTERM: the evaluation wrote no eval_summary.json" in rest
+    assert not (out / "eval_summary.json").exists() and not (out / "eval_config.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    ("script", "key", "refusal", "rest"),
+    [
+        ("eval.py", "ckpt", "nothing at that path", []),
+        ("transfer.py", "ckpt", "nothing at that path", ["datasets=[cifar10]", "data.cifar10.download=true"]),
+        ("train.py", "resume", "a run dir holding checkpoints/last.ckpt", []),
+        ("train.py", "backbone.init", "no such file or folder", []),
+    ],
+)
+def test_checkpoint_paths_with_equals_parse_as_typed(tmp_path, script, key, refusal, rest):
+    """Kept checkpoints are named epoch=NNN.ckpt: the documented unquoted ``ckpt=.../epoch=100.ckpt``
+    reaches our checks (here: no such file) instead of failing in Hydra's override parser."""
+    path = tmp_path / "run" / "checkpoints" / "epoch=100.ckpt"
+    proc = subprocess.run(
+        [sys.executable, script, f"{key}={path}", f"hydra.run.dir={tmp_path / 'new'}", *rest],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"config error: {key}={str(path)!r} is not allowed: " in proc.stderr and refusal in proc.stderr
 
 
 # --- export --------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import csv
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -264,7 +265,7 @@ def test_transfer_writes_the_paper_table(datasets, tiny_run, tmp_path, fakes_pas
             if name not in datasets:
                 assert row[f"{col}_best"] == row[f"{col}_last"] == row[f"{col}_batch"] == ""
                 continue
-            summary = json.loads((out / name / protocol / "eval_summary.json").read_text())
+            summary = json.loads((out / tiny_run.name / name / protocol / "eval_summary.json").read_text())
             s, m = summary["settings"], summary["metrics"]
             base_lr, batch = (0.00075, 1024) if protocol == "linear" else (FINETUNE_LR[name], 512)
             assert (s["base_lr"], s["batch_size"], s["lr_ref_batch"]) == (base_lr, batch, 256), col
@@ -280,6 +281,7 @@ def test_transfer_writes_the_paper_table(datasets, tiny_run, tmp_path, fakes_pas
             assert row[f"{col}_best"] == f"{100 * m['best_top1']:.2f}"
             assert row[f"{col}_last"] == f"{100 * m['top1']:.2f}"
             assert row[f"{col}_batch"] == str(batch)
+            assert row[f"{col}_epochs"] == str(s["epochs"]) == ("2" if protocol == "linear" else "1")  # as asked
             assert (summary["dataset"]["train_images"], summary["dataset"]["test_images"]) == (len(TRAIN), len(TEST))
             assert summary["dataset"]["crop_size"] == pretrain.data.crop_size  # the pretraining crop
     md = TransferDir(out).table_md.read_text().splitlines()
@@ -293,3 +295,44 @@ def test_transfer_writes_the_paper_table(datasets, tiny_run, tmp_path, fakes_pas
 
 def test_transfer_help_lists_only_the_groups_transfer_takes():
     assert help_groups("transfer.py") == {"logger"}
+
+
+def test_checkpoints_sharing_out_dir_keep_their_cells_and_stack_rows(tiny_run, tmp_path, fakes_pass_checksums):
+    """Two checkpoints into one ``out_dir``: the second used to overwrite the first's cells and
+    table row; each now has its cells under its own subfolder and the table a row per checkpoint."""
+    FAKES["cifar10"](tmp_path / "cifar10")
+    base = tmp_path / "base" / "checkpoints" / "last.ckpt"
+    base.parent.mkdir(parents=True)
+    shutil.copy(tiny_run / "checkpoints" / "last.ckpt", base)
+    out = tmp_path / "out"
+    for ckpt in (tiny_run, base.parent.parent):
+        cfg = compose_cfg(
+            "transfer",
+            f"ckpt={ckpt}",
+            f"root={tmp_path}",
+            f"out_dir={out}",
+            "accelerator=cpu",
+            "progress_bar=false",
+            "num_workers=0",
+            "logger=csv",
+            "linear.epochs=1",
+            "datasets=[cifar10]",
+            "protocols=[linear]",
+        )
+        run_transfer(cfg, check_transfer_options(cfg))
+    with open(TransferDir(out).table_csv) as f:
+        rows = list(csv.DictReader(f))
+    runs = [tiny_run, base.parent.parent]
+    assert [r["checkpoint"] for r in rows] == [str((r / "checkpoints" / "last.ckpt").resolve()) for r in runs]
+    assert all(r["cifar10_linear_last"] for r in rows)
+    for r in runs:
+        assert (out / r.name / "cifar10" / "linear" / "eval_summary.json").is_file()
+    assert TransferDir(out).table_md.read_text().count("| top-1, last epoch |") == 2
+
+
+def test_protocol_setting_errors_name_the_transfer_key(tiny_run, tmp_path, fakes_pass_checksums):
+    """``linear.epochs=0`` was refused as ``protocol.epochs=0``, a key transfer.py does not have."""
+    FAKES["cifar10"](tmp_path / "cifar10")
+    cfg = compose_cfg("transfer", f"ckpt={tiny_run}", f"root={tmp_path}", "datasets=[cifar10]", "linear.epochs=0")
+    with pytest.raises(ConfigError, match=r"^linear.epochs=0 is not allowed: expected an integer >= 1"):
+        run_transfer(cfg, check_transfer_options(cfg))

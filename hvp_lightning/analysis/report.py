@@ -132,8 +132,9 @@ def analyse(
     ``compare``: other HVP runs whose lowest-IoU share goes next to this run's."""
     run_dir = Path(run_dir)
     out = Path(out_dir) if out_dir is not None else RunDir(run_dir).analysis
-    if not run_dir.is_dir():  # a typo'd path: say so, and make no folder there
-        raise SystemExit(f"{run_dir}: no such run dir")
+    for path in (run_dir, baseline_dir, *compare):  # a typo'd path: say so, and make no folder anywhere
+        if path is not None and not Path(path).is_dir():
+            raise SystemExit(f"{path}: no such run dir")
     steps = load_steps(run_dir)
     if steps is None:
         raise SystemExit(f"{run_dir}/analysis/steps-r*.csv not found: was the run trained with analysis.online=true?")

@@ -9,7 +9,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, Dataset
 
-from ..config import fail, validate_backbone, validate_data
+from ..config import data_preset_given, fail, validate_backbone, validate_data
 from ..data.augment import EvalTransform
 from ..data.datamodule import build_raw_datasets, subset, usable_workers
 from ..data.layout import resolve_auto_crop
@@ -54,9 +54,19 @@ def eval_transform(d: DictConfig, interpolation: str = "bilinear") -> EvalTransf
     return EvalTransform(d.crop_size, d.eval_crop_ratio, tuple(d.mean), tuple(d.std), interpolation)
 
 
+def own_data(train_cfg: DictConfig, changes: DictConfig | None) -> DictConfig:
+    """The pretraining data with the command's ``+data.<key>=`` ``changes`` (``+data.test_subset=50``)."""
+    data = copy.deepcopy(train_cfg.data)
+    for key, value in (changes or {}).items():
+        if key not in data:
+            fail(f"data.{key}", value, f"a key of the checkpoint's data ({', '.join(data)}), or data=<data set>")
+    return OmegaConf.merge(data, changes) if changes else data
+
+
 def eval_data_cfg(cfg: DictConfig, train_cfg: DictConfig) -> DictConfig:
-    """The data to evaluate on: ``data=...`` if given, else the pretraining data; validated."""
-    data = copy.deepcopy(cfg.data) if cfg.get("data") is not None else copy.deepcopy(train_cfg.data)
+    """The data to evaluate on: ``data=<data set>`` if given, else the pretraining data with the
+    command's ``+data.<key>=`` changes; validated."""
+    data = copy.deepcopy(cfg.data) if data_preset_given(cfg) else own_data(train_cfg, cfg.get("data"))
     with open_dict(data):
         if cfg.get("num_workers") is not None:
             data.num_workers = cfg.num_workers

@@ -18,7 +18,6 @@ def eval_logger(cfg: DictConfig, train_cfg: DictConfig, out: EvalDir, run_dir: R
 
     lc = cfg.logger if cfg.get("logger") is not None else train_cfg.get("logger", {"name": "csv"})
     if lc.get("name", "csv") == "csv":
-        out.csv_metrics.unlink(missing_ok=True)  # a new evaluation replaces the old one
         return CSVLogger(save_dir=str(out.path), name=out.csv_name, version="")
     if lc.name != "wandb":
         fail("logger.name", lc.name, "csv or wandb")

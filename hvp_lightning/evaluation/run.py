@@ -1,5 +1,6 @@
 """Evaluation of pretrained checkpoints (``python eval.py``): weighted k-NN, linear probe,
-full fine-tuning. Each writes ``eval_summary.json`` into ``<run_dir>/eval/<protocol>/`` and
+full fine-tuning. Each writes ``eval_summary.json`` into ``<run_dir>/eval/<protocol>/`` (another
+checkpoint file or data set: ``<run_dir>/eval/<variant>/<protocol>/``, :func:`eval_variant`) and
 logs to the pretraining run's logger kind (CSV next to the summary, or a W&B run in the
 group named after the pretraining run).
 
@@ -23,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, TensorDataset
 
 from ..cluster.waits import limits
-from ..config import check_cpu_precision, check_eval_options, fail
+from ..config import check_cpu_precision, check_eval_options, data_preset_given, fail
 from ..data.augment import TrainTransform
 from ..data.items import EvalDataset
 from ..device import check_accelerator, runs_on_cpu, set_matmul_precision
@@ -31,8 +32,8 @@ from ..errors import ConfigError
 from ..nn.backbones import Backbone
 from ..nn.knn import knn_accuracies
 from ..run.atomic import atomic_write_text
-from ..run.directory import EvalDir
-from ..training.checkpoint import build_method, checkpoint_config, load_checkpoint, resolve_checkpoint
+from ..run.directory import EvalDir, eval_variant
+from ..training.checkpoint import build_method, checkpoint_config, load_checkpoint, pretrained_for, resolve_checkpoint
 from ..warning_filters import quiet_console
 from .data import EvalData, eval_data, eval_data_cfg, eval_loader, eval_transform
 from .features import FeatureNet, eval_precision, extract, forward_seconds, is_vit
@@ -82,6 +83,13 @@ def run_knn(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[str, An
     }
 
 
+def table_row_used(s: dict[str, Any], dataset: str) -> str:
+    """Which row of the fine-tuning table set the lr and epochs: ``table_row: auto`` takes cifar10's
+    for data the table does not list (imagefolder, synthetic, stl10), which should not pass unsaid."""
+    row = f"{s['recipe']} table, row {s['table_row']}"
+    return row if s["table_row"] == dataset else f"{row}, as {dataset} is not in it; protocol.table_row= picks another"
+
+
 def run_classifier(
     cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[str, Any], logger, finetune: bool
 ) -> dict[str, Any]:
@@ -113,7 +121,7 @@ def run_classifier(
     log.info(
         "%s: %d epochs x %d steps of batch %d (lr %.3g) on %s; %d images through the backbone at %.1f ms each: "
         "about %.0f s%s",
-        "linear probe" if not finetune else "fine-tuning",
+        "linear probe" if not finetune else f"fine-tuning ({table_row_used(s, d.name)})",
         s["epochs"],
         s["steps_per_epoch"],
         s["batch_size"],
@@ -174,8 +182,7 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     settings = protocol_settings(cfg.protocol, train_cfg.method.name, data_cfg.name)
     validate_settings(settings, protocol)
     model = build_method(ckpt)
-    # Our checkpoints are written at the end of an epoch, when Lightning's "epoch" is its index.
-    pretrain = {"epochs": int(ckpt.get("epoch", -1)) + 1, "steps": ckpt.get("global_step")}
+    pretrain = pretrained_for(ckpt)
     del ckpt
     backbone = model.backbone if cfg.student else model.eval_backbone
     on_gpu = not runs_on_cpu(str(cfg.accelerator)) and torch.cuda.is_available()
@@ -192,8 +199,9 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     data = eval_data(data_cfg)
     if len(data.train) == 0 or len(data.test) == 0:
         raise ConfigError(f"data.name={data_cfg.name!r} is not allowed: its train or test split is empty")
-    out = EvalDir(Path(cfg.out_dir)) if cfg.get("out_dir") else run_dir.eval(protocol)
-    out.path.mkdir(parents=True, exist_ok=True)
+    variant = eval_variant(ckpt_path, data_cfg.name if data_preset_given(cfg) else None)
+    out = EvalDir(Path(cfg.out_dir)) if cfg.get("out_dir") else run_dir.eval(protocol, variant)
+    out.start()  # no earlier summary stays beside this evaluation's log
     logger = eval_logger(cfg, train_cfg, out, run_dir, protocol)
     log.info(
         "%s evaluation of %s (%s, %s, %s) on %s: %d train / %d test images, %d classes; accelerator=%s, precision=%s",
@@ -231,7 +239,8 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
         "backbone": train_cfg.backbone.name,
         "features": which,
         "precision": cfg.precision,
-        "pretrain_epochs": pretrain["epochs"],
+        "pretrain_epochs": pretrain["epochs"],  # whole epochs; a checkpoint saved inside one: + batches
+        "pretrain_batches": pretrain["batches"],
         "pretrain_steps": pretrain["steps"],
         "settings": settings,
         "chance": 1 / len(data.classes),

@@ -1,9 +1,10 @@
 """The paper's transfer table for one checkpoint (``transfer.py``, ``hvp-transfer``; conf/transfer.yaml).
 
 Every (data set, protocol) asked for is one evaluation of eval.py's (:func:`hvp_lightning.evaluation.evaluate`),
-one after another in this process, each writing ``<out_dir>/<dataset>/<protocol>/eval_summary.json``.
-After each, the table is rebuilt from those files: ``<out_dir>/transfer_table.csv`` and ``.md``, one
-row for the checkpoint and a column per data set and protocol in the paper's order (its table
+one after another in this process, each writing ``<out_dir>/[<checkpoint>/]<dataset>/<protocol>/eval_summary.json``
+(:func:`checkpoint_cells`). After each, the checkpoint's row is rebuilt from those files into
+``<out_dir>/transfer_table.csv`` and ``.md``, beside the rows of other checkpoints sharing ``out_dir``; a
+column per data set and protocol in the paper's order (its table
 "transfer_classification_results": CIFAR10, CIFAR100, Flowers102, iNat 21, Food101, each Lin. and
 F.T.). Built from disk, the table keeps what an earlier command for the same checkpoint left there:
 a subset run later (``datasets=[inat21]``) fills in its cells, and a failed evaluation loses none.
@@ -28,7 +29,7 @@ from ..config import check_eval_options, check_torchvision_root, fail
 from ..errors import ConfigError
 from ..options import TRANSFER_DATASETS, TRANSFER_PROTOCOLS
 from ..run.atomic import atomic_write_text
-from ..run.directory import TransferDir, resolve_checkpoint
+from ..run.directory import RunDir, TransferDir, resolve_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,19 @@ def cell(name: str, protocol: str) -> str:
 
 
 def transfer_out_dir(cfg: DictConfig) -> TransferDir:
-    """``out_dir``, or ``<run_dir>/eval/transfer`` of the checkpoint."""
+    """The table's folder: ``out_dir``, or ``<run_dir>/eval/transfer`` of the checkpoint."""
     return TransferDir(Path(cfg.out_dir)) if cfg.get("out_dir") else resolve_checkpoint(cfg.ckpt)[1].transfer
+
+
+def checkpoint_cells(cfg: DictConfig) -> TransferDir:
+    """Where this checkpoint's cells go: the table's folder for a run's last.ckpt in its own
+    ``eval/transfer``, else a subfolder naming the checkpoint (``out_dir=``: its run dir's name, and
+    the file's stem unless last.ckpt), so that the checkpoints sharing a table keep their own cells."""
+    ckpt_path, run_dir = resolve_checkpoint(cfg.ckpt)
+    parts = [run_dir.name] if cfg.get("out_dir") else []
+    parts += [] if RunDir.is_last_checkpoint(ckpt_path) else [ckpt_path.stem]
+    table = transfer_out_dir(cfg)
+    return TransferDir(table.path / "_".join(parts)) if parts else table
 
 
 def job_config(cfg: DictConfig, name: str, protocol: str) -> DictConfig:
@@ -72,7 +84,7 @@ def job_config(cfg: DictConfig, name: str, protocol: str) -> DictConfig:
     plain = lambda node: OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node  # noqa: E731
     job = {key: plain(cfg.get(key)) for key in EVAL_KEYS}
     job["protocol"], job["data"] = plain(cfg[protocol]), plain(cfg.data[name])
-    job["out_dir"] = str(transfer_out_dir(cfg).cell(name, protocol).path)
+    job["out_dir"] = str(checkpoint_cells(cfg).cell(name, protocol).path)
     return OmegaConf.create(job)
 
 
@@ -117,28 +129,36 @@ def read_results(out_dir: TransferDir, checkpoint: Path) -> dict[str, dict[str, 
     return found
 
 
-# Per evaluation, three CSV columns ``<dataset>_<protocol>_<kind>`` and three Markdown rows: the best
+# Per evaluation, four CSV columns ``<dataset>_<protocol>_<kind>`` and four Markdown rows: the best
 # test top-1 over epochs (what the official eval_linear.py reports, dino:eval_linear.py lines 192 and
-# 217, hence the paper's tables), the last epoch's, and the batch the evaluation trained at.
+# 217, hence the paper's tables), the last epoch's, and the batch and epochs the evaluation trained
+# with (a table made with linear.epochs=5 must not pass for the paper's recipe).
 KINDS = {
     "best": "top-1, best epoch (the paper's / official scripts' convention)",
     "last": "top-1, last epoch",
     "batch": "batch",
+    "epochs": "epochs",
 }
 
 
 def cell_values(summary: dict[str, Any] | None) -> dict[str, str]:
-    """One evaluation's cells: best and last top-1 (%) and its batch; "" where not run or not recorded."""
+    """One evaluation's cells: best and last top-1 (%), its batch and epochs; "" where not run or not recorded."""
     if summary is None:
         return dict.fromkeys(KINDS, "")
-    m, batch = summary["metrics"], summary.get("settings", {}).get("batch_size")
+    m, s = summary["metrics"], summary.get("settings", {})
     pct = lambda v: f"{100 * v:.2f}" if v is not None else ""  # noqa: E731
-    return {"best": pct(m.get("best_top1")), "last": pct(m["top1"]), "batch": str(batch) if batch else ""}
+    text = lambda key: str(s[key]) if s.get(key) else ""  # noqa: E731
+    return {
+        "best": pct(m.get("best_top1")),
+        "last": pct(m["top1"]),
+        "batch": text("batch_size"),
+        "epochs": text("epochs"),
+    }
 
 
 def table_row(label: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The checkpoint's row: ``label``'s columns, then per data set and protocol its best and
-    last top-1 (%) and batch ("" if not run)."""
+    last top-1 (%), batch and epochs ("" if not run)."""
     row = dict(label)
     for name in TRANSFER_DATASETS:
         for protocol in TRANSFER_PROTOCOLS:
@@ -147,40 +167,71 @@ def table_row(label: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict
     return row
 
 
-def table_csv(row: dict[str, Any]) -> str:
+def table_csv(rows: list[dict[str, Any]]) -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(row), lineterminator="\n")
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
     writer.writeheader()
-    writer.writerow(row)
+    writer.writerows(rows)
     return out.getvalue()
 
 
-def table_markdown(row: dict[str, Any]) -> str:
-    """The paper's layout: Method, Arch., then Lin. and F.T. per data set; a row per kind of cell."""
+def pretraining(row: dict[str, Any]) -> str:
+    """``2 pretraining epochs``, or ``0 pretraining epochs + 3 batches`` for a checkpoint saved inside an epoch."""
+    batches = int(row["pretrain_batches"])
+    return f"{row['pretrain_epochs']} pretraining epochs" + (f" + {batches} batches" if batches else "")
+
+
+def table_markdown(rows: list[dict[str, Any]]) -> str:
+    """The paper's layout: Method, Arch., then Lin. and F.T. per data set; per checkpoint a row per kind of cell."""
     cols = [cell(n, p) for n in TRANSFER_DATASETS for p in TRANSFER_PROTOCOLS]
     heads = ["Method", "Arch.", ""] + [f"{TITLES[n]} {SHORT[p]}" for n in TRANSFER_DATASETS for p in TRANSFER_PROTOCOLS]
     lines = [f"| {' | '.join(heads)} |", f"|{'---|' * len(heads)}"]
-    for kind, title in KINDS.items():
-        values = [row["method"], row["backbone"], title] + [row[f"{c}_{kind}"] or "-" for c in cols]
-        lines.append(f"| {' | '.join(values)} |")
+    for row in rows:
+        for kind, title in KINDS.items():
+            values = [row["method"], row["backbone"], title] + [row[f"{c}_{kind}"] or "-" for c in cols]
+            lines.append(f"| {' | '.join(values)} |")
+    sources = "; ".join(f"`{r['checkpoint']}` ({pretraining(r)})" for r in rows)
     return (
         "\n".join(lines) + "\n\n"
-        f"Top-1 accuracy (%) of `{row['checkpoint']}` ({row['pretrain_epochs']} pretraining epochs); "
-        "each cell's settings: `<dataset>/<protocol>/eval_summary.json` next to this file.\n"
+        f"Top-1 accuracy (%) of {sources}; "
+        "each cell's settings: `[<checkpoint>/]<dataset>/<protocol>/eval_summary.json` next to this file.\n"
     )
 
 
-def write_table(out_dir: TransferDir, label: dict[str, Any], checkpoint: Path) -> dict[str, Any]:
-    """Rebuild ``transfer_table.csv`` and ``.md`` in ``out_dir`` from its eval summaries; the row."""
-    row = table_row(label, read_results(out_dir, checkpoint))
-    atomic_write_text(out_dir.table_csv, table_csv(row))
-    atomic_write_text(out_dir.table_md, table_markdown(row))
+def table_rows(path: Path, row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of the table at ``path`` with ``row`` in place of its checkpoint's (or added): the
+    rows of several checkpoints sharing ``out_dir`` stack. Rows of another layout are dropped."""
+    old = list(csv.DictReader(io.StringIO(path.read_text()))) if path.is_file() else []
+    rows = {r["checkpoint"]: r for r in old if list(r) == list(row)}
+    rows[row["checkpoint"]] = row
+    return list(rows.values())
+
+
+def write_table(out_dir: TransferDir, cells: TransferDir, label: dict[str, Any], checkpoint: Path) -> dict[str, Any]:
+    """Rebuild the checkpoint's row of ``transfer_table.csv`` and ``.md`` in ``out_dir`` from its eval
+    summaries in ``cells``; the row."""
+    row = table_row(label, read_results(cells, checkpoint))
+    rows = table_rows(out_dir.table_csv, row)
+    atomic_write_text(out_dir.table_csv, table_csv(rows))
+    atomic_write_text(out_dir.table_md, table_markdown(rows))
     return row
+
+
+def check_settings(job: DictConfig, method: str) -> None:
+    """The protocol settings of one evaluation, before any runs; an error names the key as typed
+    here (``linear.epochs``, not eval.py's ``protocol.epochs``)."""
+    from .protocols import protocol_settings, validate_settings
+
+    protocol = job.protocol.name
+    try:
+        validate_settings(protocol_settings(job.protocol, method, job.data.name), protocol)
+    except ConfigError as err:
+        raise ConfigError(f"{protocol}.{str(err).removeprefix('protocol.')}") from None
 
 
 def run_transfer(cfg: DictConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]:
     """Every evaluation of ``jobs`` (from :func:`check_transfer_options`), then the table; its row."""
-    from ..training.checkpoint import checkpoint_config, load_checkpoint
+    from ..training.checkpoint import checkpoint_config, load_checkpoint, pretrained_for
     from .data import eval_data, eval_data_cfg
     from .run import evaluate
 
@@ -188,11 +239,13 @@ def run_transfer(cfg: DictConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]
     ckpt = load_checkpoint(ckpt_path, mmap=True)
     train_cfg = checkpoint_config(ckpt)
     hvp = bool((train_cfg.get("hvp") or {}).get("enabled"))
+    pretrain = pretrained_for(ckpt)
     label = {
         "method": train_cfg.method.name + (" + HVP" if hvp else ""),
         "backbone": train_cfg.backbone.name,
         "checkpoint": str(ckpt_path.resolve()),
-        "pretrain_epochs": int(ckpt.get("epoch", -1)) + 1,  # saved at an epoch's end, as its index
+        "pretrain_epochs": pretrain["epochs"],
+        "pretrain_batches": pretrain["batches"],  # into the next epoch: a checkpoint saved inside one
     }
     del ckpt
     configs = []
@@ -201,6 +254,7 @@ def run_transfer(cfg: DictConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]
         for key in ("crop_size", "eval_crop_ratio"):
             if job.data[key] is None:
                 job.data[key] = train_cfg.data[key]
+        check_settings(job, train_cfg.method.name)
         configs.append(job)
     plan = {}  # data set -> its line of the plan
     for job in configs:
@@ -230,7 +284,7 @@ def run_transfer(cfg: DictConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]
         log.info("transfer %d/%d: %s on %s ...", i, len(jobs), protocol, name)
         start = time.time()
         summary = evaluate(job, options_checked=True)
-        row = write_table(out_dir, label, ckpt_path)
+        row = write_table(out_dir, checkpoint_cells(cfg), label, ckpt_path)
         cells = cell_values(summary)
         log.info(
             "transfer %d/%d: %s on %s at batch %s: top-1 %s%% best epoch, %s%% last (%.0f s); table: %s",

@@ -14,6 +14,7 @@ A run dir (``hydra.run.dir``: ``runs/<date>/<time>_<method>`` by default, a swee
     csv/metrics.csv      the CSV log
     analysis/            the hard-view analysis logs and report
     eval/<protocol>/     evaluations of the run (eval.py): eval_summary.json, eval_config.yaml, csv/
+    eval/<variant>/<protocol>/  of another checkpoint file or data set (eval_variant: epoch=100_food101)
     eval/transfer/       the transfer table (hvp-transfer) and its cells <dataset>/<protocol>/
 
 Torch-free, so the command-line entry points check a ``ckpt=`` or ``resume=`` path before the
@@ -59,6 +60,14 @@ class EvalDir:
     @property
     def csv_metrics(self) -> Path:
         return self.path / _CSV / _CSV_METRICS
+
+    def start(self) -> None:
+        """Make the folder for a new evaluation, removing the previous one's summary, config and CSV
+        log: an evaluation that is stopped before its summary is written leaves none of the old
+        results beside its own log."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        for old in (self.summary, self.config, self.csv_metrics):
+            old.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -209,12 +218,22 @@ class RunDir:
         return self.last_checkpoint.is_file()
 
     # --- evaluations of the run --------------------------------------------------------------
-    def eval(self, protocol: str) -> EvalDir:
-        return EvalDir(self.path / "eval" / protocol)
+    def eval(self, protocol: str, variant: str | None = None) -> EvalDir:
+        """``eval/<protocol>``: the run's last.ckpt on its own data; ``eval/<variant>/<protocol>``
+        for another checkpoint file or data set (:func:`eval_variant`), so it replaces neither."""
+        return EvalDir(self.path.joinpath("eval", *([variant] if variant else []), protocol))
 
     @property
     def transfer(self) -> TransferDir:
         return TransferDir(self.path / "eval" / "transfer")
+
+
+def eval_variant(ckpt_file: Path, dataset: str | None) -> str | None:
+    """The name of an evaluation's subfolder of ``eval/``: the checkpoint file's stem unless it is
+    the run's last.ckpt, and the data set evaluated on if not the pretraining data, joined by '_'
+    (``epoch=100``, ``food101``, ``epoch=100_food101``); None for last.ckpt on its own data."""
+    parts = ([] if RunDir.is_last_checkpoint(ckpt_file) else [ckpt_file.stem]) + ([dataset] if dataset else [])
+    return "_".join(parts) or None
 
 
 def resolve_checkpoint(path: str | os.PathLike[str], key: str = "ckpt") -> tuple[Path, RunDir]:

@@ -136,6 +136,21 @@ def checkpoint_config(ckpt: dict[str, Any]) -> DictConfig:
     return OmegaConf.create(ckpt["hyper_parameters"]["cfg"])
 
 
+def pretrained_for(ckpt: dict[str, Any]) -> dict[str, int | None]:
+    """How long a checkpoint's weights were trained: whole ``epochs``, ``batches`` into the next and
+    optimizer ``steps``. Lightning's ``epoch`` is the index of the epoch under way: finished for a
+    checkpoint saved at its last batch, not for one saved inside it (``checkpoint.every_n_steps``,
+    a pre-emption), so ``epoch + 1`` would count an epoch that was not trained."""
+    epoch = int(ckpt.get("epoch", -1))
+    progress = ckpt.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+    unfinished = progress is not None and not progress.get("is_last_batch")
+    return {
+        "epochs": epoch if unfinished else epoch + 1,
+        "batches": int(progress["current"]["completed"]) if unfinished else 0,
+        "steps": ckpt.get("global_step"),
+    }
+
+
 def build_method(ckpt: dict[str, Any], key: str = "ckpt"):
     """The LightningModule of a loaded checkpoint, weights restored (strict), in eval mode."""
     from ..methods import METHODS

@@ -266,7 +266,7 @@ def check_timm_backbone(cfg: DictConfig) -> None:
     need for a ViT with a class token, and the model run at every crop size of the run (a ViT's
     patch size, a fixed input size, kernels larger than the image; a pooled ``[batch, features]``
     output). The model is built and run on the meta device: no memory, no initialisation, no compute."""
-    from .nn.backbones import check_timm_name, meta_output_shape, meta_timm, timm_layout, timm_size_fix
+    from .nn.backbones import check_timm_name, meta_output_shape, meta_timm, runs_on_meta, timm_layout, timm_size_fix
 
     b, m = cfg.backbone, cfg.method
     check_timm_name(b.name)
@@ -287,6 +287,10 @@ def check_timm_backbone(cfg: DictConfig) -> None:
         try:
             shape = meta_output_shape(backbone, size)
         except Exception as err:  # the model's own code refuses this size (an assertion, a shape mismatch)
+            # a model that fails at the size it is built for cannot be judged on the meta device
+            if not runs_on_meta(backbone, b.get("img_size") or layout.img_size or layout.default_size):
+                log.debug("backbone.name=%s: not checked on the meta device (%s)", b.name, err)
+                return
             fix = timm_size_fix(b, list(sizes.values()))
             said = (str(err).splitlines() or [type(err).__name__])[0]
             why = f"{b.name} fails on {size} px images ({said if len(said) <= 120 else said[:117] + '...'})"

@@ -455,6 +455,18 @@ def test_a_model_built_for_one_input_size_is_refused_at_start_up_with_what_fits(
         validate(make_cfg(*dino, *levit))
 
 
+def test_a_model_the_meta_device_cannot_run_is_not_refused_for_it(monkeypatch):
+    """A forward that needs real values (a data-dependent branch) fails on the meta device at any
+    size: that says nothing of the crops, so the run is not refused for it."""
+    import hvp_lightning.nn.backbones as backbones
+
+    def no_meta(backbone, size):
+        raise RuntimeError("Tensor.item() cannot be called on meta tensors")
+
+    monkeypatch.setattr(backbones, "meta_output_shape", no_meta)
+    validate(make_cfg("backbone=timm", "backbone.name=resnet10t", "data.crop_size=32"))
+
+
 def test_an_unpooled_output_is_refused_naming_global_pool():
     cfg = make_cfg("backbone=timm", "backbone.name=resnet10t", "backbone.model_args={global_pool: ''}")
     with pytest.raises(ConfigError, match=r"^backbone.model_args=\{'global_pool': ''\} is not allowed: a global_pool"):

@@ -27,8 +27,8 @@ class EvalData:
 def eval_data(data_cfg: DictConfig) -> EvalData:
     """The labelled splits (training split as the bank / probe data), ``*_subset`` applied."""
     _, bank, test, classes = build_raw_datasets(data_cfg)
-    bank = subset(bank, data_cfg.get("train_subset"), seed=0)
-    test = subset(test, data_cfg.get("test_subset"), seed=1)
+    bank = subset(bank, data_cfg.get("train_subset"), seed=0, key="data.train_subset")
+    test = subset(test, data_cfg.get("test_subset"), seed=1, key="data.test_subset")
     return EvalData(bank, test, list(classes), data_cfg)
 
 

@@ -182,6 +182,17 @@ def meta_output_shape(backbone: Backbone, size: int) -> tuple[int, ...]:
     return tuple(backbone(torch.empty(2, 3, size, size, device="meta")).shape)
 
 
+def runs_on_meta(backbone: Backbone, size: int) -> bool:
+    """Whether ``backbone`` runs on the meta device at its own default input ``size``: a model
+    whose forward needs real values (a data-dependent branch) fails there at any size, and its
+    failure at the run's crops says nothing about them."""
+    try:
+        meta_output_shape(backbone, size)
+    except Exception:  # noqa: BLE001 -- any failure: the meta device cannot judge this model
+        return False
+    return True
+
+
 def timm_size_fix(cfg, sizes: list[int]) -> str | None:
     """The setting with which the model of ``cfg`` takes every crop size, tried on the meta
     device: ``backbone.img_size`` (models built for one input size, where all crops have one

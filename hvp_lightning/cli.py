@@ -126,14 +126,17 @@ PATH_KEYS = r"ckpt|resume|out_dir|backbone\.init|(?:[\w.]+\.)?(?:eval_)?root"  #
 PATH_OVERRIDE = re.compile(rf"(?P<key>\+{{0,2}}(?:{PATH_KEYS}))=(?P<value>.*)", re.S)
 
 
-def _quoted_path(arg: str) -> str:
-    """``arg`` with each comma-separated path of its value quoted, if it is a path override whose
-    value holds '=' and is not written in Hydra's grammar already (quoted, a list, a sweep function)."""
+def quoted_path(arg: str, multirun: bool = False) -> str:
+    """``arg`` with its value quoted, if it is a path override whose value holds '=' and is not
+    written in Hydra's grammar already (quoted, escaped with a backslash, a list, a sweep
+    function). A comma is part of the path (sweep job dirs are named ``0_method=simclr,seed=1``),
+    except under ``-m`` where every comma-separated piece is an existing path: a sweep over them."""
     m = PATH_OVERRIDE.fullmatch(arg)
     value = m["value"] if m else ""
-    if "=" not in value or value[0] in "'\"" or any(c in value for c in "()[]{}"):
+    if "=" not in value or value[0] in "'\"" or any(c in value for c in "()[]{}\\"):
         return arg
-    paths = value.split(",")  # a -m sweep over several checkpoints stays a sweep
+    pieces = value.split(",")
+    paths = pieces if multirun and len(pieces) > 1 and all(Path(p).expanduser().exists() for p in pieces) else [value]
     if any("'" in p and '"' in p for p in paths):
         return arg  # no quote left to quote it with: Hydra says what is wrong
     return f"{m['key']}=" + ",".join(f'"{p}"' if "'" in p else f"'{p}'" for p in paths)
@@ -142,7 +145,8 @@ def _quoted_path(arg: str) -> str:
 def quote_path_overrides(argv: list[str]) -> list[str]:
     """``argv`` with path overrides such as ``ckpt=<run_dir>/checkpoints/epoch=100.ckpt`` quoted,
     so that the documented commands parse as typed (the shell has already removed the user's quotes)."""
-    return [_quoted_path(arg) for arg in argv]
+    multirun = "-m" in argv or "--multirun" in argv
+    return [quoted_path(arg, multirun) for arg in argv]
 
 
 class SweepConfigError(CompactHydraException):

@@ -99,8 +99,8 @@ def _get(cfg: DictConfig, key: str) -> Any:
 
 def check_multicrop(cfg: DictConfig) -> None:
     """DINO/iBOT multi-crop settings (``method.*`` crops against the backbone; types and ranges:
-    the rules table)."""
-    check_rules(cfg)
+    the rules table, which :func:`check_options` applies: not here, where a method built from a
+    stored run's config (eval, export, resume) would meet rules newer than the run)."""
     m = cfg.method
     b = cfg.backbone  # a timm ViT's patch: check_timm_backbone
     if backbone_family(b) == "vit" and int(m.num_local_crops) > 0 and m.local_crop_size % b.patch_size:
@@ -115,7 +115,6 @@ def check_multicrop(cfg: DictConfig) -> None:
 
 def check_ibot(cfg: DictConfig) -> None:
     """iBOT's own setting: a ViT backbone (patch tokens; the masking and loss weights: the rules table)."""
-    check_rules(cfg)
     b = cfg.backbone
     if backbone_family(b) not in ("vit", TIMM_FAMILY):  # which timm models have tokens: check_timm_backbone
         raise ConfigError(
@@ -138,6 +137,8 @@ def check_options(cfg: DictConfig) -> None:
         fail("method.optimizer.name", cfg.method.optimizer.name, f"one of {', '.join(OPTIMIZERS)}")
     _validate_lr_end(cfg)
     validate_data(cfg)
+    if "eval_crop_ratio" in cfg.data and cfg.data.eval_crop_ratio is None:  # null: transfer.py's "the checkpoint's"
+        fail("data.eval_crop_ratio", None, "a number in (0, 1] or auto (null is transfer.py's: the checkpoint's)")
     resolve_auto_crop(cfg.data)
     validate_backbone(cfg)
     _check_init(cfg.backbone, resuming=bool(cfg.get("resume")))

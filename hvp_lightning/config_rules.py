@@ -50,6 +50,7 @@ class Rule:
     words: tuple[str, ...] = ()
 
     def range_text(self) -> str:
+        """The bounds in words, e.g. `` in (0, 1]`` or `` >= 0``."""
         if self.low is not None and self.high is not None:
             left, right = "(" if self.open_low else "[", ")" if self.open_high else "]"
             return f" in {left}{_num(self.low)}, {_num(self.high)}{right}"
@@ -60,6 +61,7 @@ class Rule:
         return ""
 
     def allowed(self) -> str:
+        """What the message after "is not allowed:" says."""
         text = {
             "int": f"an integer{self.range_text()}",
             "number": f"a number{self.range_text()}",
@@ -77,6 +79,7 @@ class Rule:
         return f"expected {text}" + "".join(f" or {w}" for w in alternatives)
 
     def accepts(self, value: Any) -> bool:
+        """Whether ``value`` (as OmegaConf gives it) has this rule's type and range; NaN and inf never do."""
         if value is None:
             return self.nullable
         if isinstance(value, str) and value in self.words:
@@ -95,7 +98,7 @@ class Rule:
         return self._number_ok(value)
 
     def _number_ok(self, value: Any) -> bool:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return False
         if self.kind == "int" and not isinstance(value, int):
             return False
@@ -189,7 +192,7 @@ RULES: dict[str, Rule] = {
     "method.optimizer.weight_decay_end": NON_NEGATIVE,
     "method.optimizer.momentum": Rule("number", low=0, high=1, open_high=True),
     "method.optimizer.eta": POSITIVE,
-    "method.optimizer.warmup_epochs": COUNT_OR_ZERO,
+    "method.optimizer.warmup_epochs": NON_NEGATIVE,  # fractions allowed: warm-up steps = epochs x steps per epoch
     "method.optimizer.min_lr": Rule("number", low=0, nullable=True),
     "method.optimizer.final_lr_ratio": Rule("number", low=0, high=1, nullable=True),
     # data
@@ -289,9 +292,12 @@ def _leaves(node: DictConfig, prefix: str = "") -> set[str]:
     return out
 
 
-# method keys every method reads whatever its presets define: conf/config.yaml's ``compile``, and
-# where the cosine ends, either key (hvp_lightning/config.py _validate_lr_end says which)
-GENERIC_METHOD_KEYS = frozenset({"compile", "optimizer.min_lr", "optimizer.final_lr_ratio"})
+# method keys every method reads whatever its presets define: conf/config.yaml's ``compile``,
+# where the cosine ends (either key: hvp_lightning/config.py _validate_lr_end says which), and the
+# optimiser's own settings (methods/base.py configure_optimizers)
+GENERIC_METHOD_KEYS = frozenset(
+    {"compile", "optimizer.min_lr", "optimizer.final_lr_ratio", "optimizer.momentum", "optimizer.eta"}
+)  # momentum, eta: SGD's and LARS's, read for any method whose optimizer.name picks them
 
 
 def check_known_keys(cfg: DictConfig) -> None:

@@ -103,6 +103,19 @@ def test_a_drop_path_rate_the_model_lacks_is_named():
         build_backbone(cfg)
 
 
+def test_a_zero_drop_path_rate_is_passed_to_models_whose_own_default_is_not_zero():
+    """nextvit_small's own default is 0.1: drop_path_rate=0.0 must reach it (left out, the model
+    trained with stochastic depth), and GhostNet, which takes no rate, still builds at 0.0."""
+    cfg = make_cfg("backbone=timm", "backbone.name=nextvit_small", "backbone.drop_path_rate=0.0").backbone
+    with torch.device("meta"):
+        trunk = build_backbone(cfg).trunk
+    rates = [m.drop_prob for m in trunk.modules() if type(m).__name__ == "DropPath"]
+    assert all(r == 0.0 for r in rates)
+    cfg = make_cfg("backbone=timm", "backbone.name=ghostnet_050", "backbone.drop_path_rate=0.0").backbone
+    with torch.device("meta"):
+        build_backbone(cfg)
+
+
 def test_register_tokens_are_skipped_by_the_token_path_and_masking_moves_only_patches():
     cfg = make_cfg(*TINY_VIT, "backbone.img_size=32", "data.crop_size=32").backbone
     with open_dict(cfg):

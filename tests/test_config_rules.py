@@ -45,6 +45,8 @@ BAD = [
     (("method=ibot_cifar", *VIT, "method.mask_ratio=[0.1]"), "method.mask_ratio"),
     (("method=dino_cifar", "+hvp=on", *VIT, "hvp.num_global_candidates=abc"), "hvp.num_global_candidates"),
     (("method=dino_cifar", "+hvp=on", *VIT, "hvp.num_global_candidates=2.7"), "hvp.num_global_candidates"),
+    (("method.optimizer.base_lr=inf",), "method.optimizer.base_lr"),
+    (("data.eval_crop_ratio=null",), "data.eval_crop_ratio"),  # transfer.py's null; training divided by it
     # Hydra's own advice for a misspelt key (`+`) let it in, ignored
     (("+method.temprature=0.5",), "method.temprature"),
     (("+hvp=on", "+hvp.num_view=8"), "hvp.num_view"),
@@ -187,3 +189,16 @@ def test_a_warm_up_as_long_as_the_run_is_said_at_start_up(caplog: pytest.LogCapt
     with caplog.at_level(logging.WARNING, logger="hvp_lightning.config"):
         validate(make_cfg("method.optimizer.warmup_epochs=2", "trainer.max_epochs=3"))
     assert "warmup_epochs" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("method.optimizer.warmup_epochs=0.5",),  # warm-up steps = epochs x steps per epoch
+        ("method=dino_cifar", *VIT, "method.optimizer.name=sgd", "+method.optimizer.momentum=0.9"),
+        ("method=simsiam_cifar", "method.optimizer.name=lars", "+method.optimizer.eta=0.001"),
+    ],
+    ids=["fractional warm-up", "dino with sgd's momentum", "simsiam with lars's eta"],
+)
+def test_values_and_keys_the_code_reads_for_any_method_are_allowed(overrides: tuple[str, ...]) -> None:
+    check_options(make_cfg(*overrides))

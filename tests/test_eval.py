@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, TensorDataset
 
 from hvp_lightning.config import ConfigError
+from hvp_lightning.errors import CheckpointError
 from hvp_lightning.evaluation import evaluate
 from hvp_lightning.evaluation.features import FeatureNet, eval_precision
 from hvp_lightning.evaluation.probe import Classifier, fit_classifier, lars_growth_bound, warn_if_lars_cannot_fit
@@ -286,6 +287,11 @@ def test_other_checkpoint_files_and_data_sets_keep_their_own_eval_folder(simsiam
     assert eval_variant(run_dir / "checkpoints" / "last.ckpt", None) is None
     assert eval_variant(run_dir / "checkpoints" / "last.ckpt", "food101") == "food101"
     assert eval_variant(kept, "food101") == "epoch=1_food101"
+    # data= naming the run's own data set is the run's own evaluation: its folder
+    own = evaluate(
+        eval_cfg(f"ckpt={run_dir}", "protocol=knn", "data=synthetic", "data.train_size=64", "data.test_size=32")
+    )
+    assert Path(own["out_dir"]) == run_dir / "eval" / "knn"
 
 
 def test_pretrained_for_counts_only_finished_epochs():
@@ -844,3 +850,20 @@ def test_eval_loader_workers_are_capped_with_one_warning(simsiam_run, tmp_path, 
         "loader workers"
     ]
     assert not [w for w in caught if "worker" in str(w.message)]
+
+
+def test_a_failed_export_check_leaves_an_earlier_export_as_it_was(resnet18_checkpoint, tmp_path, monkeypatch, capsys):
+    """The folder is written beside OUT_DIR and checked there: a failed check must not replace
+    (or delete) a good export already in OUT_DIR, nor leave the staging folder."""
+    _, ckpt = resnet18_checkpoint
+    out = tmp_path / "export"
+    assert export.main([str(ckpt), str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def fails(*args, **kwargs):
+        raise CheckpointError("features differ")
+
+    monkeypatch.setattr(export, "check_in_timm", fails)
+    assert export.main([str(ckpt), str(out)]) != 0
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]

@@ -156,3 +156,31 @@ def test_resume_takes_a_run_dir_or_its_last_ckpt_and_refuses_other_checkpoint_fi
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.startswith("config error: resume=") and "Traceback" not in proc.stderr
+
+
+def test_path_overrides_holding_equals_are_quoted_whole_and_only_those(tmp_path):
+    """Kept checkpoints (epoch=100.ckpt) and sweep job dirs (0_method=simclr,seed=1) hold '=' and
+    ',': the value is one path, quoted for Hydra; what is Hydra's grammar already stays as typed."""
+    from hvp_lightning.cli import quote_path_overrides
+
+    job = "multirun/d/t/0_method=simclr,seed=1"
+    argv = [
+        "eval.py",
+        "ckpt=runs/x/checkpoints/epoch=100.ckpt",
+        f"ckpt={job}",
+        "backbone.init=runs/x/checkpoints/epoch\\=100.ckpt",  # Hydra's own escape
+        "ckpt='runs/x/epoch=1.ckpt'",
+        "data.root=/data/imagenet",
+        "seed=0,1",
+        "+data.test_subset=50",
+    ]
+    assert quote_path_overrides(argv) == [
+        "eval.py",
+        "ckpt='runs/x/checkpoints/epoch=100.ckpt'",
+        f"ckpt='{job}'",
+        *argv[3:],
+    ]
+    a, b = tmp_path / "0_seed=0", tmp_path / "1_seed=1"
+    a.mkdir(), b.mkdir()
+    assert quote_path_overrides(["-m", f"ckpt={a},{b}"])[1] == f"ckpt='{a}','{b}'"  # a sweep over two runs
+    assert quote_path_overrides([f"ckpt={a},{b}"])[0] == f"ckpt='{a},{b}'"  # no -m: one path

@@ -116,7 +116,7 @@ def test_hvp_monitors_says_what_is_missing(tmp_path: Path, capsys) -> None:
     assert "not a run dir" in capsys.readouterr().err
     # a folder that holds no run (runs/<date> instead of the run): --follow would wait forever
     assert monitors_main([str(tmp_path), "--follow", "60"]) == 2
-    assert "not a run dir (no config.yaml or .hydra/ in it" in capsys.readouterr().err
+    assert "not a run dir (no config.yaml, .hydra/, csv/ log or checkpoints/ in it" in capsys.readouterr().err
     (tmp_path / ".hydra").mkdir()  # a run that has just started
     assert monitors_main([str(tmp_path)]) == 1
     assert "no monitor or k-NN pass logged yet" in capsys.readouterr().err

@@ -20,9 +20,9 @@ from PIL import Image
 
 from hvp_lightning.config import ConfigError, validate_data
 from hvp_lightning.data.datamodule import build_raw_datasets
-from hvp_lightning.evaluation.transfer import EVAL_KEYS, check_transfer_options, run_transfer
+from hvp_lightning.evaluation.transfer import EVAL_KEYS, check_transfer_options, run_folder_name, run_transfer
 from hvp_lightning.options import TRANSFER_DATASETS, TRANSFER_PROTOCOLS
-from hvp_lightning.run.directory import TransferDir
+from hvp_lightning.run.directory import RunDir, TransferDir
 from hvp_lightning.training.driver import run
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, help_groups, make_cfg
@@ -265,7 +265,9 @@ def test_transfer_writes_the_paper_table(datasets, tiny_run, tmp_path, fakes_pas
             if name not in datasets:
                 assert row[f"{col}_best"] == row[f"{col}_last"] == row[f"{col}_batch"] == ""
                 continue
-            summary = json.loads((out / tiny_run.name / name / protocol / "eval_summary.json").read_text())
+            summary = json.loads(
+                (out / run_folder_name(RunDir(tiny_run)) / name / protocol / "eval_summary.json").read_text()
+            )
             s, m = summary["settings"], summary["metrics"]
             base_lr, batch = (0.00075, 1024) if protocol == "linear" else (FINETUNE_LR[name], 512)
             assert (s["base_lr"], s["batch_size"], s["lr_ref_batch"]) == (base_lr, batch, 256), col
@@ -301,7 +303,7 @@ def test_checkpoints_sharing_out_dir_keep_their_cells_and_stack_rows(tiny_run, t
     """Two checkpoints into one ``out_dir``: the second used to overwrite the first's cells and
     table row; each now has its cells under its own subfolder and the table a row per checkpoint."""
     FAKES["cifar10"](tmp_path / "cifar10")
-    base = tmp_path / "base" / "checkpoints" / "last.ckpt"
+    base = tmp_path / "other" / tiny_run.name / "checkpoints" / "last.ckpt"  # another run of the same name
     base.parent.mkdir(parents=True)
     shutil.copy(tiny_run / "checkpoints" / "last.ckpt", base)
     out = tmp_path / "out"
@@ -326,7 +328,7 @@ def test_checkpoints_sharing_out_dir_keep_their_cells_and_stack_rows(tiny_run, t
     assert [r["checkpoint"] for r in rows] == [str((r / "checkpoints" / "last.ckpt").resolve()) for r in runs]
     assert all(r["cifar10_linear_last"] for r in rows)
     for r in runs:
-        assert (out / r.name / "cifar10" / "linear" / "eval_summary.json").is_file()
+        assert (out / run_folder_name(RunDir(r)) / "cifar10" / "linear" / "eval_summary.json").is_file()
     assert TransferDir(out).table_md.read_text().count("| top-1, last epoch |") == 2
 
 

@@ -55,6 +55,8 @@ def importance(
     if len(y) > max_samples:
         pick = rng.choice(len(y), max_samples, replace=False)
         x, y, group = x[pick], y[pick], group[pick]
+    if len(np.unique(group)) < 2:
+        return {"skipped": "one image at one step only: nothing to hold out"}
     train, test = split_by_group(group, test_size=0.25, seed=seed)
     x_tr, x_te, y_tr, y_te = x[train], x[test], y[train], y[test]
     rf = RandomForestRegressor(

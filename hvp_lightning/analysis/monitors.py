@@ -146,10 +146,11 @@ def main(argv: list[str] | None = None, prog: str = "hvp-monitors") -> int:
     if not run_dir.path.is_dir():
         print(f"{prog}: {args.run_dir} is not a run dir (no such folder)", file=sys.stderr)
         return 2
-    if not (run_dir.config.is_file() or run_dir.hydra.is_dir()):  # e.g. runs/<date>: --follow would wait forever
+    started = (run_dir.config, run_dir.hydra, run_dir.csv_metrics, run_dir.checkpoints)  # any of them: a run's
+    if not any(p.exists() for p in started):  # e.g. runs/<date>: --follow would wait forever
         print(
-            f"{prog}: {args.run_dir} is not a run dir (no config.yaml or .hydra/ in it; a run dir is "
-            "runs/<date>/<time>_<method>, the path train.py's last line names)",
+            f"{prog}: {args.run_dir} is not a run dir (no config.yaml, .hydra/, csv/ log or checkpoints/ in it; "
+            "a run dir is runs/<date>/<time>_<method>, the path train.py's last line names)",
             file=sys.stderr,
         )
         return 2

@@ -199,7 +199,8 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     data = eval_data(data_cfg)
     if len(data.train) == 0 or len(data.test) == 0:
         raise ConfigError(f"data.name={data_cfg.name!r} is not allowed: its train or test split is empty")
-    variant = eval_variant(ckpt_path, data_cfg.name if data_preset_given(cfg) else None)
+    other_data = data_preset_given(cfg) and data_cfg.name != train_cfg.data.name  # the run's own: its folder
+    variant = eval_variant(ckpt_path, data_cfg.name if other_data else None)
     out = EvalDir(Path(cfg.out_dir)) if cfg.get("out_dir") else run_dir.eval(protocol, variant)
     out.start()  # no earlier summary stays beside this evaluation's log
     logger = eval_logger(cfg, train_cfg, out, run_dir, protocol)

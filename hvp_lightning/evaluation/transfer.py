@@ -16,6 +16,7 @@ set's files are checked before the heavy imports.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import logging
@@ -69,13 +70,21 @@ def transfer_out_dir(cfg: DictConfig) -> TransferDir:
 
 def checkpoint_cells(cfg: DictConfig) -> TransferDir:
     """Where this checkpoint's cells go: the table's folder for a run's last.ckpt in its own
-    ``eval/transfer``, else a subfolder naming the checkpoint (``out_dir=``: its run dir's name, and
-    the file's stem unless last.ckpt), so that the checkpoints sharing a table keep their own cells."""
+    ``eval/transfer``, else a subfolder naming the checkpoint (``out_dir=``: :func:`run_folder_name`,
+    and the file's stem unless last.ckpt), so that the checkpoints sharing a table keep their own cells."""
     ckpt_path, run_dir = resolve_checkpoint(cfg.ckpt)
-    parts = [run_dir.name] if cfg.get("out_dir") else []
+    parts = [run_folder_name(run_dir)] if cfg.get("out_dir") else []
     parts += [] if RunDir.is_last_checkpoint(ckpt_path) else [ckpt_path.stem]
     table = transfer_out_dir(cfg)
     return TransferDir(table.path / "_".join(parts)) if parts else table
+
+
+def run_folder_name(run_dir: RunDir) -> str:
+    """The run dir's name and a short hash of its resolved path: run dirs are named by time and
+    method (``10-30-00_simsiam``) or sweep job (``0_seed=0``), so two runs sharing an ``out_dir=``
+    may share a name, and must not share cells."""
+    digest = hashlib.sha1(str(run_dir.path.resolve()).encode()).hexdigest()[:6]
+    return f"{run_dir.name}-{digest}"
 
 
 def job_config(cfg: DictConfig, name: str, protocol: str) -> DictConfig:

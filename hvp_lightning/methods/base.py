@@ -201,7 +201,7 @@ class SSLMethod(L.LightningModule):
         feats = self.eval_backbone(batch["image"]).float()  # raw: RankMe's input; k-NN normalises
         # an unreadable file's row holds the next readable image: a duplicate the monitors leave out
         flags = [bool(b) for b in batch.get("bad_file", [""] * len(feats))]
-        stand_in = torch.tensor(flags, dtype=torch.uint8, device=feats.device)  # uint8: gloo gathers no bool
+        stand_in = torch.tensor(flags, dtype=torch.uint8)  # on the host: moved once per pass (_gathered)
         self._val_store.setdefault(dataloader_idx, []).append((feats, batch["label"], batch["index"], stand_in))
         note_skipped(self.skipped_files, batch.get("bad_file", ()))
 
@@ -223,6 +223,7 @@ class SSLMethod(L.LightningModule):
     def _gathered(self, idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(features, labels, stand-in flags) of loader ``idx``, every rank's, each sample once."""
         feats, labels, index, stand_in = (torch.cat(x) for x in zip(*self._val_store[idx]))
+        stand_in = stand_in.to(feats.device)  # uint8: gloo gathers no bool
         if self.trainer.world_size > 1:  # every rank saw a shard; DistributedSampler pads duplicates
             feats, labels, index, stand_in = (
                 self.all_gather(x).flatten(0, 1) for x in (feats, labels, index, stand_in)

@@ -235,9 +235,7 @@ def build_timm(
     import timm
 
     check_timm_name(name)
-    kwargs: dict = (
-        {"drop_path_rate": drop_path_rate} if drop_path_rate else {}
-    )  # 0: timm's default, not every model takes it
+    kwargs: dict = {"drop_path_rate": drop_path_rate}  # 0 too: some models' own default is not 0
     vit = timm_is_vit(name)
     if vit:
         kwargs["dynamic_img_size"] = True
@@ -245,7 +243,13 @@ def build_timm(
         kwargs["img_size"] = img_size
     kwargs.update(model_args or {})
     try:
-        trunk = timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
+        try:
+            trunk = timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
+        except TypeError as err:  # GhostNet, RepGhostNet: no stochastic depth; asked for none, built without
+            if "'drop_path_rate'" not in str(err) or drop_path_rate or "drop_path_rate" in (model_args or {}):
+                raise
+            kwargs.pop("drop_path_rate")
+            trunk = timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
     except TypeError as err:  # a keyword the model does not take
         if "'img_size'" in str(err) and "img_size" not in (model_args or {}):
             raise ConfigError(f"backbone.img_size={img_size!r} is not allowed: null for {name}: {err}") from err

@@ -33,7 +33,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -169,21 +172,21 @@ def export_folder(
     target = mc.timm_target(model.cfg.backbone, backbone.trunk)
     record = mc.run_record(model.cfg, ckpt, summary, weights)
     config = mc.export_config(target, backbone.feature_dim, model.cfg.data, record)
-    write_folder(out, state, config, mc.model_card(config, out.name, license_id, repo_id))
-    diff = None
-    if target.architecture is not None:
-        try:
-            diff = check_in_timm(out, state, backbone, config["pretrained_cfg"]["input_size"])
-        except CheckpointError:
-            remove_folder_files(out)  # no folder that loads into other features is left behind
-            raise
+    # written beside OUT_DIR and checked there first: a folder that loads into other features is
+    # never left behind, and a failed check leaves an earlier export in OUT_DIR as it was
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write_folder(staging, state, config, mc.model_card(config, out.name, license_id, repo_id))
+        diff = None
+        if target.architecture is not None:
+            diff = check_in_timm(staging, state, backbone, config["pretrained_cfg"]["input_size"])
+        out.mkdir(parents=True, exist_ok=True)
+        for name in (WEIGHTS, CONFIG, CARD):
+            os.replace(staging / name, out / name)  # same file system: each file whole, old or new
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return state, config, info, target, diff
-
-
-def remove_folder_files(out: Path) -> None:
-    """What :func:`write_folder` wrote."""
-    for name in (WEIGHTS, CONFIG, CARD):
-        (out / name).unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None, prog: str = "hvp-export") -> int:

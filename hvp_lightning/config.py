@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .config_rules import check_known_keys, check_rules
+from .config_rules import RULES, Rule, check_known_keys, check_rules
 from .data.layout import is_image_file, resolve_auto_crop, split_dir, training_image_side, training_images
 from .errors import ConfigError
 from .options import (
@@ -99,8 +99,9 @@ def _get(cfg: DictConfig, key: str) -> Any:
 
 def check_multicrop(cfg: DictConfig) -> None:
     """DINO/iBOT multi-crop settings (``method.*`` crops against the backbone; types and ranges:
-    the rules table, which :func:`check_options` applies: not here, where a method built from a
-    stored run's config (eval, export, resume) would meet rules newer than the run)."""
+    the rules table, which :func:`check_options` applies to every key; here, where a method is built
+    from a stored run's config too (eval, export, resume), only to the keys checked here before it)."""
+    check_rules(cfg, rules_for(MULTICROP_KEYS))
     m = cfg.method
     b = cfg.backbone  # a timm ViT's patch: check_timm_backbone
     if backbone_family(b) == "vit" and int(m.num_local_crops) > 0 and m.local_crop_size % b.patch_size:
@@ -114,13 +115,24 @@ def check_multicrop(cfg: DictConfig) -> None:
 
 
 def check_ibot(cfg: DictConfig) -> None:
-    """iBOT's own setting: a ViT backbone (patch tokens; the masking and loss weights: the rules table)."""
+    """iBOT's own settings: a ViT backbone (patch tokens), the masking and loss weights (their rules)."""
+    check_rules(cfg, rules_for(IBOT_KEYS))
     b = cfg.backbone
     if backbone_family(b) not in ("vit", TIMM_FAMILY):  # which timm models have tokens: check_timm_backbone
         raise ConfigError(
             f"backbone.name={b.name!r} is not allowed for method=ibot: a ViT (patch tokens), "
             f"one of {', '.join(n for n, f in BACKBONE_FAMILIES.items() if f == 'vit')} or a timm ViT (backbone=timm)"
         )
+
+
+# the rules :func:`check_multicrop` and :func:`check_ibot` apply when a method is built
+MULTICROP_KEYS = ("num_local_crops", "local_crop_size", "global_scale", "local_scale", "clip_grad")
+IBOT_KEYS = ("mask_ratio", "mask_prob", "mask_min_aspect", "lambda1", "lambda2")
+
+
+def rules_for(keys: tuple[str, ...]) -> dict[str, Rule]:
+    """The rules of ``method.<key>`` for ``keys``."""
+    return {f"method.{k}": RULES[f"method.{k}"] for k in keys}
 
 
 def check_options(cfg: DictConfig) -> None:

@@ -33,6 +33,10 @@ savemat = pytest.importorskip("scipy.io", reason="Flowers102 reads .mat files wi
 TRAIN, TEST = [0, 0, 1, 1, 2, 2], [0, 1, 2, 2]
 
 
+# eval.py's keys that keep a transfer test on the CPU, quiet, in-process and CSV-logged
+QUIET_CPU = ("accelerator=cpu", "progress_bar=false", "num_workers=0", "logger=csv")
+
+
 def grey(label: int) -> int:
     """A fake image's grey level: its label, readable back from the decoded pixels."""
     return 40 + 60 * label
@@ -244,10 +248,7 @@ def test_transfer_writes_the_paper_table(datasets, tiny_run, tmp_path, fakes_pas
         f"ckpt={tiny_run}",
         f"root={tmp_path}",
         f"out_dir={out}",
-        "accelerator=cpu",
-        "progress_bar=false",
-        "num_workers=0",
-        "logger=csv",
+        *QUIET_CPU,
         "linear.epochs=2",
         "finetune.epochs=1",
         f"datasets=[{','.join(datasets)}]",
@@ -313,10 +314,7 @@ def test_checkpoints_sharing_out_dir_keep_their_cells_and_stack_rows(tiny_run, t
             f"ckpt={ckpt}",
             f"root={tmp_path}",
             f"out_dir={out}",
-            "accelerator=cpu",
-            "progress_bar=false",
-            "num_workers=0",
-            "logger=csv",
+            *QUIET_CPU,
             "linear.epochs=1",
             "datasets=[cifar10]",
             "protocols=[linear]",

@@ -445,6 +445,7 @@ def test_eval_help_lists_only_the_groups_eval_takes():
     assert help_groups("eval.py") == {"protocol", "data", "logger"}
 
 
+@pytest.mark.slow  # a probe started in a subprocess, then stopped: ~25 s
 def test_eval_stopped_by_sigterm_exits_143_and_leaves_no_old_summary(simsiam_run, tmp_path):
     """Lightning ends a SIGTERM with a code-less SystemExit (status 0); eval.py says it stopped and
     exits 143, and the previous evaluation's summary is not left beside the new log."""
@@ -471,7 +472,13 @@ def test_eval_stopped_by_sigterm_exits_143_and_leaves_no_old_summary(simsiam_run
     ("script", "key", "refusal", "rest"),
     [
         ("eval.py", "ckpt", "nothing at that path", []),
-        ("transfer.py", "ckpt", "nothing at that path", ["datasets=[cifar10]", "data.cifar10.download=true"]),
+        pytest.param(  # transfer.py imports the evaluation stack before its checks: ~15 s
+            "transfer.py",
+            "ckpt",
+            "nothing at that path",
+            ["datasets=[cifar10]", "data.cifar10.download=true"],
+            marks=pytest.mark.slow,
+        ),
         ("train.py", "resume", "a run dir holding checkpoints/last.ckpt", []),
         ("train.py", "backbone.init", "no such file or folder", []),
     ],

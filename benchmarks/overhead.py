@@ -58,7 +58,7 @@ from hvp_lightning.data.augment import PARAM_NAMES  # noqa: E402
 from hvp_lightning.methods import METHODS, SSLMethod  # noqa: E402
 from hvp_lightning.methods.dino import DINO  # noqa: E402
 from hvp_lightning.nn.teacher import ema_update  # noqa: E402
-from hvp_lightning.options import PRECISIONS  # noqa: E402
+from hvp_lightning.schema import PRECISIONS  # noqa: E402
 from hvp_lightning.selection import STEP_DTYPES, frozen_state, step_autocast_dtype  # noqa: E402
 
 Batch = dict[str, Any]

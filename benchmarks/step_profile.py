@@ -32,7 +32,7 @@ On the CPU, tiny (seconds; tests/test_benchmarks.py, slow):
 
     uv run python benchmarks/step_profile.py --method dino_cifar --data synthetic --images 64 --crop 16 \\
         --batch-size 8 --workers 0 --warmup 1 --batches 2 --backbone vit_tiny --override backbone.patch_size=8 \\
-        backbone.img_size=16 +backbone.depth=1 method.local_crop_size=8 method.out_dim=32
+        backbone.img_size=16 backbone.depth=1 method.local_crop_size=8 method.out_dim=32
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ repository's top-level ``conf/``; a wheel ships that same folder as ``hvp_lightn
 
 from __future__ import annotations
 
+import difflib
 import logging
 import re
 import shutil
@@ -39,10 +40,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from .cluster import slurm, sweep  # noqa: F401  register ${hvp_dirname:...} (hydra.sweep.subdir), ${hvp_slurm_*:...}
 from .config import check_eval_options, check_options
-from .config_rules import config_dir
 from .data.workers import worker_context
 from .errors import CheckpointError, ConfigError
 from .run.directory import RunDir, resolve_checkpoint
+from .schema import EvalConfig, TrainConfig, TransferConfig, config_dir, container, help_listing, settings
 
 # Nothing here imports torch, Lightning or the model code at module level: the commands check
 # their config first (hvp_lightning/config.py) and import those only for a config that passed.
@@ -83,7 +84,8 @@ EVAL_GROUPS = {"eval": ("protocol", "data", "logger"), "transfer": ("logger",)}
 
 def help_groups(config_name: str) -> str:
     """The "Configuration groups" of ``--help`` (conf/hydra/help/hvp.yaml) for the command whose
-    top-level config is ``config_name``, formatted as Hydra formats its own list."""
+    top-level config is ``config_name``, one line a group as Hydra writes them; the schema's own
+    nodes (``_simclr``, ``_resnet``: what presets extend, hvp_lightning/schema/nodes.py) left out."""
     from hydra.core.global_hydra import GlobalHydra
 
     def shown(group: str) -> bool:
@@ -93,10 +95,25 @@ def help_groups(config_name: str) -> str:
 
     hydra_app = GlobalHydra.instance().hydra
     assert hydra_app is not None  # set while Hydra prints --help
-    return hydra_app.format_config_groups(shown).rstrip("\n")
+    lines = []
+    for group in sorted(g for g in hydra_app.list_all_config_groups() if shown(g)):
+        options = sorted(o for o in hydra_app.config_loader.get_group_options(group) if not o.startswith("_"))
+        lines.append(f"{group}: {', '.join(options)}")
+    return "\n".join(lines)
 
 
 OmegaConf.register_new_resolver("hvp_help_groups", help_groups, replace=True)
+
+
+def help_keys(config_name: str, _root_: DictConfig) -> str:
+    """``--help``'s listing of every key of the groups the command line chose, with its value, what
+    it allows and its doc (:func:`hvp_lightning.schema.help_listing`)."""
+    command = config_name if config_name in EVAL_GROUPS else "train"
+    task = OmegaConf.masked_copy(_root_, [k for k in _root_ if k != "hydra"])
+    return help_listing(command, OmegaConf.to_container(task, resolve=True, throw_on_missing=False))
+
+
+OmegaConf.register_new_resolver("hvp_help_keys", help_keys, replace=True)
 
 
 def _checked_resume(resume: str, run_dir: Path, fresh: bool) -> str:
@@ -169,6 +186,12 @@ def sigterm_exits() -> tuple[type[BaseException], ...]:
     return (lightning_errors.SIGTERMException,) if lightning_errors else ()
 
 
+def say_config_error(err: Exception) -> None:
+    """Each problem of a refused command on its own line: ``config error: <key>=<value> is not allowed: ...``."""
+    for line in str(err).splitlines() or [""]:
+        print(f"config error: {line}", file=sys.stderr)
+
+
 def stopped(what: str) -> NoReturn:
     """End a command that SIGTERM stopped, saying ``what`` it left, with status 143 (128 + signal) as train.py."""
     print(f"stopped by SIGTERM: {what}", file=sys.stderr)
@@ -225,7 +248,7 @@ def train_job(cfg: DictConfig) -> float | None:
             cfg = resume_config(cfg.resume, cfg, list(HydraConfig.get().overrides.task))
             run_dir = Path(cfg.resume)
         else:
-            check_options(cfg)  # the config alone, before the heavy imports
+            cfg = check_options(cfg)  # the config alone, before the heavy imports: the validated config
             checked = True
         if OmegaConf.select(cfg, "data.num_workers", default=0):
             worker_context()  # the loader workers' fork server imports its preload beside ours
@@ -234,8 +257,8 @@ def train_job(cfg: DictConfig) -> float | None:
         summary = run(cfg, run_dir, options_checked=checked)
     except user_errors() as err:  # bad settings: one line, no traceback
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # this job fails, the sweep goes on
-            raise SweepConfigError(f"config error: {err}") from err
-        print(f"config error: {err}", file=sys.stderr)
+            raise SweepConfigError("; ".join(f"config error: {line}" for line in str(err).splitlines())) from err
+        say_config_error(err)
         output_dir = Path(HydraConfig.get().runtime.output_dir)
         if fresh:  # a rejected command leaves nothing behind
             _remove_run_dir(output_dir)
@@ -251,6 +274,112 @@ def train_job(cfg: DictConfig) -> float | None:
     return summary["knn_top1"]  # lets Hydra sweepers optimise it
 
 
+# Hydra's flags that take a value (the value is no override)
+VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+               "--info", "-i", "--experimental-rerun")  # fmt: skip
+HELP_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc")
+SCHEMAS = {"config": TrainConfig, "eval": EvalConfig, "transfer": TransferConfig}
+
+
+def checked_command_line(config_name: str, args: list[str]) -> list[str]:
+    """The command's overrides, checked before Hydra runs anything: a typo is one line naming the
+    closest key, whether or not it was written with ``+`` (Hydra refuses ``key=value`` for a key
+    the config lacks in four lines, without one), a group option that does not exist names the
+    options, and a bad value names what is allowed, for the first value of each swept key before
+    any job starts. An unknown key becomes an addition (``+key=value``) for the schema to judge
+    (:mod:`hvp_lightning.schema`): refused, except a ``trainer`` key, which may be any
+    ``lightning.Trainer`` argument; ``+key=value`` for a key the schema declares sets it
+    (``++key=value``: before the schema, some keys needed the ``+``). Returns ``args`` so changed."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
+
+    if any(a in HELP_FLAGS or a.startswith(("--help", "--cfg=", "--info=")) for a in args):
+        return args
+    positions = [i for i, a in enumerate(args) if not a.startswith("-") and (i == 0 or args[i - 1] not in VALUE_FLAGS)]
+    try:
+        overrides = OverridesParser.create().parse_overrides([args[i] for i in positions])
+    except HydraException:
+        return args  # Hydra says what is wrong with the grammar
+    single: list[str | None] = []
+    for ov in overrides:
+        value = next(iter(ov.sweep_string_iterator())) if ov.is_sweep_override() else None
+        single.append(f"{ov.get_key_element()}={value}" if value is not None else ov.input_line)
+    search = [f"file://{Path(d).resolve()}" for d in config_dirs(args)]
+    prefix = {}  # override index -> "+" (an unknown key) or "+" (a known key given with +: now ++)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        while True:
+            hydra_keys = [f"hydra.searchpath=[{','.join(search)}]"] if search else []
+            chosen = [o for o, ov in zip(single, overrides) if not ov.key_or_group.startswith("hydra")]
+            try:
+                cfg = compose(config_name, overrides=[*chosen, *hydra_keys])
+                break
+            except MissingConfigException as err:
+                raise ConfigError(missing_option(err)) from None
+            except ConfigCompositionException as err:
+                at = _override_at(str(err), overrides, prefix)
+                if at is None:
+                    return args  # not a key's problem: Hydra says it
+                prefix[at] = "+"
+                single[at] = f"+{single[at]}"
+            except Exception:  # noqa: BLE001 -- anything else is Hydra's to report, as without this check
+                return args
+    if config_name == "config":
+        from .config import refuse_group_keys_without_group
+
+        if cfg.get("resume"):
+            return args  # the run's own config, with these changes: checked when it is read
+        refuse_group_keys_without_group(cfg)
+    settings(SCHEMAS[config_name], container(cfg))
+    out = list(args)
+    for at, plus in prefix.items():
+        out[positions[at]] = f"{plus}{args[positions[at]]}"
+    return out
+
+
+def config_dirs(args: list[str]) -> list[str]:
+    """The folders ``--config-dir DIR`` / ``-cd DIR`` / ``--config-dir=DIR`` add to Hydra's search path."""
+    out = []
+    for i, a in enumerate(args):
+        if a in ("--config-dir", "-cd") and i + 1 < len(args):
+            out.append(args[i + 1])
+        elif a.startswith("--config-dir="):
+            out.append(a.split("=", 1)[1])
+    return out
+
+
+def _override_at(error: str, overrides: list[Any], tried: dict[int, str]) -> int | None:
+    """The override Hydra refused to compose, for a reason a ``+`` mends: a key the config lacks
+    (``key=value``: Hydra wants ``+key=value``) or one it has (``+key=value``: ``++key=value`` sets it)."""
+    first = error.splitlines()[0]
+    m = re.match(r"Could not override '([^']+)'", first) or re.search(r"An item is already at '([^']+)'", error)
+    if not m:
+        return None
+    untried = (i for i, ov in enumerate(overrides) if ov.key_or_group == m[1] and i not in tried)
+    return next(untried, None)
+
+
+def command_line_or_exit(config_name: str, args: list[str]) -> list[str]:
+    """:func:`checked_command_line`, or its problems said (one line each) and exit status 2."""
+    try:
+        return checked_command_line(config_name, args)
+    except ConfigError as err:
+        say_config_error(err)
+        sys.exit(2)
+
+
+def missing_option(err: Exception) -> str:
+    """Hydra's "Could not find 'method/simclrr'" (a group option that does not exist) in one line."""
+    m = re.search(r"Could not find '([^']+)/([^'/]+)'", str(err))
+    options = [o for o in getattr(err, "options", None) or [] if not o.startswith("_")]
+    if not m:
+        return str(err).splitlines()[0]
+    group, option = m[1], m[2]
+    close = difflib.get_close_matches(option, options, n=1)
+    hint = f" (did you mean {group}={close[0]}?)" if close else ""
+    return f"{group}={option} is not allowed: one of {', '.join(options)}{hint}"
+
+
 def train() -> None:
     """``hvp-train`` / ``python train.py``: :func:`train_job` through Hydra. A sweep in which a job
     stopped on a config error ends the same way whether or not ``HYDRA_FULL_ERROR`` is set: that
@@ -258,6 +387,7 @@ def train() -> None:
     (with ``HYDRA_FULL_ERROR=1`` Hydra would re-raise it: a traceback for a user error). A single
     run refused for its settings exits with 2 (:func:`train_job`); crashes keep Hydra's handling."""
     sys.argv = quote_path_overrides(sys.argv)
+    sys.argv[1:] = command_line_or_exit("config", sys.argv[1:])
     try:
         train_job()
     except SweepConfigError as err:  # only reaches here when Hydra re-raises (HYDRA_FULL_ERROR=1)
@@ -269,14 +399,14 @@ def train() -> None:
 def evaluate_job(cfg: DictConfig) -> float | None:
     """One evaluation under Hydra; :func:`evaluate_main` starts it."""
     try:
-        check_eval_options(cfg)  # the config alone, before the heavy imports
+        cfg = check_eval_options(cfg)  # the config alone, before the heavy imports: the validated config
         if cfg.get("num_workers") != 0:  # null: the data's (2 by default)
             worker_context()  # the loader workers' fork server imports its preload beside ours
         from .evaluation import evaluate
 
         summary = evaluate(cfg, options_checked=True)
-    except user_errors() as err:  # bad settings or checkpoint: one line, no traceback
-        print(f"config error: {err}", file=sys.stderr)
+    except user_errors() as err:  # bad settings or checkpoint: one line each, no traceback
+        say_config_error(err)
         sys.exit(2)
     except sigterm_exits():
         stopped("the evaluation wrote no eval_summary.json (the earlier one was removed when it started)")
@@ -305,6 +435,7 @@ def eval_line(summary: dict[str, Any]) -> str:
 def evaluate_main() -> None:
     """``hvp-eval`` / ``python eval.py``: :func:`evaluate_job` on the command line, paths quoted."""
     sys.argv = quote_path_overrides(sys.argv)
+    sys.argv[1:] = command_line_or_exit("eval", sys.argv[1:])
     evaluate_job()
 
 
@@ -316,8 +447,8 @@ def transfer_job(cfg: DictConfig) -> None:
     try:
         jobs = check_transfer_options(cfg)  # settings and every data set's files, before the heavy imports
         run_transfer(cfg, jobs)
-    except user_errors() as err:  # bad settings or checkpoint: one line, no traceback
-        print(f"config error: {err}", file=sys.stderr)
+    except user_errors() as err:  # bad settings or checkpoint: one line each, no traceback
+        say_config_error(err)
         sys.exit(2)
     except sigterm_exits():
         table = transfer_out_dir(cfg).table_md
@@ -328,4 +459,5 @@ def transfer_job(cfg: DictConfig) -> None:
 def transfer_main() -> None:
     """``hvp-transfer`` / ``python transfer.py``: :func:`transfer_job` on the command line, paths quoted."""
     sys.argv = quote_path_overrides(sys.argv)
+    sys.argv[1:] = command_line_or_exit("transfer", sys.argv[1:])
     transfer_job()

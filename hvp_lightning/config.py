@@ -1,55 +1,60 @@
-"""Start-up validation: every bad value ends in one message naming the key, the value and
-what is allowed -- before any data is read or a Lightning Trainer exists. Two passes:
+"""Start-up validation: every bad value ends in one line naming the key, the value and what is
+allowed -- before any data is read or a Lightning Trainer exists -- and every problem is said at
+once, not the first one per try.
 
-* :func:`check_options` (and :func:`check_eval_options` for eval.py): everything the config
-  and the file system can tell. This module imports neither torch nor Lightning, so the
-  command-line entry points run it before the heavy imports (hvp_lightning/cli.py): a typo
-  costs a second, not the ~15 s those imports take.
-* :func:`validate`: :func:`check_options` plus what needs them -- ``trainer.*`` keys against
-  ``lightning.Trainer``'s signature, ``trainer.precision`` against the machine -- and the
-  start-up warning about upsampled crops. :func:`hvp_lightning.training.driver.run` calls it.
+Each key's type, range and choices come from its declaration (:mod:`hvp_lightning.schema`); here
+are the rules that tie several keys (or a key and the files it names) together, each once:
+
+* :func:`check_options` (and :func:`check_eval_options` for eval.py): the schema, then everything
+  the config and the file system can tell (data roots, the images found, a batch and a monitor
+  sample that fit them, crops a backbone takes, multi-crop and HVP combinations). Torch-free: the
+  command-line entry points run it before the heavy imports (hvp_lightning/cli.py), so a typo
+  costs a second, not the ~15 s those imports take. It returns the validated config (every
+  declared key present with its declared type; ``auto`` values resolved) that the run then uses.
+* :func:`validate`: what needs Lightning and the machine (``trainer.*`` against
+  ``lightning.Trainer``'s signature, ``trainer.precision`` on this device) and the start-up
+  warnings. :func:`hvp_lightning.training.driver.run` calls it.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .config_rules import RULES, Rule, check_known_keys, check_rules
-from .data.layout import is_image_file, resolve_auto_crop, split_dir, training_image_side, training_images
+from .data.image_files import IMAGE_EXTENSIONS, is_image_file
+from .data.layout import (
+    IMAGE_SIDES,
+    TORCHVISION_FILES,
+    resolve_auto_crop,
+    split_dir,
+    training_image_side,
+    training_images,
+)
 from .errors import ConfigError
-from .options import (
-    ACCELERATORS,
+from .run.directory import resolve_checkpoint
+from .schema import (
     AUTO_PRECISIONS,
     BACKBONE_FAMILIES,
-    BLUR_KINDS,
-    CLIP_GRAD_KINDS,
-    DATASETS,
-    GLOBAL_PAIRS,
-    HVP_COLOURS,
-    IMAGE_EXTENSIONS,
-    IMAGE_SIDES,
     INIT_HUBS,
-    INTERPOLATIONS,
-    IOU_SCHEDULES,
-    LOGGERS,
-    METHOD_NAMES,
-    MODES,
-    OPTIMIZERS,
+    MULTI_CROP,
     OWNED_TRAINER_KEYS,
-    PRECISIONS,
-    PROTOCOLS,
     TIMM_FAMILY,
-    TORCHVISION_FILES,
-    TRAINER_PRECISIONS,
-    WANDB_MODES,
+    DataConfig,
+    EvalConfig,
+    TrainConfig,
+    as_config,
     backbone_family,
+    container,
     is_hub_init,
+    settings,
 )
-from .run.directory import resolve_checkpoint
+from .schema.base import strip_unknown
 
 log = logging.getLogger(__name__)
 
@@ -58,346 +63,343 @@ def fail(key: str, value: Any, allowed: str) -> None:
     raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
 
 
-def int_at_least(cfg: DictConfig, key: str, low: int) -> None:
-    value = _get(cfg, key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        fail(key, value, f"expected an integer >= {low}")
+class Problems:
+    """Collects the checks' messages, so that every problem of a command is said at once."""
 
+    def __init__(self) -> None:
+        self.lines: list[str] = []
 
-def _int_in(cfg: DictConfig, key: str, low: int, high: int) -> None:
-    value = _get(cfg, key)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        fail(key, value, f"expected an integer in [{low}, {high}]")
-
-
-def _prob(cfg: DictConfig, key: str) -> None:
-    value = _get(cfg, key)
-    if not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        fail(key, value, "expected a probability in [0, 1]")
-
-
-def seconds_above_zero(cfg: DictConfig, key: str) -> None:
-    value = _get(cfg, key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        fail(key, value, "expected a number of seconds > 0")
-
-
-def check_limits(cfg: DictConfig) -> None:
-    """``limits.*`` (hvp_lightning/cluster/waits.py), where the config has them (a run dir from before
-    the keys resumes with their defaults)."""
-    for key in ("limits.wait_s", "limits.stop_grace_s"):
-        if OmegaConf.select(cfg, key) is not None:
-            seconds_above_zero(cfg, key)
-
-
-def _get(cfg: DictConfig, key: str) -> Any:
-    node: Any = cfg
-    for part in key.split("."):
-        node = node.get(part) if isinstance(node, DictConfig) else None
-    return node
-
-
-def check_multicrop(cfg: DictConfig) -> None:
-    """DINO/iBOT multi-crop settings (``method.*`` crops against the backbone; types and ranges:
-    the rules table, which :func:`check_options` applies to every key; here, where a method is built
-    from a stored run's config too (eval, export, resume), only to the keys checked here before it)."""
-    check_rules(cfg, rules_for(MULTICROP_KEYS))
-    m = cfg.method
-    b = cfg.backbone  # a timm ViT's patch: check_timm_backbone
-    if backbone_family(b) == "vit" and int(m.num_local_crops) > 0 and m.local_crop_size % b.patch_size:
-        fail(
-            "method.local_crop_size",
-            m.local_crop_size,
-            f"a multiple of backbone.patch_size={b.patch_size} for {b.name}",
-        )
-    if m.get("clip_grad_kind", "per_parameter") not in CLIP_GRAD_KINDS:
-        fail("method.clip_grad_kind", m.clip_grad_kind, f"one of {', '.join(CLIP_GRAD_KINDS)}")
-
-
-def check_ibot(cfg: DictConfig) -> None:
-    """iBOT's own settings: a ViT backbone (patch tokens), the masking and loss weights (their rules)."""
-    check_rules(cfg, rules_for(IBOT_KEYS))
-    b = cfg.backbone
-    if backbone_family(b) not in ("vit", TIMM_FAMILY):  # which timm models have tokens: check_timm_backbone
-        raise ConfigError(
-            f"backbone.name={b.name!r} is not allowed for method=ibot: a ViT (patch tokens), "
-            f"one of {', '.join(n for n, f in BACKBONE_FAMILIES.items() if f == 'vit')} or a timm ViT (backbone=timm)"
-        )
-
-
-# the rules :func:`check_multicrop` and :func:`check_ibot` apply when a method is built
-MULTICROP_KEYS = ("num_local_crops", "local_crop_size", "global_scale", "local_scale", "clip_grad")
-IBOT_KEYS = ("mask_ratio", "mask_prob", "mask_min_aspect", "lambda1", "lambda2")
-
-
-def rules_for(keys: tuple[str, ...]) -> dict[str, Rule]:
-    """The rules of ``method.<key>`` for ``keys``."""
-    return {f"method.{k}": RULES[f"method.{k}"] for k in keys}
-
-
-def check_options(cfg: DictConfig) -> None:
-    """Raise :class:`ConfigError` on the first setting the config itself (or the data root it
-    names) shows to be invalid. Resolves ``data.crop_size: auto`` (ImageFolder) once the data
-    root is known to be valid. Torch-free."""
-    if cfg.method.name not in METHOD_NAMES:
-        fail("method.name", cfg.method.name, f"one of {', '.join(METHOD_NAMES)}")
-    _int_in(cfg, "seed", 0, 2**32 - 1)  # what NumPy's and Lightning's seeding accept
-    check_rules(cfg)  # every plain value's type and range, before anything below compares it
-    if not cfg.get("resume"):  # a resumed run's config may hold keys of an older version
-        check_known_keys(cfg)
-    if cfg.method.optimizer.name not in OPTIMIZERS:
-        fail("method.optimizer.name", cfg.method.optimizer.name, f"one of {', '.join(OPTIMIZERS)}")
-    _validate_lr_end(cfg)
-    validate_data(cfg)
-    if "eval_crop_ratio" in cfg.data and cfg.data.eval_crop_ratio is None:  # null: transfer.py's "the checkpoint's"
-        fail("data.eval_crop_ratio", None, "a number in (0, 1] or auto (null is transfer.py's: the checkpoint's)")
-    resolve_auto_crop(cfg.data)
-    validate_backbone(cfg)
-    _check_init(cfg.backbone, resuming=bool(cfg.get("resume")))
-    _validate_hvp(cfg)
-    _validate_iou_policy(cfg)
-    if cfg.method.name in ("dino", "ibot"):
-        check_multicrop(cfg)
-    if cfg.method.name == "ibot":
-        check_ibot(cfg)
-    check_candidate_counts(cfg)
-    _check_trainer(cfg)
-    _validate_distributed(cfg)
-    check_limits(cfg)
-    _check_logger(cfg.logger)
-
-
-def validate(cfg: DictConfig, options_checked: bool = False) -> None:
-    """:func:`check_options` (unless ``options_checked``: the CLI has run it on ``cfg`` before
-    the heavy imports), then the checks that need Lightning and the machine; resolves
-    ``trainer.precision: auto`` / ``auto-16-mixed``. Warns once when crops are larger than the images."""
-    if not options_checked:
-        check_options(cfg)
-    if backbone_family(cfg.backbone) == TIMM_FAMILY:
-        check_timm_backbone(cfg)
-    _validate_trainer_keys(cfg)
-    _validate_precision(cfg)
-    _validate_deterministic(cfg)
-    _warn_upsampled_crops(cfg.data)
-    _warn_long_warmup(cfg)
-    _warn_small_monitor(cfg.data)
-    _warn_cpu_oversubscription(cfg.trainer)
-
-
-def check_eval_options(cfg: DictConfig) -> None:
-    """eval.py's settings that need no checkpoint (the rest: hvp_lightning/evaluation/). Torch-free."""
-    if OmegaConf.is_missing(cfg, "ckpt") or not cfg.ckpt:
-        fail("ckpt", "???", "a run dir or a .ckpt file: add ckpt=<path> to the command")
-    resolve_checkpoint(cfg.ckpt)  # the path exists (its contents are checked when it is loaded)
-    if cfg.protocol.name not in PROTOCOLS:
-        fail("protocol.name", cfg.protocol.name, f"one of {', '.join(PROTOCOLS)}")
-    if cfg.devices != 1:
-        fail("devices", cfg.devices, "1 (evaluation runs on one device)")
-    if not isinstance(cfg.get("student", False), bool):
-        fail("student", cfg.student, "true or false (DINO/iBOT: evaluate the student instead of the teacher)")
-    if str(cfg.accelerator) not in ACCELERATORS:
-        fail("accelerator", cfg.accelerator, f"one of {', '.join(ACCELERATORS)}")
-    precision = cfg.get("precision", "32-true")
-    if precision != "auto" and precision not in TRAINER_PRECISIONS:
-        fail("precision", precision, f"auto or one of {', '.join(TRAINER_PRECISIONS)}")
-    _int_in(cfg, "seed", 0, 2**32 - 1)
-    if cfg.get("num_workers") is not None:
-        int_at_least(cfg, "num_workers", 0)
-    check_limits(cfg)
-    if data_preset_given(cfg):  # else the checkpoint's data, checked once it is loaded
-        validate_data(cfg)
-    if cfg.get("logger") is not None:
-        _check_logger(cfg.logger)
-
-
-def data_preset_given(cfg: DictConfig) -> bool:
-    """Whether an evaluation's ``data`` is a data set (``data=<name>``), not only ``+data.<key>=``
-    changes to the checkpoint's own data (conf/eval.yaml has no ``data`` without a preset)."""
-    return cfg.get("data") is not None and "name" in cfg.data
-
-
-def _check_logger(lc: DictConfig) -> None:
-    if lc.name not in LOGGERS:
-        fail("logger.name", lc.name, f"one of {', '.join(LOGGERS)}")
-    if lc.name == "wandb" and lc.mode not in WANDB_MODES:
-        fail("logger.mode", lc.mode, f"one of {', '.join(WANDB_MODES)}")
-    gallery = lc.get("gallery_images", 0)
-    if lc.name == "wandb" and (isinstance(gallery, bool) or not isinstance(gallery, int) or gallery < 0):
-        fail("logger.gallery_images", gallery, "expected an integer >= 0 (0: no live HVP gallery)")
-
-
-def validate_backbone(cfg: DictConfig) -> None:
-    b, crop = cfg.backbone, cfg.data.crop_size
-    family = backbone_family(b)
-    if family == TIMM_FAMILY:
-        _check_timm_keys(cfg)
-    elif b.name not in BACKBONE_FAMILIES:
-        fail("backbone.name", b.name, f"one of {', '.join(BACKBONE_FAMILIES)} (any timm model: backbone=timm)")
-    int_at_least(cfg, "data.crop_size", 1)
-    if family == TIMM_FAMILY:
-        return
-    if family == "resnet":
-        smallest = 8 if b.cifar_stem else 32  # the trunk downsamples 8x (CIFAR stem) or 32x
-        if crop < smallest:
-            fail("data.crop_size", crop, f">= {smallest} px for {b.name} with cifar_stem={b.cifar_stem}")
-    elif crop % b.patch_size:
-        fail("data.crop_size", crop, f"a multiple of backbone.patch_size={b.patch_size} for {b.name}")
-
-
-def _check_timm_keys(cfg: DictConfig) -> None:
-    """``backbone=timm``'s keys that the config alone shows (the name against timm's list and the
-    model's patch size: :func:`check_timm_backbone`, which imports timm)."""
-    b = cfg.backbone
-    if OmegaConf.is_missing(b, "name") or not isinstance(b.name, str) or not b.name:
-        fail("backbone.name", b.get("name", "???"), "a timm model name: backbone=timm backbone.name=<name>")
-    if b.model_args is not None and not isinstance(b.model_args, DictConfig):
-        fail("backbone.model_args", b.model_args, "null or a mapping of timm.create_model keywords, e.g. {depth: 6}")
-
-
-def _check_init(b: DictConfig, resuming: bool = False) -> None:
-    """``backbone.init``: null, ``timm:<name>`` / ``torchvision:<name>``, or a path that exists
-    (what the file holds is checked when it is loaded: hvp_lightning/nn/weights.py). Not the
-    path on ``resume=``: a resumed run starts from its checkpoint, not from ``backbone.init``."""
-    init = b.get("init")
-    if init is None:
-        return
-    allowed = "null, a weights file (.pth, .pt, .safetensors), an hvp-export folder, a run dir, " + " or ".join(
-        f"{hub}:<name>" for hub in INIT_HUBS
-    )
-    if not isinstance(init, str) or not init:
-        fail("backbone.init", init, allowed)
-    if is_hub_init(init):
-        if not init.partition(":")[2]:
-            fail("backbone.init", init, f"{init.partition(':')[0]}:<model name>")
-        return
-    if not resuming and not Path(init).expanduser().exists():
-        fail("backbone.init", init, f"{allowed} (no such file or folder)")
-
-
-def check_timm_backbone(cfg: DictConfig) -> None:
-    """``backbone=timm`` against timm itself: the name (else the closest names timm knows), iBOT's
-    need for a ViT with a class token, and the model run at every crop size of the run (a ViT's
-    patch size, a fixed input size, kernels larger than the image; a pooled ``[batch, features]``
-    output). The model is built and run on the meta device: no memory, no initialisation, no compute."""
-    from .nn.backbones import check_timm_name, meta_output_shape, meta_timm, runs_on_meta, timm_layout, timm_size_fix
-
-    b, m = cfg.backbone, cfg.method
-    check_timm_name(b.name)
-    layout = timm_layout(b)
-    if m.name == "ibot" and not layout.tokens:
-        raise ConfigError(
-            f"backbone.name={b.name!r} is not allowed for method=ibot: {b.name} is a {layout.kind}, and iBOT "
-            "needs patch tokens, a class token and a mask token (a timm ViT, e.g. vit_small_patch16_224)"
-        )
-    sizes = {"data.crop_size": cfg.data.crop_size}
-    if m.name in ("dino", "ibot") and int(m.get("num_local_crops") or 0) > 0:
-        sizes["method.local_crop_size"] = m.local_crop_size
-    for key, size in sizes.items():
-        if layout.patch_size is not None and size % layout.patch_size:
-            fail(key, size, f"a multiple of {b.name}'s patch size {layout.patch_size}")
-    backbone = meta_timm(b)
-    for key, size in sizes.items():
+    @contextmanager
+    def check(self) -> Iterator[None]:
+        """Run a check; its ConfigError is noted and the next check runs."""
         try:
-            shape = meta_output_shape(backbone, size)
-        except Exception as err:  # the model's own code refuses this size (an assertion, a shape mismatch)
-            # a model that fails at the size it is built for cannot be judged on the meta device
-            if not runs_on_meta(backbone, b.get("img_size") or layout.img_size or layout.default_size):
-                log.debug("backbone.name=%s: not checked on the meta device (%s)", b.name, err)
-                return
-            fix = timm_size_fix(b, list(sizes.values()))
-            said = (str(err).splitlines() or [type(err).__name__])[0]
-            why = f"{b.name} fails on {size} px images ({said if len(said) <= 120 else said[:117] + '...'})"
-            if fix is None:
-                fail(key, size, f"a size {b.name} takes (its default: {layout.default_size}): {why}")
-            fail(key, size, f"{why}; set {fix}")
-        if len(shape) != 2:
+            yield
+        except ConfigError as err:
+            self.lines += [line for line in str(err).splitlines() if line not in self.lines]
+
+    def raise_any(self) -> None:
+        if self.lines:
+            raise ConfigError("\n".join(self.lines))
+
+
+# --- train.py ---------------------------------------------------------------------------------------
+def check_options(cfg: DictConfig) -> DictConfig:
+    """The validated config of a training command, or a :class:`ConfigError` with one line per
+    problem the config itself and the files it names show (all at once). ``auto`` values that the
+    data decides (``data.crop_size``, ``data.eval_crop_ratio``, ``data.monitor_size``) are
+    resolved. Torch-free. A resumed run's config may hold keys of an older version: they are left
+    out (the code no longer reads them), where a new command's unknown key is refused."""
+    refuse_group_keys_without_group(cfg)
+    data = container(cfg)
+    if cfg.get("resume"):
+        dropped = strip_unknown(TrainConfig, data)
+        if dropped:
+            log.info("the run's config holds keys this version does not read: %s", ", ".join(dropped))
+    s = settings(TrainConfig, data)
+    problems = Problems()
+    for rule in TRAIN_RULES:
+        with problems.check():
+            rule(s)
+    out = as_config(s)
+    with problems.check():
+        images = check_data(out)
+        with problems.check():
+            check_fit(out, images)
+        resolve_auto_crop(out.data)
+        with problems.check():
+            check_crops(out)
+    problems.raise_any()
+    return out
+
+
+def stored_config(raw: dict[str, Any] | DictConfig) -> DictConfig:
+    """A run's config as its checkpoint stores it, read by this version: keys it no longer
+    declares left out, keys added since at their defaults, every value of its declared type."""
+    data = container(raw)
+    strip_unknown(TrainConfig, data)
+    return as_config(settings(TrainConfig, data))
+
+
+# optional groups added whole by a command-line group (the key, its option)
+OPTIONAL_GROUPS = (("hvp", "+hvp=on"), ("data.iou_policy", "+data/iou_policy=on"))
+
+
+def refuse_group_keys_without_group(cfg: DictConfig) -> None:
+    """``+hvp.num_views=8`` (Hydra's advice for ``hvp.num_views=8`` without ``+hvp=on``) makes an
+    ``hvp`` node without ``+hvp=on``'s keys: it would turn HVP on with a key's worth of settings, or
+    read as the baseline. The same for ``data.iou_policy`` without ``+data/iou_policy=on``."""
+    for path, option in OPTIONAL_GROUPS:
+        node = OmegaConf.select(cfg, path)
+        if node is not None and "enabled" not in node and len(node) > 0:
+            key = next(iter(node))
             fail(
-                "backbone.model_args",
-                OmegaConf.to_container(b.model_args) if b.model_args is not None else None,
-                f"a global_pool that pools: {b.name} gives {list(shape)} at {size} px, not [batch, features] "
-                "(leave global_pool out, or e.g. avg)",
+                f"{path}.{key}",
+                node[key],
+                f"set only with {option} (off without it): add {option} and write {path}.{key}=... without the +",
             )
 
 
-def _validate_lr_end(cfg: DictConfig) -> None:
+def check_lr_end(s: TrainConfig) -> None:
     """Where the cosine ends: ``min_lr`` (absolute, DINO/iBOT) or ``final_lr_ratio`` (of the peak)."""
-    o = cfg.method.optimizer
-    min_lr, ratio = o.get("min_lr"), o.get("final_lr_ratio")
-    if (min_lr is None) == (ratio is None):
+    o = s.method.optimizer
+    if (o.min_lr is None) == (o.final_lr_ratio is None):
         fail(
             "method.optimizer.min_lr",
-            min_lr,
+            o.min_lr,
             "set exactly one of method.optimizer.min_lr (absolute end lr) "
             "and method.optimizer.final_lr_ratio (end lr / peak lr)",
         )
 
 
-def _warn_long_warmup(cfg: DictConfig) -> None:
-    """A learning-rate warm-up as long as the run never reaches the peak lr (base_lr x batch / 256):
-    allowed (a short trial of a long recipe), but said once at start-up."""
-    from lightning.pytorch.utilities import rank_zero_only
+def check_train_crops_set(s: TrainConfig) -> None:
+    """``null`` crop size and crop ratio are transfer.py's ("the checkpoint's"), not a training run's."""
+    for key in ("crop_size", "eval_crop_ratio"):
+        if getattr(s.data, key) is None:
+            fail(f"data.{key}", None, f"{'an integer >= 1' if key == 'crop_size' else 'a number in (0, 1]'} or auto "
+                 "(null is transfer.py's: the checkpoint's)")  # fmt: skip
 
-    warmup, epochs = cfg.method.optimizer.get("warmup_epochs"), cfg.trainer.get("max_epochs")
-    if isinstance(warmup, int) and isinstance(epochs, int) and warmup >= epochs and rank_zero_only.rank == 0:
-        log.warning(
-            "method.optimizer.warmup_epochs=%s is not shorter than trainer.max_epochs=%s: the learning rate "
-            "never reaches its peak (it warms up over the whole run)",
-            warmup,
-            epochs,
+
+def check_init(s: TrainConfig) -> None:
+    """``backbone.init``: null, ``timm:<name>`` / ``torchvision:<name>``, or a path that exists
+    (what the file holds is checked when it is loaded: hvp_lightning/nn/weights.py). Not the
+    path on ``resume=``: a resumed run starts from its checkpoint, not from ``backbone.init``."""
+    init = s.backbone.init
+    if init is None:
+        return
+    allowed = "null, a weights file (.pth, .pt, .safetensors), an hvp-export folder, a run dir, " + " or ".join(
+        f"{hub}:<name>" for hub in INIT_HUBS
+    )
+    if not init:
+        fail("backbone.init", init, allowed)
+    if is_hub_init(init):
+        if not init.partition(":")[2]:
+            fail("backbone.init", init, f"{init.partition(':')[0]}:<model name>")
+        return
+    if not s.resume and not Path(init).expanduser().exists():
+        fail("backbone.init", init, f"{allowed} (no such file or folder)")
+
+
+def check_multicrop(s: TrainConfig) -> None:
+    """DINO/iBOT: a ViT's local crops are a multiple of its patch (a timm ViT's: check_timm_backbone)."""
+    m, b = s.method, s.backbone
+    if (
+        m.name in MULTI_CROP
+        and backbone_family(b) == "vit"
+        and m.num_local_crops > 0
+        and m.local_crop_size % b.patch_size
+    ):
+        fail(
+            "method.local_crop_size",
+            m.local_crop_size,
+            f"a multiple of backbone.patch_size={b.patch_size} for {b.name}",
         )
 
 
-def _warn_small_monitor(d: DictConfig) -> None:
-    """RankMe on n images is at most n, so below 3 held-out images it is always under the collapse
-    floor of 2 (hvp_lightning/nn/health.py): allowed, but every pass would signal collapse."""
-    from lightning.pytorch.utilities import rank_zero_only
-
-    from .nn.health import RANKME_COLLAPSE
-
-    size = d.get("monitor_size") if d.name in ("images", "shards") else None
-    if isinstance(size, int) and 0 < size <= RANKME_COLLAPSE and rank_zero_only.rank == 0:
-        log.warning(
-            "data.monitor_size=%s: RankMe on %s images is at most %s, under the collapse floor of %g, so every "
-            "monitor pass will signal collapse; hold out more images (the default is 512)",
-            size,
-            size,
-            size,
-            RANKME_COLLAPSE,
+def check_ibot_backbone(s: TrainConfig) -> None:
+    """iBOT predicts masked patch tokens: a ViT (which timm models have tokens: check_timm_backbone)."""
+    if s.method.name == "ibot" and backbone_family(s.backbone) not in ("vit", TIMM_FAMILY):
+        vits = ", ".join(n for n, f in BACKBONE_FAMILIES.items() if f == "vit")
+        raise ConfigError(
+            f"backbone.name={s.backbone.name!r} is not allowed for method=ibot: a ViT (patch tokens), "
+            f"one of {vits} or a timm ViT (backbone=timm)"
         )
 
 
-def _validate_distributed(cfg: DictConfig) -> None:
-    """DDP settings Lightning would only reject once processes are launched (or never)."""
-    t = cfg.trainer
-    sync = t.get("sync_batchnorm", "auto")
-    if not (sync == "auto" or isinstance(sync, bool)):
-        fail("trainer.sync_batchnorm", sync, "auto (on when the model has BatchNorm), true or false")
+def check_hvp(s: TrainConfig) -> None:
+    """HVP keys that only some methods read: a method that would ignore one refuses it."""
+    h, method = s.hvp, s.method.name
+    if h is None or not h.enabled:
+        return
+    if h.max_combinations is not None and method != "dino":
+        fail(
+            "hvp.max_combinations",
+            h.max_combinations,
+            f"only with method dino (it samples (global pair, locals) combinations); {method} scores every "
+            "candidate combination",
+        )
+    if method not in MULTI_CROP:
+        for key in ("global_pairs", "num_global_candidates", "num_local_candidates"):
+            default = type(h).model_fields[key].default
+            if getattr(h, key) != default:
+                fail(
+                    f"hvp.{key}",
+                    getattr(h, key),
+                    f"{'null' if default is None else default} for method {method}: only DINO and iBOT have "
+                    "global and local candidates",
+                )
+    if h.colour == "static" and method in MULTI_CROP:
+        fail(
+            "hvp.colour",
+            h.colour,
+            f"per_view for method {method} (static colour shares one colour draw between the candidates of a "
+            "pair method; DINO/iBOT's global pipelines differ in blur and solarize)",
+        )
+    check_candidate_counts(s)
 
 
-def validate_data(cfg: DictConfig) -> None:
-    """``data.*`` (types and ranges: the rules table, checked here too for eval.py's data)."""
-    check_rules(cfg)
+def check_candidate_counts(s: TrainConfig) -> None:
+    """DINO/iBOT with HVP: ``hvp.num_local_candidates`` >= ``method.num_local_crops`` for DINO, and
+    for iBOT, which selects among global views only, unset or equal to it."""
+    h, m = s.hvp, s.method
+    if m.name not in MULTI_CROP or h is None or not h.enabled or h.num_local_candidates is None:
+        return
+    lc, num_local = h.num_local_candidates, m.num_local_crops
+    if m.name == "ibot" and lc != num_local:
+        raise ConfigError(
+            f"hvp.num_local_candidates={lc!r} is not allowed for method=ibot: it selects among "
+            f"global views only (leave it unset or = method.num_local_crops={num_local})"
+        )
+    if lc < num_local:
+        fail("hvp.num_local_candidates", lc, f"an integer >= method.num_local_crops={num_local}")
+
+
+def check_iou_policy(s: TrainConfig) -> None:
+    """``data.iou_policy``'s warm-up is shorter than the run (its schedule spans the other epochs)."""
+    p = s.data.iou_policy
+    if p is not None and p.enabled and p.warmup_epochs > s.trainer.max_epochs - 1:
+        fail("data.iou_policy.warmup_epochs", p.warmup_epochs, f"an integer in [0, {s.trainer.max_epochs - 1}] "
+             f"(shorter than trainer.max_epochs={s.trainer.max_epochs})")  # fmt: skip
+
+
+def check_owned_trainer_keys(s: TrainConfig) -> None:
+    for key in OWNED_TRAINER_KEYS:
+        if key in (s.trainer.model_extra or {}):
+            fail(
+                f"trainer.{key}",
+                s.trainer.model_extra[key],  # type: ignore[index]
+                "not set here: checkpoints are always written (checkpoint.every_n_epochs sets the kept ones)",
+            )
+
+
+def check_backbone_crop(s: TrainConfig) -> None:
+    """The training crop fits the built-in backbone (a timm model's: check_timm_backbone)."""
+    b, crop = s.backbone, s.data.crop_size
+    if not isinstance(crop, int):  # auto: checked once resolved (check_crops)
+        return
+    check_crop_for_backbone(b, crop)
+
+
+def check_crop_for_backbone(b: Any, crop: int) -> None:
+    family = backbone_family(b)
+    if family == "resnet":
+        smallest = 8 if b.cifar_stem else 32  # the trunk downsamples 8x (CIFAR stem) or 32x
+        if crop < smallest:
+            fail("data.crop_size", crop, f">= {smallest} px for {b.name} with cifar_stem={b.cifar_stem}")
+    elif family == "vit" and crop % b.patch_size:
+        fail("data.crop_size", crop, f"a multiple of backbone.patch_size={b.patch_size} for {b.name}")
+
+
+# the rules of a training config, each once; run in this order, all of them
+TRAIN_RULES: tuple[Callable[[TrainConfig], None], ...] = (
+    check_lr_end,
+    check_train_crops_set,
+    check_init,
+    check_multicrop,
+    check_ibot_backbone,
+    check_hvp,
+    check_iou_policy,
+    check_owned_trainer_keys,
+    check_backbone_crop,
+)
+
+
+def check_crops(cfg: DictConfig) -> None:
+    """Once ``auto`` is resolved: the crop fits the built-in backbone."""
+    b = settings(TrainConfig, cfg).backbone
+    check_crop_for_backbone(b, cfg.data.crop_size)
+
+
+# --- the data and what fits it ---------------------------------------------------------------------
+IMAGE_FILES = f"image files ({', '.join(IMAGE_EXTENSIONS)}, any case)"
+AUTO_MONITOR_SHARE, AUTO_MONITOR_MAX = 5, 512  # data.monitor_size=auto: a fifth of the images, at most 512
+
+
+def check_data(cfg: DictConfig) -> int | None:
+    """The files ``data`` names exist and hold images: the training images found (before the
+    held-out monitor sample), where start-up can count them, else None."""
     d = cfg.data
-    if d.name not in DATASETS:
-        fail("data.name", d.name, f"one of {', '.join(DATASETS)}")
-    if d.aug.get("blur_kind", "simclr") not in BLUR_KINDS:
-        fail("data.aug.blur_kind", d.aug.blur_kind, f"one of {', '.join(BLUR_KINDS)}")
-    if d.aug.get("interpolation", "bilinear") not in INTERPOLATIONS:
-        fail("data.aug.interpolation", d.aug.interpolation, f"one of {', '.join(INTERPOLATIONS)}")
     if d.name == "synthetic":
-        return
+        return int(d.train_size)
     if d.name == "images":
-        check_images(cfg)
-        return
+        return check_images(d)
     if d.name == "shards":
-        check_shards(cfg)
-        return
-    if OmegaConf.is_missing(d, "root"):
-        fail("data.root", "???", f"the folder holding {d.name}: add data.root=<path> to the command")
+        return check_shards(d)
     if d.name == "imagefolder":
         check_imagenet_layout("data.root", d.root)
-    elif d.name in TORCHVISION_FILES and not d.download:
+        return None
+    if not d.download:
         check_torchvision_root(d, "data")
+    return None
+
+
+def check_fit(cfg: DictConfig, images: int | None) -> None:
+    """The held-out monitor sample and the batch fit the images found: ``data.monitor_size`` (auto:
+    a fifth, at most 512) leaves some to train on, and every rank gets a whole batch per epoch.
+    Each problem names a value that would work; all are said together."""
+    d, problems = cfg.data, Problems()
+    if images is None:
+        return
+    held = 0
+    if d.name in ("images", "shards"):
+        held = auto_monitor_size(images)  # the batch is judged against the sample that would fit
+        with problems.check():
+            held = resolve_monitor_size(cfg, images)
+    n = images - held
+    if d.get("train_subset") is not None:
+        n = min(n, int(d.train_subset))
+    world = processes(cfg.trainer)
+    batch = int(cfg.method.batch_size)
+    if world is not None and batch > n // world:
+        fits = largest_power_of_two(n // world)
+        what = f"the {n} training images" + (f" ({images} found, {held} held out for the monitors)" if held else "")
+        per = f" over {world} processes" if world > 1 else ""
+        with problems.check():
+            fail(
+                "method.batch_size",
+                batch,
+                f"at most {n // world}: batches are full (drop_last) and {what}{per} give fewer; e.g. "
+                f"method.batch_size={fits}"
+                if fits >= 2
+                else f"more images: {what}{per} hold no batch of 2",
+            )
+    problems.raise_any()
+
+
+def resolve_monitor_size(cfg: DictConfig, images: int) -> int:
+    """``data.monitor_size`` of ``images`` images (``auto`` resolved in ``cfg``): held out of
+    training, leaving some to train on, and at least 1 unless ``data.eval_root`` gives k-NN."""
+    d = cfg.data
+    if d.monitor_size == "auto":
+        d.monitor_size = auto_monitor_size(images)
+    size = int(d.monitor_size)
+    if size >= images:
+        fits = auto_monitor_size(images)
+        fail("data.monitor_size", size, f"fewer than the {images} images (it is held out of training); e.g. "
+             f"data.monitor_size={fits} or auto")  # fmt: skip
+    if size == 0 and not d.get("eval_root"):
+        fail(
+            "data.monitor_size",
+            0,
+            "an integer >= 1 or auto without data.eval_root (the held-out sample is then the run's only monitor)",
+        )
+    return size
+
+
+def auto_monitor_size(images: int) -> int:
+    """``data.monitor_size=auto``: a fifth of the images, at most 512, at least one (none of one image)."""
+    return max(1, min(AUTO_MONITOR_MAX, images // AUTO_MONITOR_SHARE)) if images > 1 else 0
+
+
+def processes(t: DictConfig) -> int | None:
+    """Training processes (devices x nodes) where the config says it (not ``auto`` or a GPU list)."""
+    devices = t.get("devices", 1)
+    if isinstance(devices, int) and devices > 0:
+        return devices * int(t.get("num_nodes") or 1)
+    return None
+
+
+def largest_power_of_two(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
 
 
 def check_imagenet_layout(key: str, value: Any) -> None:
@@ -418,14 +420,10 @@ def check_imagenet_layout(key: str, value: Any) -> None:
             )
 
 
-IMAGE_FILES = f"image files ({', '.join(IMAGE_EXTENSIONS)}, any case)"
-
-
-def check_images(cfg: DictConfig) -> None:
+def check_images(d: DictConfig) -> int:
     """``data=images``: exactly one of ``data.root`` (a folder with images at any depth) and
-    ``data.files`` (a list of existing image files); ``data.monitor_size`` held out of them,
-    leaving some to train on; ``data.eval_root`` an ImageNet-layout folder when given."""
-    d = cfg.data
+    ``data.files`` (a list of existing image files); ``data.eval_root`` an ImageNet-layout
+    folder when given. Returns the images found."""
     root, files = d.get("root"), d.get("files")
     if bool(root) == bool(files):
         fail(
@@ -450,52 +448,35 @@ def check_images(cfg: DictConfig) -> None:
             )
     else:
         _check_image_list(str(files), training_images(d) if Path(str(files)).expanduser().is_file() else None)
-    check_monitor(cfg, len(training_images(d)))
+    if d.get("eval_root"):
+        check_imagenet_layout("data.eval_root", d.eval_root)
+    return len(training_images(d))
 
 
-def check_shards(cfg: DictConfig) -> None:
+def check_shards(d: DictConfig) -> int:
     """``data=shards``: ``data.urls`` names shards that open and hold images (their index is
-    built here, from the manifest or by reading them, and kept for the run); the held-out
-    monitor sample and ``data.eval_root`` as for ``data=images``."""
+    built here, from the manifest or by reading them, and kept for the run); ``data.eval_root``
+    as for ``data=images``. Returns the images in them."""
     from .data.shard_index import ShardError, run_index
 
-    d = cfg.data
     if not d.get("urls"):
         fail(
             "data.urls",
             d.get("urls"),
             f"a brace pattern of WebDataset tar shards, e.g. 'data.urls=\"{EXAMPLE_URLS}\"' (quoted for Hydra)",
         )
-    options = d.get("storage_options")
-    if options is not None and not OmegaConf.is_dict(options):
-        fail("data.storage_options", options, "a mapping of fsspec options, e.g. {anon: true}")
     try:
         index = run_index(d)
     except ShardError as err:
         fail("data.urls", str(d.urls), f"shards that can be read: {err}")
     if not len(index):
         fail("data.urls", str(d.urls), f"shards holding {IMAGE_FILES} (none in the {len(index.urls)} shards)")
-    check_monitor(cfg, len(index))
+    if d.get("eval_root"):
+        check_imagenet_layout("data.eval_root", d.eval_root)
+    return len(index)
 
 
 EXAMPLE_URLS = "/data/train-{000000..000127}.tar"
-
-
-def check_monitor(cfg: DictConfig, n: int) -> None:
-    """``data.monitor_size`` of ``n`` images is held out, leaving some to train on, and is at
-    least 1 unless ``data.eval_root`` (an ImageNet-layout folder) gives the k-NN monitor."""
-    d = cfg.data
-    int_at_least(cfg, "data.monitor_size", 0)
-    if d.monitor_size >= n:
-        fail("data.monitor_size", d.monitor_size, f"fewer than the {n} images (it is held out of training)")
-    if d.get("eval_root"):
-        check_imagenet_layout("data.eval_root", d.eval_root)
-    elif d.monitor_size == 0:
-        fail(
-            "data.monitor_size",
-            0,
-            "an integer >= 1 without data.eval_root (the held-out sample is then the run's only monitor)",
-        )
 
 
 def _check_image_list(files: str, paths: tuple[str, ...] | None) -> None:
@@ -532,162 +513,82 @@ def check_torchvision_root(d: DictConfig, key: str) -> None:
             )
 
 
-def _warn_upsampled_crops(d: DictConfig) -> None:
-    """Crops larger than the images are upsampled (blurry training views): allowed (e.g.
-    CIFAR at 224 px for a ViT), but said once at start-up."""
-    if d.name == "synthetic":
-        side = d.image_size
-    elif d.name in ("imagefolder", "images", "shards"):
-        side = training_image_side(d)
-    else:
-        side = IMAGE_SIDES.get(d.name)
-    from lightning.pytorch.utilities import rank_zero_only
-
-    if side is not None and d.crop_size > side and rank_zero_only.rank == 0:
-        log.warning(
-            "data.crop_size=%s is larger than the images (shorter side %s px): every crop is upsampled",
-            d.crop_size,
-            side,
-        )
+def validate_data(cfg: DictConfig) -> DictConfig:
+    """An evaluation's ``data`` (a data preset, or the checkpoint's own with changes): its keys
+    by the schema, its files by :func:`check_data`. Returns the validated ``data``."""
+    data = as_config(settings(DataConfig, {"data": container(cfg.data)})).data
+    check_data(OmegaConf.create({"data": data}))
+    return data
 
 
-def _warn_cpu_oversubscription(t: DictConfig) -> None:
-    """``trainer.devices=N`` on CPU starts N processes: more than there are cores is allowed (the
-    results are those of N devices) but they take turns on the cores, so each step is slower than
-    with one process per core. Said once at start-up, with the key and the core count."""
-    from lightning.pytorch.utilities import rank_zero_only
-
-    from .device import cpu_processes, runs_on_cpu, usable_cpu_cores
-
-    n, cores = cpu_processes(t.get("devices", 1)), usable_cpu_cores()
-    if runs_on_cpu(str(t.get("accelerator", "auto"))) and n is not None and n > cores and rank_zero_only.rank == 0:
-        log.warning(
-            "trainer.devices=%s starts %s CPU processes on %s usable cores: allowed, but they share the "
-            "cores, so each step is slower than with trainer.devices<=%s",
-            n,
-            n,
-            cores,
-            cores,
-        )
-
-
-def _validate_hvp(cfg: DictConfig) -> None:
-    h = cfg.get("hvp")
-    if h is not None and "enabled" not in h and len(h) > 0:
-        # `+hvp.num_views=8` (Hydra's advice for `hvp.num_views=8` without `+hvp=on`) makes an hvp
-        # node without conf/hvp/on.yaml: it would train a baseline without a word.
-        key = next(iter(h))
-        fail(
-            f"hvp.{key}",
-            h[key],
-            f"set only with +hvp=on (HVP is off without it): add +hvp=on and write hvp.{key}=... without the +",
-        )
-    if h is None or not h.get("enabled", False):
-        return
-    if h.mode not in MODES:
-        fail("hvp.mode", h.mode, f"one of {', '.join(MODES)}")
-    if h.selection_precision not in PRECISIONS:
-        fail("hvp.selection_precision", h.selection_precision, f"one of {', '.join(PRECISIONS)}")
-    if h.get("max_combinations") is not None and cfg.method.name != "dino":
-        fail(
-            "hvp.max_combinations",
-            h.max_combinations,
-            f"only with method dino (it samples (global pair, "
-            f"locals) combinations); {cfg.method.name} scores every candidate combination",
-        )
-    if h.get("global_pairs", "cross") not in GLOBAL_PAIRS:
-        fail("hvp.global_pairs", h.global_pairs, f"one of {', '.join(GLOBAL_PAIRS)}")
-    if cfg.method.name not in ("dino", "ibot"):
-        for key, default in MULTICROP_HVP_DEFAULTS.items():
-            if h.get(key, default) != default:
-                fail(
-                    f"hvp.{key}",
-                    h[key],
-                    f"{'null' if default is None else default} for method {cfg.method.name}: only DINO and iBOT "
-                    "have global and local candidates",
-                )
-    colour = h.get("colour", "per_view")
-    if colour not in HVP_COLOURS:
-        fail("hvp.colour", colour, f"one of {', '.join(HVP_COLOURS)}")
-    if colour == "static" and cfg.method.name in ("dino", "ibot"):
-        fail(
-            "hvp.colour",
-            colour,
-            f"per_view for method {cfg.method.name} (static colour shares one colour draw between the "
-            "candidates of a pair method; DINO/iBOT's global pipelines differ in blur and solarize)",
-        )
+# --- the machine and Lightning ---------------------------------------------------------------------
+def validate(cfg: DictConfig, options_checked: bool = False) -> DictConfig:
+    """:func:`check_options` (unless ``options_checked``: the CLI has run it on ``cfg`` before the
+    heavy imports and ``cfg`` is its result), then the checks that need Lightning and the machine;
+    resolves ``trainer.precision: auto`` / ``auto-16-mixed``. Warns once about settings that are
+    allowed but probably not meant. Returns the validated config."""
+    if not options_checked:
+        cfg = check_options(cfg)
+    if backbone_family(cfg.backbone) == TIMM_FAMILY:
+        check_timm_backbone(cfg)
+    _validate_trainer_keys(cfg)
+    _validate_precision(cfg)
+    _validate_deterministic(cfg)
+    _warn_upsampled_crops(cfg.data)
+    _warn_long_warmup(cfg)
+    _warn_small_monitor(cfg.data)
+    _warn_cpu_oversubscription(cfg.trainer)
+    return cfg
 
 
-# conf/hvp/on.yaml's multi-crop keys, which a pair method would ignore: refused there unless at these
-MULTICROP_HVP_DEFAULTS = {"global_pairs": "cross", "num_global_candidates": None, "num_local_candidates": None}
+def check_timm_backbone(cfg: DictConfig) -> None:
+    """``backbone=timm`` against timm itself: the name (else the closest names timm knows), iBOT's
+    need for a ViT with a class token, and the model run at every crop size of the run (a ViT's
+    patch size, a fixed input size, kernels larger than the image; a pooled ``[batch, features]``
+    output). The model is built and run on the meta device: no memory, no initialisation, no compute."""
+    from .nn.backbones import check_timm_name, meta_output_shape, meta_timm, runs_on_meta, timm_layout, timm_size_fix
 
-IOU_POLICY_KEYS = ("enabled", "schedule", "start", "end", "warmup_epochs", "skip_p", "max_tries")
-
-
-def _validate_iou_policy(cfg: DictConfig) -> None:
-    """``data.iou_policy`` (hvp_lightning/data/iou_policy.py): every key of
-    conf/data/iou_policy/on.yaml present and in range; warm-up shorter than the run."""
-    p = cfg.data.get("iou_policy")
-    if p is None:
-        return
-    for key in IOU_POLICY_KEYS:
-        if key not in p:
-            fail(f"data.iou_policy.{key}", None, "set it, or add +data/iou_policy=on for the whole policy")
-    if not isinstance(p.enabled, bool):
-        fail("data.iou_policy.enabled", p.enabled, "true or false")
-    if not p.enabled:
-        return
-    if p.schedule not in IOU_SCHEDULES:
-        fail("data.iou_policy.schedule", p.schedule, f"one of {', '.join(IOU_SCHEDULES)}")
-    for key in ("start", "end"):
-        value = p[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-            fail(f"data.iou_policy.{key}", value, "an IoU threshold in [0, 1] (pairs above it are redrawn)")
-    _prob(cfg, "data.iou_policy.skip_p")
-    int_at_least(cfg, "data.iou_policy.max_tries", 1)
-    epochs = _get(cfg, "trainer.max_epochs")
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        fail("trainer.max_epochs", epochs, "an integer >= 1 with data.iou_policy (its schedule spans the epochs)")
-    _int_in(cfg, "data.iou_policy.warmup_epochs", 0, epochs - 1)
-
-
-def check_candidate_counts(cfg: DictConfig) -> None:
-    """DINO/iBOT with HVP: ``hvp.num_global_candidates`` >= 2 (default ``hvp.num_views``);
-    ``hvp.num_local_candidates`` >= ``method.num_local_crops`` for DINO, and for iBOT, which
-    selects among global views only, unset or equal to it."""
-    h = cfg.get("hvp")
-    if cfg.method.name not in ("dino", "ibot") or h is None or not h.get("enabled", False):
-        return
-    g = h.get("num_global_candidates") or h.num_views
-    if int(g) < 2:
-        fail("hvp.num_global_candidates", g, "expected an integer >= 2")
-    num_local, lc = int(cfg.method.num_local_crops), h.get("num_local_candidates")
-    if lc is None:
-        return
-    if cfg.method.name == "ibot" and int(lc) != num_local:
+    b, m = cfg.backbone, cfg.method
+    check_timm_name(b.name)
+    layout = timm_layout(b)
+    if m.name == "ibot" and not layout.tokens:
         raise ConfigError(
-            f"hvp.num_local_candidates={lc!r} is not allowed for method=ibot: it selects among "
-            f"global views only (leave it unset or = method.num_local_crops={num_local})"
+            f"backbone.name={b.name!r} is not allowed for method=ibot: {b.name} is a {layout.kind}, and iBOT "
+            "needs patch tokens, a class token and a mask token (a timm ViT, e.g. vit_small_patch16_224)"
         )
-    if int(lc) < num_local:
-        fail("hvp.num_local_candidates", lc, f"expected an integer >= method.num_local_crops={num_local}")
-
-
-def _check_trainer(cfg: DictConfig) -> None:
-    for key in OWNED_TRAINER_KEYS:
-        if key in cfg.trainer:
+    sizes = {"data.crop_size": cfg.data.crop_size}
+    if m.name in MULTI_CROP and int(m.get("num_local_crops") or 0) > 0:
+        sizes["method.local_crop_size"] = m.local_crop_size
+    for key, size in sizes.items():
+        if layout.patch_size is not None and size % layout.patch_size:
+            fail(key, size, f"a multiple of {b.name}'s patch size {layout.patch_size}")
+    backbone = meta_timm(b)
+    for key, size in sizes.items():
+        try:
+            shape = meta_output_shape(backbone, size)
+        except Exception as err:  # the model's own code refuses this size (an assertion, a shape mismatch)
+            # a model that fails at the size it is built for cannot be judged on the meta device
+            if not runs_on_meta(backbone, b.get("img_size") or layout.img_size or layout.default_size):
+                log.debug("backbone.name=%s: not checked on the meta device (%s)", b.name, err)
+                return
+            fix = timm_size_fix(b, list(sizes.values()))
+            said = (str(err).splitlines() or [type(err).__name__])[0]
+            why = f"{b.name} fails on {size} px images ({said if len(said) <= 120 else said[:117] + '...'})"
+            if fix is None:
+                fail(key, size, f"a size {b.name} takes (its default: {layout.default_size}): {why}")
+            fail(key, size, f"{why}; set {fix}")
+        if len(shape) != 2:
             fail(
-                f"trainer.{key}",
-                cfg.trainer[key],
-                "not set here: checkpoints are always written (checkpoint.every_n_epochs sets the kept ones)",
+                "backbone.model_args",
+                OmegaConf.to_container(b.model_args) if b.model_args is not None else None,
+                f"a global_pool that pools: {b.name} gives {list(shape)} at {size} px, not [batch, features] "
+                "(leave global_pool out, or e.g. avg)",
             )
-    precision = cfg.trainer.get("precision", "32-true")
-    if precision not in AUTO_PRECISIONS + TRAINER_PRECISIONS:
-        fail("trainer.precision", precision, f"one of {', '.join(AUTO_PRECISIONS + TRAINER_PRECISIONS)}")
 
 
 def _validate_trainer_keys(cfg: DictConfig) -> None:
-    """Every ``trainer.*`` key is a ``lightning.Trainer`` argument (of the installed version)."""
+    """Every ``trainer.*`` key is a ``lightning.Trainer`` argument (of the installed version): the
+    declared ones are, and a ``+trainer.<key>`` beyond them must be (with the closest one named)."""
     import inspect
 
     import lightning as L
@@ -700,7 +601,31 @@ def _validate_trainer_keys(cfg: DictConfig) -> None:
     }
     for key in cfg.trainer:
         if key not in allowed:
-            fail(f"trainer.{key}", cfg.trainer[key], "not a lightning.Trainer argument")
+            close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+            hint = f" (did you mean trainer.{close[0]}?)" if close else ""
+            fail(f"trainer.{key}", cfg.trainer[key], f"not a lightning.Trainer argument{hint}")
+
+
+def _validate_precision(cfg: DictConfig) -> None:
+    """Lightning has no fp16 AMP on CPU: it would silently train in bf16-mixed instead.
+    Resolves ``auto`` (bf16-mixed on a bf16-capable GPU, else 32-true) and ``auto-16-mixed``
+    (16-mixed on a GPU, else 32-true): hvp_lightning/device.py."""
+    from .device import auto_precision
+
+    accelerator = str(cfg.trainer.accelerator)
+    precision = cfg.trainer.precision
+    if precision in AUTO_PRECISIONS:
+        precision = cfg.trainer.precision = auto_precision(accelerator, precision)
+    check_cpu_precision("trainer.precision", precision, accelerator)
+
+
+def check_cpu_precision(key: str, precision: str, accelerator: str) -> None:
+    """Lightning has no fp16 AMP on CPU: ``16-mixed`` there would silently run bf16-mixed.
+    Training (``trainer.precision``) and evaluation (``precision``) both refuse it."""
+    from .device import runs_on_cpu
+
+    if precision == "16-mixed" and runs_on_cpu(accelerator):
+        fail(key, precision, "on CPU one of 32-true, bf16-mixed (no fp16 mixed precision on CPU)")
 
 
 def _validate_deterministic(cfg: DictConfig) -> None:
@@ -713,7 +638,7 @@ def _validate_deterministic(cfg: DictConfig) -> None:
     from .device import runs_on_cpu
 
     t = cfg.trainer
-    if t.get("deterministic") is not True or runs_on_cpu(str(t.get("accelerator", "auto"))):
+    if t.get("deterministic") is not True or runs_on_cpu(str(t.accelerator)):
         return
     blocker = nondeterministic_cuda_backward(cfg)
     if blocker is not None:
@@ -742,7 +667,7 @@ def nondeterministic_cuda_backward(cfg: DictConfig) -> str | None:
     elif family != "vit":
         return None
     sizes = [cfg.data.crop_size]
-    if m.name in ("dino", "ibot") and int(m.get("num_local_crops") or 0) > 0:
+    if m.name in MULTI_CROP and int(m.get("num_local_crops") or 0) > 0:
         sizes.append(m.local_crop_size)
     other = [s for s in sizes if isinstance(s, int) and s != img_size]
     if other:
@@ -753,23 +678,92 @@ def nondeterministic_cuda_backward(cfg: DictConfig) -> str | None:
     return None
 
 
-def _validate_precision(cfg: DictConfig) -> None:
-    """Lightning has no fp16 AMP on CPU: it would silently train in bf16-mixed instead.
-    Resolves ``auto`` (bf16-mixed on a bf16-capable GPU, else 32-true) and ``auto-16-mixed``
-    (16-mixed on a GPU, else 32-true): hvp_lightning/device.py."""
-    from .device import auto_precision
+def _warn_upsampled_crops(d: DictConfig) -> None:
+    """Crops larger than the images are upsampled (blurry training views): allowed (e.g.
+    CIFAR at 224 px for a ViT), but said once at start-up."""
+    if d.name == "synthetic":
+        side = d.image_size
+    elif d.name in ("imagefolder", "images", "shards"):
+        side = training_image_side(d)
+    else:
+        side = IMAGE_SIDES.get(d.name)
+    from lightning.pytorch.utilities import rank_zero_only
 
-    accelerator = str(cfg.trainer.get("accelerator", "auto"))
-    precision = cfg.trainer.get("precision", "32-true")
-    if precision in AUTO_PRECISIONS:
-        precision = cfg.trainer.precision = auto_precision(accelerator, precision)
-    check_cpu_precision("trainer.precision", precision, accelerator)
+    if side is not None and d.crop_size > side and rank_zero_only.rank == 0:
+        log.warning(
+            "data.crop_size=%s is larger than the images (shorter side %s px): every crop is upsampled",
+            d.crop_size,
+            side,
+        )
 
 
-def check_cpu_precision(key: str, precision: str, accelerator: str) -> None:
-    """Lightning has no fp16 AMP on CPU: ``16-mixed`` there would silently run bf16-mixed.
-    Training (``trainer.precision``) and evaluation (``precision``) both refuse it."""
-    from .device import runs_on_cpu
+def _warn_long_warmup(cfg: DictConfig) -> None:
+    """A learning-rate warm-up as long as the run never reaches the peak lr (base_lr x batch / 256):
+    allowed (a short trial of a long recipe), but said once at start-up."""
+    from lightning.pytorch.utilities import rank_zero_only
 
-    if precision == "16-mixed" and runs_on_cpu(accelerator):
-        fail(key, precision, "on CPU one of 32-true, bf16-mixed (no fp16 mixed precision on CPU)")
+    warmup, epochs = cfg.method.optimizer.warmup_epochs, cfg.trainer.max_epochs
+    if warmup >= epochs and rank_zero_only.rank == 0:
+        log.warning(
+            "method.optimizer.warmup_epochs=%s is not shorter than trainer.max_epochs=%s: the learning rate "
+            "never reaches its peak (it warms up over the whole run)",
+            f"{warmup:g}",
+            epochs,
+        )
+
+
+def _warn_small_monitor(d: DictConfig) -> None:
+    """RankMe on n images is at most n, so below 3 held-out images it is always under the collapse
+    floor of 2 (hvp_lightning/nn/health.py): allowed, but every pass would signal collapse."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from .nn.health import RANKME_COLLAPSE
+
+    size = d.get("monitor_size") if d.name in ("images", "shards") else None
+    if isinstance(size, int) and 0 < size <= RANKME_COLLAPSE and rank_zero_only.rank == 0:
+        log.warning(
+            "data.monitor_size=%s: RankMe on %s images is at most %s, under the collapse floor of %g, so every "
+            "monitor pass will signal collapse; hold out more images (the default is auto: a fifth, at most 512)",
+            size,
+            size,
+            size,
+            RANKME_COLLAPSE,
+        )
+
+
+def _warn_cpu_oversubscription(t: DictConfig) -> None:
+    """``trainer.devices=N`` on CPU starts N processes: more than there are cores is allowed (the
+    results are those of N devices) but they take turns on the cores, so each step is slower than
+    with one process per core. Said once at start-up, with the key and the core count."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from .device import cpu_processes, runs_on_cpu, usable_cpu_cores
+
+    n, cores = cpu_processes(t.devices), usable_cpu_cores()
+    if runs_on_cpu(str(t.accelerator)) and n is not None and n > cores and rank_zero_only.rank == 0:
+        log.warning(
+            "trainer.devices=%s starts %s CPU processes on %s usable cores: allowed, but they share the "
+            "cores, so each step is slower than with trainer.devices<=%s",
+            n,
+            n,
+            cores,
+            cores,
+        )
+
+
+# --- eval.py ----------------------------------------------------------------------------------------
+def check_eval_options(cfg: DictConfig) -> DictConfig:
+    """eval.py's settings that need no checkpoint (the rest: hvp_lightning/evaluation/): the
+    schema's, the checkpoint path, a data preset's files. Torch-free. Returns the validated config."""
+    s = settings(EvalConfig, cfg)
+    resolve_checkpoint(s.ckpt)  # the path exists (its contents are checked when it is loaded)
+    out = as_config(s)
+    if data_preset_given(out):  # else the checkpoint's data, checked once it is loaded
+        out.data = validate_data(out)
+    return out
+
+
+def data_preset_given(cfg: DictConfig) -> bool:
+    """Whether an evaluation's ``data`` is a data set (``data=<name>``), not only ``+data.<key>=``
+    changes to the checkpoint's own data (conf/eval.yaml has no ``data`` without a preset)."""
+    return cfg.get("data") is not None and "name" in cfg.data

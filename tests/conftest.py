@@ -163,7 +163,7 @@ def tiny_vit_run(method: str, tmp_path: Path) -> tuple[dict, dict, str]:
         "backbone=vit_tiny",
         "backbone.patch_size=8",
         "backbone.img_size=32",
-        "+backbone.depth=2",
+        "backbone.depth=2",
         "+hvp=on",
         "logger=csv",
         "data.train_size=64",
@@ -289,7 +289,7 @@ def help_groups(script: str) -> set[str]:
         [sys.executable, script, "--help"], cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    section = proc.stdout.split("== Configuration groups ==", 1)[1].split("== Config ==", 1)[0]
+    section = proc.stdout.split("== Configuration groups ==", 1)[1].split("== Keys ==", 1)[0]
     return {line.split(":", 1)[0] for line in section.splitlines()[2:] if ":" in line}
 
 

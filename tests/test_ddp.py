@@ -35,7 +35,7 @@ VIT = [
     "backbone=vit_tiny",
     "backbone.patch_size=4",
     "backbone.img_size=16",
-    "+backbone.depth=1",
+    "backbone.depth=1",
     "backbone.drop_path_rate=0.0",
     "data.crop_size=16",
     "method.local_crop_size=8",
@@ -258,8 +258,7 @@ def test_lr_scales_with_global_batch(preset: str) -> None:
     """Every preset: peak lr = base_lr x (batch_size x world_size x accumulate_grad_batches) / 256
     for every parameter group (the papers' linear rule); the cosine ends at the absolute
     min_lr for DINO/iBOT (their min_lr=1e-6 at any batch) and at final_lr_ratio x peak else."""
-    cfg = make_cfg(f"method={preset}", *_small(preset), tiny=False)
-    validate(cfg)
+    cfg = validate(make_cfg(f"method={preset}", *_small(preset), "data.train_size=4096", tiny=False))
     model = METHODS[cfg.method.name](cfg)
     model.trainer = SimpleNamespace(
         world_size=8, accumulate_grad_batches=2, estimated_stepping_batches=1000, max_epochs=100
@@ -285,10 +284,10 @@ def test_lr_scales_with_global_batch(preset: str) -> None:
 @pytest.mark.parametrize(
     ("override", "key"),
     [
-        ("+trainer.sync_batchnorm=maybe", "trainer.sync_batchnorm='maybe'"),
+        ("trainer.sync_batchnorm=maybe", "trainer.sync_batchnorm='maybe'"),
         ("trainer=ddp trainer.num_nodes=0", "trainer.num_nodes=0"),
         ("method=dino_cifar method.optimizer.min_lr=-1", "method.optimizer.min_lr=-1"),
-        ("method=dino_cifar +method.optimizer.final_lr_ratio=0.1", "method.optimizer.min_lr=1e-06"),
+        ("method=dino_cifar method.optimizer.final_lr_ratio=0.1", "method.optimizer.min_lr=1e-06"),
         ("method.optimizer.final_lr_ratio=2", "method.optimizer.final_lr_ratio=2"),
     ],
 )

@@ -45,7 +45,7 @@ def test_auto_16_mixed_is_fp16_on_a_gpu_and_fp32_on_the_cpu(monkeypatch, cuda, a
     assert auto_precision(accelerator, "auto-16-mixed") == expected
     if not cuda:
         cfg = make_cfg("trainer.precision=auto-16-mixed", "trainer.accelerator=cpu")
-        validate(cfg)
+        cfg = validate(cfg)
         assert cfg.trainer.precision == "32-true"
 
 
@@ -67,7 +67,7 @@ def test_default_trainer_is_auto_and_validate_resolves_precision():
     cfg = make_cfg(tiny=False)
     assert cfg.trainer.accelerator == "auto" and cfg.trainer.precision == "auto"
     cfg = make_cfg("trainer=auto", "trainer.accelerator=cpu")
-    validate(cfg)
+    cfg = validate(cfg)
     assert cfg.trainer.precision == "32-true"
 
 

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from hvp_lightning import options
+from hvp_lightning import schema
+from hvp_lightning.data import image_files
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S
 
@@ -39,16 +40,16 @@ def test_registries_hold_exactly_the_option_names():
     from hvp_lightning.nn.backbones import build_backbone
     from hvp_lightning.nn.optim import make_optimizer
 
-    assert set(METHODS) == set(options.METHOD_NAMES)
-    assert set(options.IMAGE_EXTENSIONS) == {*IMG_EXTENSIONS, ".gif"}
-    for name, family in options.BACKBONE_FAMILIES.items():  # every name builds (tiny: width 8, one block)
+    assert set(METHODS) == set(schema.METHOD_NAMES)
+    assert set(image_files.IMAGE_EXTENSIONS) == {*IMG_EXTENSIONS, ".gif"}
+    for name, family in schema.BACKBONE_FAMILIES.items():  # every name builds (tiny: width 8, one block)
         keys = (
             {"width": 8, "cifar_stem": True, "channels_last": False}
             if family == "resnet"
             else {"img_size": 16, "patch_size": 8, "drop_path_rate": 0.0, "depth": 1}
         )
         assert build_backbone(OmegaConf.create({"name": name, **keys}))(torch.zeros(2, 3, 16, 16)).shape[0] == 2
-    for name in options.OPTIMIZERS:
+    for name in schema.OPTIMIZERS:
         make_optimizer(name, [{"params": [torch.nn.Parameter(torch.zeros(2, 2))]}], lr=0.1, weight_decay=0.0)
 
 
@@ -101,7 +102,8 @@ def test_the_start_up_check_imports_no_torch():
             "hvp.num_local_candidates",
         ),  # config.check_candidate_counts
         ("eval.py", ["protocol=knn", "ckpt=nowhere"], "ckpt"),
-        ("eval.py", ["protocol=knn", "ckpt=.", "devices=2"], "ckpt"),  # an empty folder: no checkpoints/last.ckpt
+        ("eval.py", ["protocol=knn", "ckpt=."], "ckpt"),  # an empty folder: no checkpoints/last.ckpt
+        ("eval.py", ["protocol=knn", "ckpt=.", "devices=2"], "devices"),  # evaluation runs on one device
     ],
 )
 def test_a_bad_config_is_one_line_before_the_heavy_imports_and_leaves_nothing(tmp_path, script, bad, key):

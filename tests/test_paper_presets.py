@@ -251,8 +251,7 @@ def test_every_table_1_run_has_its_table() -> None:
 def test_every_preset_is_the_papers_run(name: str, hvp: bool, tmp_path: Path) -> None:
     """With and without +hvp=on: the preset passes the start-up checks and each value the paper
     (or, where it is silent, the official code) gives is the composed config's."""
-    cfg = experiment_cfg(name, tmp_path, *(["+hvp=on"] if hvp else []))
-    check_options(cfg)
+    cfg = check_options(experiment_cfg(name, tmp_path, *(["+hvp=on"] if hvp else [])))
     assert (cfg.get("hvp") is not None) == hvp
     values = PAPER.get(name, HVP_VALUES)
     for key, (want, source) in values.items():
@@ -272,8 +271,7 @@ def test_the_command_line_still_wins_over_the_papers_hvp_setting(tmp_path: Path)
         assert composed(*line).hvp.max_combinations == want
     assert composed("method=dino", "+hvp=on").hvp.max_combinations == 128  # the method preset is the paper's table
     for line in (["+hvp=on", "logger=csv"], ["method=dino_cifar", "+hvp=on", "logger=csv"]):
-        cfg = composed(*line)
-        check_options(cfg)
+        cfg = check_options(composed(*line))
         assert cfg.hvp.max_combinations is None, line
 
 
@@ -284,8 +282,7 @@ def test_the_views_and_network_are_built_from_the_presets_keys(name: str, tmp_pa
     from hvp_lightning.methods import METHODS
     from hvp_lightning.nn.backbones import build_backbone
 
-    cfg = experiment_cfg(name, tmp_path, "+hvp=on")
-    check_options(cfg)
+    cfg = check_options(experiment_cfg(name, tmp_path, "+hvp=on"))
     augs = METHODS[cfg.method.name].view_augs(cfg)
     a = cfg.data.aug
     assert {(v.blur_kind, v.interpolation) for v in augs} == {(a.blur_kind, a.interpolation)}
@@ -318,6 +315,6 @@ def test_simsiam_and_simclr_train_and_select_in_fp16_on_a_gpu_and_in_fp32_on_a_c
     assert resolve_selection_dtype(cfg.hvp.selection_precision, "cuda", step_autocast_dtype(on_gpu)) == torch.float16
     monkeypatch.undo()
     cpu = experiment_cfg(name, tmp_path / "cpu", "+hvp=on", "trainer.accelerator=cpu", "trainer.devices=1")
-    validate(cpu)
+    cpu = validate(cpu)
     assert cpu.trainer.precision == "32-true"
     assert resolve_selection_dtype(cpu.hvp.selection_precision, "cpu", step_autocast_dtype("32-true")) is None

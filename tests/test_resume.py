@@ -263,7 +263,7 @@ def test_resume_from_an_epoch_checkpoint_matches_straight_run(tmp_path, method):
         "backbone=vit_tiny",
         "backbone.patch_size=8",
         "backbone.img_size=32",
-        "+backbone.depth=2",
+        "backbone.depth=2",
         "data.crop_size=32",
         "data.train_size=32",
         "method.local_crop_size=16",

@@ -29,34 +29,12 @@ import signal
 import socket
 import threading
 import traceback
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from ..run.process_rank import env_rank
-
-# limits.* defaults: a run dir from before these keys resumes with them.
-WAIT_S = 600.0
-STOP_GRACE_S = 45.0
-
-
-@dataclass(frozen=True)
-class Limits:
-    wait_s: float = WAIT_S  # any wait on another rank or on a loader's workers
-    stop_grace_s: float = STOP_GRACE_S  # from SIGTERM / Ctrl-C to a forced exit
-
-
-def limits(cfg: DictConfig) -> Limits:
-    """The run's ``limits.*`` (defaults where a config predates them)."""
-    return Limits(
-        float(OmegaConf.select(cfg, "limits.wait_s", default=WAIT_S)),
-        float(OmegaConf.select(cfg, "limits.stop_grace_s", default=STOP_GRACE_S)),
-    )
-
 
 # --- collectives --------------------------------------------------------------------------------
 DDP_STRATEGIES: dict[str, dict[str, Any]] = {

@@ -28,7 +28,7 @@ from torchvision.transforms.functional import gaussian_blur as classic_gaussian_
 from torchvision.transforms.v2 import RandomResizedCrop
 from torchvision.transforms.v2 import functional as F
 
-from ..options import INTERPOLATIONS
+from ..schema import INTERPOLATIONS
 from .datasets import to_rgb8
 from .seeds import key_uniform, key_uniforms, view_key
 

@@ -13,7 +13,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.profiler import record_function
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
-from ..options import DATASETS
+from ..schema import DATASETS, AugSettings, settings
 from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
 from .datasets import ImageFiles, SafeImageFolder, ShardImages, transfer_splits
@@ -136,24 +136,14 @@ def data_counts(name: str, train: Dataset, given: dict[str, Dataset | None], rol
 
 
 def view_aug(cfg) -> ViewAug:
-    a = cfg.aug
+    """A ``data`` config's view augmentation: its crop size and normalisation, and every key of
+    its ``aug`` (the :class:`~hvp_lightning.schema.AugSettings` keys are :class:`ViewAug`'s fields)."""
+    aug = settings(AugSettings, cfg.aug, "data.aug.").model_dump()
     return ViewAug(
         size=cfg.crop_size,
-        scale=tuple(a.scale),
-        flip_p=a.flip_p,
-        jitter_p=a.jitter_p,
-        brightness=a.brightness,
-        contrast=a.contrast,
-        saturation=a.saturation,
-        hue=a.hue,
-        gray_p=a.gray_p,
-        blur_p=a.blur_p,
-        solarize_p=a.solarize_p,
         mean=tuple(cfg.mean),
         std=tuple(cfg.std),
-        # absent from the configs of runs started before these keys: the blur and resize they had
-        blur_kind=a.get("blur_kind", "simclr"),
-        interpolation=a.get("interpolation", "bilinear"),
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in aug.items()},
     )
 
 

@@ -32,9 +32,8 @@ from torchvision.datasets import ImageFolder
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
 from ..errors import ConfigError
-from ..options import IMAGE_EXTENSIONS
 from ..run.process_rank import env_rank
-from .layout import is_image_file
+from .image_files import IMAGE_EXTENSIONS, is_image_file
 from .shard_index import ShardIndex, ShardReader, is_local, is_shard_member
 
 log = logging.getLogger(__name__)

@@ -9,11 +9,19 @@ import functools
 import os
 from pathlib import Path
 
-from ..options import IMAGE_EXTENSIONS
+from .image_files import is_image_file
 
-
-def is_image_file(path: str) -> bool:
-    return path.lower().endswith(IMAGE_EXTENSIONS)
+# What torchvision's dataset class reads under data.root (the first path missing is named at
+# start-up), and the images' side in pixels where it is fixed.
+TORCHVISION_FILES = {
+    "cifar10": ("cifar-10-batches-py",),
+    "cifar100": ("cifar-100-python",),
+    "stl10": ("stl10_binary",),
+    "flowers102": ("flowers-102/jpg", "flowers-102/imagelabels.mat", "flowers-102/setid.mat"),
+    "food101": ("food-101/images", "food-101/meta/train.json", "food-101/meta/test.json"),
+    "inat21": ("2021_train_mini", "2021_valid"),
+}
+IMAGE_SIDES = {"cifar10": 32, "cifar100": 32, "stl10": 96}
 
 
 def is_hidden(name: str) -> bool:

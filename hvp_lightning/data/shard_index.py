@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from ..options import IMAGE_EXTENSIONS
 from ..run.process_rank import env_rank
+from .image_files import IMAGE_EXTENSIONS
 
 log = logging.getLogger(__name__)
 

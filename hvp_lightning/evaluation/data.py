@@ -9,7 +9,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, Dataset
 
-from ..config import data_preset_given, fail, validate_backbone, validate_data
+from ..config import check_crop_for_backbone, data_preset_given, fail, validate_data
 from ..data.augment import EvalTransform
 from ..data.datamodule import build_raw_datasets, subset, usable_workers
 from ..data.layout import resolve_auto_crop
@@ -70,12 +70,11 @@ def eval_data_cfg(cfg: DictConfig, train_cfg: DictConfig) -> DictConfig:
     with open_dict(data):
         if cfg.get("num_workers") is not None:
             data.num_workers = cfg.num_workers
-    node = OmegaConf.create({"data": data, "backbone": train_cfg.backbone})
-    validate_data(node)
+    data = validate_data(OmegaConf.create({"data": data}))
     if data.name in ("images", "shards") and not data.get("eval_root"):
         why = f"data={data.name} has no test split"
         fail("data.eval_root", None, f"a labelled ImageNet-layout folder to evaluate on ({why})")
-    resolve_auto_crop(node.data)
-    validate_backbone(node)
-    node.data.num_workers = usable_workers(node.data.num_workers)  # capped at the usable cores, said once
-    return node.data
+    resolve_auto_crop(data)
+    check_crop_for_backbone(train_cfg.backbone, data.crop_size)
+    data.num_workers = usable_workers(data.num_workers)  # capped at the usable cores, said once
+    return data

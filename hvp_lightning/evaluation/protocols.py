@@ -1,4 +1,5 @@
-"""The evaluation protocols' recipes (``conf/protocol/*.yaml``) and their validation."""
+"""The evaluation protocols' recipes (``conf/protocol/*.yaml``), with the command's keys on top
+(their types and ranges: hvp_lightning/schema/evaluate.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..config import fail, int_at_least
-from ..options import INTERPOLATIONS, OPTIMIZERS
+from ..config import fail
 
 # Finetune tables: which one a method's checkpoint uses (the paper has DINO ViT-S and SimSiam RN50).
 FINETUNE_TABLE = {
@@ -64,47 +64,3 @@ def protocol_settings(p: DictConfig, method: str, dataset: str) -> dict[str, Any
     if base.get("interpolation") == "auto":
         base["interpolation"] = EVAL_INTERPOLATION.get(method, "bilinear")
     return base
-
-
-def validate_settings(s: dict[str, Any], protocol: str) -> None:
-    """Each setting of the protocol against its allowed range, naming the key."""
-    node = OmegaConf.create({"protocol": {k: v for k, v in s.items()}})
-    if protocol == "knn":
-        ks = s["ks"]
-        if (
-            not isinstance(ks, list)
-            or not ks
-            or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks)
-        ):
-            fail("protocol.ks", ks, "a non-empty list of integers >= 1")
-        if not isinstance(s["temperature"], (int, float)) or not s["temperature"] > 0:
-            fail("protocol.temperature", s["temperature"], "expected > 0")
-        int_at_least(node, "protocol.batch_size", 1)
-        return
-    for key in ("batch_size", "epochs", "lr_ref_batch"):
-        int_at_least(node, f"protocol.{key}", 1)
-    if s["optimizer"] not in OPTIMIZERS:
-        fail("protocol.optimizer", s["optimizer"], f"one of {', '.join(OPTIMIZERS)}")
-    if not isinstance(s["base_lr"], (int, float)) or not s["base_lr"] > 0:
-        fail("protocol.base_lr", s["base_lr"], "expected > 0")
-    if not isinstance(s["weight_decay"], (int, float)) or s["weight_decay"] < 0:
-        fail("protocol.weight_decay", s["weight_decay"], "expected >= 0")
-    scale = s["train_crop_scale"]
-    if (
-        not isinstance(scale, list)
-        or len(scale) != 2
-        or not all(isinstance(v, (int, float)) for v in scale)
-        or not 0 < scale[0] <= scale[1] <= 1
-    ):
-        fail("protocol.train_crop_scale", s["train_crop_scale"], "two numbers 0 < min <= max <= 1")
-    for key in ("momentum", "warmup_epochs"):
-        if key in s and (isinstance(s[key], bool) or not isinstance(s[key], (int, float)) or s[key] < 0):
-            fail(f"protocol.{key}", s[key], "a number >= 0")
-    int_at_least(node, "protocol.n_last_blocks", 1)
-    if not isinstance(s["avgpool_patchtokens"], bool):
-        fail("protocol.avgpool_patchtokens", s["avgpool_patchtokens"], "true or false")
-    if s["interpolation"] not in INTERPOLATIONS:
-        fail("protocol.interpolation", s["interpolation"], f"auto or one of {', '.join(INTERPOLATIONS)}")
-    if protocol == "linear":
-        if not (isinstance(s["augment"], bool) or s["augment"] == "auto"):
-            fail("protocol.augment", s["augment"], "true, false or auto (false on CPU: cached features)")

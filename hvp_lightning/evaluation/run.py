@@ -23,7 +23,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, TensorDataset
 
-from ..cluster.waits import limits
 from ..config import check_cpu_precision, check_eval_options, data_preset_given, fail
 from ..data.augment import TrainTransform
 from ..data.items import EvalDataset
@@ -39,7 +38,7 @@ from .data import EvalData, eval_data, eval_data_cfg, eval_loader, eval_transfor
 from .features import FeatureNet, eval_precision, extract, forward_seconds, is_vit
 from .loggers import eval_logger, finish_logger
 from .probe import Classifier, fit_classifier, warn_if_lars_cannot_fit
-from .protocols import protocol_settings, validate_settings
+from .protocols import protocol_settings
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +50,14 @@ def run_knn(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[str, An
         cfg,
         net,
         eval_loader(
-            EvalDataset(data.train, eval_transform(d)), s["batch_size"], d.num_workers, False, wait_s=limits(cfg).wait_s
+            EvalDataset(data.train, eval_transform(d)), s["batch_size"], d.num_workers, False, wait_s=cfg.limits.wait_s
         ),
     )
     query, query_y = extract(
         cfg,
         net,
         eval_loader(
-            EvalDataset(data.test, eval_transform(d)), s["batch_size"], d.num_workers, False, wait_s=limits(cfg).wait_s
+            EvalDataset(data.test, eval_transform(d)), s["batch_size"], d.num_workers, False, wait_s=cfg.limits.wait_s
         ),
     )
     device = "cuda" if torch.cuda.is_available() and cfg.accelerator in ("gpu", "cuda", "auto") else "cpu"
@@ -137,11 +136,11 @@ def run_classifier(
             cfg,
             net,
             eval_loader(
-                EvalDataset(data.train, test_tf), s["batch_size"], d.num_workers, False, wait_s=limits(cfg).wait_s
+                EvalDataset(data.train, test_tf), s["batch_size"], d.num_workers, False, wait_s=cfg.limits.wait_s
             ),
         )
         test_x, test_y = extract(
-            cfg, net, eval_loader(test_ds, s["batch_size"], d.num_workers, False, wait_s=limits(cfg).wait_s)
+            cfg, net, eval_loader(test_ds, s["batch_size"], d.num_workers, False, wait_s=cfg.limits.wait_s)
         )
         model = Classifier(None, net.feature_dim, n_cls, s)
         train_loader = DataLoader(TensorDataset(train_x, train_y), batch_size=s["batch_size"], shuffle=True)
@@ -157,9 +156,9 @@ def run_classifier(
             d.num_workers,
             True,
             drop_last=drop_last,
-            wait_s=limits(cfg).wait_s,
+            wait_s=cfg.limits.wait_s,
         )
-        test_loader = eval_loader(test_ds, s["batch_size"], d.num_workers, False, wait_s=limits(cfg).wait_s)
+        test_loader = eval_loader(test_ds, s["batch_size"], d.num_workers, False, wait_s=cfg.limits.wait_s)
     warn_if_lars_cannot_fit(s, len(train_loader))
     return fit_classifier(cfg, model, train_loader, test_loader, s["epochs"], logger)
 
@@ -171,16 +170,15 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     start = time.time()
     quiet_console()
     if not options_checked:
-        check_eval_options(cfg)
+        cfg = check_eval_options(cfg)
     check_accelerator("accelerator", str(cfg.accelerator))
-    check_cpu_precision("precision", str(cfg.get("precision", "32-true")), str(cfg.accelerator))
+    check_cpu_precision("precision", str(cfg.precision), str(cfg.accelerator))
     protocol = cfg.protocol.name
     ckpt_path, run_dir = resolve_checkpoint(cfg.ckpt)
     ckpt = load_checkpoint(ckpt_path)
     train_cfg = checkpoint_config(ckpt)
     data_cfg = eval_data_cfg(cfg, train_cfg)
     settings = protocol_settings(cfg.protocol, train_cfg.method.name, data_cfg.name)
-    validate_settings(settings, protocol)
     model = build_method(ckpt)
     pretrain = pretrained_for(ckpt)
     del ckpt

@@ -28,9 +28,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import check_eval_options, check_torchvision_root, fail
 from ..errors import ConfigError
-from ..options import TRANSFER_DATASETS, TRANSFER_PROTOCOLS
 from ..run.atomic import atomic_write_text
 from ..run.directory import RunDir, TransferDir, resolve_checkpoint
+from ..schema import TRANSFER_DATASETS, TRANSFER_PROTOCOLS, TransferConfig, settings
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +100,7 @@ def job_config(cfg: DictConfig, name: str, protocol: str) -> DictConfig:
 def check_transfer_options(cfg: DictConfig) -> list[tuple[str, str]]:
     """The (data set, protocol) evaluations asked for, in the paper's order, once every setting
     and every data set's files have passed (a missing root names ``data.<name>.root``). Torch-free."""
-    for key, allowed in (("datasets", TRANSFER_DATASETS), ("protocols", TRANSFER_PROTOCOLS)):
-        value = cfg.get(key)
-        names = list(value) if OmegaConf.is_list(value) else None
-        if not names or len(set(names)) != len(names) or not set(names) <= set(allowed):
-            shown = names if names is not None else value
-            fail(key, shown, f"a non-empty list of distinct names from {', '.join(allowed)}")
+    settings(TransferConfig, cfg)  # every key's type and range, all at once
     datasets = [n for n in TRANSFER_DATASETS if n in cfg.datasets]
     for name in datasets:
         d = cfg.data[name]
@@ -227,13 +222,13 @@ def write_table(out_dir: TransferDir, cells: TransferDir, label: dict[str, Any],
 
 
 def check_settings(job: DictConfig, method: str) -> None:
-    """The protocol settings of one evaluation, before any runs; an error names the key as typed
+    """The protocol's recipe for this checkpoint exists, before any runs; an error names the key as typed
     here (``linear.epochs``, not eval.py's ``protocol.epochs``)."""
-    from .protocols import protocol_settings, validate_settings
+    from .protocols import protocol_settings
 
     protocol = job.protocol.name
     try:
-        validate_settings(protocol_settings(job.protocol, method, job.data.name), protocol)
+        protocol_settings(job.protocol, method, job.data.name)
     except ConfigError as err:
         raise ConfigError(f"{protocol}.{str(err).removeprefix('protocol.')}") from None
 

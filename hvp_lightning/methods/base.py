@@ -19,7 +19,7 @@ from ..data.iou_policy import iou_policy
 from ..nn.backbones import build_backbone
 from ..nn.health import collapse_reason, feature_std, rankme
 from ..nn.knn import knn_accuracy
-from ..nn.optim import OPTIMIZERS, make_optimizer, warmup_cosine
+from ..nn.optim import make_optimizer, warmup_cosine
 from ..nn.sync_free import device_number
 from ..nn.teacher import MomentumTargetMixin
 from ..selection import hvp_config
@@ -121,8 +121,6 @@ class SSLMethod(L.LightningModule):
         for g in groups:  # a group's own lr relative to the others' (Barlow Twins' biases)
             if "lr_scale" in g:
                 g["lr"] = lr * g.pop("lr_scale")
-        if opt_cfg.name not in OPTIMIZERS:
-            raise ValueError(f"method.optimizer.name={opt_cfg.name!r}; allowed: {', '.join(OPTIMIZERS)}")
         opt = make_optimizer(
             opt_cfg.name, groups, lr, opt_cfg.weight_decay, opt_cfg.get("momentum", 0.9), opt_cfg.get("eta", 1e-3)
         )

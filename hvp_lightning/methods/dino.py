@@ -26,7 +26,6 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from ..config import check_multicrop
 from ..data.augment import ViewAug
 from ..data.datamodule import view_aug
 from ..losses.dino import dino_ce_table, dino_loss
@@ -86,7 +85,6 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
     def __init__(self, cfg: DictConfig | dict) -> None:
         super().__init__(cfg)
         m = self.cfg.method
-        check_multicrop(self.cfg)
         self.num_local = int(m.num_local_crops)
         self.num_globals, self.num_locals_cand = self.view_counts(self.cfg)
         self.head = self.build_head()
@@ -122,7 +120,6 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
         jitter, grayscale and normalisation come from ``data``; jitter saturation from
         ``method.jitter_saturation``. With HVP, global candidates alternate the two pipelines."""
         m = cfg.method
-        check_multicrop(cfg)
         base = dataclasses.replace(view_aug(cfg.data), saturation=float(m.jitter_saturation))
         glob = [
             dataclasses.replace(

@@ -35,9 +35,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from ..config import check_ibot
 from ..data.masks import ibot_masks
-from ..errors import ConfigError
 from ..losses.dino import dino_ce_table
 from ..losses.ibot import ibot_loss_terms, ibot_pair_table, ibot_patch_loss
 from ..nn.backbones import vit_tokens
@@ -76,19 +74,11 @@ class IBOT(DINO):
 
     Args:
         cfg: The run config (``DictConfig`` or plain dict): ``method``, ``backbone``, ``hvp``, ...
-
-    Raises:
-        ConfigError: If HVP is on with ``hvp.max_combinations`` set (iBOT selects exactly).
     """
 
     def __init__(self, cfg: DictConfig | dict) -> None:
         super().__init__(cfg)
         m = self.cfg.method
-        if self.hvp.enabled and self.hvp.max_combinations is not None:
-            raise ConfigError(
-                f"hvp.max_combinations={self.hvp.max_combinations!r} is not allowed for method=ibot: "
-                "it selects exactly over the global pairs (leave it null)"
-            )
         self.patch_centering = Centering(self.patch_dim, m.center_momentum2)
         self.mask_token = nn.Parameter(torch.zeros(1, self.backbone.feature_dim))  # zero-init, as iBOT
         self.token_path: Callable[..., tuple[torch.Tensor, torch.Tensor]] = vit_tokens  # compiled by configure_model
@@ -117,7 +107,6 @@ class IBOT(DINO):
     def view_counts(cls, cfg: DictConfig) -> tuple[int, int]:
         """(G, L): G = 2, or with HVP ``hvp.num_global_candidates`` (default ``hvp.num_views``)
         global candidates; always the L = ``method.num_local_crops`` ordinary locals."""
-        check_ibot(cfg)
         num_local = int(cfg.method.num_local_crops)
         hvp = hvp_config(cfg)
         if not hvp.enabled:

@@ -17,7 +17,7 @@ from torch import nn
 from torchvision.models import resnet as tvr
 
 from ..errors import ConfigError
-from ..options import BACKBONE_FAMILIES, TIMM_FAMILY, backbone_family
+from ..schema import BACKBONE_FAMILIES, TIMM_FAMILY, backbone_family
 from .onednn_guard import guard_onednn_avx2_1x1
 
 
@@ -276,7 +276,7 @@ class BackboneSpec:
 
 
 _BUILDERS: dict[str, Callable[..., Backbone]] = {"resnet": build_resnet, "vit": build_vit}
-# Names and families: hvp_lightning/options.py (checked there before torch is imported).
+# Names and families: hvp_lightning/schema/backbone.py (checked before torch is imported).
 BACKBONES: dict[str, BackboneSpec] = {n: BackboneSpec(f, _BUILDERS[f]) for n, f in BACKBONE_FAMILIES.items()}
 
 

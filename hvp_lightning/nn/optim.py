@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..options import OPTIMIZERS
+from ..schema import OPTIMIZERS
 
 
 class LARS(torch.optim.Optimizer):

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..options import is_hub_init
+from ..schema import is_hub_init
 
 # Unexpected keys under these prefixes are heads the trunk does not have: dropped, said so.
 HEAD_PREFIXES = ("fc.", "head.", "classifier.")

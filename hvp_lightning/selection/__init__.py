@@ -22,6 +22,7 @@ in :mod:`hvp_lightning.losses`, which this package imports; the methods import b
 and the leaves; never a method or anything above.
 """
 
+from ..schema import HVPConfig, hvp_config
 from .choice import MODES, choose, stable_seed
 from .forward_pass import (
     PRECISIONS,
@@ -41,7 +42,7 @@ from .multicrop import (
     gather_combination_views,
 )
 from .pairs import GLOBAL_PAIRS, gather_pair_params, gather_pairs, gather_view_params, global_pair_index, pair_index
-from .settings import HVPConfig, candidate_counts, hvp_config, num_global_candidates
+from .settings import candidate_counts, num_global_candidates
 from .totals import TOTALS, hvp_summary, summarise_totals
 
 __all__ = [

@@ -7,7 +7,7 @@ import hashlib
 import torch
 
 from ..nn.sync_free import host_to_device
-from ..options import MODES
+from ..schema import MODES
 
 
 def choose(table: torch.Tensor, mode: str, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -29,11 +29,11 @@ from torch.profiler import record_function
 
 from ..cluster.distributed import gather_per_rank, rank_entries
 from ..data.datamodule import view_aug
+from ..schema import HVPConfig
 from .choice import choose, stable_seed
 from .colour import coloured, share_colour, uncoloured
 from .forward_pass import ambient_autocast_dtype, frozen_state, resolve_selection_dtype
 from .pairs import gather_pair_params, gather_pairs, pair_index
-from .settings import HVPConfig
 from .totals import add_totals
 
 

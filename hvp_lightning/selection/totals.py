@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .settings import HVPConfig
+from ..schema import HVPConfig
 
 # Layout of ``HardViewMixin.hvp_totals`` (sums over all HVP steps, all micro-batches).
 TOTALS = (

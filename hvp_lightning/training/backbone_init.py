@@ -16,8 +16,8 @@ import torch
 
 from ..methods import SSLMethod
 from ..nn.weights import fit_state, read_state
-from ..options import is_hub_init
 from ..run.directory import RunDir, resolve_checkpoint
+from ..schema import is_hub_init
 from .checkpoint import load_checkpoint
 from .export import backbone_state_dict
 

@@ -44,6 +44,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..cluster.distributed import gather_per_rank, rank_and_world
+from ..config import stored_config
 from ..errors import CheckpointError
 from ..run.atomic import atomic_write
 from ..run.directory import LAST, RunDir, resolve_checkpoint
@@ -132,8 +133,9 @@ def load_failure(err: BaseException) -> str:
 
 
 def checkpoint_config(ckpt: dict[str, Any]) -> DictConfig:
-    """The training config stored in a checkpoint (resolved, with ``data.num_classes``)."""
-    return OmegaConf.create(ckpt["hyper_parameters"]["cfg"])
+    """The training config stored in a checkpoint (resolved, with ``data.num_classes``), as this
+    version reads it (:func:`~hvp_lightning.config.stored_config`)."""
+    return stored_config(ckpt["hyper_parameters"]["cfg"])
 
 
 def pretrained_for(ckpt: dict[str, Any]) -> dict[str, int | None]:

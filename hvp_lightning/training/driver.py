@@ -22,9 +22,8 @@ from ..cluster.waits import (
     ddp_strategy,
     describe_wait_error,
     end_descendants,
-    limits,
 )
-from ..config import validate
+from ..config import check_options, processes, validate
 from ..data.datamodule import SSLDataModule
 from ..data.iou_policy import iou_policy
 from ..device import check_accelerator, device_line, set_matmul_precision
@@ -80,23 +79,24 @@ def run(cfg: DictConfig, run_dir: str | Path | RunDir, options_checked: bool = F
     workers longer than ``limits.wait_s`` fails the run with :class:`~hvp_lightning.cluster.waits.WaitedTooLong`,
     a failure ends the processes this one started, and a SIGTERM or Ctrl-C that the run cannot
     act on within ``limits.stop_grace_s`` (it waits in native code) ends it anyway."""
-    lim = limits(cfg)
-    with StopWatch(lim.stop_grace_s):
+    if not options_checked:
+        cfg = check_options(cfg)
+    with StopWatch(cfg.limits.stop_grace_s):
         try:
-            return _pretrain(cfg, RunDir.of(run_dir), options_checked, lim.wait_s)
+            return _pretrain(cfg, RunDir.of(run_dir), cfg.limits.wait_s)
         except Exception as err:
-            described = describe_wait_error(err, lim.wait_s)
+            described = describe_wait_error(err, cfg.limits.wait_s)
             if described is None:
                 raise
             end_descendants()  # other ranks Lightning launched, loader workers: none left waiting or stopped
             raise WaitedTooLong(described) from err
 
 
-def _pretrain(cfg: DictConfig, run_dir: RunDir, options_checked: bool, wait_s: float) -> dict[str, Any]:
-    """:func:`run`'s work."""
+def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]:
+    """:func:`run`'s work, on a config :func:`~hvp_lightning.config.check_options` has validated."""
     quiet_console()
-    validate(cfg, options_checked)
-    check_accelerator("trainer.accelerator", str(cfg.trainer.get("accelerator", "auto")))
+    cfg = validate(cfg, options_checked=True)
+    check_accelerator("trainer.accelerator", str(cfg.trainer.accelerator))
     run_dir.path.mkdir(parents=True, exist_ok=True)
     ckpt_path, resume_step = resume_checkpoint(cfg, run_dir)  # (None, 0): a fresh run
     record = RunRecord(run_dir)  # this session's clock starts
@@ -116,7 +116,7 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, options_checked: bool, wait_s: f
         wait_s=wait_s,
     )
     dm.setup("fit")
-    if len(dm.train_set) < cfg.method.batch_size:
+    if len(dm.train_set) // (processes(cfg.trainer) or 1) < cfg.method.batch_size:  # data sets start-up could not count
         raise ConfigError(
             f"method.batch_size={cfg.method.batch_size} is not allowed: the training set has only "
             f"{len(dm.train_set)} images (batches are full, drop_last)"
@@ -131,8 +131,8 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, options_checked: bool, wait_s: f
     trainer_kwargs["strategy"] = ddp_strategy(trainer_kwargs, wait_s)  # collectives wait at most wait_s
     checkpointer = RunCheckpoint(
         run_dir,
-        OmegaConf.select(cfg, "checkpoint.every_n_epochs"),
-        OmegaConf.select(cfg, "checkpoint.every_n_steps"),
+        cfg.checkpoint.every_n_epochs,
+        cfg.checkpoint.every_n_steps,
         record.note_checkpoint_step,
     )
     trainer = L.Trainer(

@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
-from ..options import TIMM_FAMILY, backbone_family
 from ..run.atomic import atomic_write, atomic_write_text
 from ..run.directory import resolve_checkpoint
+from ..schema import TIMM_FAMILY, backbone_family
 
 if TYPE_CHECKING:
     import torch

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from ..options import TIMM_FAMILY, backbone_family
+from ..schema import TIMM_FAMILY, backbone_family
 
 # Bookkeeping entries of summary.json: how long and on what the run went, not how the model is.
 _NOT_MONITORS = {

@@ -156,7 +156,7 @@ def test_shared_cifar10_imagefolder(cfg_factory):
         "data.train_subset=64",
         "data.test_subset=32",
     )
-    validate(cfg)  # resolves crop_size: auto from the images themselves
+    cfg = validate(cfg)  # resolves crop_size: auto from the images themselves
     assert (cfg.data.crop_size, cfg.data.eval_crop_ratio) == (32, 1.0)
     dm = SSLDataModule(cfg.data, (ViewAug(size=32),) * 4, batch_size=8, num_workers=0)
     dm.setup()

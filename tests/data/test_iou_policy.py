@@ -147,7 +147,9 @@ def test_config_errors_name_key_value_and_range(cfg_factory, override, key):
 
 
 def test_a_partial_policy_node_is_an_error(cfg_factory):
-    with pytest.raises(ConfigError, match=r"data.iou_policy.enabled=None .*\+data/iou_policy=on"):
+    with pytest.raises(
+        ConfigError, match=r"^data.iou_policy.start=0.3 is not allowed: set only with \+data/iou_policy=on"
+    ):
         check_options(cfg_factory("+data.iou_policy.start=0.3"))
 
 

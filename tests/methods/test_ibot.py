@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from hvp_lightning.config import ConfigError
+from hvp_lightning.config import ConfigError, check_options
 from hvp_lightning.losses import ibot_loss
 from hvp_lightning.methods import METHODS
 from hvp_lightning.methods.dino import DINO
@@ -28,7 +28,7 @@ VIT = [
     "backbone=vit_tiny",
     "backbone.patch_size=8",
     "backbone.img_size=32",
-    "+backbone.depth=1",
+    "backbone.depth=1",
     "backbone.drop_path_rate=0.0",
 ]
 TINY = [
@@ -194,7 +194,7 @@ def test_selection_pass_leaves_state_unchanged() -> None:
 
 def test_teacher_reuse_equals_second_teacher_forward() -> None:
     torch.manual_seed(0)
-    cfg = make_cfg("+hvp=on", "++backbone.depth=2", "backbone.drop_path_rate=0.1")
+    cfg = make_cfg("+hvp=on", "backbone.depth=2", "backbone.drop_path_rate=0.1")
     model = IBOT(cfg).train()
     assert model.teacher_reuse and len(model.backbone.trunk.blocks) == 2
     model.centering.center.normal_()
@@ -279,14 +279,15 @@ def test_registered_view_layout_and_config_errors() -> None:
     augs = IBOT.view_augs(hvp)
     assert [a.blur_p for a in augs] == [1.0, 0.1, 1.0, 0.1, 0.5, 0.5]  # G=4 global candidates, L=2 locals
     assert IBOT.view_counts(make_cfg("+hvp=on", "hvp.num_global_candidates=6")) == (6, 2)
+    # iBOT's settings are checked at start-up (hvp_lightning/config.py), not by the method
     with pytest.raises(ConfigError, match="global views only"):
-        IBOT.view_counts(make_cfg("+hvp=on", "hvp.num_local_candidates=4"))
+        check_options(make_cfg("+hvp=on", "hvp.num_local_candidates=4"))
     with pytest.raises(ConfigError, match="ViT"):
-        IBOT.view_augs(make_cfg(backbone=("backbone=resnet18_narrow",)))
+        check_options(make_cfg(backbone=("backbone=resnet18_narrow",)))
     with pytest.raises(ConfigError, match="mask_ratio"):
-        IBOT.view_counts(make_cfg("method.mask_ratio=[0.5,0.1]"))
+        check_options(make_cfg("method.mask_ratio=[0.5,0.1]"))
     with pytest.raises(ConfigError, match="max_combinations"):
-        IBOT(make_cfg("+hvp=on", "hvp.max_combinations=4"))
+        check_options(make_cfg("+hvp=on", "hvp.max_combinations=4"))
     full = compose_cfg(*["method=ibot", "backbone=vit_small", "data/aug=imagenet"], tiny=False)
     assert full.method.out_dim == 8192 and full.method.shared_head and full.method.num_local_crops == 10
     assert IBOT.view_counts(full) == (2, 10)

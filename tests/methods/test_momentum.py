@@ -160,11 +160,11 @@ def build_preset(preset: str) -> nn.Module:
     from hvp_lightning.config import validate
 
     vit = (
-        ["backbone=vit_tiny", "backbone.patch_size=4", "backbone.img_size=16", "+backbone.depth=1", "data.crop_size=16"]
+        ["backbone=vit_tiny", "backbone.patch_size=4", "backbone.img_size=16", "backbone.depth=1", "data.crop_size=16"]
         if preset.endswith("vit")
         else ["backbone=resnet18_narrow", "backbone.width=4"]
     )
-    cfg = make_cfg(f"method={preset}", "logger=csv", "data.num_workers=0", *vit, tiny=False)
+    cfg = make_cfg(f"method={preset}", "logger=csv", "data.num_workers=0", "data.train_size=4096", *vit, tiny=False)
     validate(cfg)
     return METHODS[cfg.method.name](cfg)
 

@@ -32,8 +32,7 @@ def test_presets_build(preset: str) -> None:
     from hvp_lightning.config import validate
     from hvp_lightning.methods import METHODS
 
-    cfg = make_cfg(f"method={preset}", "logger=csv", "data.num_workers=0", tiny=False)
-    validate(cfg)
+    cfg = validate(make_cfg(f"method={preset}", "logger=csv", "data.num_workers=0", "data.train_size=4096", tiny=False))
     model = METHODS[cfg.method.name](cfg)
     linears = [m for m in model.projector if isinstance(m, nn.Linear)]
     assert [m.out_features for m in linears] == [2048, 128]

@@ -19,7 +19,7 @@ VIT = [
     "backbone=vit_tiny",
     "backbone.patch_size=8",
     "backbone.img_size=32",
-    "+backbone.depth=1",
+    "backbone.depth=1",
     "backbone.drop_path_rate=0.0",
 ]
 TINY = [

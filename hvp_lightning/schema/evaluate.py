@@ -1,0 +1,167 @@
+"""``eval.py``'s and ``transfer.py``'s configs (conf/eval.yaml, conf/transfer.yaml) and the ``protocol``
+group: k-NN, linear probe, fine-tuning. A protocol key left null takes the recipe's value (the
+checkpoint method's linear recipe, the fine-tuning table's row)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from .base import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, SEED, UNIT_RANGE, Section, distinct, integer, number
+from .data import INTERPOLATIONS, DataSettings
+from .method import METHOD_NAMES, OPTIMIZERS
+from .run import ACCELERATORS, TRAINER_PRECISIONS, LoggerSettings
+
+# transfer.py: the paper's transfer table, its columns in the paper's order
+TRANSFER_DATASETS = ("cifar10", "cifar100", "flowers102", "inat21", "food101")
+TRANSFER_PROTOCOLS = ("linear", "finetune")
+
+
+class KnnProtocol(Section):
+    """``protocol=knn``: weighted k-NN on frozen features (DINO's eval_knn.py)."""
+
+    name: Literal["knn"] = "knn"
+    ks: Annotated[list[integer(1)], Field(min_length=1)] = [10, 20, 100, 200]
+    """the k of each result"""
+    temperature: POSITIVE = 0.07
+    """the votes' temperature"""
+    batch_size: COUNT = 256
+    """feature extraction batch"""
+
+
+class LinearRecipe(Section):
+    """One method's linear-probe recipe (its official evaluation)."""
+
+    optimizer: Literal[OPTIMIZERS]
+    base_lr: POSITIVE
+    batch_size: COUNT
+    epochs: COUNT
+    weight_decay: NON_NEGATIVE
+    momentum: number(0, 1, open_high=True)
+    n_last_blocks: COUNT
+    avgpool_patchtokens: bool
+
+
+class ClassifierProtocol(Section):
+    """What the linear probe and fine-tuning share: the recipe's values, overridable key by key."""
+
+    base_lr: POSITIVE | None = None
+    """lr = base_lr * batch_size / lr_ref_batch (null: the recipe's)"""
+    lr_ref_batch: COUNT = 256
+    """the batch base_lr refers to"""
+    batch_size: integer(1) | None = None
+    """null: the recipe's, whatever the data's size; a number: that batch (the lr follows it)"""
+    epochs: integer(1) | None = None
+    """null: the recipe's"""
+    weight_decay: NON_NEGATIVE | None = None
+    """null: the recipe's"""
+    n_last_blocks: integer(1) | None = None
+    """ViTs: the head sees the CLS tokens of the last n blocks, concatenated (null: the recipe's)"""
+    avgpool_patchtokens: bool | None = None
+    """ViTs: also the mean patch token of the last block (null: the recipe's)"""
+    interpolation: Literal[("auto", *INTERPOLATIONS)] = "auto"
+    """resize and crop: auto = bicubic for dino, ibot, simclr checkpoints, else bilinear"""
+    train_crop_scale: UNIT_RANGE = [0.08, 1.0]
+    """the training RandomResizedCrop's area range"""
+
+
+class LinearProtocol(ClassifierProtocol):
+    """``protocol=linear``: a linear probe on frozen features, with the checkpoint method's official recipe."""
+
+    name: Literal["linear"] = "linear"
+    recipe: Literal[("auto", *METHOD_NAMES)] = "auto"
+    """whose recipe: auto = the checkpoint's method"""
+    optimizer: Literal[OPTIMIZERS] | None = None
+    """null: the recipe's"""
+    momentum: number(0, 1, open_high=True) | None = None
+    """null: the recipe's"""
+    augment: bool | Literal["auto"] = "auto"
+    """train on augmented crops (the official scripts); auto: false on CPU (cached features)"""
+    recipes: dict[str, LinearRecipe]
+    """each method's official linear-evaluation recipe"""
+
+
+class FinetuneTable(Section):
+    """One of the paper's fine-tuning tables (per transfer data set: lr and epochs)."""
+
+    batch_size: COUNT
+    weight_decay: NON_NEGATIVE
+    base_lr: dict[str, POSITIVE]
+    epochs: dict[str, COUNT]
+    n_last_blocks: COUNT
+    avgpool_patchtokens: bool
+
+
+class FinetuneProtocol(ClassifierProtocol):
+    """``protocol=finetune``: the whole network fine-tuned, with the paper's per-data-set tables."""
+
+    name: Literal["finetune"] = "finetune"
+    recipe: Literal["auto", "dino", "simsiam"] = "auto"
+    """which table: auto = dino for dino/ibot checkpoints, simsiam for the ResNet methods"""
+    table_row: Literal[("auto", *TRANSFER_DATASETS)] = "auto"
+    """the table's row: auto = data.name if the table lists it, else cifar10"""
+    optimizer: Literal[OPTIMIZERS] = "adamw"
+    """the optimiser (the paper's: AdamW on every parameter, biases and norms too)"""
+    warmup_epochs: NON_NEGATIVE = 0
+    """linear warm-up, then cosine to 0"""
+    tables: dict[str, FinetuneTable]
+    """the paper's fine-tuning tables"""
+
+
+ProtocolSettings = Annotated[KnnProtocol | LinearProtocol | FinetuneProtocol, Field(discriminator="name")]
+
+
+class EvalLimits(Section):
+    """``limits`` of an evaluation."""
+
+    wait_s: POSITIVE = 600
+    """a loader whose workers deliver no batch for this long fails the evaluation"""
+
+
+class EvaluationBase(Section):
+    """What eval.py and transfer.py share."""
+
+    ckpt: str
+    """a run dir (its checkpoints/last.ckpt) or a .ckpt file"""
+    student: bool = False
+    """DINO/iBOT: evaluate the student backbone instead of the teacher"""
+    out_dir: str | None = None
+    """null: <run_dir>/eval/..."""
+    seed: SEED = 0
+    """the evaluation's seed"""
+    num_workers: COUNT_OR_ZERO | None = None
+    """loader workers; null: the data's data.num_workers"""
+    limits: EvalLimits = EvalLimits()
+    accelerator: Literal[ACCELERATORS] = "auto"
+    """auto, cpu, gpu (= cuda), mps (one device: evaluation is single-process)"""
+    devices: Literal[1] = Field(1, json_schema_extra={"allowed": "evaluation runs on one device"})
+    """1: evaluation runs on one device"""
+    precision: Literal[("auto", *TRAINER_PRECISIONS)] = "auto"
+    """auto: 16-mixed for a ViT's linear probe / fine-tuning on a GPU (the official code's fp16), else 32-true"""
+    progress_bar: bool = True
+    """progress bars"""
+    logger: LoggerSettings | None = None
+    """null: the pretraining run's logger (csv or wandb)"""
+
+
+class EvalConfig(EvaluationBase):
+    """``eval.py``'s whole config."""
+
+    protocol: ProtocolSettings
+    data: dict[str, Any] | None = None
+    """null: the checkpoint's own data; data=<preset> another data set; +data.<key>= changes the checkpoint's"""
+
+
+class TransferConfig(EvaluationBase):
+    """``transfer.py``'s whole config: the paper's transfer table for one checkpoint."""
+
+    datasets: distinct(Literal[TRANSFER_DATASETS]) = list(TRANSFER_DATASETS)
+    """the table's columns (any subset, run in the paper's order)"""
+    protocols: distinct(Literal[TRANSFER_PROTOCOLS]) = list(TRANSFER_PROTOCOLS)
+    """the table's rows"""
+    root: str = "data"
+    """data.<name>.root defaults to <root>/<name>, in torchvision's layout (docs/data.md)"""
+    linear: LinearProtocol
+    finetune: FinetuneProtocol
+    data: dict[str, DataSettings]

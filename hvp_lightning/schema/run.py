@@ -1,0 +1,148 @@
+"""The top-level keys of ``train.py`` (conf/config.yaml), the ``trainer`` and ``logger`` groups, and
+:class:`TrainConfig`: a whole training config, every group in it."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from .backbone import BackboneSettings
+from .base import COUNT, COUNT_OR_ZERO, POSITIVE, SEED, Section, integer
+from .data import DataSettings
+from .hvp import HVPConfig
+from .method import MethodSettings
+
+# trainer.accelerator and eval.py's accelerator: Lightning's but XLA's and Gaudi's (tpu, hpu: packages we lack)
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+# trainer.precision: mixed precision keeps fp32 master weights, EMA teacher and centres;
+# "*-true" half precision would run them in half precision too.
+TRAINER_PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+# resolved at start-up (hvp_lightning/device.py): auto = bf16-mixed on a bf16-native GPU, auto-16-mixed
+# = 16-mixed on any GPU (the HVP code's fp16: SimSiam and SimCLR presets); both 32-true on CPU
+AUTO_PRECISIONS = ("auto", "auto-16-mixed")
+# trainer.* keys train.py owns (checkpointing: hvp_lightning/training/checkpoint.py)
+OWNED_TRAINER_KEYS = ("enable_checkpointing", "plugins")
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
+class TrainerSettings(Section):
+    """``trainer``: keyword arguments of ``lightning.Trainer``. The keys below are the presets'; any
+    other Trainer argument may be added (``+trainer.gradient_clip_val=1``) and is checked against
+    the installed Lightning's signature at start-up."""
+
+    model_config = ConfigDict(extra="allow")
+
+    accelerator: Literal[ACCELERATORS]
+    """auto (a GPU if there is one, else the CPU), cpu, gpu (= cuda) or mps"""
+    devices: integer(1) | Literal["auto"] | str | list[integer(0)]
+    """devices per node: a count, auto, or a list of device indices"""
+    precision: Literal[(*AUTO_PRECISIONS, *TRAINER_PRECISIONS)]
+    """32-true, bf16-mixed or 16-mixed (GPU); auto: bf16-mixed on a GPU that has it, else 32-true; auto-16-mixed: 16-mixed on a GPU, else 32-true"""
+    max_epochs: COUNT
+    """training epochs"""
+    accumulate_grad_batches: COUNT = 1
+    """micro-batches per optimiser step (the lr scales with the accumulated batch)"""
+    log_every_n_steps: COUNT = 50
+    """logging interval in optimiser steps"""
+    num_nodes: COUNT = 1
+    """machines (SLURM: nodes)"""
+    strategy: str = "auto"
+    """auto, ddp (and its find_unused_parameters variants) or another Lightning strategy name"""
+    sync_batchnorm: bool | Literal["auto"] = "auto"
+    """DDP: SyncBatchNorm; auto: on when the model has BatchNorm"""
+
+
+class CSVLoggerSettings(Section):
+    """``logger=csv``: plain CSV metrics in <run_dir>/csv/ (no account, no service process)."""
+
+    name: Literal["csv"] = "csv"
+
+
+class WandbLoggerSettings(Section):
+    """``logger=wandb``: Weights & Biases."""
+
+    name: Literal["wandb"] = "wandb"
+    project: str = "hvp-lightning"
+    """the W&B project"""
+    entity: str | None = None
+    """the W&B entity (team or user); null: your default"""
+    group: str | None = None
+    """the run's group; null: none (in a -m sweep the sweep's, e.g. sweep_2026-11-21_10-00-00)"""
+    tags: list[str] = []
+    """the run's tags"""
+    run_name: str | None = None
+    """the run's name; null: the run dir's name (in a -m sweep <job num>_<overrides>)"""
+    mode: Literal[WANDB_MODES] = "auto"
+    """auto: online when logged in (WANDB_API_KEY or wandb login), else offline (wandb sync later); WANDB_MODE wins"""
+    gallery_images: COUNT_OR_ZERO = 4
+    """+hvp=on: at each k-NN pass, this many images' selected vs easiest pair (hvp/gallery) and the IoU histogram (hvp/iou_histogram); 0: off"""
+
+
+LoggerSettings = Annotated[CSVLoggerSettings | WandbLoggerSettings, Field(discriminator="name")]
+
+
+class KnnMonitorSettings(Section):
+    """``eval``: the online weighted k-NN monitor (DINO's protocol) on the data's test split."""
+
+    every_n_epochs: COUNT = 5
+    """a k-NN pass every this many epochs (and always at the end of training)"""
+    at_start: bool = True
+    """one pass at random init, the reference (summary: knn_top1_init)"""
+    knn_k: COUNT = 20
+    """neighbours that vote"""
+    knn_temperature: POSITIVE = 0.07
+    """the votes' temperature"""
+
+
+class CheckpointSettings(Section):
+    """``checkpoint``: checkpoints/last.ckpt after every epoch (written atomically), and more."""
+
+    every_n_epochs: integer(1) | None = 10
+    """keep a copy checkpoints/epoch=NNN.ckpt every this many epochs (null: last.ckpt only)"""
+    every_n_steps: integer(1) | None = None
+    """also write last.ckpt every this many optimiser steps inside an epoch (a resume continues at that step exactly); null: at epoch ends only"""
+
+
+class LimitsSettings(Section):
+    """``limits``: nothing waits forever (docs/distributed.md "Stuck runs")."""
+
+    wait_s: POSITIVE = 600
+    """a rank that waits longer for the other ranks (a collective) or for a batch from its loader workers fails the run, naming what it waited for (the first step of a large model must fit in it)"""
+    stop_grace_s: POSITIVE = 45
+    """after SIGTERM or Ctrl-C, a process that has not stopped at a step within this long exits with 128 + signal anyway"""
+
+
+class AnalysisSettings(Section):
+    """``analysis``: the hard-view analysis (paper section 6; docs/analysis.md)."""
+
+    online: bool = True
+    """analysis/* statistics every step (also <run_dir>/analysis/steps-r0.csv)"""
+    log_every_n_steps: integer(1) | None = None
+    """every view and candidate pair of every K-th batch to Parquet under <run_dir>/analysis/ (null: off)"""
+    flush_every_n_logs: COUNT = 20
+    """a Parquet part file every this many logged batches (and at the end)"""
+
+
+class TrainConfig(Section):
+    """``train.py``'s whole config: the top-level keys and every group."""
+
+    seed: SEED = 0
+    """the run's seed (views, initialisation, selection's random choices)"""
+    resume: str | None = None
+    """a run dir to continue with its own config (key=value overrides such as trainer.max_epochs still apply); a run dir holding checkpoints/last.ckpt is resumed automatically"""
+    method: MethodSettings
+    backbone: BackboneSettings
+    data: DataSettings
+    trainer: TrainerSettings
+    logger: LoggerSettings
+    hvp: HVPConfig | None = None
+    eval: KnnMonitorSettings = KnnMonitorSettings()
+    checkpoint: CheckpointSettings = CheckpointSettings()
+    limits: LimitsSettings = LimitsSettings()
+    analysis: AnalysisSettings = AnalysisSettings()
+
+
+def trainer_extras(trainer: TrainerSettings) -> dict[str, Any]:
+    """The ``+trainer.*`` keys beyond the declared ones (Lightning's other arguments)."""
+    return dict(trainer.model_extra or {})

@@ -283,12 +283,15 @@ def test_resident_crops_on_gpu_match_the_cpu() -> None:
     assert gpu.device.type == "cuda" and (gpu.cpu().int() - cpu.int()).abs().max() <= 1
 
 
-def test_resident_views_make_no_host_syncs() -> None:
-    """After the first batch (images moved, generator made), cutting and colouring a resident
-    batch on the GPU never waits for the device: no sync under sync-debug mode "error"."""
+def test_resident_views_make_one_host_sync() -> None:
+    """After the first batch (images moved, generator made), cutting a resident batch on the GPU
+    never waits for the device (no sync under sync-debug mode "error"), and colouring it once:
+    the batch's op counts (:func:`.batched.plan_colour`), counted under mode "warn"."""
     from hvp_lightning.data.augment import ViewAug
     from hvp_lightning.data.batched import finish_views
     from hvp_lightning.data.resident import ResidentImages
+
+    from .data.test_batched_aug import cuda_syncs
 
     g = torch.Generator().manual_seed(0)
     imgs = torch.randint(0, 256, (32, 3, 40, 36), generator=g, dtype=torch.uint8)
@@ -300,9 +303,10 @@ def test_resident_views_make_no_host_syncs() -> None:
     torch.cuda.set_sync_debug_mode("error")
     try:
         batch = res.views(index)
-        out = finish_views(batch["views"], batch["params"], augs)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    out, syncs = cuda_syncs(lambda: finish_views(batch["views"], batch["params"], augs))
+    assert syncs == 1
     assert [v.shape for v in out] == [(8, 3, 24, 24)] * 2 + [(8, 3, 12, 12)] * 2 and out[0].is_cuda
 
 

@@ -40,9 +40,12 @@ Which samples an op touches is chosen two ways, with the same op functions:
   arithmetic pass; so the ops below are written with arithmetic only. There every op runs as
   a C kernel with the same bits where a C compiler built them (:mod:`.cpu_kernels`; the hue and
   the blur are dozens of such passes, the rest a few each), in place in the view's buffer.
-* on an accelerator (``sync_free=True``), every op runs on the whole batch and ``torch.where``
-  keeps its result for the samples that drew it: no ``nonzero``/``item`` host syncs, a fixed
-  sequence of kernel launches (jitter costs 4 runs of each op, one per position in the order).
+* on an accelerator (``sync_free=True``), each op runs once on all the views that take it at
+  a step, gathered into one contiguous batch and written back (``index_select``/``index_copy_``):
+  each jitter op once at each of the 4 positions of the order on the views whose order puts it
+  there, grayscale, blur and solarize on the views that drew them. Which views those are is
+  sorted on the device; how many, the one value read on the host per batch (:func:`plan_colour`,
+  one host sync for all the batch's view sizes), so the ops need no ``nonzero``/``item``.
 
 Written here rather than taken from a library: torchvision.transforms.v2 draws one parameter
 per call (one factor for a whole batch), and kornia's per-sample jitter is float-only with its
@@ -52,6 +55,7 @@ from per-view recorded parameters (docs/DESIGN.md, "View pipeline").
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -357,10 +361,14 @@ def colour(
     range): ``x`` uint8 ``[n, 3, H, W]``, ``params`` with ``[n]`` scalars and ``jitter_order``
     ``[n, 4]`` -> float32 ``[n, 3, H, W]`` with integer values 0..255, as
     :func:`.augment.reference_colour` view by view. ``sync_free`` picks how ops find their
-    samples (module docstring); ``None``: masks off the CPU, per view on it."""
-    if sync_free is None:
-        sync_free = x.device.type != "cpu"
-    return _colour_masked(x, params, aug) if sync_free else _colour_per_view(x, params, aug)
+    samples (module docstring); ``None``: grouped by op off the CPU, per view on it."""
+    if not _sync_free(x, sync_free):
+        return _colour_per_view(x, params, aug)
+    return _colour_planned(x, params, aug, plan_colour([params], x.device)[0])
+
+
+def _sync_free(x: torch.Tensor, sync_free: bool | None) -> bool:
+    return x.device.type != "cpu" if sync_free is None else sync_free
 
 
 def _blur(
@@ -480,20 +488,64 @@ def _mean_divides(npix: int) -> bool:
     return torch.equal(got, sums.to(torch.float32) / torch.tensor(float(npix)))
 
 
-def _colour_masked(x: torch.Tensor, params: dict[str, torch.Tensor], aug: ViewAug) -> torch.Tensor:
-    def where(mask: torch.Tensor, y: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-        return torch.where(mask.view(-1, 1, 1, 1), y, other)
+# Slots of the sync-free colour step, in the order it runs them: the 4 positions of the jitter
+# order (0-3), then grayscale, blur, solarize (4-6, drawn where these parameters are > 0). A
+# view's op at a slot is -1 (none) or 0..3 (the jitter op at that position; 0 for the others).
+DRAWN_OPS = ("grayscale", "blur_sigma", "solarize")
+GRAY_SLOT, BLUR_SLOT, SOLARIZE_SLOT = 4, 5, 6
 
-    x = x.to(torch.float32)
-    order = params["jitter_order"].to(x.device)
-    for pos in range(4):  # each sample's own order: at step pos, op order[:, pos]
-        for op_idx, op in enumerate(JITTER_OPS):
-            x = where(order[:, pos] == op_idx, op(x, params[JITTER_KEYS[op_idx]].to(x.device)), x)
-    x = where(params["grayscale"].to(x.device) > 0, grayscale(x), x)
-    sigma = params["blur_sigma"].to(x.device)
-    blurred = sigma > 0
-    x = where(blurred, _blur(x, torch.where(blurred, sigma, 1.0), aug, sync_free=True), x)
-    return where(params["solarize"].to(x.device) > 0, solarize(x), x)
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Which views each op of the sync-free colour step takes: ``views[:, s]`` (on the device)
+    lists the batch's views sorted by their op at slot ``s`` (those with none first, then op 0,
+    1, ...), ``counts[s][k + 1]`` (on the host) how many take op ``k`` there."""
+
+    views: torch.Tensor
+    counts: list[list[int]]
+
+    def takers(self, slot: int, op: int) -> torch.Tensor | None:
+        """The views that run op ``op`` at ``slot`` (``[m]`` indices), None where none does."""
+        start, m = sum(self.counts[slot][: op + 1]), self.counts[slot][op + 1]
+        return self.views[start : start + m, slot] if m else None
+
+
+def _slot_ops(params: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Each view's op at each slot, ``[n, 7]`` int64."""
+    drawn = torch.stack([params[k].to(device) > 0 for k in DRAWN_OPS], 1)
+    return torch.cat([params["jitter_order"].to(device, torch.int64), drawn.long() - 1], 1)
+
+
+def plan_colour(batches: Sequence[dict[str, torch.Tensor]], device: torch.device) -> list[Plan]:
+    """The :class:`Plan` of each batch of views (``params`` as :func:`colour`'s), with one host
+    read for all of them: their op counts, the only value the sync-free path reads. Sorting the
+    views by op runs on the device (a stable sort of small integers, no sync)."""
+    ops = [_slot_ops(p, device) for p in batches]
+    values = torch.arange(-1, len(JITTER_OPS), device=device)
+    counts = torch.stack([(o[:, :, None] == values).sum(0) for o in ops]).tolist()  # the one host read
+    return [Plan(o.argsort(dim=0, stable=True), c) for o, c in zip(ops, counts)]
+
+
+def _colour_planned(x: torch.Tensor, params: dict[str, torch.Tensor], aug: ViewAug, plan: Plan) -> torch.Tensor:
+    """The sync-free path: at each slot, each op runs once on the views that take it there
+    (gathered into one contiguous batch by the plan, their results written back in place), in
+    each view's own jitter order; views without an op at a slot are not touched by it."""
+    x = x.to(torch.float32, copy=True)
+    device = x.device
+
+    def run(slot: int, op_idx: int, op: Callable[..., torch.Tensor], *keys: str) -> None:
+        takers = plan.takers(slot, op_idx)
+        if takers is not None:
+            args = (params[k].to(device).index_select(0, takers) for k in keys)
+            x.index_copy_(0, takers, op(x.index_select(0, takers), *args))
+
+    for pos in range(4):  # each view's own order: at position pos, its op jitter_order[pos]
+        for op_idx, key in enumerate(JITTER_KEYS):
+            run(pos, op_idx, JITTER_OPS[op_idx], key)
+    run(GRAY_SLOT, 0, grayscale)
+    run(BLUR_SLOT, 0, lambda v, sigma: _blur(v, sigma, aug, sync_free=True), "blur_sigma")
+    run(SOLARIZE_SLOT, 0, solarize)
+    return x
 
 
 def finish_views(
@@ -504,20 +556,26 @@ def finish_views(
 ) -> list[torch.Tensor]:
     """Colour + normalise a loader batch: ``views`` are N uint8 ``[B, 3, S_i, S_i]`` (view i
     drawn from ``augs[i]``), ``params`` ``{name: [B, N, ...]}``. Views that share a size,
-    blur and normalisation go through :func:`colour` together (on an accelerator all
-    N*B images in one launch per op; ``sync_free`` as there). Returns N float ``[B, 3, S_i, S_i]``."""
+    blur and normalisation go through :func:`colour` together (``sync_free`` as there; on an
+    accelerator each op runs once on all the group's views that take it, and one host read
+    plans every group of the batch, :func:`plan_colour`). Returns N float ``[B, 3, S_i, S_i]``."""
     if len(views) != len(augs):
         raise ValueError(f"{len(views)} views in the batch but {len(augs)} view augmentations")
     groups: dict[tuple, list[int]] = {}
     for i, (v, a) in enumerate(zip(views, augs)):
         blur = (a.blur_kind, a.blur_kernel if a.blur_kind != "pil" else a.blur_sigma[1])
         groups.setdefault((tuple(v.shape[1:]), blur, a.mean, a.std), []).append(i)
+    batches = [
+        (idx, torch.cat([views[i] for i in idx]), {k: torch.cat([v[:, i] for i in idx]) for k, v in params.items()})
+        for idx in groups.values()
+    ]
+    sync_free = _sync_free(views[0], sync_free)
+    plans = plan_colour([p for _, _, p in batches], views[0].device) if sync_free else [None] * len(batches)
     out: list[torch.Tensor | None] = [None] * len(views)
-    for idx in groups.values():
-        x = torch.cat([views[i] for i in idx])
-        p = {k: torch.cat([v[:, i] for i in idx]) for k, v in params.items()}
+    for (idx, x, p), plan in zip(batches, plans):
         aug = augs[idx[0]]  # what colour() reads of it (blur, normalisation) is the group's
-        y = normalize(colour(x, p, aug, sync_free), aug.mean, aug.std)
+        y = _colour_planned(x, p, aug, plan) if plan is not None else _colour_per_view(x, p, aug)
+        y = normalize(y, aug.mean, aug.std)
         for i, part in zip(idx, y.chunk(len(idx))):
             out[i] = part
     return out  # type: ignore[return-value]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
+import warnings
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 import torch
@@ -12,6 +16,7 @@ from scipy import stats
 from torchvision import transforms as T
 from torchvision.transforms.v2 import functional as F
 
+from hvp_lightning.data import batched
 from hvp_lightning.data.augment import (
     PARAM_NAMES,
     UNIFORMS,
@@ -25,6 +30,7 @@ from hvp_lightning.data.augment import (
     sample_params,
 )
 from hvp_lightning.data.batched import (
+    JITTER_KEYS,
     colour,
     finish_views,
     gaussian_blur,
@@ -36,6 +42,8 @@ from hvp_lightning.data.batched import (
 )
 from hvp_lightning.data.datamodule import SSLDataModule, finish_batch
 from hvp_lightning.data.seeds import key_uniforms, view_key, view_keys
+
+Out = TypeVar("Out")
 
 # Every photometric op is drawn often, and jitter always (its 24 orders all occur).
 ALL_OPS = ViewAug(size=24, jitter_p=1.0, gray_p=0.3, blur_p=0.5, solarize_p=0.3)
@@ -159,30 +167,153 @@ def test_blur_at_a_larger_kernel_stays_within_one_level() -> None:
         assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3, trim
 
 
+HOST_READS = ("nonzero", "item", "tolist", "__bool__", "cpu", "numpy")
+
+
+def record_host_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """From now until ``monkeypatch.undo()``, every Python-level read of a tensor on the host
+    (:data:`HOST_READS`) and every ``torch.tensor`` (host data copied to a device) is recorded by
+    name in the list returned, and still runs. On a GPU each would make the host wait for the
+    device's queue."""
+    seen: list[str] = []
+
+    def recorded(name: str, real: Callable) -> Callable:
+        def read(*args, **kwargs):
+            seen.append(name)
+            return real(*args, **kwargs)
+
+        return read
+
+    for name in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, recorded(name, getattr(torch.Tensor, name)))
+    monkeypatch.setattr(torch, "tensor", recorded("torch.tensor", torch.tensor))
+    return seen
+
+
+def cuda_syncs(fn: Callable[[], Out]) -> tuple[Out, int]:
+    """``fn()`` and the number of times it made the host wait for the GPU: run under
+    ``torch.cuda.set_sync_debug_mode("warn")``, which warns at every synchronizing CUDA call."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out = fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return out, sum("synchronizing CUDA operation" in str(w.message) for w in seen)
+
+
+def _two_sizes(aug: ViewAug, n: int) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], tuple[ViewAug, ...]]:
+    """A loader batch of ``n`` images with a view of ``aug`` and a smaller one (DINO's globals and locals)."""
+    augs = (aug, dataclasses.replace(aug, size=12))
+    drawn = [_draw(_photo(seed=s), a, n) for s, a in enumerate(augs)]
+    params = {k: torch.stack([p[k] for _, p, _ in drawn], 1) for k in drawn[0][1]}
+    return [crops for crops, _, _ in drawn], params, augs
+
+
 @pytest.mark.parametrize("aug", BLURS.values(), ids=BLURS.keys())
-def test_sync_free_path_equals_the_per_view_path_without_host_syncs(monkeypatch, aug: ViewAug) -> None:
-    """The accelerator path (every op on the whole batch, ``torch.where`` masks) runs here on
-    the CPU: same pixels as the per-view CPU path (the blur, untrimmed, within one level), and
-    nothing in it reads a tensor on the host or copies host data to the device (``nonzero``,
-    ``item``, ``tolist``, ``bool``, ``torch.tensor``), which on a GPU would stall the stream."""
+def test_sync_free_path_equals_the_per_view_path_with_one_host_read(monkeypatch, aug: ViewAug) -> None:
+    """The accelerator path (each op on the views that drew it, grouped by the op counts) runs
+    here on the CPU: same pixels as the per-view CPU path (the blur, untrimmed, within one level),
+    and one host read per batch, the op counts (``tolist`` in :func:`.batched.plan_colour`), for a
+    batch with views of two sizes too; nothing else reads a tensor on the host or copies host
+    data to the device (``nonzero``, ``item``, ``tolist``, ``bool``, ``torch.tensor``), which on
+    a GPU would stall the stream."""
     torch.manual_seed(0)
     crops, params, _ = _draw(_photo(), aug, 64)
+    views, batch_params, augs = _two_sizes(aug, 32)
     per_view = colour(crops, params, aug, sync_free=False)
-
-    def sync(*args, **kwargs):
-        raise AssertionError("host sync in the sync-free colour path")
-
-    for name in ("nonzero", "item", "tolist", "__bool__", "cpu", "numpy"):
-        monkeypatch.setattr(torch.Tensor, name, sync)
-    monkeypatch.setattr(torch, "tensor", sync)
-    masked = finish_views([crops], {k: v[:, None] for k, v in params.items()}, (aug,), sync_free=True)[0]
+    reads = record_host_reads(monkeypatch)
     coloured = colour(crops, params, aug, sync_free=True)
+    reads_of_colour = list(reads)
+    finished = finish_views(views, batch_params, augs, sync_free=True)
     monkeypatch.undo()
+    assert reads_of_colour == ["tolist"] and reads == ["tolist"] * 2
     blurred = params["blur_sigma"] > 0
     assert torch.equal(coloured[~blurred], per_view[~blurred])
     assert (coloured - per_view).abs().max() <= (0 if aug.blur_kind == "pil" else 1)
-    want = finish_views([crops], {k: v[:, None] for k, v in params.items()}, (aug,))[0]
-    torch.testing.assert_close(masked, want, rtol=0, atol=1 / 255 / min(aug.std) + 1e-5)
+    want = finish_views(views, batch_params, augs)
+    for got, w, a in zip(finished, want, augs):
+        torch.testing.assert_close(got, w, rtol=0, atol=1 / 255 / min(a.std) + 1e-5)
+
+
+def _batch_blur(x: torch.Tensor, sigma: torch.Tensor, aug: ViewAug) -> torch.Tensor:
+    if aug.blur_kind == "pil":
+        return batched.pil_blur(x, sigma, pil_max_radius(aug.blur_sigma[1]))
+    if aug.blur_kind == "torchvision9":
+        return batched.torchvision_blur(x, sigma, aug.blur_kernel)
+    return batched.gaussian_blur(x, sigma, aug.blur_kernel)
+
+
+def _masked_colour(x: torch.Tensor, params: dict[str, torch.Tensor], aug: ViewAug) -> torch.Tensor:
+    """The sync-free path before issue 48 item 5: every op on the whole batch (each jitter op at
+    each of the 4 positions of the order), ``torch.where`` keeping its result for the views that
+    drew it there."""
+
+    def where(mask: torch.Tensor, y: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        return torch.where(mask.view(-1, 1, 1, 1), y, other)
+
+    x = x.to(torch.float32)
+    for pos in range(4):
+        for op_idx, op in enumerate(batched.JITTER_OPS):
+            x = where(params["jitter_order"][:, pos] == op_idx, op(x, params[JITTER_KEYS[op_idx]]), x)
+    x = where(params["grayscale"] > 0, batched.grayscale(x), x)
+    blurred = params["blur_sigma"] > 0
+    x = where(blurred, _batch_blur(x, torch.where(blurred, params["blur_sigma"], 1.0), aug), x)
+    return where(params["solarize"] > 0, batched.solarize(x), x)
+
+
+def count_views_per_op(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
+    """From now until ``monkeypatch.undo()``, the views each colour op of :mod:`.batched` is run on,
+    summed per op (``n`` for a pass over a whole batch of ``n``); the blur kinds count as ``blur``."""
+    seen: collections.Counter[str] = collections.Counter()
+
+    def counted(name: str, op: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def run(x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+            seen[name] += x.shape[0]
+            return op(x, *args, **kwargs)
+
+        return run
+
+    jitter = tuple(counted(k, op) for k, op in zip(JITTER_KEYS, batched.JITTER_OPS))
+    monkeypatch.setattr(batched, "JITTER_OPS", jitter)
+    for name in ("grayscale", "solarize"):
+        monkeypatch.setattr(batched, name, counted(name, getattr(batched, name)))
+    for name in ("pil_blur", "torchvision_blur", "gaussian_blur"):
+        monkeypatch.setattr(batched, name, counted("blur", getattr(batched, name)))
+    return seen
+
+
+@pytest.mark.parametrize("aug", BLURS.values(), ids=BLURS.keys())
+def test_sync_free_path_runs_each_op_once_on_the_views_that_draw_it(monkeypatch, aug: ViewAug) -> None:
+    """The full-batch passes of the accelerator colour step per batch, counted: before issue 48
+    item 5 (:func:`_masked_colour`) each jitter op ran at each of the 4 positions of the order on
+    every view (16 full-batch passes of jitter, where a view takes at most 4) and grayscale, blur
+    and solarize on every view; now each op runs once on each view that drew it (4 passes over
+    the jittered share, the blur over the blurred share). Same views: the recorded parameters
+    are left as they were and the pixels equal the old path's bit for bit, so every parameter and
+    pixel statistic of the views is the old one."""
+    aug = dataclasses.replace(aug, jitter_p=0.8)  # some views without jitter: their own group
+    n = 64
+    crops, params, _ = _draw(_photo(), aug, n)
+    recorded = {k: v.clone() for k, v in params.items()}
+    views = count_views_per_op(monkeypatch)
+    before = _masked_colour(crops, params, aug)
+    views_before = dict(views)
+    views.clear()
+    after = colour(crops, params, aug, sync_free=True)
+    views_after = dict(views)
+    monkeypatch.undo()
+    drew = {k: int((params[p] > 0).sum()) for k, p in (("grayscale",) * 2, ("blur", "blur_sigma"), ("solarize",) * 2)}
+    jittered = int(params["jitter"].sum())
+    assert 0 < jittered < n and all(0 < m < n for m in drew.values())
+    assert views_before == dict.fromkeys(JITTER_KEYS, 4 * n) | dict.fromkeys(drew, n)
+    assert views_after == dict.fromkeys(JITTER_KEYS, jittered) | drew
+    assert sum(views_before[k] for k in JITTER_KEYS) / n == 16
+    assert sum(views_after[k] for k in JITTER_KEYS) / n == 4 * jittered / n
+    assert all(torch.equal(params[k], recorded[k]) for k in recorded)
+    assert torch.equal(after, before)
 
 
 def test_finish_views_equals_the_reference_pipeline_under_one_seed() -> None:
@@ -327,20 +458,19 @@ def test_worker_made_batches_equal_the_colour_step_after_transfer(cfg_factory, a
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("aug", BLURS.values(), ids=BLURS.keys())
 def test_finish_views_on_cuda_equals_cpu(aug: ViewAug) -> None:
-    """Same views on the GPU (sync-free path, and no host sync while it runs) as on the CPU
-    (PIL's blur: the same integers, whatever the device's float division)."""
+    """Same views on the GPU (sync-free path) as on the CPU (PIL's blur: the same integers,
+    whatever the device's float division), for views of two sizes; the host waits for the GPU
+    once per batch (the op counts, :func:`.batched.plan_colour`): the one sync counted under
+    sync-debug mode "warn", where "error" would refuse it."""
     torch.manual_seed(0)
-    crops, params, _ = _draw(_photo(), aug, 64)
-    cpu = finish_views([crops], {k: v[:, None] for k, v in params.items()}, (aug,))[0]
-    views, gparams = [crops.cuda()], {k: v[:, None].cuda() for k, v in params.items()}
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        gpu = finish_views(views, gparams, (aug,))[0]
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert gpu.device.type == "cuda"
-    torch.testing.assert_close(gpu.cpu(), cpu, rtol=0, atol=1 / 255 / min(aug.std) + 1e-5)
+    views, params, augs = _two_sizes(aug, 32)
+    cpu = finish_views(views, params, augs)
+    gviews, gparams = [v.cuda() for v in views], {k: v.cuda() for k, v in params.items()}
+    gpu, syncs = cuda_syncs(lambda: finish_views(gviews, gparams, augs))
+    assert syncs == 1
+    for got, want, a in zip(gpu, cpu, augs):
+        assert got.device.type == "cuda"
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=1 / 255 / min(a.std) + 1e-5)
 
 
 def test_normalize_is_torchvisions_up_to_float_rounding() -> None:

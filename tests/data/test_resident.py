@@ -29,6 +29,8 @@ from hvp_lightning.data.resident import ResidentImages, crop_flip_batch, resampl
 from hvp_lightning.data.seeds import view_keys
 from hvp_lightning.data.textures import SyntheticTextures
 
+from .test_batched_aug import record_host_reads
+
 
 def _photos(n: int, h: int, w: int, seed: int = 0) -> torch.Tensor:
     """Half smooth (upsampled noise), half raw noise: both kinds of rounding cases."""
@@ -300,24 +302,21 @@ def test_run_with_resident_images_trains_and_logs_views(cfg_factory, tmp_path: P
     assert steps[0].startswith("step,") and "iou_selected" in steps[0] and len(steps) == 5
 
 
-def test_resident_batch_makes_no_host_reads(monkeypatch) -> None:
-    """Cutting and colouring resident views calls no Python-level host read (``item``,
-    ``tolist``, ``nonzero``, bool tests, copies to the CPU, new host tensors). Syncs inside C++
-    (a bool-mask index, a host list as an index) are not visible here: the CUDA test
-    (tests/test_gpu.py) runs the same under ``torch.cuda.set_sync_debug_mode("error")``."""
+def test_resident_batch_makes_one_host_read(monkeypatch) -> None:
+    """Cutting resident views calls no Python-level host read (``item``, ``tolist``,
+    ``nonzero``, bool tests, copies to the CPU, new host tensors), and colouring them one: the
+    op counts of the whole batch (:func:`.batched.plan_colour`). Syncs inside C++ (a bool-mask
+    index, a host list as an index) are not visible here: the CUDA test (tests/test_gpu.py)
+    counts them under ``torch.cuda.set_sync_debug_mode``."""
     imgs, labels = _photos(12, 40, 36), torch.arange(12)
     augs = (ViewAug(size=24, blur_p=0.5, solarize_p=0.3),) * 2 + (ViewAug(size=12, scale=(0.05, 0.4)),) * 2
     res = ResidentImages(imgs, labels, augs, seed=0)
     index = torch.tensor([5, 1, 7])
     res.views(index)  # moves the images and makes the generator (once per run)
-
-    def sync(*args, **kwargs):
-        raise AssertionError("host read in the resident path")
-
-    for name in ("nonzero", "item", "tolist", "__bool__", "cpu", "numpy"):
-        monkeypatch.setattr(torch.Tensor, name, sync)
-    monkeypatch.setattr(torch, "tensor", sync)
+    reads = record_host_reads(monkeypatch)
     batch = res.views(index)
+    reads_of_crops = list(reads)
     out = finish_views(batch["views"], batch["params"], augs, sync_free=True)
     monkeypatch.undo()
+    assert reads_of_crops == [] and reads == ["tolist"]
     assert [v.shape for v in out] == [(3, 3, 24, 24)] * 2 + [(3, 3, 12, 12)] * 2

@@ -69,11 +69,11 @@ def test_sigterm_ends_the_step_benchmark(tmp_path: Path) -> None:
 
 
 def test_blur_cost_script_times_every_kind(tmp_path: Path) -> None:
-    """gpu_blur_cost.py (the GPU session's ``blur`` stage) on the CPU at a tiny size: a row per
+    """view_cost.py batch (the GPU session's ``blur`` stage) on the CPU at a tiny size: a row per
     blur kind and shape, the step and the blur alone timed, the section appended to ``--out``."""
     out = tmp_path / "results.md"
-    load_script("gpu_blur_cost").main(
-        ["--device", "cpu", "--shapes", "4x16", "--rounds", "1", "--calls", "1", "--out", str(out)]
+    load_script("view_cost").main(
+        ["batch", "--device", "cpu", "--shapes", "4x16", "--rounds", "1", "--calls", "1", "--out", str(out)]
     )
     rows = [line for line in out.read_text().splitlines() if line.startswith("| 4x16 |")]
     assert [row.split(" | ")[1] for row in rows] == ["pil", "torchvision9", "simclr"]

@@ -611,7 +611,7 @@ def report(
     return text
 
 
-def main() -> None:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", choices=sorted(SCALES), default="cpu")
     p.add_argument("--methods", nargs="+", default=None, help="default: every method of the scale")
@@ -637,7 +637,7 @@ def main() -> None:
         "--results", type=Path, default=None, help="append the report to this markdown file; the figure goes beside it"
     )
     p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     scale = SCALES[args.scale]
     args.methods = args.methods or list(scale.per_method)
     unknown = [m for m in args.methods if m not in scale.per_method]
@@ -645,6 +645,13 @@ def main() -> None:
         p.error(f"--methods {unknown} not in this scale; allowed: {sorted(scale.per_method)}")
     if "baseline" not in args.arms and (args.report_only or args.results):
         p.error("a report needs the baseline arm in --arms (differences are taken to it)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    scale = SCALES[args.scale]
     out = (args.out or REPO / "runs" / f"quality-{args.scale}").resolve()
     jobs = plan(scale, args.methods, args.arms, args.seeds, out)
     if args.dry_run:
@@ -656,7 +663,7 @@ def main() -> None:
     if "baseline" not in args.arms:  # e.g. adding baseline_long beside a running benchmark
         print("no baseline arm: runs only; build the report with all arms and --report-only")
         return
-    command = "`uv run python benchmarks/quality.py " + " ".join(sys.argv[1:]) + "`"
+    command = "`uv run python benchmarks/quality.py " + " ".join(argv) + "`"
     if args.report_only:  # say so: the runs themselves came from an earlier call without it
         command += " (builds this report from finished runs, which the same command trains without --report-only)"
     # With --results the figure goes beside that file (committed with it), not only into runs/.

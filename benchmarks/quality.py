@@ -52,6 +52,7 @@ ARMS: dict[str, list[str]] = {
 LONG_ARM = "baseline_long"
 DEFAULT_ARMS = [a for a in ARMS if a != LONG_ARM]  # the equal-images-seen comparison
 MIN_BASELINE_GAIN = 0.02  # a method is reported only if its baseline's k-NN gains this much over init
+NO_FIGURE = "Figure: none (no method reported)"
 HVP_KEYS = ("hvp",)  # the only top-level config key allowed to differ between arms
 ARM_KEYS = {LONG_ARM: {"trainer.max_epochs"}}  # what else an arm may change, by design
 
@@ -568,8 +569,10 @@ def report(
     if diffs:
         checked = "CONFIGS DIFFER: " + "; ".join(diffs[:5])
     png = png or out / "knn_curves.png"
-    if res:
+    figure = NO_FIGURE
+    if res and methods:  # matplotlib cannot draw zero panels
         plot_curves(res, methods, arms, png, f"{scale_name} scale: {scale.description}")
+        figure = f"Figure: `{png.relative_to(REPO) if png.is_relative_to(REPO) else png}`"
     walls = [r["wall_s"] for v in res.values() for r in v.values()]
     inits = [r["knn_init"] for v in res.values() for r in v.values() if r["knn_init"] is not None]
     lines = [
@@ -600,7 +603,7 @@ def report(
         *crossings(res, methods, arms),
         "",
         *(["Equal compute (differences paired by seed):", "", *equal_compute] if equal_compute else []),
-        f"Figure: `{png.relative_to(REPO) if png.is_relative_to(REPO) else png}`",
+        figure,
         "",
     ]
     text = "\n".join(lines)
@@ -672,7 +675,9 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if args.results:
         with args.results.open("a") as fh:
-            fh.write(f"\n{text}\n![k-NN curves, {args.scale} scale]({png.name})\n")
+            fh.write(f"\n{text}\n")
+            if NO_FIGURE not in text:
+                fh.write(f"![k-NN curves, {args.scale} scale]({png.name})\n")
 
 
 if __name__ == "__main__":

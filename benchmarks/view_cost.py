@@ -60,8 +60,8 @@ from hvp_lightning.methods import METHODS  # noqa: E402
 BLUR_KINDS = ("pil", "torchvision9", "simclr")
 
 
-def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """This script's options and, for ``item``, the rest (``loader.py``'s)."""
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """This script's options; for ``item`` also ``loader.py``'s, as ``args.loader``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="part", required=True)
     item = sub.add_parser("item", help="a training item's CPU time in loader.py's two arms")
@@ -80,10 +80,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     for s in (item, blur, batch):
         s.add_argument("--out", type=Path, default=None, help="append the markdown section to this file")
     args, rest = p.parse_known_args(argv)
-    rest = [a for a in rest if a != "--"]
-    if rest and args.part != "item":
+    if args.part == "item":  # one process, no loader workers
+        args.loader = loader.parse_args([*(a for a in rest if a != "--"), "--workers", "0"])
+    elif rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
-    return args, rest
+    return args
 
 
 def cpu_ms(f: Callable[[], object], calls: int) -> float:
@@ -106,9 +107,9 @@ def load_batched(path: Path) -> ModuleType:
     return module
 
 
-def item_cost(args: argparse.Namespace, loader_argv: list[str]) -> tuple[list[str], list[str]]:
+def item_cost(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """Notes and table rows: per round, thread CPU ms per item of each arm."""
-    largs = loader.parse_args([*loader_argv, "--workers", "0"])
+    largs = args.loader
     root = largs.root or loader.make_jpeg_folder(loader.REPO / "benchmarks" / ".cache" / "jpeg", largs.images)
     cfg = loader.build_cfg(largs, root)
     augs = METHODS[cfg.method.name].view_augs(cfg)
@@ -287,10 +288,10 @@ def batch_cost(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> str:
     argv = sys.argv[1:] if argv is None else argv
-    args, rest = parse_args(argv)
+    args = parse_args(argv)
     if args.part == "item":
         torch.set_num_threads(1)
-        notes, table = item_cost(args, rest)
+        notes, table = item_cost(args)
     elif args.part == "blur":
         notes, table = blur_cost(args)
     else:

@@ -17,7 +17,7 @@
 #   bash benchmarks/gpu_session.sh tests-rest-more  # the rest for BYOL, MoCo v3, VICReg, Barlow Twins
 #   bash benchmarks/gpu_session.sh simsiam      # SimSiam R50 224 px HVP N=4 bf16 compiled: >= 1,300 images/s
 #   bash benchmarks/gpu_session.sh dino         # DINO ViT-S/16 HVP 4+16 crops bf16: >= 500 images/s
-#   bash benchmarks/gpu_session.sh blur         # the blur's share of the colour step per batch (issue 40 item 9)
+#   bash benchmarks/gpu_session.sh blur         # the colour step and its blur per batch (benchmarks/view_cost.py batch)
 #   bash benchmarks/gpu_session.sh profile      # that DINO step taken apart (benchmarks/step_profile.py, ~2-3 min):
 #                                               # images/s with/without HVP and loader, time per hook and range,
 #                                               # top ops by GPU and CPU time, host syncs by source line
@@ -62,7 +62,7 @@ case "$stage" in
     profile) timeout -k 10 "$limit" python3 benchmarks/step_profile.py --method dino --backbone vit_small \
                  --batch-size 64 --images 1408 --crop 224 --views 4 --workers 14 --warmup 5 --batches 10 --device cuda \
                  --override trainer.precision=bf16-mixed --out "$out/results.md" 2>&1 | tee "$out/$stage.txt" ;;
-    blur) timeout -k 10 "$limit" python3 benchmarks/gpu_blur_cost.py --device cuda --out "$out/results.md" \
+    blur) timeout -k 10 "$limit" python3 benchmarks/view_cost.py batch --device cuda --out "$out/results.md" \
               2>&1 | tee "$out/$stage.txt" ;;
     cifar)
         tar xzf cifar10.tar.gz -C /tmp

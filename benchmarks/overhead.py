@@ -366,6 +366,7 @@ def render(rows: list[tuple[str, str, str, str]], markdown: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -529,7 +530,7 @@ def main(argv: list[str] | None = None) -> None:
     print(render(rows, markdown=False))
     print("\n".join(explain))
     if args.out:
-        cmd = "uv run python " + shlex.join([os.path.relpath(sys.argv[0], REPO) if sys.argv[0] else "", *sys.argv[1:]])
+        cmd = "uv run python benchmarks/overhead.py " + shlex.join(argv)
         section = [
             f"\n## HVP overhead: {args.method}, {args.backbone}, B={b}, N={n} "
             f"({dt.datetime.now().astimezone().isoformat(timespec='seconds')})",

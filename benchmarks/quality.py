@@ -52,6 +52,7 @@ ARMS: dict[str, list[str]] = {
 LONG_ARM = "baseline_long"
 DEFAULT_ARMS = [a for a in ARMS if a != LONG_ARM]  # the equal-images-seen comparison
 MIN_BASELINE_GAIN = 0.02  # a method is reported only if its baseline's k-NN gains this much over init
+NO_FIGURE = "Figure: none (no method reported)"
 HVP_KEYS = ("hvp",)  # the only top-level config key allowed to differ between arms
 ARM_KEYS = {LONG_ARM: {"trainer.max_epochs"}}  # what else an arm may change, by design
 
@@ -568,8 +569,10 @@ def report(
     if diffs:
         checked = "CONFIGS DIFFER: " + "; ".join(diffs[:5])
     png = png or out / "knn_curves.png"
-    if res:
+    figure = NO_FIGURE
+    if res and methods:  # matplotlib cannot draw zero panels
         plot_curves(res, methods, arms, png, f"{scale_name} scale: {scale.description}")
+        figure = f"Figure: `{png.relative_to(REPO) if png.is_relative_to(REPO) else png}`"
     walls = [r["wall_s"] for v in res.values() for r in v.values()]
     inits = [r["knn_init"] for v in res.values() for r in v.values() if r["knn_init"] is not None]
     lines = [
@@ -600,7 +603,7 @@ def report(
         *crossings(res, methods, arms),
         "",
         *(["Equal compute (differences paired by seed):", "", *equal_compute] if equal_compute else []),
-        f"Figure: `{png.relative_to(REPO) if png.is_relative_to(REPO) else png}`",
+        figure,
         "",
     ]
     text = "\n".join(lines)
@@ -611,7 +614,7 @@ def report(
     return text
 
 
-def main() -> None:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", choices=sorted(SCALES), default="cpu")
     p.add_argument("--methods", nargs="+", default=None, help="default: every method of the scale")
@@ -637,7 +640,7 @@ def main() -> None:
         "--results", type=Path, default=None, help="append the report to this markdown file; the figure goes beside it"
     )
     p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     scale = SCALES[args.scale]
     args.methods = args.methods or list(scale.per_method)
     unknown = [m for m in args.methods if m not in scale.per_method]
@@ -645,6 +648,13 @@ def main() -> None:
         p.error(f"--methods {unknown} not in this scale; allowed: {sorted(scale.per_method)}")
     if "baseline" not in args.arms and (args.report_only or args.results):
         p.error("a report needs the baseline arm in --arms (differences are taken to it)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    scale = SCALES[args.scale]
     out = (args.out or REPO / "runs" / f"quality-{args.scale}").resolve()
     jobs = plan(scale, args.methods, args.arms, args.seeds, out)
     if args.dry_run:
@@ -656,7 +666,7 @@ def main() -> None:
     if "baseline" not in args.arms:  # e.g. adding baseline_long beside a running benchmark
         print("no baseline arm: runs only; build the report with all arms and --report-only")
         return
-    command = "`uv run python benchmarks/quality.py " + " ".join(sys.argv[1:]) + "`"
+    command = "`uv run python benchmarks/quality.py " + " ".join(argv) + "`"
     if args.report_only:  # say so: the runs themselves came from an earlier call without it
         command += " (builds this report from finished runs, which the same command trains without --report-only)"
     # With --results the figure goes beside that file (committed with it), not only into runs/.
@@ -665,7 +675,9 @@ def main() -> None:
     print(text)
     if args.results:
         with args.results.open("a") as fh:
-            fh.write(f"\n{text}\n![k-NN curves, {args.scale} scale]({png.name})\n")
+            fh.write(f"\n{text}\n")
+            if NO_FIGURE not in text:
+                fh.write(f"![k-NN curves, {args.scale} scale]({png.name})\n")
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import loader  # noqa: E402
 from loader import (  # noqa: E402  (benchmarks/loader.py; it puts the repository on sys.path)
     REPO,
     StepClock,
@@ -63,7 +64,6 @@ from loader import (  # noqa: E402  (benchmarks/loader.py; it puts the repositor
     check_images,
     end_on_sigterm,
     make_jpeg_folder,
-    parse_args,
     step_datamodule,
     step_trainer,
 )
@@ -260,12 +260,17 @@ class Report:
                 f.write(text)
 
 
-def main(argv: list[str] | None = None) -> str:
-    argv = sys.argv[1:] if argv is None else argv
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
+    """This script's own options and ``loader.py``'s."""
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--top", type=int, default=25, help="rows of each op table")
     mine, rest = own.parse_known_args(argv)
-    args = parse_args(rest)
+    return mine, loader.parse_args(rest)
+
+
+def main(argv: list[str] | None = None) -> str:
+    argv = sys.argv[1:] if argv is None else argv
+    mine, args = parse_args(argv)
     end_on_sigterm()  # the stage's `timeout` ends it, not only the fit in progress
     device = torch.device(args.device)
     cuda = device.type == "cuda"

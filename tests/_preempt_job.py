@@ -6,9 +6,6 @@ lands in the middle of a step, at a step the test knows.
 
 Lightning's DDP launcher starts the other ranks as ``python -m tests._preempt_job ...`` again,
 with the same environment: each installs the same hook, and only rank R waits.
-
-``PREEMPT_CLOCK=<file>`` also appends ``<time.time()> <global step>`` to that file at every training
-batch start of rank 0 (benchmarks/preemption.py: when is training back at the step it was at?).
 """
 
 from __future__ import annotations
@@ -36,27 +33,10 @@ def wait_mid_step(step: int, rank: int, marker: Path) -> None:
     SSLMethod.on_before_optimizer_step = on_before_optimizer_step  # type: ignore[method-assign]
 
 
-def clock_batches(path: Path) -> None:
-    import lightning as L
-
-    from hvp_lightning.training import driver as driver
-
-    class Clock(L.Callback):
-        def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-            if trainer.global_rank == 0:
-                with path.open("a") as f:
-                    f.write(f"{time.time():.6f} {trainer.global_step}\n")
-
-    callbacks = driver.analysis_callbacks
-    driver.analysis_callbacks = lambda *args: [*callbacks(*args), Clock()]  # the run's other callbacks too
-
-
 def main() -> None:
     wait_mid_step(
         int(os.environ["PREEMPT_AT_STEP"]), int(os.environ.get("PREEMPT_RANK", "0")), Path(os.environ["PREEMPT_MARKER"])
     )
-    if os.environ.get("PREEMPT_CLOCK"):
-        clock_batches(Path(os.environ["PREEMPT_CLOCK"]))
     from hvp_lightning.cli import train
 
     train()

@@ -1,7 +1,12 @@
-"""benchmarks/loader.py's contract with the GPU session script (benchmarks/gpu_session.sh).
+"""benchmarks/ as a suite: every maintained script runs (smoke tests at the tiniest size, in-process
+where that takes a second or two, else in the slow tier), the GPU session's stages name scripts and
+options that exist, benchmarks/README.md lists exactly the scripts there with commands their parsers
+take, and each figure the README and RESULTS.md's table of current figures give is in the dated entry
+they link to.
 
-The device machine is lent for minutes a session: a benchmark that ignores its time limit, or
-fails at the end after its rounds ran, costs the whole stage. Both happened on the first GPU run.
+The device machine is lent for minutes a session: a benchmark that ignores its time limit, or fails at
+the end after its rounds ran, or a stage whose command line its script rejects, costs the whole stage.
+The first two happened on the first GPU run.
 """
 
 from __future__ import annotations
@@ -9,28 +14,121 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 
-from .conftest import REPO
+from . import test_quality
+from .conftest import REPO, make_cfg
 from .test_device_guard import VIT
+from .test_docs import FENCE, slug
+
+BENCH = REPO / "benchmarks"
+SCRIPTS = sorted(p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh"))
+MAX_SCRIPTS = 8  # issue 47: a suite a maintainer keeps working, not a lab notebook
 
 
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "benchmarks" / f"{name}.py")
+def load_script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
-def test_report_names_the_ratios_of_the_arms_it_ran() -> None:
+@pytest.fixture(autouse=True)
+def process_state() -> Iterator[None]:
+    """A script run in-process sets what a script's own process may: torch's thread count (one
+    thread for CPU time per item), SIGTERM ending the process at once. The rest of the suite keeps its own."""
+    threads, handler = torch.get_num_threads(), signal.getsignal(signal.SIGTERM)
+    yield
+    torch.set_num_threads(threads)
+    signal.signal(signal.SIGTERM, handler)
+
+
+# --- smoke tests: each maintained script at the tiniest size -------------------------------------
+
+TINY_LOADER = ["--data", "synthetic", "--images", "16", "--image-size", "16", "--crop", "16", "--views", "3"]
+TINY_LOADER += ["--batch-size", "4", "--batches", "1", "--warmup", "1", "--rounds", "1", "--workers", "0"]
+
+
+def test_loader_times_every_arm_and_appends_its_report(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "results.md"
+    load_script("loader").main([*TINY_LOADER, "--method", "simsiam_cifar", "--out", str(out)])
+    text = out.read_text()
+    for arm in ("pipeline", "workers", "colour_in_main"):
+        assert float(_row(text, arm)[0]) > 0
+    assert "loader.py --data synthetic" in text
+    assert re.search(r"^images/s: \d", capsys.readouterr().out, re.MULTILINE)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--method", "simclr", "--backbone", "resnet18_narrow", "--width", "4", "--batch-size", "4", "--crop", "16"],
+        ["--method", "vicreg", "--backbone", "resnet18_narrow", "--width", "4", "--batch-size", "4", "--crop", "16"],
+        pytest.param(  # ~3-6 s: a ViT teacher and student, three models
+            ["--method", "dino", "--backbone", "vit_tiny", "--crop", "16", "--local-crop", "8", "--batch-size", "2"]
+            + ["--compare-reuse", "--override", *VIT[1:4], "method.out_dim=32"],
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=["pair", "batch_loss", "multicrop"],
+)
+def test_overhead_times_both_models_and_the_bound(tmp_path: Path, argv: list[str]) -> None:
+    out = tmp_path / "results.md"
+    load_script("overhead").main([*argv, "--num-views", "3", "--iters", "1", "--warmup", "0", "--out", str(out)])
+    text = out.read_text()
+    assert "uv run python benchmarks/overhead.py " + shlex.join(argv[:2]) in text  # the command as given
+    assert re.search(r"hvp/baseline step \(paired\) \| [\d.]+x", text), text
+    assert "bound" in text and ("leave-one-out" in text) == ("vicreg" in argv)
+    assert ("hvp_noreuse" in text) == ("--compare-reuse" in argv)
+
+
+def test_view_cost_item_times_both_arms_on_the_same_crops(tmp_path: Path) -> None:
+    """`item` with this tree's batched.py as its own baseline: the views are bit-equal, and every arm
+    gets a positive time per round and a reference / pipeline ratio."""
+    loader = load_script("loader")
+    root = loader.make_jpeg_folder(tmp_path / "jpeg", 8)
+    text = load_script("view_cost").main(
+        ["item", "--items", "2", "--rounds", "1", "--baseline", str(REPO / "hvp_lightning/data/batched.py")]
+        + ["--root", str(root), "--method", "simsiam", "--crop", "16", "--views", "2"]
+    )
+    assert "bit-equal on 2 items" in text
+    for arm in ("reference", "crops", "colour", "colour_baseline", "colour_hue_blur_free"):
+        assert float(_row(text, arm)[0]) > 0
+    assert _row(text, "reference / (crops + colour)")[0].endswith("x")
+
+
+def test_view_cost_blur_times_every_path() -> None:
+    text = load_script("view_cost").main(["blur", "--size", "16", "--sigmas", "1.5", "--calls", "1"])
+    cells = _row(text, "1.5")
+    assert cells[0] == "1" and len(cells) == 8  # box radius 1, seven paths
+    assert all(c == "n/a" or float(c) > 0 for c in cells[1:])
+    assert "hue: batched.hue (torch ops)" in text
+
+
+def test_view_cost_batch_times_every_kind(tmp_path: Path) -> None:
+    """`batch` (the GPU session's ``blur`` stage) on the CPU: a row per blur kind and shape, the step
+    and the blur alone timed, the section appended to ``--out``."""
+    out = tmp_path / "results.md"
+    load_script("view_cost").main(
+        ["batch", "--device", "cpu", "--shapes", "4x16", "--rounds", "1", "--calls", "1", "--out", str(out)]
+    )
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| 4x16 |")]
+    assert [row.split(" | ")[1] for row in rows] == ["pil", "torchvision9", "simclr"]
+    assert all(float(row.split(" | ")[2]) > 0 and float(row.split(" | ")[3]) > 0 for row in rows)
+
+
+def test_loader_report_names_the_ratios_of_the_arms_it_ran() -> None:
     """A loader run without --shards has a ``pipeline`` but no ``shards`` arm: the report gives
     the rates and only the ratios whose both arms ran (it raised KeyError after all rounds)."""
     loader = load_script("loader")
@@ -43,7 +141,7 @@ def test_report_names_the_ratios_of_the_arms_it_ran() -> None:
 
 
 @pytest.mark.slow
-def test_sigterm_ends_the_step_benchmark(tmp_path: Path) -> None:
+def test_sigterm_ends_the_step_benchmark() -> None:
     """``timeout`` sends SIGTERM: the benchmark ends at once with 128 + 15, instead of Lightning
     stopping the round in progress and the next round starting."""
     cmd = [
@@ -66,18 +164,6 @@ def test_sigterm_ends_the_step_benchmark(tmp_path: Path) -> None:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
-
-
-def test_blur_cost_script_times_every_kind(tmp_path: Path) -> None:
-    """gpu_blur_cost.py (the GPU session's ``blur`` stage) on the CPU at a tiny size: a row per
-    blur kind and shape, the step and the blur alone timed, the section appended to ``--out``."""
-    out = tmp_path / "results.md"
-    load_script("gpu_blur_cost").main(
-        ["--device", "cpu", "--shapes", "4x16", "--rounds", "1", "--calls", "1", "--out", str(out)]
-    )
-    rows = [line for line in out.read_text().splitlines() if line.startswith("| 4x16 |")]
-    assert [row.split(" | ")[1] for row in rows] == ["pil", "torchvision9", "simclr"]
-    assert all(float(row.split(" | ")[2]) > 0 and float(row.split(" | ")[3]) > 0 for row in rows)
 
 
 TINY_DINO = [
@@ -137,3 +223,214 @@ def test_step_profile_reports_rates_split_ranges_and_ops(tmp_path: Path) -> None
     assert int(_row(text, "hvp/ema")[2]) >= 1
     assert "By cpu_time_total" in text and "aten::" in text
     assert "Host syncs: n/a on the CPU" in text
+
+
+# --- the GPU session's stages ----------------------------------------------------------------------
+
+SESSION = BENCH / "gpu_session.sh"
+FAKES = {  # the device machine's commands, recording instead of running: a stage's calls, not its work
+    "python3": 'printf "%s\\037" "$@" >> "$CALLS"; echo >> "$CALLS"',
+    "timeout": 'while [[ $1 == -* ]]; do [[ $1 == -k ]] && shift; shift; done; shift; exec "$@"',
+    "nvidia-smi": "true",
+    "tar": "true",
+}
+
+
+def session_stages() -> dict[str, set[str]]:
+    """The stages as the script's case labels, its usage line and its header name them."""
+    text = SESSION.read_text()
+    usage = re.search(r'stage=\$\{1:\?"stage: ([^"]*)"\}', text)
+    assert usage, "no usage line"
+    return {
+        "case": set(re.findall(r"^    ([a-z][a-z-]*)\)", text, re.MULTILINE)),
+        "usage": set(re.split(r",? (?:or )?", usage.group(1))),
+        "header": set(re.findall(r"^#\s+bash benchmarks/gpu_session.sh ([a-z-]+)", text, re.MULTILINE)),
+    }
+
+
+def stage_calls(stage: str, tmp_path: Path) -> list[list[str]]:
+    """The python3 command lines that ``gpu_session.sh STAGE`` runs, with fakes first on PATH."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / f"{stage}.calls"
+    bin_dir.mkdir(exist_ok=True)
+    for name, body in FAKES.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"), CALLS=str(calls))
+    proc = subprocess.run(["bash", str(SESSION), stage], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    return [line.split("\x1f")[:-1] for line in lines]
+
+
+def check_command(argv: list[str]) -> None:
+    """A python command line of a stage or a doc: its script takes the options (its own parser),
+    pytest's paths exist, train.py's overrides compose."""
+    if argv[:2] == ["-m", "pytest"]:
+        paths = [a for a in argv if a.startswith("tests")]
+        assert all((REPO / p.split("::")[0]).exists() for p in paths), paths
+    elif argv[0] == "train.py":
+        make_cfg(*(o for o in argv[1:] if not o.startswith("hydra.")), tiny=False)
+    else:
+        match = re.fullmatch(r"benchmarks/(\w+)\.py", argv[0])
+        assert match and f"{match.group(1)}.py" in SCRIPTS, argv
+        try:
+            load_script(match.group(1)).parse_args(argv[1:])
+        except SystemExit as e:  # argparse's error, printed on stderr
+            raise AssertionError(f"{shlex.join(argv)} does not parse") from e
+
+
+def test_gpu_session_stages_run_existing_scripts_with_their_options(tmp_path: Path) -> None:
+    """Each stage, run with the GPU machine's commands faked, calls scripts and tests that exist with
+    options their parsers take: a stage that fails on its command line costs a lent machine's call."""
+    assert subprocess.run(["bash", "-n", str(SESSION)]).returncode == 0
+    names = session_stages()
+    assert names["case"] == names["usage"] == names["header"], names
+    for stage in sorted(names["case"]):
+        work = [c for c in stage_calls(stage, tmp_path) if c[0] != "-c" and c[:2] != ["-m", "pip"]]
+        assert work, f"stage {stage} runs nothing"
+        for argv in work:
+            check_command(argv)
+
+
+def test_an_unknown_stage_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(AssertionError, match="unknown stage: profiles"):
+        stage_calls("profiles", tmp_path)
+
+
+# --- benchmarks/README.md and RESULTS.md -------------------------------------------------------------
+
+README = BENCH / "README.md"
+RESULTS = BENCH / "RESULTS.md"
+SMOKE = {  # each maintained script -> the tests that run it
+    "gpu_session.sh": [test_gpu_session_stages_run_existing_scripts_with_their_options],
+    "loader.py": [test_loader_times_every_arm_and_appends_its_report, test_sigterm_ends_the_step_benchmark],
+    "overhead.py": [test_overhead_times_both_models_and_the_bound],
+    "quality.py": [test_quality.test_main_plans_and_reports_from_finished_runs, test_quality.test_a_tiny_scale_runs],
+    "step_profile.py": [test_step_profile_reports_rates_split_ranges_and_ops],
+    "view_cost.py": [
+        test_view_cost_item_times_both_arms_on_the_same_crops,
+        test_view_cost_blur_times_every_path,
+        test_view_cost_batch_times_every_kind,
+    ],
+}
+
+
+def test_the_suite_is_the_readmes_list_and_each_script_has_a_smoke_test() -> None:
+    headings = re.findall(r"^## `([\w.]+)`:", README.read_text(), re.MULTILINE)
+    assert len(SCRIPTS) <= MAX_SCRIPTS
+    assert sorted(headings) == SCRIPTS
+    assert sorted(SMOKE) == SCRIPTS
+
+
+def fenced_commands(md: Path) -> list[list[str]]:
+    """The command lines in a markdown file's fenced blocks that run a benchmark script: its words
+    from the script on, continuations joined, comments dropped."""
+    commands, in_fence, lines = [], False, []
+    for line in md.read_text().splitlines():
+        if FENCE.match(line):
+            in_fence = not in_fence
+        elif in_fence:
+            lines.append(line)
+    for line in re.sub(r"\\\n\s*", " ", "\n".join(lines)).splitlines():
+        if not re.search(r"benchmarks/\w+\.(py|sh)", line):
+            continue
+        words = shlex.split(line, comments=True)
+        starts = [i for i, w in enumerate(words) if re.fullmatch(r"benchmarks/\w+\.(py|sh)", w)]
+        for i in starts:
+            rest = words[i + 1 :]
+            end = next((k for k, w in enumerate(rest) if w in (";", "&&", "||", "|") or w.endswith(";")), None)
+            commands.append([words[i], *(rest if end is None else [*rest[:end], rest[end].rstrip(";")])])
+    return commands
+
+
+@pytest.mark.parametrize("md", [README, REPO / "docs" / "testing.md"], ids=lambda p: p.name)
+def test_readme_commands_parse(md: Path) -> None:
+    """Every benchmark command the docs give is one its script takes (a stage the session script has)."""
+    commands = fenced_commands(md)
+    assert commands
+    stages = session_stages()["case"]
+    for argv in commands:
+        if argv[0].endswith(".sh"):
+            assert argv[1:2] and argv[1] in stages, argv
+        else:
+            check_command(argv)
+
+
+def sections(md: Path) -> dict[str, str]:
+    """Each heading's anchor (GitHub's, as tests/test_docs.py computes it) -> its text, down to the
+    next heading of its level or above."""
+    lines = md.read_text().splitlines()
+    heads, seen, in_fence = [], {}, False
+    for i, line in enumerate(lines):
+        if FENCE.match(line):
+            in_fence = not in_fence
+        match = None if in_fence else re.match(r"^(#{1,6})\s+(.*?)\s*#*\s*$", line)
+        if match:
+            base = slug(match.group(2))
+            heads.append((i, len(match.group(1)), base if base not in seen else f"{base}-{seen[base]}"))
+            seen[base] = seen.get(base, 0) + 1
+    out = {}
+    for k, (i, level, anchor) in enumerate(heads):
+        end = next((j for j, lv, _ in heads[k + 1 :] if lv <= level), len(lines))
+        out[anchor] = "\n".join(lines[i:end])
+    return out
+
+
+ENTRY_LINK = re.compile(r"\]\((?:RESULTS\.md)?#([^)\s]+)\)")
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def missing_figures(text: str) -> list[str]:
+    """The numbers of ``text`` (a table cell, a paragraph) that are not in the RESULTS.md entries it
+    links to: a current figure must be the one measured, in the entry that says how."""
+    entries = sections(RESULTS)
+    anchors = ENTRY_LINK.findall(text)
+    assert anchors, f"no link to a RESULTS.md entry: {text[:80]}"
+    assert all(a in entries for a in anchors), anchors
+    source = "\n".join(entries[a] for a in anchors)
+    figures = NUMBER.findall(re.sub(r"\]\([^)]*\)", "]", text))
+    return [n for n in figures if not re.search(rf"(?<![\d.]){re.escape(n)}(?!\d)", source)]
+
+
+def table_rows(text: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")]
+
+
+def test_results_opens_with_one_table_of_current_figures_from_the_entries() -> None:
+    """RESULTS.md's first section is the table of current figures; each row's figure and date are
+    in the dated entry below that the row links to."""
+    text = RESULTS.read_text()
+    first = re.search(r"^## (.*)$", text, re.MULTILINE)
+    assert first and first.group(1) == "Current figures"
+    current = sections(RESULTS)["current-figures"]
+    rows = table_rows(current)
+    assert rows[0] == ["what", "figure", "machine", "date", "entry"] and len(rows) > 10
+    assert current.count("\n| what |") == 1  # one table
+    for what, figure, _, date, entry in rows[2:]:
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", date), what
+        assert missing_figures(f"{figure} {date} {entry}") == [], what
+
+
+def test_readme_latest_results_are_in_the_entries_they_link_to() -> None:
+    """benchmarks/README.md's latest result of each script (its table and its sections) is in the
+    RESULTS.md entry it links to."""
+    text = README.read_text()
+    table = [row for row in table_rows(text) if row[0].startswith("[`")]
+    assert len(table) == len(SCRIPTS)
+    chunks = [row[-1] for row in table]
+    for para in re.split(r"\n\s*\n", text):
+        if para.startswith("Latest result"):
+            intro, *bullets = re.split(r"\n- ", para)
+            chunks += [c for c in (intro, *bullets) if ENTRY_LINK.search(c)]
+    assert len(chunks) >= 2 * len(SCRIPTS) - 1  # the table's and those of the sections (the analysis demo too)
+    for chunk in chunks:
+        assert missing_figures(chunk) == [], chunk
+
+
+def test_figure_check_finds_a_number_not_in_the_entry() -> None:
+    """The check itself: a figure of its entry passes, a changed one and a missing link do not."""
+    link = "[x](RESULTS.md#hvp-step-time-overhead-benchmarksoverheadpy-2026-11-21)"
+    assert missing_figures(f"SimSiam 1.585x (bound 1.583x) {link}") == []
+    assert missing_figures(f"SimSiam 1.58x (bound 1.583x) {link}") == ["1.58"]
+    with pytest.raises(AssertionError, match="no link"):
+        missing_figures("SimSiam 1.585x")

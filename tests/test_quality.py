@@ -111,6 +111,19 @@ def test_methods_whose_baseline_does_not_learn_are_left_out(tmp_path: Path) -> N
     assert "simsiam" not in q.SCALES["cpu"].per_method  # so the CPU benchmark does not spend hours on it
 
 
+def test_a_report_where_no_method_learns_has_no_figure(tmp_path: Path) -> None:
+    """Every method left out: the report says so and draws nothing (matplotlib cannot draw zero
+    panels; the report failed after all runs had finished), and --results links no figure."""
+    args = ["--methods", "simclr", "--arms", "baseline", "hard", "--seeds", "0", "--out", str(tmp_path)]
+    for j in q.plan(q.SCALES["cpu"], ["simclr"], ["baseline", "hard"], [0], tmp_path):
+        _fake_run(j, [0.30, 0.30], None, {"method": {"name": "simclr"}, "seed": 0})
+    results = tmp_path / "RESULTS.md"
+    q.main([*args, "--report-only", "--results", str(results)])
+    text = results.read_text()
+    assert "- simclr: not reported" in text and q.NO_FIGURE in text and "![" not in text
+    assert not list(tmp_path.glob("*.png"))
+
+
 def test_unfinished_runs_are_left_out(tmp_path: Path) -> None:
     scale = q.SCALES["cpu"]
     jobs = q.plan(scale, ["simsiam"], ["baseline", "easy"], [0, 1], tmp_path)
@@ -167,3 +180,64 @@ def test_equal_compute_arm_changes_only_the_epochs(tmp_path: Path) -> None:
     # any other differing key is still reported
     (long.run_dir / "config.yaml").write_text(yaml.safe_dump(dict(cfg, seed=0, trainer={"max_epochs": 19, "x": 1})))
     assert [p for p in q.config_differences(jobs) if "trainer.x" in p]
+
+
+def test_main_plans_and_reports_from_finished_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The script's main in-process: --dry-run prints one train.py command per run; --report-only on
+    finished runs writes the report and appends it, with the figure beside it, to --results."""
+    args = ["--methods", "simclr", "--arms", "baseline", "hard", "--seeds", "0", "1", "--out", str(tmp_path)]
+    q.main([*args, "--dry-run"])
+    commands = capsys.readouterr().out.splitlines()
+    assert len(commands) == 4 and all(" train.py " in c and "method=simclr_cifar" in c for c in commands)
+    for j in q.plan(q.SCALES["cpu"], ["simclr"], ["baseline", "hard"], [0, 1], tmp_path):
+        knn = 0.30 + 0.01 * j.seed + 0.02 * (j.arm == "hard")
+        _fake_run(j, [0.25, knn], knn + 0.1, {"method": {"name": "simclr"}, "seed": j.seed, "hvp": j.arm})
+    results = tmp_path / "RESULTS.md"
+    q.main([*args, "--report-only", "--results", str(results)])
+    text = results.read_text()
+    assert "Command: `uv run python benchmarks/quality.py --methods simclr" in text
+    assert "| simclr | hard | 2 | 32.50 ± 0.71 | +2.00 (2.00, 2.00) |" in text
+    assert text.endswith("![k-NN curves, cpu scale](quality_cpu_knn_curves.png)\n")
+    assert (tmp_path / "quality_cpu_knn_curves.png").stat().st_size > 10_000
+
+
+TINY_SCALE = q.Scale(
+    description="the built-in textures, 1 epoch: checks the benchmark runs, its numbers mean nothing",
+    common=[
+        "data=synthetic",
+        "data.train_size=64",
+        "data.test_size=32",
+        "data.crop_size=16",
+        "data.num_workers=0",
+        "backbone.width=4",
+        "method.batch_size=16",
+        "trainer=cpu",
+        "trainer.max_epochs=1",
+        "logger=csv",
+        "checkpoint.every_n_epochs=null",
+        "+trainer.enable_progress_bar=false",
+    ],
+    per_method={"simclr": ["method=simclr_cifar", "method.proj_hidden_dim=32", "method.proj_dim=16"]},
+    threads_per_job=1,
+    jobs=2,
+    linear=["protocol.epochs=1", "protocol.batch_size=16"],
+    long_epochs=2,
+)
+
+
+@pytest.mark.slow  # two tiny train.py runs and their linear probes, two at a time: ~1 min on 2 cores
+def test_a_tiny_scale_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole benchmark at a tiny scale: train.py and eval.py per run, then the report; a second
+    call finds every run done and trains nothing."""
+    monkeypatch.setitem(q.SCALES, "tiny", TINY_SCALE)
+    args = ["--scale", "tiny", "--arms", "baseline", "hard", "--seeds", "0", "--out", str(tmp_path)]
+    q.main(args)
+    for arm in ("baseline", "hard"):
+        run = tmp_path / "simclr" / arm / "seed0"
+        assert (run / "summary.json").is_file() and (run / "eval" / "linear" / "eval_summary.json").is_file()
+    report = (tmp_path / "report.md").read_text()
+    assert "Runs finished: 2/2" in report and "checked: saved configs agree" in report
+    assert json.loads((tmp_path / "quality.json").read_text())["config_differences"] == []
+    log = (tmp_path / "simclr" / "hard" / "seed0" / "benchmark.log").read_text()
+    q.main(args)
+    assert (tmp_path / "simclr" / "hard" / "seed0" / "benchmark.log").read_text() == log  # nothing ran again

@@ -298,7 +298,7 @@ def pil_blur_view(x: torch.Tensor, r: int, ww: int, fw: int) -> torch.Tensor:
     pass writes into the middle of the next pass's edge-padded buffer and sums its taps into two
     buffers made once, so a pass is a few arithmetic sweeps and no copy of the image: at 224 px on
     one core ~1.0-1.3 ms where PIL itself with the tensor conversions takes ~2.1-2.2 ms
-    (``benchmarks/blur_cpu.py``). ``x``: float ``[1, C, H, W]`` holding integers 0..255; returns the same."""
+    (``benchmarks/view_cost.py blur``). ``x``: float ``[1, C, H, W]`` holding integers 0..255; returns the same."""
     w = r + 1  # edge width: the 2r + 1 inner taps and one outer tap on either side of a pixel
     inner, outer = torch.empty_like(x, dtype=torch.int32), torch.empty_like(x, dtype=torch.int32)
     dims = (3, 3, 3, 2, 2, 2)  # along the width, then the height, as PIL

@@ -1,13 +1,10 @@
-"""HVP's settings (the ``hvp`` config group) and the candidate views they ask the loader for."""
+"""HVP's settings (the ``hvp`` config group)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from omegaconf import DictConfig
-
-from ..config import check_candidate_counts
 
 
 @dataclass(frozen=True)
@@ -59,26 +56,3 @@ def hvp_config(cfg: DictConfig) -> HVPConfig:
         global_pairs=node.get("global_pairs", "cross"),
         colour=node.get("colour", "per_view"),
     )
-
-
-def num_global_candidates(cfg: DictConfig) -> int:
-    """G, the global candidates per image of a multi-crop method with HVP on:
-    ``hvp.num_global_candidates``, default ``hvp.num_views``."""
-    check_candidate_counts(cfg)
-    return int(cfg.hvp.get("num_global_candidates") or hvp_config(cfg).num_views)
-
-
-def candidate_counts(cfg: DictConfig) -> tuple[int, int]:
-    """(G global, Lc local) views the loader produces per image (DINO).
-
-    HVP off: (2, L). HVP on: ``hvp.num_global_candidates`` (default ``hvp.num_views``, i.e.
-    4) and ``hvp.num_local_candidates`` (default ``ceil(L * num_views / 2)``, i.e. 2L): each
-    of DINO's crops is drawn ``num_views / 2`` times, as in the paper's 4 + 16 setting.
-    """
-    num_local = int(cfg.method.num_local_crops)
-    hvp = hvp_config(cfg)
-    if not hvp.enabled:
-        return 2, num_local
-    g = num_global_candidates(cfg)
-    lc = cfg.hvp.get("num_local_candidates")
-    return g, int(math.ceil(num_local * hvp.num_views / 2) if lc is None else lc)

@@ -1,8 +1,9 @@
-"""Hard views for your own LightningModule: mix in ``HardViewMixin`` and provide three hooks.
+"""Hard views for your own LightningModule and your own loader: mix in ``HardViewMixin``,
+set ``self.hvp`` and provide two hooks (the whole list a host may provide: docs/methods.md).
 
-A tiny "negative cosine" method (a SimSiam without predictor, for brevity) trained on random
-images. With ``HVPConfig(enabled=True)`` every training step first scores all C(N,2)
-candidate pairs per image without gradients, keeps the hardest pair and then runs your
+A tiny "negative cosine" method (a SimSiam without predictor, for brevity) trained on random,
+unlabelled images. With ``HVPConfig(enabled=True)`` every training step first scores all
+C(N,2) candidate pairs per image without gradients, keeps the hardest pair and then runs your
 ordinary step on it; with HVP off the step is your step, untouched.
 
     python examples/custom_method.py          # a few steps on random data, CPU
@@ -45,20 +46,41 @@ class CosineSSL(HardViewMixin, L.LightningModule):  # the mixin goes first: it o
         v1, v2 = batch["views"]
         return pair_loss(self.encoder(v1), self.encoder(v2)).mean()
 
-    # Hook 3, select_views(batch, choice): the mixin's default gathers the chosen pair from
-    # batch["views"] (a list of N candidate batches); multi-crop methods override it.
+    # Optional hook, select_views(batch, choice, context): the mixin's default gathers the
+    # chosen pair from batch["views"] (a list of N candidate batches); multi-crop methods override it.
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.05)
 
 
-def random_views(num_images: int = 32, num_views: int = 4, size: int = 16, seed: int = 0):
-    """A loader of ``{"views": [N x [B, 3, H, W]], "label": [B]}`` batches (your augmentations here)."""
-    g = torch.Generator().manual_seed(seed)
-    images = torch.rand(num_images, 3, size, size, generator=g)
-    views = [images + 0.1 * torch.randn(images.shape, generator=g) for _ in range(num_views)]
-    data = [{"views": [v[i] for v in views], "label": torch.tensor(0)} for i in range(num_images)]
-    return torch.utils.data.DataLoader(data, batch_size=8)
+class NoisyViews(torch.utils.data.Dataset):
+    """Your own unlabelled data: ``{"views": [N x [3, H, W]]}`` per image, no label needed.
+
+    Random images, each seen through N "augmentations" (a random flip plus noise; put your
+    own here), drawn from (seed, image index): the same views in every epoch and worker.
+    """
+
+    def __init__(self, num_images: int = 32, num_views: int = 4, size: int = 16, seed: int = 0) -> None:
+        self.num_images, self.num_views, self.size, self.seed = num_images, num_views, size, seed
+
+    def __len__(self) -> int:
+        return self.num_images
+
+    def __getitem__(self, i: int) -> dict[str, list[torch.Tensor]]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+        image = torch.rand(3, self.size, self.size, generator=g)
+        views = []
+        for _ in range(self.num_views):
+            flipped = image.flip(-1) if torch.rand((), generator=g) < 0.5 else image
+            views.append(flipped + 0.1 * torch.randn(image.shape, generator=g))
+        return {"views": views}
+
+
+def random_views(
+    num_images: int = 32, num_views: int = 4, size: int = 16, seed: int = 0
+) -> torch.utils.data.DataLoader:
+    """Batches ``{"views": [N x [B, 3, H, W]]}``: all the mixin reads of a batch."""
+    return torch.utils.data.DataLoader(NoisyViews(num_images, num_views, size, seed), batch_size=8)
 
 
 def main(max_steps: int = 4) -> CosineSSL:

@@ -8,7 +8,8 @@ The public API, importable from the top level::
 Methods (LightningModules, equal to the original methods with HVP off): :class:`SimSiam`,
 :class:`SimCLR`, :class:`DINO`, :class:`IBOT`, :class:`BYOL`, :class:`MoCoV3`, :class:`VICReg`,
 :class:`BarlowTwins`. Selection:
-:class:`HardViewMixin` (a host provides ``candidate_scores``, ``ssl_step`` and, for non-pair batches, ``select_views``),
+:class:`HardViewMixin` (a host provides ``candidate_scores``, ``ssl_step`` and, for non-pair batches, ``select_views``;
+the whole list: docs/methods.md), :class:`CandidateScores` (a table and what ``select_views`` needs of its pass),
 :class:`HVPConfig`, :func:`choose`, :func:`pair_index`, :func:`global_pair_index`,
 :func:`gather_pairs`, :func:`frozen_state`, :func:`dino_combination_table` (the multi-crop
 search over a DINO cross-entropy table); all in :mod:`hvp_lightning.selection`. Per-sample
@@ -44,6 +45,7 @@ _EXPORTS = {
     "METHODS": "hvp_lightning.methods",
     "HardViewMixin": "hvp_lightning.selection",
     "HVPConfig": "hvp_lightning.selection",
+    "CandidateScores": "hvp_lightning.selection",
     "choose": "hvp_lightning.selection",
     "pair_index": "hvp_lightning.selection",
     "global_pair_index": "hvp_lightning.selection",

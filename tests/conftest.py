@@ -15,6 +15,8 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from hvp_lightning.selection import CandidateScores
+
 # The suite checks the library in one fixed environment, whatever the user's shell has set for
 # their own runs: HYDRA_FULL_ERROR (Hydra re-raises errors itself), WANDB_* (mode, project, run id,
 # directory), SLURM_* and torchrun's process variables (another cluster environment and rank).
@@ -193,18 +195,18 @@ def tiny_vit_run(method: str, tmp_path: Path) -> tuple[dict, dict, str]:
     return summary, state, (tmp_path / "csv" / "metrics.csv").read_text()
 
 
-def score_and_assert_stateless(model: torch.nn.Module, batch: dict) -> torch.Tensor:
+def score_and_assert_stateless(model: torch.nn.Module, batch: dict) -> CandidateScores:
     """Run the selection pass; assert every parameter, buffer (BN stats, teacher, centres)
-    and the global RNG are exactly as before; return the candidate table."""
+    and the global RNG are exactly as before; return what it found (table and context)."""
     before = {k: v.clone() for k, v in model.state_dict().items()}
     rng = torch.get_rng_state()
-    table = model.score_candidates(batch)
-    assert torch.isfinite(table).all()
+    scores = model.score_candidates(batch)
+    assert torch.isfinite(scores.table).all()
     assert torch.equal(torch.get_rng_state(), rng)
     after = model.state_dict()
     for k, v in before.items():
         assert torch.equal(after[k], v), k
-    return table
+    return scores
 
 
 def assert_same_reported_run(resumed: Path, straight: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import lightning as L
 import pytest
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -313,10 +315,30 @@ def _rank_totals(rank: int) -> torch.Tensor:
     return torch.arange(6, dtype=torch.float64) + 10 * rank
 
 
+def _method_in_ddp(rank: int, world: int, cfg: DictConfig) -> Any:
+    """The method attached, as ``fit`` attaches it, to a DDP trainer of ``world`` CPU processes
+    in which it is rank ``rank`` (run_ranks' process group): the mixin gathers its run totals
+    through Lightning. One process: no trainer (a checkpoint read for evaluation)."""
+    model = METHODS[cfg.method.name](cfg)
+    if world > 1:
+        os.environ["LOCAL_RANK"] = str(rank)  # this forked process's rank, as torchrun would say
+        model.trainer = L.Trainer(
+            accelerator="cpu",
+            devices=world,
+            strategy="ddp",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        assert (model.global_rank, model.trainer.world_size) == (rank, world)
+    return model
+
+
 def _save_run_state(rank: int, world: int, cfg: DictConfig) -> dict[str, Any]:
     """The checkpoint dict each rank dumps (rank 0's is the file) of a module whose run totals
     and skipped files differ per rank."""
-    model = METHODS[cfg.method.name](cfg)
+    model = _method_in_ddp(rank, world, cfg)
     model.hvp_totals, model.skipped_files = _rank_totals(rank), {f"bad{rank}.jpg"}
     ckpt: dict[str, Any] = {}
     model.on_save_checkpoint(ckpt)
@@ -324,7 +346,7 @@ def _save_run_state(rank: int, world: int, cfg: DictConfig) -> dict[str, Any]:
 
 
 def _load_run_state(rank: int, world: int, cfg: DictConfig, ckpt: dict[str, Any]) -> tuple[torch.Tensor, set[str]]:
-    model = METHODS[cfg.method.name](cfg)
+    model = _method_in_ddp(rank, world, cfg)
     model.on_load_checkpoint(ckpt)
     return model.hvp_totals, model.skipped_files
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import inspect
+import re
 import subprocess
 import sys
 import zipfile
@@ -151,20 +152,35 @@ def test_run_totals_survive_a_checkpoint_of_any_mixin_host() -> None:
     assert torch.equal(restored.hvp_totals, model.hvp_totals.cpu())
 
 
+def _design_block(name: str) -> list[str]:
+    """The lines of docs/DESIGN.md between ``<!-- NAME: read by tests/test_package.py -->`` and ``<!-- /NAME -->``."""
+    design = (REPO / "docs" / "DESIGN.md").read_text()
+    return design.split(f"<!-- {name}: read by tests/test_package.py -->")[1].split(f"<!-- /{name} -->")[0].split("\n")
+
+
+def _units(text: str) -> list[str]:
+    """The units named in ``text``: root modules (```config```) and folders (```run/```)."""
+    return re.findall(r"`([a-z_]+/?)`", text)
+
+
 def _layers() -> dict[str, int]:
     """docs/DESIGN.md section 9's layer list: ``{unit: layer}``, a unit being a root module
     (``config``) or a folder (``run/``)."""
-    import re
-
-    design = (REPO / "docs" / "DESIGN.md").read_text()
-    block = design.split("<!-- layers: read by tests/test_package.py -->")[1].split("<!-- /layers -->")[0]
     layers = {}
-    for line in block.strip().splitlines():
+    for line in filter(None, _design_block("layers")):
         number, _, rest = line.partition(". ")
-        units = rest.split(" -- ")[0]
-        for unit in re.findall(r"`([a-z_]+/?)`", units):
+        for unit in _units(rest.split(" -- ")[0]):
             layers[unit] = int(number)
     return layers
+
+
+def _allowed_imports() -> dict[str, set[str]]:
+    """docs/DESIGN.md section 9's self-contained units: ``{unit: units it may import}``."""
+    allowed = {}
+    for line in filter(None, _design_block("imports only")):
+        unit, _, rest = line.removeprefix("- ").partition(" imports only ")
+        allowed[_units(unit)[0]] = set(_units(rest))
+    return allowed
 
 
 def _unit(module: str) -> str:
@@ -200,6 +216,33 @@ def test_every_import_points_down_the_design_layers() -> None:
                         f"{p.relative_to(REPO)} ({here}, layer {layers[here]}) imports {target} (layer {layers[there]})"
                     )
     assert upward == []
+
+
+def test_the_mixin_imports_only_losses_nn_and_the_allowed_names() -> None:
+    """A user's own LightningModule with its own loader is a complete host of ``HardViewMixin``
+    (docs/methods.md): ``selection/`` imports only the units docs/DESIGN.md section 9 lets it
+    (``losses/``, ``nn/``, the leaf of allowed names) and libraries -- no loader, cluster, run,
+    training or config code, although they sit below it in the layers (function-level imports
+    count)."""
+    layers, allowed = _layers(), _allowed_imports()
+    assert "selection/" in allowed and "losses/" in allowed["selection/"]
+    assert not allowed["selection/"] & {"data/", "cluster/", "run/", "training/", "config", "config_rules"}
+    assert all(set(units) <= layers.keys() for units in allowed.values()), "allowed units not on the layer list"
+    seen, outside = set(), []
+    for p in (REPO / "hvp_lightning").rglob("*.py"):
+        here = _unit(".".join(p.relative_to(REPO).with_suffix("").parts))
+        if here not in allowed:
+            continue
+        for mod, names in _imports(p):
+            if not mod.startswith("hvp_lightning"):
+                continue
+            for target in [f"{mod}.{n}" for n in names] if mod == "hvp_lightning" else [mod]:
+                there = _unit(target)
+                seen.add(there)
+                if there != here and there not in allowed[here]:
+                    outside.append(f"{p.relative_to(REPO)} ({here}) imports {target}")
+    assert outside == []
+    assert {"losses/", "nn/"} <= seen  # the check saw the imports it rules on
 
 
 def test_every_folder_says_what_it_owns_and_what_it_may_import() -> None:

@@ -16,6 +16,7 @@ from ..data.augment import ViewAug
 from ..data.datamodule import eval_roles, view_aug
 from ..data.datasets import note_skipped
 from ..data.iou_policy import iou_policy
+from ..data.static_colour import coloured, share_colour, uncoloured
 from ..nn.backbones import build_backbone
 from ..nn.health import collapse_reason, feature_std, rankme
 from ..nn.knn import knn_accuracy
@@ -67,6 +68,18 @@ class SSLMethod(L.LightningModule):
 
     def ssl_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError
+
+    def uncoloured_candidates(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """``hvp.colour=static`` (:mod:`hvp_lightning.data.static_colour`), the hook
+        :class:`~hvp_lightning.selection.HardViewMixin` asks: the loader's uint8 candidates
+        normalised without colour, every candidate's colour parameters its image's view 0's."""
+        views = uncoloured(batch["views"], view_aug(self.cfg.data))
+        return dict(batch, views=views, params=share_colour(batch["params"]))
+
+    def colour_views(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """``hvp.colour=static``: the chosen uint8 views coloured with their (shared) parameters
+        and normalised, as the loader would have made them."""
+        return dict(batch, views=coloured(batch["views"], batch["params"], view_aug(self.cfg.data)))
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         return self.ssl_step(batch, batch_idx)

@@ -19,8 +19,9 @@ baseline); HVP on, ``[G global candidates (pipelines 1,2,1,2,...), Lc local cand
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from omegaconf import DictConfig
@@ -32,14 +33,49 @@ from ..losses.dino import dino_ce_table, dino_loss
 from ..nn.heads import DINOHead
 from ..nn.teacher import Centering, TeacherStudentMixin
 from ..selection import (
+    CandidateScores,
     HardViewMixin,
-    candidate_counts,
     chosen_views_batch,
     dino_combination_table,
     gather_combination_views,
+    hvp_config,
     stable_seed,
 )
 from .base import SSLMethod
+
+# --- the candidate views the loader produces ----------------------------------------------------
+
+
+def num_global_candidates(cfg: DictConfig) -> int:
+    """G, the global candidates per image of a multi-crop method with HVP on:
+    ``hvp.num_global_candidates``, default ``hvp.num_views``."""
+    hvp = hvp_config(cfg)
+    return hvp.num_global_candidates or hvp.num_views
+
+
+def candidate_counts(cfg: DictConfig) -> tuple[int, int]:
+    """(G global, Lc local) views the loader produces per image (DINO).
+
+    HVP off: (2, L). HVP on: ``hvp.num_global_candidates`` (default ``hvp.num_views``, i.e.
+    4) and ``hvp.num_local_candidates`` (default ``ceil(L * num_views / 2)``, i.e. 2L): each
+    of DINO's crops is drawn ``num_views / 2`` times, as in the paper's 4 + 16 setting.
+    """
+    num_local = int(cfg.method.num_local_crops)
+    hvp = hvp_config(cfg)
+    if not hvp.enabled:
+        return 2, num_local
+    lc = hvp.num_local_candidates
+    return num_global_candidates(cfg), int(math.ceil(num_local * hvp.num_views / 2) if lc is None else lc)
+
+
+class DinoColumns(NamedTuple):
+    """What DINO's selection pass hands its :meth:`DINO.select_views` beside the table (a
+    column is a global pair with its locals, which differ per sample and per mode)."""
+
+    pairs: torch.Tensor  # [B, C, 2] each column's global candidates
+    locals: torch.Tensor  # [B, C, L] each column's local candidates
+    teacher: torch.Tensor | None  # [G, B, K] teacher outputs of the global candidates, where reusable
+
 
 # --- the method -------------------------------------------------------------------------------
 
@@ -50,8 +86,9 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
     HVP flow: :meth:`candidate_scores` returns a ``[B, P]`` table, one column per global
     pair of ``hvp.global_pairs`` (``cross``: 4 of the 6 pairs of G=4), whose entry is the
     loss of that pair with its best locals *under the current mode* (top-L for hard,
-    bottom-L for easy, random for random), and stashes those locals; the mixin's ``choose``
-    picks the column; :meth:`select_views` gathers the pair and its stashed locals. So the
+    bottom-L for easy, random for random), and hands those locals back with it
+    (:class:`DinoColumns`); the mixin's ``choose`` picks the column; :meth:`select_views`
+    gathers the pair and the locals it was handed. So the
     choice is the exact argmax/argmin over all ``P * C(Lc,L)`` combinations (or a uniform
     one). With ``hvp.max_combinations=K`` the columns are instead K random combinations per
     sample (paper's setting). (So the mixin's ``hvp/selection_candidate_loss`` is the mean
@@ -90,7 +127,6 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
         self.head = self.build_head()
         self.init_teacher()
         self.centering = Centering(m.out_dim, m.center_momentum)
-        self._selection: dict[str, Any] | None = None
 
     def build_head(self) -> DINOHead:
         """The student head (the teacher's is a copy); a hook so iBOT can add patch outputs."""
@@ -170,7 +206,7 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
         return loss
 
     # --- HVP hooks --------------------------------------------------------------------------
-    def candidate_scores(self, batch: dict[str, Any]) -> torch.Tensor:
+    def candidate_scores(self, batch: dict[str, Any]) -> CandidateScores:
         views = batch["views"]
         g = self.num_globals
         globals_, locals_ = list(views[:g]), list(views[g:])
@@ -190,32 +226,26 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
             self.hvp.global_pairs,
         )
         reuse = self.teacher_reuse and self.selection_outputs_reusable()
-        self._selection = {
-            "key": views[0],
-            "pairs": table.pairs,
-            "locals": table.locals,
-            "teacher": teacher if reuse else None,
-        }
-        return table.loss
+        return CandidateScores(table.loss, DinoColumns(table.pairs, table.locals, teacher if reuse else None))
 
-    def select_views(self, batch: dict[str, Any], choice: torch.Tensor) -> dict[str, Any]:
+    def select_views(
+        self, batch: dict[str, Any], choice: torch.Tensor, context: DinoColumns | None = None
+    ) -> dict[str, Any]:
         """The chosen 2 globals + L locals of each sample, in the baseline's view layout.
 
-        Without a fresh selection (HVP's off-steps), the first combination: global
-        candidates 0 and 1 (one of each pipeline) and the first L local candidates."""
-        sel, self._selection = self._selection, None
+        Without a selection pass (``context`` None: HVP's off-steps), the first combination:
+        global candidates 0 and 1 (one of each pipeline) and the first L local candidates."""
         views, g, n_loc = batch["views"], self.num_globals, self.num_local
         bsz = choice.shape[0]
         b = torch.arange(bsz, device=choice.device)
-        if sel is not None and sel["key"] is views[0]:
-            pair, locs = sel["pairs"][b, choice], sel["locals"][b, choice]
-        else:
-            sel = None
+        if context is None:
             pair = torch.arange(2, device=choice.device).expand(bsz, 2)
             locs = torch.arange(n_loc, device=choice.device).expand(bsz, n_loc)
+        else:
+            pair, locs = context.pairs[b, choice], context.locals[b, choice]
         teacher_out = None
-        if sel is not None and sel["teacher"] is not None:
-            t = sel["teacher"]
+        if context is not None and context.teacher is not None:
+            t = context.teacher
             teacher_out = [t[pair[:, 0], b], t[pair[:, 1], b]]
         return chosen_views_batch(batch, gather_combination_views(views, g, pair, locs), pair, locs, g, teacher_out)
 

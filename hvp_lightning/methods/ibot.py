@@ -42,8 +42,12 @@ from ..nn.backbones import vit_tokens
 from ..nn.heads import IBOTHead
 from ..nn.sync_free import host_to_device
 from ..nn.teacher import Centering, teacher_temperature
-from ..selection import chosen_views_batch, global_pair_index, hvp_config, num_global_candidates, stable_seed
-from .dino import DINO
+from ..selection import CandidateScores, chosen_views_batch, global_pair_index, hvp_config, stable_seed
+from .dino import DINO, num_global_candidates
+
+# What iBOT's selection pass hands its select_views beside the table, where the step may reuse
+# them: the teacher's CLS ``[G, B, K]`` and patch ``[G, B, P, K']`` logits of the global candidates.
+TeacherLogits = tuple[torch.Tensor, torch.Tensor]
 
 
 class IBOT(DINO):
@@ -63,9 +67,9 @@ class IBOT(DINO):
     step see the same ones, and the global RNG (hence the loader's views) is untouched.
 
     HVP flow: :meth:`candidate_scores` returns ``[B, P]`` over the ``hvp.global_pairs``
-    pairs (:func:`ibot_pair_table`);
-    the mixin chooses a column; :meth:`select_views` gathers that pair's crops *and masks*
-    (and, with teacher reuse, the selection's teacher CLS/patch logits); the L locals pass
+    pairs (:func:`ibot_pair_table`), with teacher reuse together with the selection's teacher
+    CLS/patch logits; the mixin chooses a column; :meth:`select_views` gathers that pair's
+    crops *and masks* (and those logits, handed to it by the mixin); the L locals pass
     through unchanged. The off-step combination (column 0) is globals 0 and 1, the baseline.
 
     Config keys read (``method.*``): DINO's (see :class:`DINO`) plus ``patch_out_dim``,
@@ -219,7 +223,7 @@ class IBOT(DINO):
         return loss
 
     # --- HVP hooks --------------------------------------------------------------------------
-    def candidate_scores(self, batch: dict[str, Any]) -> torch.Tensor:
+    def candidate_scores(self, batch: dict[str, Any]) -> CandidateScores:
         views, g, m = batch["views"], self.num_globals, self.cfg.method
         globals_, locals_ = list(views[:g]), list(views[g:])
         masks = self._masks(batch)
@@ -243,13 +247,14 @@ class IBOT(DINO):
         ce = dino_ce_table(teacher, torch.stack(s_cls), self.centering.center, tau_t, tau_s)
         pairs = global_pair_index(g, self.hvp.global_pairs, ce.device)
         table = ibot_pair_table(ce, torch.stack(patch_terms, 1), pairs, m.lambda1, m.lambda2)
-        self._selection = {"key": views[0], "teacher": (teacher, torch.stack(t_patch)) if reuse else None}
-        return table
+        return CandidateScores(table, (teacher, torch.stack(t_patch)) if reuse else None)
 
-    def select_views(self, batch: dict[str, Any], choice: torch.Tensor) -> dict[str, Any]:
-        """Each sample's chosen global pair, with its masks (and reusable teacher logits),
-        followed by the unchanged locals. Column 0 (HVP's off-steps) = globals 0 and 1."""
-        sel, self._selection = self._selection, None
+    def select_views(
+        self, batch: dict[str, Any], choice: torch.Tensor, context: TeacherLogits | None = None
+    ) -> dict[str, Any]:
+        """Each sample's chosen global pair, with its masks (and the teacher logits ``context``
+        the selection pass handed back, if reusable), followed by the unchanged locals. Column 0
+        (HVP's off-steps) = globals 0 and 1."""
         views, g, n_loc = batch["views"], self.num_globals, self.num_local
         bsz = choice.shape[0]
         b = torch.arange(bsz, device=choice.device)
@@ -257,8 +262,8 @@ class IBOT(DINO):
         g1, g2 = pair.unbind(1)
         glob, masks = torch.stack(list(views[:g])), torch.stack(self._masks(batch))
         teacher_out = None
-        if sel is not None and sel["key"] is views[0] and sel["teacher"] is not None:
-            t_cls, t_patch = sel["teacher"]
+        if context is not None:
+            t_cls, t_patch = context
             teacher_out = ([t_cls[g1, b], t_cls[g2, b]], [t_patch[g1, b], t_patch[g2, b]])
         locs = torch.arange(n_loc, device=choice.device).expand(bsz, n_loc)  # the locals, unchanged
         out = chosen_views_batch(batch, [glob[g1, b], glob[g2, b], *views[g:]], pair, locs, g, teacher_out)

@@ -5,6 +5,6 @@ optimisers (LARS by name) with the warm-up + cosine schedule,
 the teacher-student machinery (EMA teacher, centring, teacher temperature, clipping), the
 oneDNN AVX2 1x1-convolution guard and the step's sync-free host-to-device helpers.
 
-Imports only torch, torchvision, Lightning and the package's leaves (``options``); ``cluster/``,
+Imports only torch, torchvision, Lightning and the package's leaves (``schema``); ``cluster/``,
 ``selection/``, ``methods/`` and ``evaluation/`` build on it.
 """

@@ -4,8 +4,7 @@ One HVP step (docs/DESIGN.md sections 1-2): score every candidate combination wi
 method's own per-sample loss in a pass that changes no state, choose per sample, gather the
 chosen views, run the method's unchanged step on them. By concern:
 
-* :mod:`.settings` -- :class:`HVPConfig` from the ``hvp`` config group; the candidate views
-  per image (:func:`candidate_counts`);
+* :class:`HVPConfig` -- the settings, declared with the ``hvp`` config group (:mod:`hvp_lightning.schema.hvp`);
 * :mod:`.pairs` -- candidate pairs (:func:`pair_index`, :func:`global_pair_index`) and the
   gathers from a choice to views and their augmentation parameters;
 * :mod:`.multicrop` -- DINO/iBOT: combinations of 2 globals + L locals, searched exactly
@@ -13,13 +12,16 @@ chosen views, run the method's unchanged step on them. By concern:
 * :mod:`.choice` -- :func:`choose` (hard / easy / random, never a non-finite entry) and the
   seeds of HVP's private generators;
 * :mod:`.forward_pass` -- the selection forward's precision and :func:`frozen_state`;
-* :mod:`.mixin` -- :class:`HardViewMixin`, the select-then-train ``training_step``;
+* :mod:`.mixin` -- :class:`HardViewMixin`, the select-then-train ``training_step``, and
+  :class:`CandidateScores`, what a selection pass hands from ``candidate_scores`` to ``select_views``;
 * :mod:`.totals` -- the run totals behind ``summary.json``'s ``hvp`` entry.
 
 The per-sample losses and candidate tables themselves (network outputs -> loss values) live
 in :mod:`hvp_lightning.losses`, which this package imports; the methods import both. Imports
-``losses/``, ``data/`` (augmentation parameters), ``cluster/`` (gathers over ranks), ``config``
-and the leaves; never a method or anything above.
+only ``losses/``, ``nn/``, the leaf of the settings' declarations (``schema/``) and libraries
+(torch, Lightning, omegaconf): no loader, cluster, run or config code, so that a user's own
+LightningModule with its own loader is a complete host (docs/DESIGN.md section 9 lists this,
+tests/test_package.py checks it). What the host provides: docs/methods.md.
 """
 
 from ..schema import HVPConfig, hvp_config
@@ -32,7 +34,7 @@ from .forward_pass import (
     resolve_selection_dtype,
     step_autocast_dtype,
 )
-from .mixin import HardViewMixin
+from .mixin import CandidateScores, HardViewMixin
 from .multicrop import (
     CombinationTable,
     DinoSelection,
@@ -42,7 +44,6 @@ from .multicrop import (
     gather_combination_views,
 )
 from .pairs import GLOBAL_PAIRS, gather_pair_params, gather_pairs, gather_view_params, global_pair_index, pair_index
-from .settings import candidate_counts, num_global_candidates
 from .totals import TOTALS, hvp_summary, summarise_totals
 
 __all__ = [
@@ -51,12 +52,12 @@ __all__ = [
     "PRECISIONS",
     "STEP_DTYPES",
     "TOTALS",
+    "CandidateScores",
     "CombinationTable",
     "DinoSelection",
     "HVPConfig",
     "HardViewMixin",
     "ambient_autocast_dtype",
-    "candidate_counts",
     "choose",
     "chosen_views_batch",
     "dino_combination_table",
@@ -69,7 +70,6 @@ __all__ = [
     "global_pair_index",
     "hvp_config",
     "hvp_summary",
-    "num_global_candidates",
     "pair_index",
     "resolve_selection_dtype",
     "stable_seed",

@@ -1,14 +1,18 @@
 """The HVP training step: :class:`HardViewMixin`, shared by every method.
 
-A LightningModule that mixes it in supplies three hooks:
+A LightningModule that mixes it in supplies the hooks of :class:`HardViewMixin` (the whole
+list of what a host provides: docs/methods.md, "What a host provides"):
 
-* ``candidate_scores(batch) -> Tensor[B, C]``: the method's own per-sample loss for every
-  candidate combination ``c`` (pairs for SimSiam/SimCLR, crop sets for DINO/iBOT), computed
-  from a forward over all candidate views. The mixin runs it without gradients, with
+* ``candidate_scores(batch)``: the method's own per-sample loss for every candidate
+  combination ``c`` (pairs for SimSiam/SimCLR, crop sets for DINO/iBOT), ``[B, C]``, computed
+  from a forward over all candidate views -- or :class:`CandidateScores`, the table with what
+  ``select_views`` needs of the same pass. The mixin runs it without gradients, with
   BatchNorm running statistics frozen and RNG streams restored afterwards;
-* ``select_views(batch, choice) -> batch``: the ordinary 2-view (or multi-crop) batch made of
+* ``select_views(batch, choice, context)``: the ordinary 2-view (or multi-crop) batch made of
   each sample's chosen combination (pair methods get this for free);
-* ``ssl_step(batch, batch_idx) -> loss``: the method's unchanged training step.
+* ``ssl_step(batch, batch_idx) -> loss``: the method's unchanged training step;
+* with ``hvp.colour=static`` only, ``uncoloured_candidates(batch)`` and ``colour_views(batch)``:
+  the host's data pipeline knows what colour is.
 
 With HVP off, ``training_step`` is exactly ``ssl_step``: the mixin adds nothing.
 
@@ -17,46 +21,73 @@ Gradient accumulation: ``hvp.every_n_steps`` counts optimiser steps (Lightning's
 or all train on plain ones -- the accumulated step is the same kind of step as one big batch.
 Random draws (``random`` mode, DINO's sampled locals, iBOT's masks) are seeded by
 (seed, global_step, micro-batch index, rank), so the micro-batches of one step draw differently.
+
+The mixin reads nothing of its host but ``self.hvp``, the hooks and LightningModule's own
+members (ranks and gathers through Lightning's ``trainer.world_size`` and ``all_gather``), and
+nothing of a batch but ``views`` (and ``params``, which travel with their views): a user's own
+module with its own loader is a complete host.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import lightning as L
 import torch
 from torch.profiler import record_function
 
-from ..cluster.distributed import gather_per_rank, rank_entries
-from ..data.datamodule import view_aug
 from ..schema import HVPConfig
 from .choice import choose, stable_seed
-from .colour import coloured, share_colour, uncoloured
 from .forward_pass import ambient_autocast_dtype, frozen_state, resolve_selection_dtype
 from .pairs import gather_pair_params, gather_pairs, pair_index
-from .totals import add_totals
+from .totals import TOTALS, add_totals, rank_totals
+
+
+class CandidateScores(NamedTuple):
+    """What a selection pass found: the table the choice is made on, and what the host's
+    ``select_views`` needs of the same pass to turn a chosen column into views (DINO: each
+    column's global pair and locals, and the teacher outputs the step may reuse). A host whose
+    columns say everything (pair methods: column c is pair c) returns the bare table.
+
+    Args:
+        table: Per-sample loss of every candidate combination, ``(B, C)``.
+        context: Handed unchanged to ``select_views`` (None: nothing).
+    """
+
+    table: torch.Tensor
+    context: Any = None
 
 
 class HardViewMixin(L.LightningModule):
     """Overrides ``training_step`` with HVP's select-then-train step (see module docstring).
 
     Put it before the host's LightningModule base: ``class SimSiam(HardViewMixin, SSLMethod)``.
-    The host sets ``self.hvp`` (an :class:`HVPConfig`) in ``__init__`` and provides the three
-    hooks below. What the mixin needs of the host beyond them is LightningModule's own
-    (``global_step``, ``global_rank``, ``device``, ``log``), hence that base: a type checker
-    sees every member the mixin uses, and a host written ``class Mine(HardViewMixin,
-    L.LightningModule)`` keeps working.
+    The host sets ``self.hvp`` (an :class:`HVPConfig`) in ``__init__`` and provides the hooks
+    below. What the mixin needs of the host beyond them is LightningModule's own
+    (``global_step``, ``global_rank``, ``device``, ``log``, ``trainer``, ``all_gather``), hence
+    that base: a type checker sees every member the mixin uses, and a host written ``class
+    Mine(HardViewMixin, L.LightningModule)`` keeps working.
 
-    Host contract (B samples, N candidate views, C candidate combinations):
+    Host contract (B samples, N candidate views, C candidate combinations); a batch is a dict
+    whose ``views`` is a list of ``(B, ...)`` tensors (the mixin reads nothing else of it):
 
-    - ``candidate_scores(batch) -> (B, C)``: per-sample loss of every candidate, from a forward
-      over all candidates; runs inside :func:`frozen_state` (no gradient, no state change).
+    - ``candidate_scores(batch) -> (B, C)`` or :class:`CandidateScores`: per-sample loss of every
+      candidate, from a forward over all candidates; runs inside :func:`frozen_state` (no
+      gradient, no state change).
     - ``ssl_step(batch, batch_idx) -> ()``: the method's unchanged step on the chosen batch,
       returning the scalar loss.
-    - ``select_views(batch, choice) -> batch``: ``choice`` is int64 ``(B,)`` (a column of the
-      table); returns an ordinary batch of the chosen views. The default serves pair methods
-      whose ``batch["views"]`` is a list of N tensors ``(B, ...)``: it returns two, plus the
-      chosen ``batch["params"]`` (augmentation parameters) if present.
+    - ``select_views(batch, choice, context) -> batch``: ``choice`` is int64 ``(B,)`` (a column of
+      the table), ``context`` what ``candidate_scores`` handed back beside the table (None on
+      steps without a selection pass, whose ``choice`` is column 0); returns an ordinary batch
+      of the chosen views. The default serves pair methods whose ``batch["views"]`` holds the N
+      candidates: it returns two, plus the chosen ``batch["params"]`` (augmentation
+      parameters, ``(B, N, ...)`` each) if present.
+    - ``hvp.colour=static`` only: ``uncoloured_candidates(batch) -> batch`` (what the selection
+      scores: the loader's crops, colour-free, every candidate of an image sharing one colour
+      draw) and ``colour_views(batch) -> batch`` (the chosen crops coloured with that draw).
+
+    Optional attribute: ``seed`` (int, default 0), a part of the private generators' seeds.
 
     Args:
         *args: Passed on to the host's LightningModule base (methods take ``cfg``).
@@ -65,19 +96,25 @@ class HardViewMixin(L.LightningModule):
 
     hvp: HVPConfig
     hvp_batch_idx: int = 0  # micro-batch being selected: part of the private generators' seeds
+    # hvp.colour=static only; declared, not defined here, so that a base class of the host
+    # (SSLMethod) may provide them: what the selection scores, and the chosen views coloured.
+    uncoloured_candidates: Callable[[dict[str, Any]], dict[str, Any]]
+    colour_views: Callable[[dict[str, Any]], dict[str, Any]]
 
     # --- hooks the host provides ---------------------------------------------------------
-    def candidate_scores(self, batch: dict[str, Any]) -> torch.Tensor:  # pragma: no cover
+    def candidate_scores(self, batch: dict[str, Any]) -> torch.Tensor | CandidateScores:  # pragma: no cover
         """``[B, C]``: the method's per-sample loss of every candidate combination, from a
-        forward over all candidate views (called by :meth:`score_candidates`, frozen)."""
+        forward over all candidate views (called by :meth:`score_candidates`, frozen); or
+        :class:`CandidateScores`, that table and what :meth:`select_views` needs of this pass."""
         raise NotImplementedError(f"{type(self).__name__} must provide candidate_scores(batch) -> [B, C]")
 
     def ssl_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:  # pragma: no cover
         """The method's unchanged training step on an ordinary (chosen) batch: the loss."""
         raise NotImplementedError(f"{type(self).__name__} must provide ssl_step(batch, batch_idx) -> loss")
 
-    def select_views(self, batch: dict[str, Any], choice: torch.Tensor) -> dict[str, Any]:
-        """Default for pair methods: ``batch['views']`` is a list of N candidate batches."""
+    def select_views(self, batch: dict[str, Any], choice: torch.Tensor, context: Any = None) -> dict[str, Any]:
+        """Default for pair methods: ``batch['views']`` is a list of N candidate batches and
+        column c of the table is pair c of :func:`pair_index` (``context`` is not needed)."""
         stacked = torch.stack(batch["views"])
         pairs = pair_index(stacked.shape[0], device=choice.device)
         v1, v2 = gather_pairs(stacked, pairs, choice)
@@ -98,46 +135,49 @@ class HardViewMixin(L.LightningModule):
         crops = self._static_colour(batch) if self.hvp.colour == "static" else None
         if not self.hvp_active():
             # Alternating schedule: an ordinary step on the first two (i.i.d.) candidates.
-            return self.ssl_step(self._chosen(batch, self._first_combination(batch), crops), batch_idx)
+            return self.ssl_step(self._chosen(batch, self._first_combination(batch), None, crops), batch_idx)
         with record_function("hvp/selection"):  # profiler ranges (benchmarks/step_profile.py); free otherwise
-            table = self.score_candidates(batch)
-            choice = choose(table, self.hvp.mode, self._choice_generator(batch_idx))
-            chosen = self._chosen(batch, choice, crops)
+            scores = self.score_candidates(batch)
+            choice = choose(scores.table, self.hvp.mode, self._choice_generator(batch_idx))
+            chosen = self._chosen(batch, choice, scores.context, crops)
         with record_function("hvp/train_forward"):
             loss = self.ssl_step(chosen, batch_idx)
-        self._record_selection(table, choice, loss)
+        self._record_selection(scores.table, choice, loss)
         return loss
 
     def _static_colour(self, batch: dict[str, Any]) -> list[torch.Tensor]:
-        """``hvp.colour=static`` (:mod:`.colour`): in place, the batch's candidates become what the
-        selection scores (uncoloured, normalised) and their colour parameters view 0's, so
-        callbacks log what the step used; returns the uint8 crops the chosen pair is cut from.
-        Needs the host's ``cfg.data`` (every :class:`~hvp_lightning.methods.base.SSLMethod`)."""
+        """``hvp.colour=static``: in place, the batch becomes what the selection scores (the
+        host's ``uncoloured_candidates``), so callbacks log what the step used; returns the
+        loader's crops, from which the chosen views are cut."""
+        missing = [hook for hook in ("uncoloured_candidates", "colour_views") if not hasattr(self, hook)]
+        if missing:
+            raise NotImplementedError(f"hvp.colour=static: {type(self).__name__} must provide {', '.join(missing)}")
         crops = batch["views"]
-        if crops[0].dtype != torch.uint8:
-            raise ValueError("hvp.colour=static needs uint8 views: build SSLDataModule with defer_colour=True")
-        batch["params"] = share_colour(batch["params"])
-        batch["views"] = uncoloured(crops, view_aug(self.cfg.data))  # type: ignore[attr-defined]
+        batch.update(self.uncoloured_candidates(batch))
         return crops
 
-    def _chosen(self, batch: dict[str, Any], choice: torch.Tensor, crops: list[torch.Tensor] | None) -> dict[str, Any]:
-        """The training batch of ``choice``; with static colour, its crops coloured now."""
+    def _chosen(
+        self, batch: dict[str, Any], choice: torch.Tensor, context: Any, crops: list[torch.Tensor] | None
+    ) -> dict[str, Any]:
+        """The training batch of ``choice``; with static colour, cut from the crops and coloured now."""
         if crops is None:
-            return self.select_views(batch, choice)
-        chosen = self.select_views(dict(batch, views=crops), choice)
-        return dict(chosen, views=coloured(chosen["views"], chosen["params"], view_aug(self.cfg.data)))  # type: ignore[attr-defined]
+            return self.select_views(batch, choice, context)
+        return self.colour_views(self.select_views(dict(batch, views=crops), choice, context))
 
-    def score_candidates(self, batch: dict[str, Any]) -> torch.Tensor:
+    def score_candidates(self, batch: dict[str, Any]) -> CandidateScores:
         """The selection pass: ``candidate_scores`` under :func:`frozen_state`, at the selection
         precision: the step's autocast (``auto``), its own, or none at all for fp32 (even
-        inside the training step's ``bf16-mixed``/``16-mixed`` autocast)."""
+        inside the training step's ``bf16-mixed``/``16-mixed`` autocast). The table comes back
+        in fp32."""
         device = batch["views"][0].device
         self.hvp_step_dtype = ambient_autocast_dtype(device.type)
         dtype = self._selection_dtype(device.type)
         amp = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
         with frozen_state(self, device), amp:
-            table = self.candidate_scores(batch)
-        return table.float()
+            scores = self.candidate_scores(batch)
+        if isinstance(scores, torch.Tensor):
+            scores = CandidateScores(scores)
+        return scores._replace(table=scores.table.float())
 
     def selection_outputs_reusable(self) -> bool:
         """May outputs of the current selection pass stand in for the training step's own (DINO
@@ -149,8 +189,9 @@ class HardViewMixin(L.LightningModule):
 
     # --- helpers ---------------------------------------------------------------------------
     def _first_combination(self, batch: dict[str, Any]) -> torch.Tensor:
-        label = batch["label"]
-        return torch.zeros(label.shape[0], dtype=torch.long, device=label.device)
+        """Column 0 for every sample (the views' batch size: a batch needs no labels)."""
+        views = batch["views"][0]
+        return torch.zeros(views.shape[0], dtype=torch.long, device=views.device)
 
     def _selection_dtype(self, device_type: str) -> torch.dtype | None:
         """The selection's autocast dtype here; the same answer inside the selection pass
@@ -201,19 +242,34 @@ class HardViewMixin(L.LightningModule):
         """The run totals travel with the host's run counters, as CPU tensors, one per rank:
         each rank's sums are its own, and the summary adds them up over the ranks."""
         super().on_save_checkpoint(checkpoint)
-        totals = getattr(self, "hvp_totals", None)
-        own = totals.detach().cpu() if totals is not None else None
-        checkpoint.setdefault("hvp_lightning", {})["hvp_totals"] = gather_per_rank(own)
+        checkpoint.setdefault("hvp_lightning", {})["hvp_totals"] = self._totals_per_rank()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """This rank's totals back (:func:`~hvp_lightning.cluster.distributed.rank_entries`): with
+        """This rank's totals back (:func:`~hvp_lightning.selection.totals.rank_totals`): with
         another number of ranks rank 0 takes the sum of all and the others zeros, so the
         summary's sum over the ranks still counts every saved step once."""
         super().on_load_checkpoint(checkpoint)
         saved = (checkpoint.get("hvp_lightning") or {}).get("hvp_totals")
-        if isinstance(saved, torch.Tensor):  # before per-rank totals: the writer's (rank 0's) only,
-            saved = [saved]  # the whole run's for a single process; other ranks' were never saved
-        parts = [t for t in saved or () if t is not None]
-        if parts:
-            own = [t for t in rank_entries(saved) if t is not None]
-            self.hvp_totals = sum(own, torch.zeros_like(parts[0])).to(self.device)
+        totals = rank_totals(saved, self.global_rank, self._world_size())
+        if totals is not None:
+            self.hvp_totals = totals.to(self.device)
+
+    def _totals_per_rank(self) -> list[torch.Tensor | None]:
+        """Every rank's run totals on the CPU, in rank order. With several processes a
+        collective (Lightning's ``all_gather``, under the process group's timeout): every rank
+        dumps the checkpoint's state, rank 0 writes it. A rank before its first HVP step
+        gives zeros, so every rank gathers the same shape."""
+        totals = getattr(self, "hvp_totals", None)
+        if self._world_size() == 1:
+            return [None if totals is None else totals.detach().cpu()]
+        own = totals.detach() if totals is not None else torch.zeros(len(TOTALS), dtype=torch.float64)
+        gathered = self.all_gather(own.to(self.device))  # [world, len(TOTALS)]
+        return [t.clone() for t in gathered.cpu().unbind(0)]
+
+    def _world_size(self) -> int:
+        """The run's processes (Lightning's trainer); 1 for a module used without a trainer
+        (a checkpoint read for evaluation, a unit test)."""
+        try:
+            return self.trainer.world_size
+        except RuntimeError:  # not attached to a Trainer
+            return 1

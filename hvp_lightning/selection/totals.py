@@ -37,6 +37,30 @@ def add_totals(
     return inc if totals is None else totals.to(inc.device) + inc
 
 
+def rank_totals(saved: list[torch.Tensor | None] | torch.Tensor | None, rank: int, world: int) -> torch.Tensor | None:
+    """The run totals rank ``rank`` of ``world`` resumes with, from a checkpoint's per-rank list.
+
+    Its own entry when the run has as many ranks as the checkpoint; otherwise rank 0 takes the
+    sum of all and the others zeros, so the summary's sum over the ranks still counts every
+    saved step once. A checkpoint from before per-rank totals holds one tensor, the writer's
+    (rank 0's): the whole run's for a single process; other ranks' were never saved.
+
+    Args:
+        saved: The checkpoint's ``hvp_totals`` (None or all-None entries: no HVP step yet).
+        rank: This process's rank.
+        world: The number of processes now.
+
+    Returns:
+        float64 totals in :data:`TOTALS` order on the CPU, or None when nothing was saved.
+    """
+    entries = [saved] if isinstance(saved, torch.Tensor) else list(saved or ())
+    parts = [t for t in entries if t is not None]
+    if not parts:
+        return None
+    mine = [entries[rank]] if len(entries) == world else entries if rank == 0 else []
+    return sum((t for t in mine if t is not None), torch.zeros_like(parts[0]))
+
+
 def summarise_totals(totals: torch.Tensor | None) -> dict[str, float | int | None]:
     """``summary.json``'s HVP statistics from the run totals (already summed over ranks):
     the selection pass's means (chosen and all candidates), the trained loss's mean over the

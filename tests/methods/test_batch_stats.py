@@ -55,7 +55,7 @@ def test_selection_leaves_state_untouched_and_equals_table(method: str) -> None:
     """The selection pass changes no parameter, BatchNorm buffer or RNG stream; its table is the
     leave-one-out table of the candidates' projector outputs (one forward per view set)."""
     model, batch = _model_and_batch(method, "+hvp=on", "hvp.num_views=3")
-    table = score_and_assert_stateless(model, batch)
+    table = score_and_assert_stateless(model, batch).table
     with torch.no_grad():
         z = torch.stack([model.forward_view(v) for v in batch["views"]])
     expected = vicreg_pair_table(z) if method == "vicreg" else barlow_twins_pair_table(z, 0.0051)

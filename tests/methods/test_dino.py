@@ -12,7 +12,7 @@ from torch import nn
 
 from hvp_lightning.losses import dino_loss
 from hvp_lightning.methods import METHODS
-from hvp_lightning.methods.dino import DINO
+from hvp_lightning.methods.dino import DINO, candidate_counts
 from hvp_lightning.nn.heads import DINOHead
 from hvp_lightning.nn.teacher import (
     Centering,
@@ -22,7 +22,7 @@ from hvp_lightning.nn.teacher import (
     make_teacher,
     teacher_temperature,
 )
-from hvp_lightning.selection import candidate_counts, choose
+from hvp_lightning.selection import choose
 
 from ..conftest import make_cfg as compose_cfg
 from ..conftest import official_pairs, score_and_assert_stateless, tiny_vit_run
@@ -88,10 +88,11 @@ def test_model_selection_equals_brute_force_and_gathers_views() -> None:
     model = DINO(cfg).train()
     batch = make_batch(cfg, b=3)
     G, L = model.num_globals, model.num_local
-    table = model.score_candidates(batch)
+    scores = model.score_candidates(batch)
+    table = scores.table
     assert table.shape == (3, len(official_pairs(G)))  # hvp.global_pairs=cross by default
     choice = choose(table, "hard")
-    sel = model.select_views(batch, choice)
+    sel = model.select_views(batch, choice, scores.context)
     assert len(sel["views"]) == 2 + L and "teacher_out" in sel  # ViT teacher: reused
     with torch.no_grad():
         tau_t, tau_s, c = model.teacher_temp(), cfg.method.student_temp, model.centering.center
@@ -131,8 +132,8 @@ def test_selection_pass_leaves_state_unchanged() -> None:
     model.centering.center.normal_()  # a non-trivial centre
     before = model.state_dict()
     assert any("running_mean" in k for k in before) and any(k.startswith("teacher.") for k in before)
-    table = score_and_assert_stateless(model, batch)
-    sel = model.select_views(batch, choose(table, "random", torch.Generator().manual_seed(0)))
+    scores = score_and_assert_stateless(model, batch)
+    sel = model.select_views(batch, choose(scores.table, "random", torch.Generator().manual_seed(0)), scores.context)
     assert "teacher_out" not in sel
 
 

@@ -146,7 +146,8 @@ def test_model_selection_equals_brute_force_and_masks_travel(rule: str, locals_:
     batch = with_masks(model, make_batch(cfg, b=3))
     G, L = model.num_globals, model.num_local
     assert (G, L) == (4, locals_)
-    table = model.score_candidates(batch)
+    scores = model.score_candidates(batch)
+    table = scores.table
     assert table.shape == (3, len(official_pairs(G, rule)))
     views, masks = batch["views"], batch["masks"]
     brute = torch.stack(
@@ -159,7 +160,7 @@ def test_model_selection_equals_brute_force_and_masks_travel(rule: str, locals_:
     torch.testing.assert_close(table, brute, **TOL)
     choice = choose(table, "hard")
     assert torch.equal(choice, brute.argmax(1))
-    sel = model.select_views(batch, choice)
+    sel = model.select_views(batch, choice, scores.context)
     assert len(sel["views"]) == 2 + L and len(sel["masks"]) == 2 and "teacher_out" in sel  # ViT teacher: reused
     # The gathered batch gives, through the training step's loss, the selected value...
     selected = table.gather(1, choice[:, None]).squeeze(1)
@@ -187,8 +188,8 @@ def test_selection_pass_leaves_state_unchanged() -> None:
     before = model.state_dict()
     assert any("running_mean" in k for k in before) and any(k.startswith("teacher.") for k in before)
     assert "centering.center" in before and "patch_centering.center" in before
-    table = score_and_assert_stateless(model, batch)
-    sel = model.select_views(batch, choose(table, "random", torch.Generator().manual_seed(0)))
+    scores = score_and_assert_stateless(model, batch)
+    sel = model.select_views(batch, choose(scores.table, "random", torch.Generator().manual_seed(0)), scores.context)
     assert "teacher_out" not in sel
 
 

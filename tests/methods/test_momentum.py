@@ -57,7 +57,7 @@ def test_target_starts_as_a_frozen_copy_and_is_not_optimised(method: str) -> Non
 def test_selection_leaves_parameters_buffers_target_and_rng_untouched(method: str) -> None:
     model, batch = _model(method, "+hvp=on")
     model.train()
-    table = score_and_assert_stateless(model, batch)  # target weights and BN buffers included
+    table = score_and_assert_stateless(model, batch).table  # target weights and BN buffers included
     assert table.shape == (8, 6) and not table.requires_grad
     # The table is the method's per-sample loss of each pair: the first column is pair (0, 1).
     with torch.no_grad():

@@ -57,7 +57,7 @@ def test_selected_loss_equals_own_loss_on_chosen_views(cfg_factory):
     torch.manual_seed(2)
     model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=4")).eval()
     batch = {"views": [torch.randn(8, 3, 16, 16) for _ in range(4)], "label": torch.zeros(8, dtype=torch.long)}
-    table = model.score_candidates(batch)
+    table = model.score_candidates(batch).table
     for mode in ("hard", "easy"):
         choice = table.argmax(1) if mode == "hard" else table.argmin(1)
         chosen = model.select_views(batch, choice)
@@ -72,7 +72,7 @@ def test_hvp_step_is_the_baseline_step_on_the_selected_pair(cfg_factory):
     model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=4")).train()
     batch = {"views": [torch.randn(8, 3, 16, 16) for _ in range(4)], "label": torch.zeros(8, dtype=torch.long)}
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    choice = model.score_candidates(batch).argmax(1)
+    choice = model.score_candidates(batch).table.argmax(1)
     chosen = model.select_views(batch, choice)
     hvp_loss = model.training_step(batch, 0)
     model.load_state_dict(state)

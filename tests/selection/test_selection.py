@@ -107,7 +107,7 @@ def test_logged_losses_say_which_pass_they_come_from(cfg_factory):
     torch.manual_seed(0)
     model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=4")).train()
     batch = {"views": [torch.randn(8, 3, 16, 16) for _ in range(4)], "label": torch.zeros(8, dtype=torch.long)}
-    table = model.score_candidates(batch)
+    table = model.score_candidates(batch).table
     logged = _logged(model)
     loss = model.training_step(batch, 0)
     selected = table.max(1).values
@@ -127,11 +127,11 @@ def test_nonfinite_candidates_are_masked_counted_and_fatal_when_all(cfg_factory)
     torch.manual_seed(0)
     model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=3")).train()
     batch = {"views": [torch.randn(4, 3, 16, 16) for _ in range(3)], "label": torch.zeros(4, dtype=torch.long)}
-    clean = model.score_candidates(batch)
+    clean = model.score_candidates(batch).table
     poisoned = clean.clone()
     poisoned[0, clean[0].argmax()] = NAN  # the hardest pair of sample 0 overflows
     poisoned[2, 1] = INF
-    model.score_candidates = lambda b: poisoned.clone()  # type: ignore[method-assign]
+    model.candidate_scores = lambda b: poisoned.clone()  # type: ignore[method-assign]
     logged = _logged(model)
     model.training_step(batch, 0)
     assert model.last_selection["choice"][0] != clean[0].argmax()
@@ -199,7 +199,7 @@ def test_selection_pass_leaves_buffers_params_and_rng_untouched(cfg_factory):
     model.train()
     batch = {"views": [torch.randn(8, 3, 16, 16) for _ in range(4)], "label": torch.zeros(8, dtype=torch.long)}
     before, rng = _snapshot(model), torch.get_rng_state()
-    table = model.score_candidates(batch)
+    table = model.score_candidates(batch).table
     assert table.shape == (8, 6) and not table.requires_grad
     after = _snapshot(model)
     assert before.keys() == after.keys()
@@ -230,7 +230,7 @@ def test_bf16_selection_runs_sync_batchnorm_as_cuda_allows(cfg_factory, monkeypa
     batch = {"views": [torch.randn(4, 3, 16, 16) for _ in range(3)], "label": torch.zeros(4, dtype=torch.long)}
     before = _snapshot(model)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        table = model.score_candidates(batch)
+        table = model.score_candidates(batch).table
     assert table.shape == (4, 3) and torch.isfinite(table).all()
     after = _snapshot(model)
     for key in before:

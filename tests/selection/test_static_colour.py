@@ -10,9 +10,9 @@ from hvp_lightning.config import ConfigError, check_options
 from hvp_lightning.data.augment import MultiViewTransform, normalize
 from hvp_lightning.data.batched import finish_views
 from hvp_lightning.data.datamodule import view_aug
+from hvp_lightning.data.static_colour import COLOUR_KEYS, share_colour
 from hvp_lightning.methods.simsiam import SimSiam
 from hvp_lightning.selection import pair_index
-from hvp_lightning.selection.colour import COLOUR_KEYS, share_colour
 
 
 def _batch(cfg, b: int = 6, n: int = 4) -> dict:

@@ -8,8 +8,10 @@ one epoch.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -85,7 +87,8 @@ def test_readme_own_images_commands_run(tmp_path: Path, capsys) -> None:
     assert [h["epoch"] for h in summary["monitor_history"]] == [0, 1, 2]
     assert summary["monitor_rankme_init"] is not None  # the released weights' monitors, before the first step
 
-    # 2. watch the monitors: every pass, and the figure
+    # 2. watch the monitors: every pass, and the figure (from the run's own record: any logger's)
+    shutil.rmtree(run_dir / "csv")
     plot = tmp_path / "monitors.png"
     argv = [str(run_dir) if a.startswith("runs/") else (str(plot) if a.endswith(".png") else a) for a in watch[3:]]
     capsys.readouterr()
@@ -116,10 +119,14 @@ def test_hvp_monitors_says_what_is_missing(tmp_path: Path, capsys) -> None:
     assert "not a run dir" in capsys.readouterr().err
     # a folder that holds no run (runs/<date> instead of the run): --follow would wait forever
     assert monitors_main([str(tmp_path), "--follow", "60"]) == 2
-    assert "not a run dir (no config.yaml, .hydra/, csv/ log or checkpoints/ in it" in capsys.readouterr().err
+    assert "not a run dir (no config.yaml, .hydra/, monitors.json, csv/ log or checkpoints/" in capsys.readouterr().err
     (tmp_path / ".hydra").mkdir()  # a run that has just started
     assert monitors_main([str(tmp_path)]) == 1
-    assert "no monitor or k-NN pass logged yet" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no monitor or k-NN pass recorded yet" in err and "writes monitors.json when training starts" in err
+    (tmp_path / "monitors.json").write_text('{"monitor_history": [], "knn_history": []}')  # training started
+    assert monitors_main([str(tmp_path)]) == 1
+    assert f"no monitor or k-NN pass recorded yet in {tmp_path / 'monitors.json'}" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         monitors_main([str(tmp_path), "--follow", "x"])
     assert monitors_main([str(tmp_path), "--follow", "0"]) == 2
@@ -158,6 +165,59 @@ def test_hvp_monitors_follow_gives_d_once_the_run_has_ended(tmp_path: Path, caps
     first, final = capsys.readouterr().out.split("run ended (d=64):\n")
     assert "std*sqrt(d)" not in first and "collapse" not in first and len(first.splitlines()) == 3
     assert final == plain
+
+
+PASSES = {  # a run's monitors.json: three passes, the last collapsed, k-NN at the first two
+    "monitor_dim": 64,
+    "monitor_history": [
+        {"step": 0, "epoch": 0.0, "images_seen": 0, "rankme": 30.0, "feature_std": 0.1},
+        {"step": 8, "epoch": 1.0, "images_seen": 64, "rankme": 20.0, "feature_std": 0.05},
+        {"step": 16, "epoch": 2.0, "images_seen": 128, "rankme": 1.5, "feature_std": 0.0001},
+    ],
+    "knn_history": [
+        {"step": 0, "epoch": 0.0, "images_seen": 0, "top1": 0.1, "top5": 0.5},
+        {"step": 8, "epoch": 1.0, "images_seen": 64, "top1": 0.25, "top5": 0.75},
+    ],
+}
+
+
+def test_hvp_monitors_reads_the_runs_own_record_under_any_logger(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A W&B run has no CSV log: its record gives every pass, with d (std*sqrt(d), collapse) while
+    it trains; --follow prints each pass once as it comes, and a line while none has."""
+    (tmp_path / ".hydra").mkdir()
+    record = tmp_path / "monitors.json"
+    counts = [1, 1, 3]  # passes recorded after each wait: one, no new one, two more and the run's end
+
+    def next_pass(seconds: float) -> None:
+        n = counts.pop(0)
+        record.write_text(json.dumps({**PASSES, **{k: PASSES[k][:n] for k in ("monitor_history", "knn_history")}}))
+        if not counts:
+            (tmp_path / "summary.json").write_text('{"monitor_dim": 64}')
+
+    monkeypatch.setattr("hvp_lightning.analysis.monitors.time.sleep", next_pass)
+    assert monitors_main([str(tmp_path), "--follow", "60"]) == 0
+    out, err = capsys.readouterr()
+    assert "no monitor or k-NN pass recorded yet" in err and "checking every 60 s" in err  # said once
+    lines = out.splitlines()
+    assert lines[0].split() == ["epoch", "RankMe", "feature", "std", "std*sqrt(d)", "k-NN", "top-1"]
+    assert [line.split()[:2] for line in lines[1:]] == [["0", "30.00"], ["1", "20.00"], ["2", "1.50"]]
+    assert lines[1].split()[4] == "10.00%" and lines[2].split()[4] == "25.00%" and lines[3].split()[4] == "-"
+    assert "collapse: " in lines[3] and "collapse" not in lines[2]
+    assert monitors_main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out == out  # a plain call on the ended run: the same table
+
+
+def test_hvp_monitors_on_run_dirs_from_before_the_record(tmp_path: Path, capsys) -> None:
+    """A W&B run from before monitors.json: its summary.json's histories once it ended; while it
+    trains, one line saying why there is nothing to read and where the passes are."""
+    (tmp_path / "checkpoints").mkdir(parents=True)
+    assert monitors_main([str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "predates monitors.json" in err and "its passes are in its W&B run" in err
+    (tmp_path / "summary.json").write_text(json.dumps(PASSES))
+    assert monitors_main([str(tmp_path)]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert [r.split()[1] for r in rows] == ["30.00", "20.00", "1.50"]
 
 
 def test_unreadable_held_out_images_are_left_out_of_the_monitors(tmp_path: Path, caplog) -> None:

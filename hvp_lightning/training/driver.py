@@ -34,7 +34,7 @@ from ..nn.health import collapse_reason
 from ..run.atomic import atomic_write_text
 from ..run.directory import RunDir
 from ..run.process_rank import env_rank
-from ..run.records import RunRecord, continue_csv_log, wandb_resume
+from ..run.records import MonitorRecord, RunRecord, continue_csv_log, wandb_resume
 from ..run.wandb_logging import WandbCharts, current_sweep_dir, run_names, wandb_logged_in
 from ..selection import hvp_config, hvp_summary
 from ..warning_filters import quiet_console
@@ -143,6 +143,7 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, options_checked: bool, wait_s: f
         callbacks=[
             checkpointer,
             record,
+            MonitorRecord(run_dir),
             StopOnSignal(checkpointer, record),
             *analysis_callbacks(cfg, run_dir),
             *live_gallery_callbacks(cfg),

@@ -19,7 +19,15 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from .config_rules import RULES, Rule, check_known_keys, check_rules
-from .data.layout import is_image_file, resolve_auto_crop, split_dir, training_image_side, training_images
+from .data.layout import (
+    auto_crop_size,
+    crop_multiple,
+    is_image_file,
+    resolve_auto_crop,
+    split_dir,
+    training_image_side,
+    training_images,
+)
 from .errors import ConfigError
 from .options import (
     ACCELERATORS,
@@ -151,7 +159,7 @@ def check_options(cfg: DictConfig) -> None:
     validate_data(cfg)
     if "eval_crop_ratio" in cfg.data and cfg.data.eval_crop_ratio is None:  # null: transfer.py's "the checkpoint's"
         fail("data.eval_crop_ratio", None, "a number in (0, 1] or auto (null is transfer.py's: the checkpoint's)")
-    resolve_auto_crop(cfg.data)
+    resolve_auto_crop(cfg.data, cfg.backbone)
     validate_backbone(cfg)
     _check_init(cfg.backbone, resuming=bool(cfg.get("resume")))
     _validate_hvp(cfg)
@@ -178,7 +186,7 @@ def validate(cfg: DictConfig, options_checked: bool = False) -> None:
     _validate_trainer_keys(cfg)
     _validate_precision(cfg)
     _validate_deterministic(cfg)
-    _warn_upsampled_crops(cfg.data)
+    _warn_upsampled_crops(cfg.data, cfg.backbone)
     _warn_long_warmup(cfg)
     _warn_small_monitor(cfg.data)
     _warn_cpu_oversubscription(cfg.trainer)
@@ -532,9 +540,10 @@ def check_torchvision_root(d: DictConfig, key: str) -> None:
             )
 
 
-def _warn_upsampled_crops(d: DictConfig) -> None:
+def _warn_upsampled_crops(d: DictConfig, backbone: DictConfig) -> None:
     """Crops larger than the images are upsampled (blurry training views): allowed (e.g.
-    CIFAR at 224 px for a ViT), but said once at start-up."""
+    CIFAR at 224 px for a ViT), but said once at start-up, with the crop that would not upsample
+    (``crop_size: auto``'s for these images and backbone)."""
     if d.name == "synthetic":
         side = d.image_size
     elif d.name in ("imagefolder", "images", "shards"):
@@ -544,10 +553,12 @@ def _warn_upsampled_crops(d: DictConfig) -> None:
     from lightning.pytorch.utilities import rank_zero_only
 
     if side is not None and d.crop_size > side and rank_zero_only.rank == 0:
+        fits = auto_crop_size(side, crop_multiple(backbone))
         log.warning(
-            "data.crop_size=%s is larger than the images (shorter side %s px): every crop is upsampled",
+            "data.crop_size=%s is larger than the images (shorter side %s px): every crop is upsampled%s",
             d.crop_size,
             side,
+            f"; set data.crop_size={fits} to crop them at their own size" if fits < d.crop_size else "",
         )
 
 

@@ -9,6 +9,7 @@ one epoch.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 import shutil
@@ -29,7 +30,6 @@ SMALL = [
     "logger=csv",
     "trainer.max_epochs=2",
     "method.batch_size=4",
-    "data.crop_size=32",
     "data.num_workers=0",
     "data.monitor_size=4",
     "+trainer.enable_progress_bar=false",
@@ -105,6 +105,8 @@ def test_readme_own_images_commands_run(tmp_path: Path, capsys) -> None:
     argv = [str(run_dir) if a.startswith("runs/") else str(out_dir) for a in export[3:]]
     assert export_main(argv) == 0
     model = timm.create_model(f"local-dir:{out_dir}", pretrained=True).eval()
+    data_cfg = timm.data.resolve_data_config(model=model)  # crop_size: auto = the images' 36 px, not upsampled
+    assert tuple(data_cfg["input_size"]) == (3, 36, 36) and data_cfg["crop_pct"] == 1.0
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     trunk = {
         k.removeprefix("backbone.trunk."): v for k, v in ckpt["state_dict"].items() if k.startswith("backbone.trunk.")
@@ -218,6 +220,60 @@ def test_hvp_monitors_on_run_dirs_from_before_the_record(tmp_path: Path, capsys)
     assert monitors_main([str(tmp_path)]) == 0
     rows = capsys.readouterr().out.splitlines()[1:]
     assert [r.split()[1] for r in rows] == ["30.00", "20.00", "1.50"]
+
+
+@pytest.mark.parametrize(
+    ("side", "backbone", "crop", "ratio"),
+    [
+        (32, {"name": "resnet18"}, 32, 1.0),  # CIFAR-like: its own size, the whole image evaluated
+        (128, {"name": "resnet18"}, 128, 1.0),  # was 224: every crop upsampled
+        (240, {"name": "resnet18"}, 224, 0.9333),  # resize to 240 (its own size), not 256, for the centre crop
+        (500, {"name": "resnet18"}, 224, 0.875),  # the ImageNet protocol: resize 256, crop 224
+        (100, {"name": "vit_small", "patch_size": 16}, 96, 1.0),  # a ViT: whole patches
+        (100, {"name": "vit_small_patch14_dinov2", "model_args": None}, 98, 0.98),  # timm: the name's patch
+        (100, {"name": "vit_small_patch16_224", "model_args": {"patch_size": 8}}, 96, 1.0),  # its model_args'
+        (10, {"name": "vit_small", "patch_size": 16}, 16, 1.0),  # smaller than one patch: one patch
+    ],
+)
+def test_auto_crop_follows_the_images_median_shorter_side(tmp_path: Path, side, backbone, crop, ratio) -> None:
+    from omegaconf import OmegaConf
+
+    from hvp_lightning.data.layout import resolve_auto_crop
+
+    for i, short in enumerate((max(1, side // 2), side, side, side + 50, side + 200)):  # the median: side
+        Image.new("RGB", (short + 7, short) if i % 2 else (short, short + 7)).save(tmp_path / f"{i}.png")
+    data = OmegaConf.create({"name": "images", "root": str(tmp_path), "crop_size": "auto", "eval_crop_ratio": "auto"})
+    resolve_auto_crop(data, OmegaConf.create(backbone))
+    assert (data.crop_size, data.eval_crop_ratio) == (crop, ratio)
+
+
+def test_auto_crops_and_their_evaluation_never_upsample_where_one_patch_fits() -> None:
+    """Every median side 8..600 px, every patch: the crop and the evaluation resize stay within
+    the images (224 at most), and the crop is a whole number of patches."""
+    from hvp_lightning.data.layout import auto_crop_size, auto_eval_crop_ratio
+
+    for multiple in (1, 8, 14, 16, 32):
+        for side in range(max(8, multiple), 601):
+            crop = auto_crop_size(side, multiple)
+            ratio = auto_eval_crop_ratio(crop, side)
+            assert crop % multiple == 0 and crop <= min(side, 224) and crop > min(side, 224) - multiple
+            assert round(crop / ratio) <= side and math.floor(crop / ratio) <= side  # ours and timm's resize
+            assert 0.875 <= ratio <= 1.0 and (ratio == 0.875 or crop <= 96 or round(crop / ratio) == side)
+
+
+def test_the_upsampling_warning_names_the_crop_to_set(tmp_path: Path, caplog) -> None:
+    from hvp_lightning.config import validate
+
+    root = tmp_path / "imgs"
+    root.mkdir()
+    for i in range(4):
+        Image.new("RGB", (128 + i, 128)).save(root / f"{i}.png")
+    cfg = make_cfg("data=images", f"data.root={root}", "data.monitor_size=1", "data.crop_size=224", "trainer=cpu")
+    validate(cfg)
+    assert (
+        "data.crop_size=224 is larger than the images (shorter side 128 px): every crop is upsampled; "
+        "set data.crop_size=128 to crop them at their own size" in caplog.text
+    )
 
 
 def test_unreadable_held_out_images_are_left_out_of_the_monitors(tmp_path: Path, caplog) -> None:

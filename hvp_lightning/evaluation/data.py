@@ -75,7 +75,7 @@ def eval_data_cfg(cfg: DictConfig, train_cfg: DictConfig) -> DictConfig:
     if data.name in ("images", "shards") and not data.get("eval_root"):
         why = f"data={data.name} has no test split"
         fail("data.eval_root", None, f"a labelled ImageNet-layout folder to evaluate on ({why})")
-    resolve_auto_crop(node.data)
+    resolve_auto_crop(node.data, node.backbone)
     validate_backbone(node)
     node.data.num_workers = usable_workers(node.data.num_workers)  # capped at the usable cores, said once
     return node.data

@@ -404,6 +404,33 @@ def test_eval_config_errors(simsiam_run, tmp_path):
             evaluate(eval_cfg(*overrides))
 
 
+def test_eval_takes_data_eval_root_as_the_docs_write_it(tmp_path):
+    """``eval.py protocol=knn ckpt=RUN data.eval_root=DIR``, no '+': a data=images run is evaluated on
+    DIR; without it the run's own data.eval_root stays (conf/eval.yaml's null is no change), and a
+    run whose data has no such key, or a data=<preset>, is answered as before."""
+    from PIL import Image
+
+    from hvp_lightning.evaluation.data import eval_data_cfg
+
+    write_images(tmp_path / "images", 6)
+    labelled = tmp_path / "labelled"
+    for split in ("train", "val"):
+        for c in ("cat", "dog"):
+            (labelled / split / c).mkdir(parents=True)
+            Image.new("RGB", (20, 20), (40, 90, 200)).save(labelled / split / c / "0.png")
+    unlabelled_overrides = ["data=images", f"data.root={tmp_path / 'images'}", "data.monitor_size=2"]
+    unlabelled = make_cfg(*unlabelled_overrides)
+    given = eval_data_cfg(eval_cfg("ckpt=RUN", f"data.eval_root={labelled}"), unlabelled)
+    assert given.eval_root == str(labelled) and given.root == str(tmp_path / "images")
+    with pytest.raises(ConfigError, match=r"^data.eval_root=None is not allowed: a labelled ImageNet-layout folder"):
+        eval_data_cfg(eval_cfg("ckpt=RUN"), unlabelled)
+    with_own = make_cfg(*unlabelled_overrides, f"data.eval_root={labelled}")
+    assert eval_data_cfg(eval_cfg("ckpt=RUN"), with_own).eval_root == str(labelled)
+    with pytest.raises(ConfigError, match=r"^data.eval_root='.*' is not allowed: a key of the checkpoint's data \("):
+        eval_data_cfg(eval_cfg("ckpt=RUN", f"data.eval_root={labelled}"), make_cfg())  # the built-in textures
+    assert eval_data_cfg(eval_cfg("ckpt=RUN", "data=synthetic"), unlabelled).name == "synthetic"
+
+
 def test_eval_cli(simsiam_run):
     run_dir, _ = simsiam_run
     proc = subprocess.run(

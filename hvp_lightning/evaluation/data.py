@@ -55,9 +55,12 @@ def eval_transform(d: DictConfig, interpolation: str = "bilinear") -> EvalTransf
 
 
 def own_data(train_cfg: DictConfig, changes: DictConfig | None) -> DictConfig:
-    """The pretraining data with the command's ``+data.<key>=`` ``changes`` (``+data.test_subset=50``)."""
+    """The pretraining data with the command's ``+data.<key>=`` ``changes`` (``+data.test_subset=50``).
+    conf/eval.yaml declares ``data.eval_root`` (so that ``data.eval_root=DIR`` needs no ``+``): its
+    null is no change, the run's own ``data.eval_root`` stays."""
     data = copy.deepcopy(train_cfg.data)
-    for key, value in (changes or {}).items():
+    changes = OmegaConf.create({k: v for k, v in (changes or {}).items() if not (k == "eval_root" and v is None)})
+    for key, value in changes.items():
         if key not in data:
             fail(f"data.{key}", value, f"a key of the checkpoint's data ({', '.join(data)}), or data=<data set>")
     return OmegaConf.merge(data, changes) if changes else data

@@ -209,7 +209,7 @@ def check_eval_options(cfg: DictConfig) -> None:
     if precision != "auto" and precision not in TRAINER_PRECISIONS:
         fail("precision", precision, f"auto or one of {', '.join(TRAINER_PRECISIONS)}")
     _int_in(cfg, "seed", 0, 2**32 - 1)
-    if cfg.get("num_workers") is not None:
+    if cfg.get("num_workers") not in (None, "auto"):
         int_at_least(cfg, "num_workers", 0)
     check_limits(cfg)
     if data_preset_given(cfg):  # else the checkpoint's data, checked once it is loaded

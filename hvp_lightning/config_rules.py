@@ -200,7 +200,7 @@ RULES: dict[str, Rule] = {
     "data.train_size": Rule("int", low=2),
     "data.test_size": COUNT,
     "data.seed": Rule("int", low=0, high=2**32 - 1),
-    "data.num_workers": COUNT_OR_ZERO,
+    "data.num_workers": Rule("int", low=0, words=("auto",)),  # auto: the machine's (hvp_lightning/device.py)
     "data.train_subset": Rule("int", low=1, nullable=True),
     "data.test_subset": Rule("int", low=1, nullable=True),
     "data.monitor_size": COUNT_OR_ZERO,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -11,9 +12,12 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..config import data_preset_given, fail, validate_backbone, validate_data
 from ..data.augment import EvalTransform
-from ..data.datamodule import build_raw_datasets, subset, usable_workers
+from ..data.datamodule import build_raw_datasets, subset
 from ..data.layout import resolve_auto_crop
 from ..data.workers import worker_options
+from ..device import loader_workers
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -80,5 +84,6 @@ def eval_data_cfg(cfg: DictConfig, train_cfg: DictConfig) -> DictConfig:
         fail("data.eval_root", None, f"a labelled ImageNet-layout folder to evaluate on ({why})")
     resolve_auto_crop(node.data, node.backbone)
     validate_backbone(node)
-    node.data.num_workers = usable_workers(node.data.num_workers)  # capped at the usable cores, said once
+    node.data.num_workers, said = loader_workers(node.data.num_workers)  # auto, or capped at the usable cores
+    log.info("eval data: %s", said)
     return node.data

@@ -27,7 +27,7 @@ from ..cluster.waits import (
 from ..config import validate
 from ..data.datamodule import SSLDataModule
 from ..data.iou_policy import iou_policy
-from ..device import check_accelerator, device_line, set_matmul_precision
+from ..device import check_accelerator, device_line, local_processes, set_matmul_precision
 from ..errors import ConfigError
 from ..methods import METHODS, SSLMethod
 from ..nn.health import collapse_reason
@@ -114,6 +114,7 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, options_checked: bool, wait_s: f
         iou_policy=iou_policy(cfg),
         defer_colour=hvp.enabled and hvp.colour == "static",  # the training step colours the chosen pair
         wait_s=wait_s,
+        processes=local_processes(cfg.trainer),  # data.num_workers: auto shares the machine's cores among them
     )
     dm.setup("fit")
     if len(dm.train_set) < cfg.method.batch_size:

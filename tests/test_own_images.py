@@ -107,6 +107,12 @@ def test_readme_own_images_commands_run(tmp_path: Path, capsys) -> None:
     model = timm.create_model(f"local-dir:{out_dir}", pretrained=True).eval()
     data_cfg = timm.data.resolve_data_config(model=model)  # crop_size: auto = the images' 36 px, not upsampled
     assert tuple(data_cfg["input_size"]) == (3, 36, 36) and data_cfg["crop_pct"] == 1.0
+    # the model card and config.json: each monitor once, no path of this machine (data.root, backbone.init)
+    card, config = (out_dir / "README.md").read_text(), (out_dir / "config.json").read_text()
+    assert str(tmp_path) not in card + config and "| data | images (`my_images`) |" in card
+    monitors = json.loads(config)["hvp"]["monitors"]
+    assert monitors["monitor_rankme"] == summary["monitor_rankme"] and not [k for k in monitors if "." in k]
+    assert card.count("rankme") == 2  # monitor_rankme and monitor_rankme_init, one row each
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     trunk = {
         k.removeprefix("backbone.trunk."): v for k, v in ckpt["state_dict"].items() if k.startswith("backbone.trunk.")

@@ -31,6 +31,8 @@ from .data.image_files import IMAGE_EXTENSIONS, is_image_file
 from .data.layout import (
     IMAGE_SIDES,
     TORCHVISION_FILES,
+    auto_crop_size,
+    crop_multiple,
     resolve_auto_crop,
     split_dir,
     training_image_side,
@@ -105,7 +107,7 @@ def check_options(cfg: DictConfig) -> DictConfig:
         images = check_data(out)
         with problems.check():
             check_fit(out, images)
-        resolve_auto_crop(out.data)
+        resolve_auto_crop(out.data, out.backbone)
         with problems.check():
             check_crops(out)
     problems.raise_any()
@@ -521,6 +523,28 @@ def validate_data(cfg: DictConfig) -> DictConfig:
     return data
 
 
+def _warn_upsampled_crops(d: DictConfig, backbone: DictConfig) -> None:
+    """Crops larger than the images are upsampled (blurry training views): allowed (e.g.
+    CIFAR at 224 px for a ViT), but said once at start-up, with the crop that would not upsample
+    (``crop_size: auto``'s for these images and backbone)."""
+    if d.name == "synthetic":
+        side = d.image_size
+    elif d.name in ("imagefolder", "images", "shards"):
+        side = training_image_side(d)
+    else:
+        side = IMAGE_SIDES.get(d.name)
+    from lightning.pytorch.utilities import rank_zero_only
+
+    if side is not None and d.crop_size > side and rank_zero_only.rank == 0:
+        fits = auto_crop_size(side, crop_multiple(backbone))
+        log.warning(
+            "data.crop_size=%s is larger than the images (shorter side %s px): every crop is upsampled%s",
+            d.crop_size,
+            side,
+            f"; set data.crop_size={fits} to crop them at their own size" if fits < d.crop_size else "",
+        )
+
+
 # --- the machine and Lightning ---------------------------------------------------------------------
 def validate(cfg: DictConfig, options_checked: bool = False) -> DictConfig:
     """:func:`check_options` (unless ``options_checked``: the CLI has run it on ``cfg`` before the
@@ -534,7 +558,7 @@ def validate(cfg: DictConfig, options_checked: bool = False) -> DictConfig:
     _validate_trainer_keys(cfg)
     _validate_precision(cfg)
     _validate_deterministic(cfg)
-    _warn_upsampled_crops(cfg.data)
+    _warn_upsampled_crops(cfg.data, cfg.backbone)
     _warn_long_warmup(cfg)
     _warn_small_monitor(cfg.data)
     _warn_cpu_oversubscription(cfg.trainer)
@@ -678,25 +702,6 @@ def nondeterministic_cuda_backward(cfg: DictConfig) -> str | None:
     return None
 
 
-def _warn_upsampled_crops(d: DictConfig) -> None:
-    """Crops larger than the images are upsampled (blurry training views): allowed (e.g.
-    CIFAR at 224 px for a ViT), but said once at start-up."""
-    if d.name == "synthetic":
-        side = d.image_size
-    elif d.name in ("imagefolder", "images", "shards"):
-        side = training_image_side(d)
-    else:
-        side = IMAGE_SIDES.get(d.name)
-    from lightning.pytorch.utilities import rank_zero_only
-
-    if side is not None and d.crop_size > side and rank_zero_only.rank == 0:
-        log.warning(
-            "data.crop_size=%s is larger than the images (shorter side %s px): every crop is upsampled",
-            d.crop_size,
-            side,
-        )
-
-
 def _warn_long_warmup(cfg: DictConfig) -> None:
     """A learning-rate warm-up as long as the run never reaches the peak lr (base_lr x batch / 256):
     allowed (a short trial of a long recipe), but said once at start-up."""
@@ -759,6 +764,8 @@ def check_eval_options(cfg: DictConfig) -> DictConfig:
     resolve_checkpoint(s.ckpt)  # the path exists (its contents are checked when it is loaded)
     out = as_config(s)
     if data_preset_given(out):  # else the checkpoint's data, checked once it is loaded
+        if out.data.get("eval_root", "given") is None:
+            out.data.pop("eval_root")  # eval.py's own default (the run's), not the preset's key
         out.data = validate_data(out)
     return out
 

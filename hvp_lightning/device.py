@@ -1,4 +1,5 @@
-"""``trainer.precision: auto`` and the start-up line that says which device and precision a run uses.
+"""``trainer.precision: auto``, ``data.num_workers: auto`` and the start-up line that says which device
+and precision a run uses.
 
 The main job (``python train.py``) must use a GPU where there is one and still run on a
 CPU-only machine without a flag: ``trainer.accelerator: auto`` leaves the device to
@@ -11,11 +12,18 @@ the same choice with fp16 on the GPU: the HVP code's SimSiam and SimCLR runs (``
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
 from .errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+AUTO_WORKERS_MAX = 8  # data.num_workers: auto never starts more loader workers per process
 
 
 def runs_on_cpu(accelerator: str) -> bool:
@@ -29,6 +37,61 @@ def usable_cpu_cores() -> int:
     """The CPU cores this process may run on (its affinity mask: a SLURM or container limit), else all."""
     affinity = getattr(os, "sched_getaffinity", None)
     return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+
+
+def local_processes(trainer: Mapping[str, Any]) -> int:
+    """The training processes a ``trainer`` config starts on this machine: ``trainer.devices`` of
+    them (a list or ``"0,1"``: its length; the GPUs torch sees for ``auto`` / -1 on a GPU), one
+    for ``auto`` on a CPU."""
+    devices = trainer.get("devices", "auto")
+    if isinstance(devices, Sequence) and not isinstance(devices, str):
+        return max(1, len(devices))
+    if isinstance(devices, str) and "," in devices:
+        return max(1, len([d for d in devices.split(",") if d.strip()]))
+    if (n := cpu_processes(devices)) is not None:
+        return max(1, n)
+    on_gpu = not runs_on_cpu(str(trainer.get("accelerator", "auto"))) and torch.cuda.is_available()
+    return max(1, torch.cuda.device_count()) if on_gpu and str(devices) in ("auto", "-1") else 1
+
+
+def auto_workers(processes: int = 1, environ: Mapping[str, str] = os.environ) -> tuple[int, str]:
+    """``data.num_workers: auto``: (loader workers, why) -- one per CPU core of this process's share
+    but one (the training process's own), at most :data:`AUTO_WORKERS_MAX`, none on a single core.
+    The share is the CPUs SLURM gave the task (``SLURM_CPUS_PER_TASK``: each task is bound to its
+    own), else the usable cores (:func:`usable_cpu_cores`: affinity, a container's limit) divided
+    among the ``processes`` this machine runs (:func:`local_processes`). Per machine, not stored:
+    a run resumed elsewhere uses that machine's."""
+    cores = usable_cpu_cores()
+    slurm = environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit() and int(slurm) > 0:
+        share, why = min(int(slurm), cores), f"{slurm} CPUs per SLURM task"
+    else:
+        share = cores // max(1, processes)
+        why = f"{cores} usable CPU core{'s' * (cores != 1)}" + (f" / {processes} processes" if processes > 1 else "")
+    return max(0, min(AUTO_WORKERS_MAX, share - 1)), why
+
+
+def loader_workers(requested: int | str, processes: int = 1, key: str = "data.num_workers") -> tuple[int, str]:
+    """(the loader workers to start, the start-up line's words for them) for ``key`` = ``requested``:
+    ``auto`` (:func:`auto_workers`), or a number capped at the usable cores -- more workers only
+    compete for them (and torch warns about it for every loader) -- with one warning."""
+    if requested == "auto":
+        n, why = auto_workers(processes)
+        return n, f"{n} loader worker{'s' * (n != 1)} ({key}=auto: {why})"
+    n, cores = int(requested), usable_cpu_cores()
+    if n > cores:
+        from lightning.pytorch.utilities import rank_zero_only
+
+        if rank_zero_only.rank == 0:
+            log.warning(
+                "%s=%d is more than the %d CPU cores this process may use: using %d loader workers",
+                key,
+                n,
+                cores,
+                cores,
+            )
+        n = cores
+    return n, f"{n} loader worker{'s' * (n != 1)}"
 
 
 def cpu_processes(devices: object) -> int | None:

@@ -211,7 +211,8 @@ def score_and_assert_stateless(model: torch.nn.Module, batch: dict) -> Candidate
 
 def assert_same_reported_run(resumed: Path, straight: Path) -> None:
     """What a user reads of a run -- ``summary.json``'s train_loss, k-NN and label-free monitors,
-    and every epoch-level value of ``csv/metrics.csv`` (``*_epoch``, ``knn/*``, ``monitor/*``) --
+    every pass in ``monitors.json`` (hvp-monitors' record) and every epoch-level value of
+    ``csv/metrics.csv`` (``*_epoch``, ``knn/*``, ``monitor/*``) --
     is the uninterrupted run's, exactly (a resumed epoch's aggregates cover the whole epoch, not
     the resumed session's steps)."""
     import csv
@@ -230,6 +231,8 @@ def assert_same_reported_run(resumed: Path, straight: Path) -> None:
     assert summary_a["train_loss"] is not None and epochs_a.get("train/loss_epoch") and epochs_a.get("monitor/rankme")
     assert summary_b == summary_a
     assert epochs_b == epochs_a
+    passes = json.loads((straight / "monitors.json").read_text())
+    assert passes["monitor_history"] and json.loads((resumed / "monitors.json").read_text()) == passes
 
 
 def wandb_records(run_dir: Path, timeout_s: float = 30.0) -> list:

@@ -15,8 +15,10 @@ from omegaconf import open_dict
 from hvp_lightning.config import check_options, validate
 from hvp_lightning.errors import ConfigError
 from hvp_lightning.methods import METHODS
+from hvp_lightning.nn import weights
 from hvp_lightning.nn.backbones import build_backbone, vit_tokens
 from hvp_lightning.nn.teacher import has_batchnorm
+from hvp_lightning.nn.weights import read_state
 from hvp_lightning.selection import frozen_state
 from hvp_lightning.training.backbone_init import init_backbone
 
@@ -377,6 +379,70 @@ def test_offline_hub_names_say_where_to_put_the_file(tmp_path, monkeypatch):
         make_cfg("backbone=resnet18", "backbone.width=64", "data.crop_size=32", "backbone.init=torchvision:resnet18")
     )
     assert_same(trunk_state(model), {k: v for k, v in net.state_dict().items() if not k.startswith("fc.")})
+
+
+def _no_download(*args, **kwargs):
+    raise AssertionError("a download was tried")
+
+
+def test_a_hub_out_of_reach_fails_in_one_line_within_seconds(tmp_path, monkeypatch):
+    """Without HF_HUB_OFFLINE and without a network (no name resolves, or the resolver never
+    answers), a hub name not in the cache ends in one line naming the host, before any download
+    (whose clients retry for a minute, warning at each try)."""
+    import socket
+    import time
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", _no_download)
+    monkeypatch.setattr(timm, "create_model", _no_download)
+
+    def no_name(*args):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    def no_answer(*args):
+        time.sleep(5)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_name)
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as err:
+        read_state("torchvision:resnet18")
+    assert str(err.value).startswith(
+        "backbone.init='torchvision:resnet18' is not in the local cache and the hub cannot be reached "
+        "(download.pytorch.org:443: Name or service not known): download https://download.pytorch.org/"
+    )
+    monkeypatch.setattr(socket, "getaddrinfo", no_answer)
+    monkeypatch.setattr(weights, "PROBE_S", 0.2)
+    with pytest.raises(
+        ConfigError, match=r"cannot be reached \(huggingface.co:443: no answer within 0.2 s\): run `hf"
+    ) as hung:
+        read_state("timm:resnet10t.c3_in1k")
+    assert time.monotonic() - start < 3
+    assert "\n" not in str(err.value) + str(hung.value)
+
+
+def test_a_hub_name_fails_in_seconds_on_this_machine_when_it_is_offline(tmp_path, monkeypatch):
+    """The real thing where the machine has no network (skipped where it has one: tests download nothing)."""
+    import time
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    if weights.unreachable("https://download.pytorch.org") is None:
+        pytest.skip("this machine reaches download.pytorch.org")
+    start = time.monotonic()
+    with pytest.raises(
+        ConfigError, match=r"^backbone.init='torchvision:resnet18' is not in the local cache and the hub"
+    ):
+        read_state("torchvision:resnet18")
+    assert time.monotonic() - start < weights.PROBE_S + 1
+
+
+def test_a_quoted_exception_is_cut_at_a_sentence_or_a_word():
+    text = "An error happened while trying to locate the file on the Hub. Please check your connection and try again."
+    assert weights.first_words(text, 80) == "An error happened while trying to locate the file on the Hub."
+    assert weights.first_words("word " * 30, 22) == "word word word..."
+    assert weights.first_words("short\nsecond line", 80) == "short"
 
 
 @pytest.mark.slow

@@ -243,3 +243,40 @@ def test_a_low_reading_at_random_init_is_not_a_collapse_of_the_run():
     assert monitor_summary(last, low, history)["monitor_collapse_epoch"] is None
     history.append({"step": 16, "epoch": 2.0, **low})
     assert monitor_summary(last, low, history)["monitor_collapse_epoch"] == 2.0
+
+
+@pytest.mark.parametrize(
+    ("cores", "processes", "slurm", "expected"),
+    [
+        (2, 1, None, (1, "2 usable CPU cores")),  # the 2-core machine: one worker beside the training process
+        (1, 1, None, (0, "1 usable CPU core")),  # one core: the training process loads
+        (64, 1, None, (8, "64 usable CPU cores")),  # at most 8 per process
+        (32, 8, None, (3, "32 usable CPU cores / 8 processes")),  # DDP on one machine: each rank its share
+        (64, 8, "5", (4, "5 CPUs per SLURM task")),  # a SLURM task: its own CPUs (cpus_per_task 5 under auto)
+        (3, 1, "5", (2, "5 CPUs per SLURM task")),  # ... but never more than the process may use
+    ],
+)
+def test_auto_loader_workers_are_the_cores_of_this_process_but_one(monkeypatch, cores, processes, slurm, expected):
+    monkeypatch.setattr(hvp_lightning.device, "usable_cpu_cores", lambda: cores)
+    environ = {"SLURM_CPUS_PER_TASK": slurm} if slurm else {}
+    assert hvp_lightning.device.auto_workers(processes, environ) == expected
+
+
+def test_loader_workers_auto_and_numbers(monkeypatch, caplog):
+    from hvp_lightning.cluster.slurm import cpus_per_task
+    from hvp_lightning.device import loader_workers, local_processes
+
+    monkeypatch.setattr(hvp_lightning.device, "usable_cpu_cores", lambda: 4)
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    assert loader_workers("auto") == (3, "3 loader workers (data.num_workers=auto: 4 usable CPU cores)")
+    assert loader_workers(2) == (2, "2 loader workers") and not caplog.records  # a number below the cores: as given
+    assert loader_workers(6)[0] == 4 and "data.num_workers=6 is more than the 4 CPU cores" in caplog.text
+    assert [
+        local_processes(t) for t in ({"devices": 2, "accelerator": "cpu"}, {"devices": [0, 1]}, {"devices": "0,1"})
+    ] == [2, 2, 2]
+    assert local_processes({"devices": "auto", "accelerator": "cpu"}) == 1
+    assert (cpus_per_task("auto"), cpus_per_task(3)) == (5, 4)  # SLURM: auto's 4 workers + the training process
+    with pytest.raises(ConfigError, match=r"^data.num_workers='many' is not allowed: .*auto"):
+        from hvp_lightning.config import check_options
+
+        check_options(make_cfg("data.num_workers=many"))

@@ -404,6 +404,33 @@ def test_eval_config_errors(simsiam_run, tmp_path):
             evaluate(eval_cfg(*overrides))
 
 
+def test_eval_takes_data_eval_root_as_the_docs_write_it(tmp_path):
+    """``eval.py protocol=knn ckpt=RUN data.eval_root=DIR``, no '+': a data=images run is evaluated on
+    DIR; without it the run's own data.eval_root stays (conf/eval.yaml's null is no change), and a
+    run whose data has no such key, or a data=<preset>, is answered as before."""
+    from PIL import Image
+
+    from hvp_lightning.evaluation.data import eval_data_cfg
+
+    write_images(tmp_path / "images", 6)
+    labelled = tmp_path / "labelled"
+    for split in ("train", "val"):
+        for c in ("cat", "dog"):
+            (labelled / split / c).mkdir(parents=True)
+            Image.new("RGB", (20, 20), (40, 90, 200)).save(labelled / split / c / "0.png")
+    unlabelled_overrides = ["data=images", f"data.root={tmp_path / 'images'}", "data.monitor_size=2"]
+    unlabelled = make_cfg(*unlabelled_overrides)
+    given = eval_data_cfg(eval_cfg("ckpt=RUN", f"data.eval_root={labelled}"), unlabelled)
+    assert given.eval_root == str(labelled) and given.root == str(tmp_path / "images")
+    with pytest.raises(ConfigError, match=r"^data.eval_root=None is not allowed: a labelled ImageNet-layout folder"):
+        eval_data_cfg(eval_cfg("ckpt=RUN"), unlabelled)
+    with_own = make_cfg(*unlabelled_overrides, f"data.eval_root={labelled}")
+    assert eval_data_cfg(eval_cfg("ckpt=RUN"), with_own).eval_root == str(labelled)
+    with pytest.raises(ConfigError, match=r"^data.eval_root='.*' is not allowed: a key of the checkpoint's data \("):
+        eval_data_cfg(eval_cfg("ckpt=RUN", f"data.eval_root={labelled}"), make_cfg())  # the built-in textures
+    assert eval_data_cfg(eval_cfg("ckpt=RUN", "data=synthetic"), unlabelled).name == "synthetic"
+
+
 def test_eval_cli(simsiam_run):
     run_dir, _ = simsiam_run
     proc = subprocess.run(
@@ -808,7 +835,7 @@ def test_export_push_uploads_the_folder_only_when_asked(dino_run, tmp_path, monk
     monkeypatch.setattr(huggingface_hub, "HfApi", RecordingApi)
     out = tmp_path / "out"
     assert export.main([str(dino_run), str(out)]) == 0 and calls == []
-    assert export.main([str(dino_run), str(out), "--push", "me/hvp-dino"]) == 0
+    assert export.main([str(dino_run), str(out), "--push", "me/hvp-dino", "--overwrite"]) == 0
     assert calls[0] == ("create_repo", "me/hvp-dino", {"exist_ok": True})
     assert calls[1][1]["repo_id"] == "me/hvp-dino" and Path(calls[1][1]["folder_path"]) == out
     assert 'timm.create_model("hf-hub:me/hvp-dino", pretrained=True)' in capsys.readouterr().out
@@ -871,6 +898,35 @@ def test_a_failed_export_check_leaves_an_earlier_export_as_it_was(resnet18_check
         raise CheckpointError("features differ")
 
     monkeypatch.setattr(export, "check_in_timm", fails)
-    assert export.main([str(ckpt), str(out)]) != 0
+    assert export.main([str(ckpt), str(out), "--overwrite"]) != 0
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
+def test_an_export_into_a_folder_that_holds_files_is_refused_unless_asked(resnet18_checkpoint, tmp_path, capsys):
+    """As hvp-make-shards refuses an OUT that holds shards: an earlier export (or anything else)
+    is not replaced without --overwrite, and the refusal comes before the checkpoint is read."""
+    _, ckpt = resnet18_checkpoint
+    out, pth = tmp_path / "export", tmp_path / "backbone.pth"
+    out.mkdir()
+    assert export.main([str(ckpt), str(out)]) == 0  # an empty folder is fine
+    assert export.main([str(ckpt), str(pth)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    (out / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert export.main([str(tmp_path / "nowhere.ckpt"), str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"config error: OUT_DIR={str(out)!r} already holds files (README.md, config.json, model.safetensors and "
+        "1 more): pick an empty folder or remove them, or pass --overwrite\n"
+    )
+    assert export.main([str(ckpt), str(pth)]) == 2
+    assert (
+        f"OUT={str(pth)!r} already exists: pick another name or remove it, or pass --overwrite"
+        in capsys.readouterr().err
+    )
+    assert (
+        export.main([str(ckpt), str(out), "--overwrite"]) == 0
+        and export.main([str(ckpt), str(pth), "--overwrite"]) == 0
+    )
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != "notes.txt"}.keys() == before.keys()
+    assert (out / "notes.txt").read_text() == "mine"  # others stay

@@ -56,3 +56,21 @@ def test_lightning_messages_print_once_under_hydras_console_handler(capsys):
     finally:
         root.handlers[:] = saved_root
         lightning_logger.handlers[:] = saved_lightning
+
+
+def test_loader_workers_default_to_the_machine_and_the_start_up_line_says_so(cfg_factory, caplog, monkeypatch):
+    """Every data preset's ``num_workers: auto``: on a single core no worker (and no warning about
+    the cores, which every run on 2 cores gave with 4), said in the data start-up line."""
+    from .conftest import REPO, make_cfg
+
+    presets = sorted(p.stem for p in (REPO / "conf" / "data").glob("*.yaml"))
+    assert {make_cfg(f"data={name}", tiny=False).data.num_workers for name in presets} == {"auto"}
+    monkeypatch.setattr("hvp_lightning.device.usable_cpu_cores", lambda: 1)
+    cfg = cfg_factory("data.train_size=8", "data.test_size=4")
+    with caplog.at_level(logging.INFO):
+        dm = SSLDataModule(cfg.data, (ViewAug(size=16),) * 2, batch_size=4, num_workers="auto")
+        dm.setup()
+    assert dm.num_workers == 0 and all(loader.num_workers == 0 for loader in [dm.train_dataloader()])
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("data: ")]
+    assert line.endswith("; 0 loader workers (data.num_workers=auto: 1 usable CPU core)")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hvp_lightning.run.directory import RunDir
-from hvp_lightning.run.records import RunRecord, read_record, wandb_resume, wandb_run_id
+from hvp_lightning.run.records import MonitorRecord, RunRecord, read_record, wandb_resume, wandb_run_id
 from hvp_lightning.training.checkpoint import AtomicCheckpointIO, CheckpointError, resume_config
 from hvp_lightning.training.driver import build_logger, run
 
@@ -68,15 +68,28 @@ def test_analysis_rows_are_on_disk_when_a_checkpoint_is_written(tmp_path, monkey
     assert on_disk == [(STEPS_PER_EPOCH, STEPS_PER_EPOCH), (2 * STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH)]
 
 
-def test_resumed_run_logs_each_step_once_and_sums_wall_time(straight, tmp_path):
+def test_resumed_run_logs_each_step_once_and_sums_wall_time(straight, tmp_path, monkeypatch):
     """Killed after epoch 2 was logged (and flushed) but before its checkpoint: the run resumes
-    from epoch 1's and its records end as the uninterrupted run's -- no step twice, none lost."""
+    from epoch 1's and its records end as the uninterrupted run's -- no step twice, none lost.
+    The record of monitor passes drops the killed session's last pass as soon as training resumes."""
     resumed = tmp_path / "resumed"
     shutil.copytree(straight, resumed)
     (resumed / "summary.json").unlink()
     shutil.copy(resumed / "checkpoints" / "epoch=001.ckpt", resumed / "checkpoints" / "last.ckpt")
     (resumed / "checkpoints" / "epoch=002.ckpt").unlink()
+    at_fit_start: list[list[int]] = []
+    write = MonitorRecord.on_fit_start
+
+    def spy(self, trainer, pl_module):
+        write(self, trainer, pl_module)
+        at_fit_start.append([h["step"] for h in json.loads(RunDir(resumed).monitors.read_text())["monitor_history"]])
+
+    monkeypatch.setattr(MonitorRecord, "on_fit_start", spy)
     summary = run(make_cfg(*RUN), resumed)
+    straight_passes = json.loads(RunDir(straight).monitors.read_text())
+    assert [h["step"] for h in straight_passes["monitor_history"]] == [STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH]
+    assert at_fit_start == [[STEPS_PER_EPOCH]]
+    assert json.loads(RunDir(resumed).monitors.read_text()) == straight_passes
 
     assert _rows(resumed / "analysis" / "steps-r0.csv") == _rows(straight / "analysis" / "steps-r0.csv")
     assert _logged_steps(resumed / "csv" / "metrics.csv") == _logged_steps(straight / "csv" / "metrics.csv")

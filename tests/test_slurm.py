@@ -126,9 +126,9 @@ def test_check_names_the_keys_that_disagree(overrides, keys):
             ["trainer.devices=2", "trainer.devices=1,2"],
             ["tasks_per_node=2 differs from trainer.devices=1", "(job #0: ", "one sweep per layout"],
         ),
-        (  # the default data's 2 workers: 3 CPUs per task, 6 per node, on the stand-in sinfo's 4-CPU nodes
+        (  # the default data's auto workers: 4 + 1 CPUs per task, 10 per node, on the stand-in sinfo's 4-CPU nodes
             ["trainer.devices=2", "seed=0,1"],
-            ["tasks_per_node=2", "cpus_per_task=3", "6 CPUs per node", "data.num_workers", "2 nodes of 4 CPUs"],
+            ["tasks_per_node=2", "cpus_per_task=5", "10 CPUs per node", "data.num_workers", "2 nodes of 4 CPUs"],
         ),
     ],
     ids=["tasks-vs-devices", "devices-auto", "gpus-on-cpu", "swept-auto", "swept-devices", "cpus-vs-partition"],

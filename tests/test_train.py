@@ -208,7 +208,8 @@ def test_crop_larger_than_the_images_is_said_once(cfg_factory, caplog):
     with caplog.at_level("WARNING"):
         validate(cfg_factory("data.crop_size=48"))  # generated images are 32 px
     assert [r.getMessage() for r in caplog.records if "upsampled" in r.getMessage()] == [
-        "data.crop_size=48 is larger than the images (shorter side 32 px): every crop is upsampled"
+        "data.crop_size=48 is larger than the images (shorter side 32 px): every crop is upsampled; "
+        "set data.crop_size=32 to crop them at their own size"
     ]
     caplog.clear()
     with caplog.at_level("WARNING"):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hydra.core.hydra_config import HydraConfig
 
+from hvp_lightning.analysis.monitors import main as monitors_main
 from hvp_lightning.run.wandb_logging import current_sweep_dir, run_names, sweep_group
 from hvp_lightning.training.driver import build_logger, run
 
@@ -65,7 +66,7 @@ def history_rows(records) -> list[dict]:
     ]
 
 
-def test_offline_run_holds_identity_charts_and_hvp_curves(cfg_factory, tmp_path):
+def test_offline_run_holds_identity_charts_and_hvp_curves(cfg_factory, tmp_path, capsys):
     cfg = cfg_factory(
         "logger=wandb",
         "logger.project=hvp-test",
@@ -112,6 +113,13 @@ def test_offline_run_holds_identity_charts_and_hvp_curves(cfg_factory, tmp_path)
         assert key in keys, key
     assert [r["knn/epoch"] for r in rows if "knn/top1" in r] == [0.0, 1.0]  # at init, after the one epoch
     assert [r["monitor/epoch"] for r in rows if "monitor/rankme" in r] == [0.0, 1.0]
+    # hvp-monitors reads a W&B run's passes (its own record: there is no CSV log), as W&B has them
+    capsys.readouterr()
+    assert not (tmp_path / "csv").exists() and monitors_main([str(tmp_path)]) == 0
+    table = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    rankme = [r["monitor/rankme"] for r in rows if "monitor/rankme" in r]
+    assert [float(r[1]) for r in table] == pytest.approx(rankme, abs=0.006)
+    assert [r[4] for r in table] == [f"{100 * r['knn/top1']:.2f}%" for r in rows if "knn/top1" in r]
     # the live gallery: at the pass after the epoch (not at init: nothing selected yet), 4 images and the histogram
     (gallery,) = [r for r in rows if "hvp/gallery/_type" in r]  # W&B flattens the media entries' fields
     assert gallery["hvp/gallery/_type"] == "images/separated" and gallery["hvp/gallery/count"] == 4

@@ -1,10 +1,12 @@
-"""``hvp-monitors RUN_DIR [--follow S] [--plot PNG]``: a run's health, epoch by epoch, from its CSV log.
+"""``hvp-monitors RUN_DIR [--follow S] [--plot PNG]``: a run's health, pass by pass, whatever its logger.
 
 Pretraining on one's own unlabelled images has no accuracy to watch; the label-free monitors
 (RankMe and the feature std, hvp_lightning/nn/health.py) are what shows progress or collapse. W&B
-plots them online; this reads ``<run_dir>/csv/metrics.csv``, which every run writes, so a run on
-a cluster without W&B can be watched from a login node while it trains (``--follow``), and gives
-one figure to look at instead of a table.
+plots them online; this reads ``<run_dir>/monitors.json``, which every run rewrites at each pass
+under any logger (hvp_lightning/run/records.py ``MonitorRecord``), so a run on a cluster can be
+watched from a login node while it trains (``--follow``), and gives one figure to look at instead
+of a table. A run dir from before that record is read from its ``summary.json`` once it ended, or
+from its CSV log (``logger=csv``) while it trains.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..nn.health import collapse_reason
 from ..run.directory import RunDir
@@ -29,7 +32,7 @@ EPOCH_COLUMNS = ("monitor/epoch", "knn/epoch")
 class Row:
     """One evaluation pass: the monitors and, where the run has a labelled set, the k-NN top-1."""
 
-    epoch: int
+    epoch: float
     step: int
     rankme: float | None = None
     feature_std: float | None = None
@@ -60,22 +63,59 @@ def read_passes(metrics_csv: Path) -> list[Row]:
     return sorted(rows.values(), key=lambda r: (r.step, r.epoch))
 
 
-def feature_dim(run_dir: RunDir) -> int | None:
-    """The monitors' feature width d, from ``summary.json`` once the run wrote it."""
-    if run_dir.summary.is_file():
-        return json.loads(run_dir.summary.read_text()).get("monitor_dim")
-    return None
+def from_histories(record: dict[str, Any]) -> list[Row]:
+    """The passes of a run's ``monitor_history`` and ``knn_history`` (``monitors.json``, and
+    ``summary.json`` at the end), one :class:`Row` per optimiser step."""
+    rows: dict[int, Row] = {}
+    for h in record.get("monitor_history") or []:
+        row = rows.setdefault(int(h["step"]), Row(h["epoch"], int(h["step"])))
+        row.rankme, row.feature_std = h["rankme"], h["feature_std"]
+    for h in record.get("knn_history") or []:
+        rows.setdefault(int(h["step"]), Row(h["epoch"], int(h["step"]))).knn_top1 = h["top1"]
+    return sorted(rows.values(), key=lambda r: r.step)
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def passes(run_dir: RunDir) -> tuple[list[Row], int | None, Path | None]:
+    """``(passes, d, the file they were read from)``: the run's ``monitors.json``; for a run dir
+    from before it, ``summary.json`` once the run ended, else the CSV log (d unknown until the
+    end). ``([], None, None)`` when the run dir holds none of them."""
+    summary = _json(run_dir.summary) or {}
+    if (record := _json(run_dir.monitors)) is not None:
+        return from_histories(record), record.get("monitor_dim") or summary.get("monitor_dim"), run_dir.monitors
+    if "monitor_history" in summary or "knn_history" in summary:
+        return from_histories(summary), summary.get("monitor_dim"), run_dir.summary
+    if run_dir.csv_metrics.is_file():
+        return read_passes(run_dir.csv_metrics), summary.get("monitor_dim"), run_dir.csv_metrics
+    return [], None, None
+
+
+def why_none(run_dir: RunDir, source: Path | None) -> str:
+    """The one line that says why a run dir shows no pass."""
+    if source is not None:
+        return f"no monitor or k-NN pass recorded yet in {source}"
+    if run_dir.checkpoints.is_dir():  # training went on without a record: an earlier version's run
+        return (
+            f"{run_dir} has no record of its passes yet: it predates {run_dir.monitors.name} and has no "
+            f"{run_dir.csv_metrics.parent.name}/{run_dir.csv_metrics.name} (logger=csv only); its passes are in "
+            f"its W&B run, and in {run_dir.summary.name} once it ends"
+        )
+    when = f"the run writes {run_dir.monitors.name} when training starts"
+    return f"no monitor or k-NN pass recorded yet in {run_dir} ({when})"
 
 
 def table(rows: list[Row], dim: int | None) -> str:
     """The passes as a fixed-width table; with d known, the std also as std * sqrt(d) (1 for
     isotropic directions, 0 for a collapse) and a collapse flag as the run's warning gives it."""
-    head = f"{'epoch':>5} {'RankMe':>9} {'feature std':>12}"
+    head = f"{'epoch':>6} {'RankMe':>9} {'feature std':>12}"
     head += f" {'std*sqrt(d)':>12}" if dim else ""
     head += f" {'k-NN top-1':>11}"
     lines = [head]
     for r in rows:
-        text = f"{r.epoch:>5} {_fmt(r.rankme, '.2f'):>9} {_fmt(r.feature_std, '.5f'):>12}"
+        text = f"{r.epoch:>6g} {_fmt(r.rankme, '.2f'):>9} {_fmt(r.feature_std, '.5f'):>12}"
         if dim:
             scaled = None if r.feature_std is None else r.feature_std * math.sqrt(dim)
             text += f" {_fmt(scaled, '.3f'):>12}"
@@ -129,14 +169,14 @@ def plot_formats() -> set[str]:
 def main(argv: list[str] | None = None, prog: str = "hvp-monitors") -> int:
     """The ``hvp-monitors`` console command; ``prog``: the command name its usage line shows."""
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    ap.add_argument("run_dir", type=Path, help="a run dir (it holds csv/metrics.csv)")
+    ap.add_argument("run_dir", type=Path, help="a run dir (it holds monitors.json)")
     ap.add_argument("--plot", type=Path, default=None, help="write the curves to this PNG file")
     ap.add_argument(
         "--follow",
         type=float,
         default=None,
         metavar="S",
-        help="print each new pass as it is logged, checking every S seconds, until the run writes summary.json",
+        help="print each new pass as it is recorded, checking every S seconds, until the run writes summary.json",
     )
     args = ap.parse_args(argv)
     run_dir = RunDir.of(args.run_dir)
@@ -146,11 +186,11 @@ def main(argv: list[str] | None = None, prog: str = "hvp-monitors") -> int:
     if not run_dir.path.is_dir():
         print(f"{prog}: {args.run_dir} is not a run dir (no such folder)", file=sys.stderr)
         return 2
-    started = (run_dir.config, run_dir.hydra, run_dir.csv_metrics, run_dir.checkpoints)  # any of them: a run's
+    started = (run_dir.config, run_dir.hydra, run_dir.monitors, run_dir.csv_metrics, run_dir.checkpoints)
     if not any(p.exists() for p in started):  # e.g. runs/<date>: --follow would wait forever
         print(
-            f"{prog}: {args.run_dir} is not a run dir (no config.yaml, .hydra/, csv/ log or checkpoints/ in it; "
-            "a run dir is runs/<date>/<time>_<method>, the path train.py's last line names)",
+            f"{prog}: {args.run_dir} is not a run dir (no config.yaml, .hydra/, monitors.json, csv/ log or "
+            "checkpoints/ in it; a run dir is runs/<date>/<time>_<method>, the path train.py's last line names)",
             file=sys.stderr,
         )
         return 2
@@ -161,25 +201,27 @@ def main(argv: list[str] | None = None, prog: str = "hvp-monitors") -> int:
             file=sys.stderr,
         )
         return 2
-    shown = 0
+    shown, shown_dim, waiting = 0, None, False
     while True:
-        # summary.json before the log: the run writes it last, so a finished run's log is read whole
+        # summary.json before the passes: the run writes it last, so a finished run's are read whole
         finished = run_dir.summary.is_file()
-        rows = read_passes(run_dir.csv_metrics) if run_dir.csv_metrics.is_file() else []
-        # d comes with summary.json: a live table has no std*sqrt(d) column and no collapse verdict
-        dim = feature_dim(run_dir) if finished else None
+        rows, dim, source = passes(run_dir)
         text = table(rows, dim).splitlines()
-        if args.follow is None:
+        if args.follow is None or (finished and not rows):
             if not rows:
-                print(f"{prog}: no monitor or k-NN pass logged yet in {run_dir.csv_metrics}", file=sys.stderr)
+                print(f"{prog}: {why_none(run_dir, source)}", file=sys.stderr)
                 return 1
             print("\n".join(text))
             break
-        if finished and dim and shown:  # the lines so far lacked d: the whole table again, with it
+        if not rows and not waiting:  # a line now, not silence until the first pass
+            print(f"{prog}: {why_none(run_dir, source)}; checking every {args.follow:g} s", file=sys.stderr, flush=True)
+            waiting = True
+        if finished and dim and shown and shown_dim is None:  # the lines so far lacked d: the whole table again
             print(f"run ended (d={dim}):", "\n".join(text), sep="\n", flush=True)
         elif len(rows) > shown:
             print("\n".join(text[0 if shown == 0 else shown + 1 :]), flush=True)
-        shown = len(rows)
+        if len(rows) > shown:
+            shown, shown_dim = len(rows), dim
         if finished:
             break
         time.sleep(args.follow)

@@ -39,8 +39,15 @@ def gpus_per_node(accelerator: str, devices: Any) -> int | None:
     return task_count(devices) if str(accelerator) in GPU_ACCELERATORS else None
 
 
+AUTO_WORKERS = 4  # the loader workers a task gets CPUs for under data.num_workers=auto
+
+
 def cpus_per_task(num_workers: Any) -> Any:
-    """``hydra.launcher.cpus_per_task``: the training process plus its ``data.num_workers`` loader workers."""
+    """``hydra.launcher.cpus_per_task``: the training process plus its ``data.num_workers`` loader
+    workers; for ``auto``, :data:`AUTO_WORKERS` of them (on the node, auto then starts one worker
+    per CPU of the task but one: hvp_lightning/device.py ``auto_workers``)."""
+    if num_workers == "auto":
+        num_workers = AUTO_WORKERS
     return num_workers + 1 if isinstance(num_workers, int) else num_workers
 
 

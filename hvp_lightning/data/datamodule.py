@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.profiler import record_function
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
+from ..device import loader_workers
 from ..schema import DATASETS, AugSettings, settings
 from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
@@ -147,22 +147,6 @@ def view_aug(cfg) -> ViewAug:
     )
 
 
-def usable_workers(requested: int) -> int:
-    """``data.num_workers`` capped at the CPU cores this process may use: more workers only
-    compete for them (and torch would warn about it for every loader). Said once."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if requested <= cores:
-        return requested
-    if rank_zero_only.rank == 0:
-        log.warning(
-            "data.num_workers=%d is more than the %d CPU cores this process may use: using %d loader workers",
-            requested,
-            cores,
-            cores,
-        )
-    return cores
-
-
 class SSLDataModule(L.LightningDataModule):
     """Training loader yields ``{"views": [N x [B,3,H,W]], "params": {name: [B,N,...]}, ...}``;
     the validation loaders (k-NN bank, test queries, and for ``data=images`` its held-out monitor
@@ -179,7 +163,9 @@ class SSLDataModule(L.LightningDataModule):
     (:class:`.resident.ResidentImages`): the loader yields indices only, and the crops are cut
     there as well, in :meth:`on_after_batch_transfer`.
 
-    Workers start from a clean fork server, never from the training process, and every wait
+    ``num_workers``: a number (capped at the usable cores) or ``auto``, resolved here on this
+    machine for the ``processes`` it runs (hvp_lightning/device.py ``loader_workers``) and said in the
+    data start-up line. Workers start from a clean fork server, never from the training process, and every wait
     for a batch is limited to ``wait_s`` seconds (:mod:`.workers`). The k-NN loaders keep their
     workers from one pass to the next (the at-start pass, the passes inside the fit and the
     final one are the same two loaders).
@@ -194,16 +180,17 @@ class SSLDataModule(L.LightningDataModule):
         cfg,
         views: tuple[ViewAug, ...],
         batch_size: int,
-        num_workers: int,
+        num_workers: int | str,
         seed: int = 0,
         colour_in_workers: bool | None = None,
         wait_s: float = 600.0,
         iou_policy: IoUPolicy | None = None,
         defer_colour: bool = False,
+        processes: int = 1,
     ) -> None:
         super().__init__()
         self.cfg, self.views, self.batch_size, self.seed = cfg, views, batch_size, seed
-        self.num_workers = usable_workers(num_workers)
+        self.num_workers, self.workers_said = loader_workers(num_workers, processes)
         self.wait_s = wait_s
         if self.num_workers > 0:
             worker_context()  # the fork server imports while this process sets up
@@ -240,7 +227,7 @@ class SSLDataModule(L.LightningDataModule):
         given = {"bank": bank, "test": test, "monitor": held_out}
         self.eval_sets = {role: EvalDataset(given[role], evaluate) for role in eval_roles(self.cfg)}  # type: ignore[arg-type]
         if rank_zero_only.rank == 0:
-            log.info("data: %s", data_counts(self.cfg.name, pre, given, eval_roles(self.cfg)))
+            log.info("data: %s; %s", data_counts(self.cfg.name, pre, given, eval_roles(self.cfg)), self.workers_said)
 
     @property
     def num_classes(self) -> int:

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import functools
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+from ..schema import TIMM_FAMILY, backbone_family
 from .image_files import is_image_file
 
 # What torchvision's dataset class reads under data.root (the first path missing is named at
@@ -120,11 +124,50 @@ def training_image_side(d) -> int:
     return typical_image_side(split_dir(Path(str(d.root)).expanduser(), "train"))
 
 
-def resolve_auto_crop(cfg) -> None:
-    """``crop_size: auto``: small images (<= 96 px, CIFAR/STL-like) are cropped at their own
-    size and evaluated uncropped; larger ones get the ImageNet 224 / 0.875 protocol."""
+AUTO_CROP_MAX = 224  # crop_size: auto never exceeds the ImageNet protocol's crop
+SMALL_CROP = 96  # up to this crop (CIFAR, STL), eval_crop_ratio: auto evaluates the whole image
+
+
+def crop_multiple(backbone: Mapping[str, Any] | None) -> int:
+    """What a crop size must be a multiple of for ``backbone``: a ViT's patch size (the preset's
+    ``backbone.patch_size``; for ``backbone=timm``, ``model_args.patch_size`` or the ``patch<N>`` of
+    its name, which hvp_lightning/config.py ``check_timm_backbone`` then checks against timm's
+    model), else 1 (a CNN takes any size)."""
+    if backbone is None:
+        return 1
+    family = backbone_family(backbone)
+    if family == "vit":
+        return int(backbone["patch_size"])
+    if family == TIMM_FAMILY:
+        size = (backbone.get("model_args") or {}).get("patch_size")
+        found = re.search(r"patch(\d+)", str(backbone.get("name") or ""))
+        return int(size) if size else int(found.group(1)) if found else 1
+    return 1
+
+
+def auto_crop_size(side: int, multiple: int = 1) -> int:
+    """``crop_size: auto``: the images' median shorter side ``side``, at most 224 px, rounded down to
+    ``multiple`` (:func:`crop_multiple`): half the images or more are cropped without upsampling.
+    Only images smaller than one patch get a larger crop (one patch)."""
+    return max(multiple, min(side, AUTO_CROP_MAX) // multiple * multiple)
+
+
+def auto_eval_crop_ratio(crop: int, side: int) -> float:
+    """``eval_crop_ratio: auto`` (evaluation: resize the shorter side to ``crop / ratio``, centre-crop
+    ``crop``): up to 96 px crops, 1.0 (the whole image); above, the ImageNet protocol's 0.875 (resize
+    256, crop 224) where the images are that large, else the ratio that keeps their own size
+    (``crop / side``, at most 1.0): the evaluation upsamples no image the crop does not."""
+    if crop <= SMALL_CROP:
+        return 1.0
+    return round(min(1.0, max(0.875, crop / side)), 4)
+
+
+def resolve_auto_crop(cfg, backbone: Mapping[str, Any] | None = None) -> None:
+    """``crop_size: auto`` (:func:`auto_crop_size`) and ``eval_crop_ratio: auto``
+    (:func:`auto_eval_crop_ratio`) of the data config ``cfg`` from its training images' median
+    shorter side; ``backbone``: the run's, for a ViT's patch multiple."""
     if cfg.get("crop_size") == "auto":
-        side = training_image_side(cfg)
-        cfg.crop_size = side if side <= 96 else 224
+        cfg.crop_size = auto_crop_size(training_image_side(cfg), crop_multiple(backbone))
     if cfg.get("eval_crop_ratio") == "auto":
-        cfg.eval_crop_ratio = 1.0 if cfg.crop_size <= 96 else 0.875
+        crop = int(cfg.crop_size)  # the images' side matters only above SMALL_CROP
+        cfg.eval_crop_ratio = auto_eval_crop_ratio(crop, training_image_side(cfg) if crop > SMALL_CROP else crop)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -11,9 +12,12 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..config import check_crop_for_backbone, data_preset_given, fail, validate_data
 from ..data.augment import EvalTransform
-from ..data.datamodule import build_raw_datasets, subset, usable_workers
+from ..data.datamodule import build_raw_datasets, subset
 from ..data.layout import resolve_auto_crop
 from ..data.workers import worker_options
+from ..device import loader_workers
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,9 +59,12 @@ def eval_transform(d: DictConfig, interpolation: str = "bilinear") -> EvalTransf
 
 
 def own_data(train_cfg: DictConfig, changes: DictConfig | None) -> DictConfig:
-    """The pretraining data with the command's ``+data.<key>=`` ``changes`` (``+data.test_subset=50``)."""
+    """The pretraining data with the command's ``+data.<key>=`` ``changes`` (``+data.test_subset=50``).
+    conf/eval.yaml declares ``data.eval_root`` (so that ``data.eval_root=DIR`` needs no ``+``): its
+    null is no change, the run's own ``data.eval_root`` stays."""
     data = copy.deepcopy(train_cfg.data)
-    for key, value in (changes or {}).items():
+    changes = OmegaConf.create({k: v for k, v in (changes or {}).items() if not (k == "eval_root" and v is None)})
+    for key, value in changes.items():
         if key not in data:
             fail(f"data.{key}", value, f"a key of the checkpoint's data ({', '.join(data)}), or data=<data set>")
     return OmegaConf.merge(data, changes) if changes else data
@@ -74,7 +81,8 @@ def eval_data_cfg(cfg: DictConfig, train_cfg: DictConfig) -> DictConfig:
     if data.name in ("images", "shards") and not data.get("eval_root"):
         why = f"data={data.name} has no test split"
         fail("data.eval_root", None, f"a labelled ImageNet-layout folder to evaluate on ({why})")
-    resolve_auto_crop(data)
+    resolve_auto_crop(data, train_cfg.backbone)
     check_crop_for_backbone(train_cfg.backbone, data.crop_size)
-    data.num_workers = usable_workers(data.num_workers)  # capped at the usable cores, said once
+    data.num_workers, said = loader_workers(data.num_workers)  # auto, or capped at the usable cores
+    log.info("eval data: %s", said)
     return data

@@ -19,7 +19,7 @@ resampled. What is accepted (:func:`read_state`): torchvision / timm state dicts
 ``student`` entries, ``module.`` / ``backbone.`` prefixes stripped as their
 ``utils.load_pretrained_weights`` does; the teacher unless asked), their backbone-only
 releases, an ``hvp-export`` folder or file, and ``timm:<name>`` / ``torchvision:<name>`` from
-the hubs (offline: one line naming the cache path). A run dir of this project is read one
+the hubs (offline or out of reach: one line naming the cache path, in seconds). A run dir of this project is read one
 layer up (hvp_lightning/training/backbone_init.py), where its checkpoint's method is known.
 """
 
@@ -92,8 +92,7 @@ def unreadable(path: Path, err: Exception) -> str:
         return f"it pickles {pickled.group(1)}, which a weights-only load refuses: save a state_dict of tensors"
     if path.suffix != ".safetensors" and not _torch_saved(path):
         return "not a weights file: neither torch.save's format nor .safetensors"
-    first = said.strip().splitlines()[0][:200] if said.strip() else type(err).__name__
-    return f"cannot be read as weights ({first})"
+    return f"cannot be read as weights ({first_words(said) or type(err).__name__})"
 
 
 def _is_module_class(name: str) -> bool:
@@ -203,15 +202,63 @@ def resize_pos_embed(trunk: nn.Module, pos: torch.Tensor) -> tuple[torch.Tensor,
 
 
 # --- hubs -------------------------------------------------------------------------------------
+PROBE_S = 5.0  # a hub that accepts no connection within this many seconds is out of reach
+
+
 def offline() -> bool:
     """``HF_HUB_OFFLINE=1`` (Hugging Face's switch) keeps both hubs from reaching the network."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def unreachable(url: str, timeout_s: float | None = None) -> str | None:
+    """Why ``url``'s host cannot be reached from here -- its name does not resolve, or it (or the
+    proxy ``https_proxy`` names) accepts no TCP connection within ``timeout_s`` (:data:`PROBE_S`) --
+    or None when it can. Asked before a download, because without a network the hubs' clients
+    retry for about a minute, warning at every try, before they give up. DNS has no timeout of
+    its own: the probe runs in a daemon thread that is waited for ``timeout_s`` at most."""
+    import socket
+    import threading
+    import urllib.parse
+    import urllib.request
+
+    timeout_s = PROBE_S if timeout_s is None else timeout_s
+    parts = urllib.parse.urlsplit(url)
+    host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and not urllib.request.proxy_bypass(host):
+        via = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        host, port = via.hostname or "", via.port or 80
+    said: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+            said.append(None)
+        except OSError as err:
+            said.append(f"{host}:{port}: {err.strerror or type(err).__name__}")
+
+    probe = threading.Thread(target=connect, daemon=True, name=f"probe {host}")
+    probe.start()
+    probe.join(timeout_s)
+    return said[0] if said else f"{host}:{port}: no answer within {timeout_s:g} s"
+
+
+def first_words(text: str, limit: int = 200) -> str:
+    """The first line of ``text`` (an exception's) for a one-line message: whole sentences up to
+    ``limit`` characters, else whole words and '...', not cut mid-word."""
+    line = next((x.strip() for x in text.splitlines() if x.strip()), "")
+    if len(line) <= limit:
+        return line
+    if (end := line[: limit + 1].rfind(". ")) > 0:
+        return line[: end + 1]
+    return line[: limit - 3].rsplit(" ", 1)[0].rstrip() + "..."
+
+
 def hub_state(source: str) -> dict[str, torch.Tensor]:
     """``timm:<name>`` (a pretrained tag allowed: ``timm:vit_small_patch16_224.dino``) or
     ``torchvision:<model>[.<WEIGHTS>]`` from the local cache, else downloaded; when that is
-    impossible, one line naming the file and where to put it."""
+    impossible -- ``HF_HUB_OFFLINE``, or the hub out of reach (:func:`unreachable`: seconds,
+    not the clients' minute of retries) -- one line naming the file and where to put it."""
     scheme, _, name = source.partition(":")
     if scheme == "torchvision":
         url, cached = _torchvision_url(source, name)
@@ -221,20 +268,24 @@ def hub_state(source: str) -> dict[str, torch.Tensor]:
             return torch.hub.load_state_dict_from_url(url, map_location="cpu", weights_only=True)
 
     else:
-        where, cached, fetch = _timm_source(source, name)
+        url, where, cached, fetch = _timm_source(source, name)
     if cached is None or not cached.is_file():
         if offline():
             raise ConfigError(
                 f"backbone.init={source!r} is not in the local cache and HF_HUB_OFFLINE is set: {where}, "
                 "or pass the file as backbone.init=<path>"
             )
+        if (why := unreachable(url)) is not None:
+            raise ConfigError(
+                f"backbone.init={source!r} is not in the local cache and the hub cannot be reached ({why}): "
+                f"{where}, or pass the file as backbone.init=<path>"
+            )
     try:
         return fetch()
-    except Exception as err:  # noqa: BLE001 -- no network, hub down, bad tag: one line
-        first = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
+    except Exception as err:  # noqa: BLE001 -- hub down, bad tag: one line
+        said = f"{type(err).__name__}: {first_words(str(err))}".rstrip(": ")
         raise ConfigError(
-            f"backbone.init={source!r} could not be fetched ({type(err).__name__}: {first}): {where}, "
-            "or pass the file as backbone.init=<path>"
+            f"backbone.init={source!r} could not be fetched ({said}): {where}, or pass the file as backbone.init=<path>"
         ) from None
 
 
@@ -254,7 +305,8 @@ def _torchvision_url(source: str, name: str) -> tuple[str, Path]:
     return url, Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
 
 
-def _timm_source(source: str, name: str) -> tuple[str, Path | None, Callable[[], dict[str, torch.Tensor]]]:
+def _timm_source(source: str, name: str) -> tuple[str, str, Path | None, Callable[[], dict[str, torch.Tensor]]]:
+    """(the URL it comes from, where to put the file, the cached file or None, the download)."""
     import timm
     from timm.models import get_pretrained_cfg
 
@@ -273,7 +325,7 @@ def _timm_source(source: str, name: str) -> tuple[str, Path | None, Callable[[],
 
     if cfg.hf_hub_id:
         from huggingface_hub import try_to_load_from_cache
-        from huggingface_hub.constants import HF_HUB_CACHE
+        from huggingface_hub.constants import ENDPOINT, HF_HUB_CACHE
 
         repo = cfg.hf_hub_id.split("@")[0]
         found = next(
@@ -285,6 +337,6 @@ def _timm_source(source: str, name: str) -> tuple[str, Path | None, Callable[[],
             None,
         )
         where = f"run `hf download {repo} model.safetensors` where there is a network (cache: {HF_HUB_CACHE})"
-        return where, Path(found) if found else None, fetch
+        return f"{ENDPOINT}/{repo}", where, Path(found) if found else None, fetch
     cached = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(cfg.url)
-    return f"download {cfg.url} to {cached}", cached, fetch
+    return cfg.url, f"download {cfg.url} to {cached}", cached, fetch

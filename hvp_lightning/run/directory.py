@@ -7,6 +7,7 @@ A run dir (``hydra.run.dir``: ``runs/<date>/<time>_<method>`` by default, a swee
     config.yaml          the run's composed config
     summary.json         the summary (rewritten live; sweep tables read it)
     sessions.json        each session's wall time and the W&B rewind points
+    monitors.json        every label-free monitor and k-NN pass (rewritten at each; hvp-monitors reads it)
     wandb_run_id         the W&B run this run logs to (a resume continues it)
     wandb/               W&B's own files
     error.txt            a failed sweep job's exception, one line
@@ -174,6 +175,10 @@ class RunDir:
     @property
     def sessions(self) -> Path:
         return self.path / "sessions.json"
+
+    @property
+    def monitors(self) -> Path:
+        return self.path / "monitors.json"
 
     @property
     def wandb_id(self) -> Path:

@@ -93,8 +93,8 @@ class DataBase(Section):
     """per-channel normalisation std"""
     eval_crop_ratio: number(0, 1, open_low=True) | Literal["auto"] | None
     """evaluation: resize to crop_size / ratio, centre-crop crop_size; auto: 1.0 for small images, else 0.875; null: transfer.py's "the checkpoint's\""""
-    num_workers: COUNT_OR_ZERO
-    """loader worker processes"""
+    num_workers: integer(0) | Literal["auto"] = "auto"
+    """loader worker processes; auto: one per usable CPU core of this process but one, at most 8 (resolved on each machine: docs/data.md)"""
     train_subset: integer(1) | None = None
     """train on a fixed random subset of this many images (the same for every seed)"""
     test_subset: integer(1) | None = None

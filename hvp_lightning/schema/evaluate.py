@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from .base import COUNT, COUNT_OR_ZERO, NON_NEGATIVE, POSITIVE, SEED, UNIT_RANGE, Section, distinct, integer, number
+from .base import COUNT, NON_NEGATIVE, POSITIVE, SEED, UNIT_RANGE, Section, distinct, integer, number
 from .data import INTERPOLATIONS, DataSettings
 from .method import METHOD_NAMES, OPTIMIZERS
 from .run import ACCELERATORS, TRAINER_PRECISIONS, LoggerSettings
@@ -130,8 +130,8 @@ class EvaluationBase(Section):
     """null: <run_dir>/eval/..."""
     seed: SEED = 0
     """the evaluation's seed"""
-    num_workers: COUNT_OR_ZERO | None = None
-    """loader workers; null: the data's data.num_workers"""
+    num_workers: integer(0) | Literal["auto"] | None = "auto"
+    """loader workers; auto: this machine's (usable CPU cores but one, at most 8); null: the data's data.num_workers"""
     limits: EvalLimits = EvalLimits()
     accelerator: Literal[ACCELERATORS] = "auto"
     """auto, cpu, gpu (= cuda), mps (one device: evaluation is single-process)"""
@@ -149,8 +149,8 @@ class EvalConfig(EvaluationBase):
     """``eval.py``'s whole config."""
 
     protocol: ProtocolSettings
-    data: dict[str, Any] | None = None
-    """null: the checkpoint's own data; data=<preset> another data set; +data.<key>= changes the checkpoint's"""
+    data: dict[str, Any] | None = {"eval_root": None}
+    """without data=<preset>: changes to the checkpoint's own data (data.eval_root=DIR: a labelled folder to evaluate a data=images/shards run on; +data.<key>=...); data=<preset>: another data set"""
 
 
 class TransferConfig(EvaluationBase):

@@ -26,14 +26,14 @@ from ..cluster.waits import (
 from ..config import check_options, processes, validate
 from ..data.datamodule import SSLDataModule
 from ..data.iou_policy import iou_policy
-from ..device import check_accelerator, device_line, set_matmul_precision
+from ..device import check_accelerator, device_line, local_processes, set_matmul_precision
 from ..errors import ConfigError
 from ..methods import METHODS, SSLMethod
 from ..nn.health import collapse_reason
 from ..run.atomic import atomic_write_text
 from ..run.directory import RunDir
 from ..run.process_rank import env_rank
-from ..run.records import RunRecord, continue_csv_log, wandb_resume
+from ..run.records import MonitorRecord, RunRecord, continue_csv_log, wandb_resume
 from ..run.wandb_logging import WandbCharts, current_sweep_dir, run_names, wandb_logged_in
 from ..selection import hvp_config, hvp_summary
 from ..warning_filters import quiet_console
@@ -114,6 +114,7 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]
         iou_policy=iou_policy(cfg),
         defer_colour=hvp.enabled and hvp.colour == "static",  # the training step colours the chosen pair
         wait_s=wait_s,
+        processes=local_processes(cfg.trainer),  # data.num_workers: auto shares the machine's cores among them
     )
     dm.setup("fit")
     if len(dm.train_set) // (processes(cfg.trainer) or 1) < cfg.method.batch_size:  # data sets start-up could not count
@@ -143,6 +144,7 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]
         callbacks=[
             checkpointer,
             record,
+            MonitorRecord(run_dir),
             StopOnSignal(checkpointer, record),
             *analysis_callbacks(cfg, run_dir),
             *live_gallery_callbacks(cfg),

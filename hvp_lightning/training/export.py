@@ -1,7 +1,7 @@
 """Export a checkpoint's backbone: a folder timm loads, or a plain ``.pth`` state_dict.
 
-    hvp-export <run_dir or .ckpt> OUT_DIR [--student] [--push REPO_ID]   # = python -m hvp_lightning.training.export
-    hvp-export <run_dir or .ckpt> out.pth [--student]
+    hvp-export <run_dir or .ckpt> OUT_DIR [--student] [--push REPO_ID] [--overwrite]
+    hvp-export <run_dir or .ckpt> out.pth [--student] [--overwrite]    # = python -m hvp_lightning.training.export
 
 The exported backbone is the one evaluation uses: the EMA teacher's for DINO/iBOT (the
 student's with ``--student``), the backbone otherwise. Keys are the trunk's own
@@ -17,6 +17,9 @@ the run's on a fixed batch (a folder that fails is removed). Narrow and CIFAR-st
 timm architecture: the folder is written all the same (``architecture`` null, ``hvp_builder``
 naming ``build_resnet``'s arguments).
 ``--push REPO_ID`` then uploads the folder to the Hugging Face Hub; nothing else goes online.
+An ``OUT_DIR`` that holds files, or an existing ``.pth`` file, is refused unless ``--overwrite``
+is given (as ``hvp-make-shards`` refuses an ``OUT`` that holds shards): an earlier export is
+never replaced by mistake. With it, the three files are replaced and any others stay.
 
 A ``.pth`` / ``.pt`` output is the plain state_dict only (``torch.load(..., weights_only=True)``),
 which loads with ``strict=True`` into
@@ -205,6 +208,11 @@ def main(argv: list[str] | None = None, prog: str = "hvp-export") -> int:
     ap.add_argument(
         "--license", default="mit", help="the model card's license id (default: mit, hvp-lightning's; set your data's)"
     )
+    ap.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier export: the three files of a non-empty OUT_DIR (others stay), or the .pth file",
+    )
     args = ap.parse_args(argv)
     out = Path(args.out)
     plain = out.suffix in (".pth", ".pt")
@@ -213,6 +221,9 @@ def main(argv: list[str] | None = None, prog: str = "hvp-export") -> int:
         return 2
     if not plain and out.is_file():
         print(f"config error: OUT_DIR={args.out!r} is a file; name a folder, or a .pth / .pt file", file=sys.stderr)
+        return 2
+    if (held := already_there(out)) and not args.overwrite:
+        print(f"config error: {held}, or pass --overwrite", file=sys.stderr)
         return 2
     try:
         path, run_dir = resolve_checkpoint(args.ckpt)
@@ -252,6 +263,18 @@ def main(argv: list[str] | None = None, prog: str = "hvp-export") -> int:
         )
     print(f"load: sd = torch.load({str(args.out)!r}, weights_only=True); {hint}")
     return 0
+
+
+def already_there(out: Path) -> str | None:
+    """What an export to ``out`` would replace, and what to do (hvp-make-shards' words), or None
+    for a new file or an empty or missing folder."""
+    if out.suffix in (".pth", ".pt"):
+        return f"OUT={str(out)!r} already exists: pick another name or remove it" if out.exists() else None
+    found = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if not found:
+        return None
+    shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return f"OUT_DIR={str(out)!r} already holds files ({shown}): pick an empty folder or remove them"
 
 
 def _wrote(out: str, state: dict, info: dict) -> str:

@@ -27,6 +27,7 @@ _NOT_MONITORS = {
     "epochs", "steps", "images_seen", "skipped_images", "seed", "wall_time_s", "num_classes",
     "sync_batchnorm_layers", "hvp_enabled",
 }  # fmt: skip
+_POSITION = ("step", "epoch", "images_seen")  # where a pass was: the card's own counters say where the weights are
 _VIT_DEFAULTS = {"img_size": 224, "patch_size": 16, "depth": 12}  # timm's vit_*_patch16_224
 # Where the citation lives: the package in a wheel (pyproject.toml), the repository root in a checkout.
 _CITATION_PLACES = (Path(__file__).resolve().parents[1], Path(__file__).resolve().parents[2])
@@ -128,7 +129,11 @@ def run_record(cfg: DictConfig, ckpt: dict[str, Any], summary: dict[str, Any] | 
         "backbone": str(cfg.backbone.name),
         "weights": weights,
         "hvp_settings": _plain(cfg.get("hvp")),
-        "data": {k: v for k, v in _plain(cfg.data).items() if k not in ("num_workers", "on_device", "download")},
+        "data": {
+            k: v
+            for k, v in no_local_paths(_plain(cfg.data)).items()
+            if k not in ("num_workers", "on_device", "download")
+        },
         "epochs": int(position[0]) if position else (summary or {}).get("epochs"),
         "images_seen": int(state["images_seen"]) if "images_seen" in state else (summary or {}).get("images_seen"),
         "global_step": step,
@@ -139,8 +144,22 @@ def run_record(cfg: DictConfig, ckpt: dict[str, Any], summary: dict[str, Any] | 
     record["monitors"] = _monitors(summary) if same else {}
     if same and summary.get("hvp"):  # type: ignore[union-attr]
         record["selection"] = summary["hvp"]  # type: ignore[index]
-    record["train_config"] = _plain(cfg)
+    record["train_config"] = no_local_paths(_plain(cfg))
     return record
+
+
+def no_local_paths(value: Any) -> Any:
+    """``value`` (a config's plain containers) with every absolute local path (``/home/me/photos``,
+    ``~/photos``) cut to its last part (``photos``): an export is handed on and pushed to the Hub,
+    and a path on the machine that trained it names that machine's users and folders and opens
+    nothing elsewhere. URLs (``s3://...``) and relative paths stay."""
+    if isinstance(value, dict):
+        return {k: no_local_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [no_local_paths(v) for v in value]
+    if isinstance(value, str) and value.startswith(("/", "~")):
+        return Path(value.rstrip("/")).name or value
+    return value
 
 
 def export_config(target: TimmTarget, num_features: int, data_cfg: DictConfig, record: dict) -> dict[str, Any]:
@@ -304,8 +323,9 @@ def _knn(cfg: DictConfig, summary: dict[str, Any] | None, state: dict[str, Any])
 
 
 def _monitors(summary: dict[str, Any]) -> dict[str, Any]:
-    """summary.json's last value of every monitor: numbers (k-NN and bookkeeping aside), flat
-    dicts of numbers, and the last entry of each ``*_history`` list."""
+    """summary.json's last value of every monitor, each once: numbers (k-NN and bookkeeping aside),
+    flat dicts of numbers, and from the last entry of each ``*_history`` list what the flat keys
+    do not hold (``monitor_history``'s last RankMe is ``monitor_rankme``)."""
     out: dict[str, Any] = {}
     for key, value in summary.items():
         if key in _NOT_MONITORS or key.startswith("knn_") or key == "hvp":
@@ -315,7 +335,9 @@ def _monitors(summary: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(value, dict) and value and all(isinstance(v, int | float | None) for v in value.values()):
             out.update({f"{key}.{k}": v for k, v in value.items()})
         elif key.endswith("_history") and isinstance(value, list) and value and isinstance(value[-1], dict):
-            out.update({f"{key[: -len('_history')]}.{k}": v for k, v in value[-1].items()})
+            prefix = key[: -len("_history")]  # the last pass: what summary.json has not given flat already
+            last = {f"{prefix}_{k}": v for k, v in value[-1].items() if k not in _POSITION}
+            out.update({k: v for k, v in last.items() if k not in summary})
     return out
 
 

@@ -373,3 +373,13 @@ def living_session(sid: int) -> list[int]:
         if int(fields[3]) == sid and fields[0] != "Z":
             out.append(int(stat.parent.name))
     return out
+
+
+@pytest.fixture
+def hub_weights_cached(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The released weights the presets start from (``backbone.init=timm:...``) as if in the local
+    Hugging Face cache: start-up then needs no network (tests download nothing)."""
+    cache = tmp_path_factory.mktemp("hf_hub")
+    for name in ("vit_small_patch16_224.dino",):
+        (cache / f"models--timm--{name}").mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))

@@ -21,6 +21,8 @@ Random draws (``random`` mode, DINO's sampled locals, iBOT's masks) are seeded b
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import lightning as L
@@ -65,6 +67,8 @@ class HardViewMixin(L.LightningModule):
 
     hvp: HVPConfig
     hvp_batch_idx: int = 0  # micro-batch being selected: part of the private generators' seeds
+    # Wraps each selection pass; a timer or FLOP counter sets its own (hvp_lightning/training/cost.py).
+    selection_phase: Callable[[], AbstractContextManager[Any]] = nullcontext
 
     # --- hooks the host provides ---------------------------------------------------------
     def candidate_scores(self, batch: dict[str, Any]) -> torch.Tensor:  # pragma: no cover
@@ -99,7 +103,8 @@ class HardViewMixin(L.LightningModule):
         if not self.hvp_active():
             # Alternating schedule: an ordinary step on the first two (i.i.d.) candidates.
             return self.ssl_step(self._chosen(batch, self._first_combination(batch), crops), batch_idx)
-        with record_function("hvp/selection"):  # profiler ranges (benchmarks/step_profile.py); free otherwise
+        # profiler ranges (benchmarks/step_profile.py), free otherwise; the host's phase (timers)
+        with record_function("hvp/selection"), self.selection_phase():
             table = self.score_candidates(batch)
             choice = choose(table, self.hvp.mode, self._choice_generator(batch_idx))
             chosen = self._chosen(batch, choice, crops)

@@ -134,6 +134,7 @@ def test_perf_monitor_splits_time_counts_images_and_carries_the_counts() -> None
     assert cost["selection_flops_share"] == 16 * 4 / cost["total_flops"]
     assert set(cost["time_split"]) == set(PHASES) and sum(cost["time_split"].values()) == pytest.approx(1)
     assert cost["images_per_s"] > 0 and cost["mfu"] is None  # no GPU peak on the CPU
+    assert perf.summary(images=100, selected=0)["total_flops"] == 700  # the caller's counts (the driver's)
     perf.peak_flops = cost["model_flops_per_s"] * 4  # a GPU's, for the arithmetic
     assert perf.summary()["mfu"] == pytest.approx(0.25)
     resumed = PerfMonitor(flops)

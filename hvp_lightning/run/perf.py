@@ -21,7 +21,8 @@ step (``trainer.log_every_n_steps``) the interval since the last one is logged a
 
 Counts (images trained, images selected, and from them the model FLOPs with
 :class:`StepFlops`) are run totals carried in the checkpoint, so a resumed run reports the
-uninterrupted run's; times and rates are this session's own.
+uninterrupted run's (the driver's summary takes the module's own counts, which checkpoints
+written before this callback hold too); times and rates are this session's own.
 """
 
 from __future__ import annotations
@@ -241,20 +242,29 @@ class PerfMonitor(L.Callback):
         for key, value in values.items():
             pl_module.log(key, value, on_step=True, on_epoch=False, batch_size=1)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, images: int | None = None, selected: int | None = None) -> dict[str, Any]:
         """summary.json's ``cost`` (docs/logging.md): the run's FLOPs (counts: a resumed run's
-        equal the uninterrupted run's) and this session's rates and time split."""
+        equal the uninterrupted run's) and this session's rates and time split.
+
+        Args:
+            images: the run's images trained, if the caller keeps its own count (the driver: the
+                module's ``images_seen``, also in checkpoints written before this callback);
+                default this callback's.
+            selected: likewise, those of them in selecting steps.
+        """
+        images = self.images if images is None else images
+        selected = self.selected if selected is None else selected
         f, seconds = self.flops, sum(self.seconds.values())
-        total = f.total(self.images, self.selected) if f is not None else None
+        total = f.total(images, selected) if f is not None else None
         rate = self.session_flops / seconds if f is not None and seconds > 0 else None
         return {
             "train_flops_per_image": f.train if f is not None else None,
             "selection_flops_per_image": f.selection if f is not None else None,
             "baseline_flops_per_image": f.baseline if f is not None else None,
             "total_flops": total,
-            "selection_flops_share": self.selected * f.selection / total if f is not None and total else None,
-            "images": self.images,
-            "selected_images": self.selected,
+            "selection_flops_share": selected * f.selection / total if f is not None and total else None,
+            "images": images,
+            "selected_images": selected,
             "session_images": self.session_images,
             "images_per_s": self.session_images / seconds if seconds > 0 else None,
             "time_split": {p: self.seconds.get(p, 0.0) / seconds for p in PHASES} if seconds > 0 else None,

@@ -170,7 +170,7 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, options_checked: bool, wait_s: f
     train_loss = checkpointer.train_loss
     record.beat(trainer, force=True)
     summary = _summary(cfg, model, trainer, run_dir, record.total_seconds(), train_loss)
-    summary["cost"] = perf.summary()
+    summary["cost"] = perf.summary(summary["images_seen"], (summary.get("hvp") or {}).get("selected_samples", 0))
     summary["knn_top1_init"] = model.knn_init
     summary["sync_batchnorm_layers"] = sync_bn[0].converted if sync_bn else 0
     if trainer.is_global_zero:

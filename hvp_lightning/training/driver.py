@@ -33,6 +33,7 @@ from ..methods import METHODS, SSLMethod
 from ..nn.health import collapse_reason
 from ..run.atomic import atomic_write_text
 from ..run.directory import RunDir
+from ..run.epoch_metrics import EpochAggregates
 from ..run.perf import PerfMonitor
 from ..run.process_rank import env_rank
 from ..run.records import RunRecord, continue_csv_log, wandb_resume
@@ -145,6 +146,7 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, options_checked: bool, wait_s: f
         plugins=[AtomicCheckpointIO(), *sync_bn, *cluster_plugins()],
         callbacks=[
             perf,  # first: its batch-start mark precedes the other callbacks' work (run/perf.py)
+            EpochAggregates(),  # *_epoch values that survive a mid-epoch resume (run/epoch_metrics.py)
             checkpointer,
             record,
             StopOnSignal(checkpointer, record),

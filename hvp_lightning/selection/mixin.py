@@ -67,7 +67,8 @@ class HardViewMixin(L.LightningModule):
 
     hvp: HVPConfig
     hvp_batch_idx: int = 0  # micro-batch being selected: part of the private generators' seeds
-    # Wraps each selection pass; a timer or FLOP counter sets its own (hvp_lightning/training/cost.py).
+    # Wraps each selection pass; no-op unless set: the run's perf callback times the pass with it
+    # (hvp_lightning/run/perf.py), the FLOP count tells the selection's FLOPs by it (training/cost.py).
     selection_phase: Callable[[], AbstractContextManager[Any]] = nullcontext
 
     # --- hooks the host provides ---------------------------------------------------------

@@ -31,6 +31,7 @@ module with its own loader is a complete host.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NamedTuple
 
 import lightning as L
@@ -100,6 +101,9 @@ class HardViewMixin(L.LightningModule):
     # (SSLMethod) may provide them: what the selection scores, and the chosen views coloured.
     uncoloured_candidates: Callable[[dict[str, Any]], dict[str, Any]]
     colour_views: Callable[[dict[str, Any]], dict[str, Any]]
+    # Wraps each selection pass; no-op unless set: the run's perf callback times the pass with it
+    # (hvp_lightning/run/perf.py), the FLOP count tells the selection's FLOPs by it (training/cost.py).
+    selection_phase: Callable[[], AbstractContextManager[Any]] = nullcontext
 
     # --- hooks the host provides ---------------------------------------------------------
     def candidate_scores(self, batch: dict[str, Any]) -> torch.Tensor | CandidateScores:  # pragma: no cover
@@ -136,7 +140,8 @@ class HardViewMixin(L.LightningModule):
         if not self.hvp_active():
             # Alternating schedule: an ordinary step on the first two (i.i.d.) candidates.
             return self.ssl_step(self._chosen(batch, self._first_combination(batch), None, crops), batch_idx)
-        with record_function("hvp/selection"):  # profiler ranges (benchmarks/step_profile.py); free otherwise
+        # profiler ranges (benchmarks/step_profile.py), free otherwise; the host's phase (timers)
+        with record_function("hvp/selection"), self.selection_phase():
             scores = self.score_candidates(batch)
             choice = choose(scores.table, self.hvp.mode, self._choice_generator(batch_idx))
             chosen = self._chosen(batch, choice, scores.context, crops)

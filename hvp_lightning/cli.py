@@ -14,7 +14,7 @@ repository's top-level ``conf/``; a wheel ships that same folder as ``hvp_lightn
     hvp-monitors RUN_DIR [--follow 60] [--plot monitors.png]
     hvp-make-shards SRC OUT [--shard-size 256MB]        # then: data=shards 'data.urls="OUT/train-{...}.tar"'
     hvp-analysis RUN_DIR [BASELINE_RUN_DIR]
-    hvp-sweep-summary multirun/<date>/<time>
+    hvp-sweep-summary multirun/<date>/<time> [--plot flops.png]
 
 ``hvp-export``, ``hvp-monitors``, ``hvp-make-shards``, ``hvp-analysis`` and ``hvp-sweep-summary`` are the
 ``main`` functions of :mod:`hvp_lightning.training.export`, :mod:`hvp_lightning.analysis.monitors`,
@@ -139,7 +139,9 @@ def _checked_resume(resume: str, run_dir: Path, fresh: bool) -> str:
 
 # Overrides whose value is a path. Kept checkpoints are named ``epoch=NNN.ckpt``, and Hydra's
 # override grammar refuses an unquoted '=' in a value: :func:`quote_path_overrides` quotes it.
-PATH_KEYS = r"ckpt|resume|out_dir|backbone\.init|(?:[\w.]+\.)?(?:eval_)?root"  # root: transfer.py's, data.*root
+PATH_KEYS = (
+    r"ckpt|resume|out_dir|budget\.match|backbone\.init|(?:[\w.]+\.)?(?:eval_)?root"  # root: transfer.py's, data.*root
+)
 PATH_OVERRIDE = re.compile(rf"(?P<key>\+{{0,2}}(?:{PATH_KEYS}))=(?P<value>.*)", re.S)
 
 

@@ -19,6 +19,7 @@ are the rules that tie several keys (or a key and the files it names) together, 
 from __future__ import annotations
 
 import difflib
+import json
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -40,7 +41,7 @@ from .data.layout import (
 )
 from .errors import ConfigError
 from .nn.hub_reach import hub_out_of_reach
-from .run.directory import resolve_checkpoint
+from .run.directory import RunDir, resolve_checkpoint
 from .schema import (
     AUTO_PRECISIONS,
     BACKBONE_FAMILIES,
@@ -260,11 +261,60 @@ def check_candidate_counts(s: TrainConfig) -> None:
 
 
 def check_iou_policy(s: TrainConfig) -> None:
-    """``data.iou_policy``'s warm-up is shorter than the run (its schedule spans the other epochs)."""
+    """``data.iou_policy``'s warm-up is shorter than the run (its schedule spans the other epochs).
+    Under a budget the epochs are known once it is counted: checked then (training/budget.py)."""
     p = s.data.iou_policy
-    if p is not None and p.enabled and p.warmup_epochs > s.trainer.max_epochs - 1:
-        fail("data.iou_policy.warmup_epochs", p.warmup_epochs, f"an integer in [0, {s.trainer.max_epochs - 1}] "
-             f"(shorter than trainer.max_epochs={s.trainer.max_epochs})")  # fmt: skip
+    if p is not None and p.enabled and not has_budget(s):
+        check_iou_warmup(p.warmup_epochs, s.trainer.max_epochs)
+
+
+def check_iou_warmup(warmup: int, epochs: int, whose: str = "trainer.max_epochs") -> None:
+    if warmup > epochs - 1:
+        fail(
+            "data.iou_policy.warmup_epochs", warmup, f"an integer in [0, {epochs - 1}] (shorter than {whose}={epochs})"
+        )
+
+
+def has_budget(s: TrainConfig | DictConfig) -> bool:
+    """Whether ``budget.flops`` or ``budget.match`` sets the run's length (docs/configuration.md)."""
+    b = s.budget
+    return b is not None and (b.flops is not None or b.match is not None)
+
+
+def check_budget(s: TrainConfig) -> None:
+    """``budget``: a number or a run's, not both; not beside ``trainer.max_steps``, which would end
+    the run before the epochs the budget sets; ``budget.match`` a finished run that counted its
+    FLOPs (not read again on ``resume=``: the run keeps the epochs it derived)."""
+    b = s.budget
+    if b.flops is not None and b.match is not None:
+        fail("budget.match", b.match, f"null when budget.flops is set ({b.flops:g}): the budget is a number of "
+             "FLOPs or a run's, not both")  # fmt: skip
+    extra = s.trainer.model_extra or {}
+    if has_budget(s) and extra.get("max_steps", -1) != -1:
+        fail("trainer.max_steps", extra["max_steps"], "-1 (unset) with a budget: the budget sets trainer.max_epochs, "
+             "and a step limit would end the run before them")  # fmt: skip
+    if b.match is not None and not s.resume:
+        matched_flops(b.match)
+
+
+def matched_flops(run_dir: str) -> float:
+    """``budget.match``: the model FLOPs the run in ``run_dir`` trained for (its summary.json
+    ``cost.total_flops``), or one line saying why there are none."""
+    allowed = "a finished run's dir, holding summary.json with cost.total_flops"
+    path = Path(run_dir).expanduser()
+    if not path.is_dir():
+        fail("budget.match", run_dir, f"{allowed} (no such folder)")
+    summary = RunDir(path).summary
+    if not summary.is_file():
+        fail("budget.match", run_dir, f"{allowed} (no summary.json in it: the run has not ended)")
+    try:
+        total = (json.loads(summary.read_text()).get("cost") or {}).get("total_flops")
+    except (json.JSONDecodeError, AttributeError, UnicodeDecodeError) as err:
+        fail("budget.match", run_dir, f"{allowed} (its summary.json does not read: {err})")
+    if isinstance(total, bool) or not isinstance(total, (int, float)) or total <= 0:
+        fail("budget.match", run_dir, f"{allowed} (its summary.json has no cost.total_flops: a run from before "
+             "cost reporting, or one whose FLOPs could not be counted); give budget.flops=<FLOPs> instead")  # fmt: skip
+    return float(total)
 
 
 def check_owned_trainer_keys(s: TrainConfig) -> None:
@@ -304,6 +354,7 @@ TRAIN_RULES: tuple[Callable[[TrainConfig], None], ...] = (
     check_ibot_backbone,
     check_hvp,
     check_iou_policy,
+    check_budget,
     check_owned_trainer_keys,
     check_backbone_crop,
 )
@@ -563,7 +614,8 @@ def validate(cfg: DictConfig, options_checked: bool = False) -> DictConfig:
     _validate_precision(cfg)
     _validate_deterministic(cfg)
     _warn_upsampled_crops(cfg.data, cfg.backbone)
-    _warn_long_warmup(cfg)
+    if not has_budget(cfg):  # else said once the budget has set the epochs (training/budget.py)
+        warn_long_warmup(cfg)
     _warn_small_monitor(cfg.data)
     _warn_cpu_oversubscription(cfg.trainer)
     return cfg
@@ -706,7 +758,7 @@ def nondeterministic_cuda_backward(cfg: DictConfig) -> str | None:
     return None
 
 
-def _warn_long_warmup(cfg: DictConfig) -> None:
+def warn_long_warmup(cfg: DictConfig) -> None:
     """A learning-rate warm-up as long as the run never reaches the peak lr (base_lr x batch / 256):
     allowed (a short trial of a long recipe), but said once at start-up."""
     from lightning.pytorch.utilities import rank_zero_only

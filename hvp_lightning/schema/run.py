@@ -124,6 +124,18 @@ class AnalysisSettings(Section):
     """a Parquet part file every this many logged batches (and at the end)"""
 
 
+class BudgetSettings(Section):
+    """``budget``: how long the run trains, as model FLOPs instead of epochs (docs/configuration.md
+    "A compute budget instead of epochs"). Either key sets ``trainer.max_epochs`` at start-up, in
+    place of the preset's: the whole epochs whose model FLOPs, counted for this run's step, come
+    closest (hvp_lightning/training/budget.py)."""
+
+    flops: POSITIVE | None = None
+    """model FLOPs the run trains for (summary.json cost.total_flops counts them: every image's training step, and HVP's selection on its selecting steps), e.g. 2.5e13; null: trainer.max_epochs decides"""
+    match: str | None = None
+    """a run dir: train for as many model FLOPs as that run did (its summary.json cost.total_flops), e.g. the baseline at an HVP run's compute; null: none"""
+
+
 class TrainConfig(Section):
     """``train.py``'s whole config: the top-level keys and every group."""
 
@@ -141,6 +153,7 @@ class TrainConfig(Section):
     checkpoint: CheckpointSettings = CheckpointSettings()
     limits: LimitsSettings = LimitsSettings()
     analysis: AnalysisSettings = AnalysisSettings()
+    budget: BudgetSettings = BudgetSettings()
 
 
 def trainer_extras(trainer: TrainerSettings) -> dict[str, Any]:

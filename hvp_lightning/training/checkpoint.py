@@ -358,6 +358,7 @@ class RunCheckpoint(Checkpoint):
 RESUMABLE_KEYS = (
     "resume",
     "trainer.max_epochs",
+    "budget",  # sets trainer.max_epochs (training/budget.py)
     "eval.every_n_epochs",
     "eval.at_start",
     "checkpoint",

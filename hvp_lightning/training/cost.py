@@ -52,7 +52,7 @@ def _per_image(cfg: DictConfig) -> dict[str, int]:
 
 # Config keys that do not change what a step computes: leaving them out of the cache key lets runs
 # that differ only there (a sweep's seeds, longer runs, another data folder) share one count.
-NOT_COUNTED = ("trainer", "eval", "checkpoint", "logger", "analysis", "limits", "seed", "resume", "hydra")
+NOT_COUNTED = ("trainer", "eval", "checkpoint", "logger", "analysis", "limits", "seed", "resume", "hydra", "budget")
 NOT_COUNTED_DATA = ("root", "eval_root", "train_size", "test_size", "monitor_size", "num_workers", "num_classes")
 COUNTED: dict[str, StepFlops] = {}  # this process's counts, by config without those keys
 

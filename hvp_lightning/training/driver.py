@@ -23,7 +23,7 @@ from ..cluster.waits import (
     describe_wait_error,
     end_descendants,
 )
-from ..config import check_options, processes, validate
+from ..config import check_options, has_budget, processes, validate
 from ..data.datamodule import SSLDataModule
 from ..data.iou_policy import iou_policy
 from ..device import check_accelerator, device_line, local_processes, set_matmul_precision
@@ -40,7 +40,8 @@ from ..run.wandb_logging import WandbCharts, current_sweep_dir, run_names, wandb
 from ..selection import hvp_config, hvp_summary
 from ..warning_filters import quiet_console
 from .backbone_init import init_backbone
-from .checkpoint import AtomicCheckpointIO, RunCheckpoint, resume_checkpoint
+from .budget import apply_budget
+from .checkpoint import AtomicCheckpointIO, RunCheckpoint, checkpoint_config, load_checkpoint, resume_checkpoint
 from .cost import run_step_flops
 from .preemption import StopOnSignal, cluster_plugins
 
@@ -106,20 +107,7 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     set_matmul_precision()
     use_slurm_threads()  # the same arithmetic whatever the SLURM layout (hvp_lightning/cluster/slurm.py)
-    method_cls = METHODS[cfg.method.name]
-    hvp = hvp_config(cfg)
-    dm = SSLDataModule(
-        cfg.data,
-        method_cls.view_augs(cfg),
-        cfg.method.batch_size,
-        cfg.data.num_workers,
-        cfg.seed,
-        iou_policy=iou_policy(cfg),
-        defer_colour=hvp.enabled and hvp.colour == "static",  # the training step colours the chosen pair
-        wait_s=wait_s,
-        processes=local_processes(cfg.trainer),  # data.num_workers: auto shares the machine's cores among them
-    )
-    dm.setup("fit")
+    dm = data_module(cfg, wait_s)
     if len(dm.train_set) // (processes(cfg.trainer) or 1) < cfg.method.batch_size:  # data sets start-up could not count
         raise ConfigError(
             f"method.batch_size={cfg.method.batch_size} is not allowed: the training set has only "
@@ -127,7 +115,12 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]
         )
     with open_dict(cfg):
         cfg.data.num_classes = dm.num_classes
-    model: SSLMethod = method_cls(cfg)
+    step_flops = run_step_flops(cfg)  # model FLOPs counted on the meta device, before training
+    stored = checkpoint_config(load_checkpoint(ckpt_path, mmap=True)) if ckpt_path and has_budget(cfg) else None
+    budget = apply_budget(cfg, step_flops, len(dm.train_set), stored)  # trainer.max_epochs from the FLOPs
+    if budget is not None and iou_policy(cfg) != dm.iou_policy:  # its schedule spans the budget's epochs
+        dm = data_module(cfg, wait_s)
+    model: SSLMethod = METHODS[cfg.method.name](cfg)
     if (init_line := init_backbone(model, resuming=ckpt_path is not None)) and env_rank() == 0:
         (log.warning if ckpt_path is not None else log.info)(init_line)
     trainer_kwargs: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
@@ -139,7 +132,7 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]
         cfg.checkpoint.every_n_steps,
         record.note_checkpoint_step,
     )
-    perf = PerfMonitor(run_step_flops(cfg))  # model FLOPs counted on the meta device, before training
+    perf = PerfMonitor(step_flops)
     trainer = L.Trainer(
         **trainer_kwargs,
         default_root_dir=str(run_dir),
@@ -175,6 +168,7 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]
     record.beat(trainer, force=True)
     summary = _summary(cfg, model, trainer, run_dir, record.total_seconds(), train_loss)
     summary["cost"] = perf.summary(summary["images_seen"], (summary.get("hvp") or {}).get("selected_samples", 0))
+    summary["budget"] = budget.summary() if budget is not None else None
     summary["knn_top1_init"] = model.knn_init
     summary["sync_batchnorm_layers"] = sync_bn[0].converted if sync_bn else 0
     if trainer.is_global_zero:
@@ -182,6 +176,24 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]
         OmegaConf.save(cfg, run_dir.config)
     _close_logger(trainer, summary)
     return summary
+
+
+def data_module(cfg: DictConfig, wait_s: float) -> SSLDataModule:
+    """The run's data, set up for training."""
+    method_cls, hvp = METHODS[cfg.method.name], hvp_config(cfg)
+    dm = SSLDataModule(
+        cfg.data,
+        method_cls.view_augs(cfg),
+        cfg.method.batch_size,
+        cfg.data.num_workers,
+        cfg.seed,
+        iou_policy=iou_policy(cfg),
+        defer_colour=hvp.enabled and hvp.colour == "static",  # the training step colours the chosen pair
+        wait_s=wait_s,
+        processes=local_processes(cfg.trainer),  # data.num_workers: auto shares the machine's cores among them
+    )
+    dm.setup("fit")
+    return dm
 
 
 MONITORS = ("rankme", "feature_std")  # the label-free monitors (hvp_lightning/nn/health.py)
@@ -250,7 +262,7 @@ def _close_logger(trainer: L.Trainer, summary: dict[str, Any]) -> None:
     if isinstance(trainer.logger, WandbLogger) and trainer.is_global_zero:
         run = trainer.logger.experiment
         run.summary.update({f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float, str, bool))})
-        for group in ("hvp", "cost"):  # nested: one W&B summary key per value
+        for group in ("hvp", "cost", "budget"):  # nested: one W&B summary key per value
             values = summary.get(group) or {}
             run.summary.update({f"summary/{group}_{k}": v for k, v in values.items() if not isinstance(v, dict)})
         run.finish()

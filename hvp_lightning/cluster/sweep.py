@@ -1,4 +1,5 @@
-"""One table per Hydra multirun: ``<sweep_dir>/sweep_summary.csv``, a row per job.
+"""One table per Hydra multirun: ``<sweep_dir>/sweep_summary.csv``, a row per job (and on request
+a plot of the jobs' quality against their model FLOPs: :func:`plot_flops`).
 
 The table is built from disk alone -- each job dir's ``.hydra/overrides.yaml`` (written by
 Hydra before the job starts) and the ``summary.json`` that :func:`hvp_lightning.training.driver.run`
@@ -38,6 +39,15 @@ log = logging.getLogger(__name__)
 
 FILENAME = "sweep_summary.csv"
 DIRNAME_MAX_BYTES = 120
+# summary.json's "cost" entries (docs/logging.md "What a run costs")
+COST_COLUMNS = (
+    "total_flops",
+    "selection_flops_share",
+    "train_flops_per_image",
+    "selection_flops_per_image",
+    "baseline_flops_per_image",
+    "images_per_s",
+)
 # After the override columns; hvp_* are summary.json's "hvp" entries ("off" marks a baseline run).
 RESULT_COLUMNS = (
     "overrides",
@@ -47,6 +57,10 @@ RESULT_COLUMNS = (
     "monitor_rankme",
     "monitor_feature_std",
     "monitor_collapse_epoch",
+    "epochs",
+    "steps",
+    "budget_flops",
+    *COST_COLUMNS,
     "hvp_mode",
     "hvp_num_views",
     "hvp_every_n_steps",
@@ -99,11 +113,15 @@ def job_row(job: Job) -> dict[str, Any]:
         monitor_rankme=s.get("monitor_rankme"),
         monitor_feature_std=s.get("monitor_feature_std"),
         monitor_collapse_epoch=s.get("monitor_collapse_epoch"),
+        epochs=s.get("epochs"),
+        steps=s.get("steps"),
+        budget_flops=(s.get("budget") or {}).get("flops"),
         wall_time_s=s.get("wall_time_s"),
         status="ok" if job.summary is not None else "failed",
         error=job.error or "",
         run_dir=job.run_dir,
     )
+    row.update({k: (s.get("cost") or {}).get(k) for k in COST_COLUMNS})  # none in runs from before cost reporting
     row.update({f"hvp_{k}": hvp.get(k) for k in HVP_KEYS})
     if job.summary is not None and not s.get("hvp_enabled"):
         row["hvp_mode"] = "off"
@@ -187,6 +205,95 @@ def write_sweep_summary(sweep_dir: Path | str) -> Path:
     return path
 
 
+# Overrides that set how much a job trains (the plot's x axis) or repeat it (seed): not its group.
+UNGROUPED = ("seed", "budget.flops", "budget.match", "trainer.max_epochs", "trainer.max_steps")
+COMPUTE_KEYS = UNGROUPED[1:]
+PLOTTED = {  # summary key: (panel title, scale); the monitors where no job has k-NN
+    "knn_top1": ("k-NN top-1 (%)", 100.0),
+    "monitor_rankme": ("RankMe (label-free)", 1.0),
+    "monitor_feature_std": ("feature std (label-free)", 1.0),
+}
+
+
+def job_groups(jobs: list[Job]) -> list[str]:
+    """Each job's group in the plot: its values of the keys the jobs differ in (``hvp.enabled=true``),
+    seeds and the compute keys (:data:`UNGROUPED`) left out; ``all jobs`` where nothing else differs."""
+    values = [dict(map(split_override, j.overrides)) for j in jobs]
+    keys = dict.fromkeys(k for v in values for k in v if k not in UNGROUPED)
+    varying = [k for k in keys if len({v.get(k) for v in values}) > 1]
+    return [", ".join(f"{k}={v[k]}" if k in v else f"no {k}" for k in varying) or "all jobs" for v in values]
+
+
+class Point(NamedTuple):
+    """One finished job in the plot: its model FLOPs, the plotted value, and its compute setting
+    (the values of :data:`COMPUTE_KEYS` in its overrides)."""
+
+    flops: float
+    value: float
+    setting: tuple[str | None, ...]
+
+
+def flops_series(jobs: list[Job]) -> dict[str, dict[str, list[Point]]]:
+    """What :func:`plot_flops` draws: per panel (k-NN top-1 in %, or where no job has k-NN RankMe
+    and feature std), each :func:`job_groups` group's points, one per finished job with a FLOP
+    count (``cost.total_flops``)."""
+    done = [
+        (group, j.summary, tuple(dict(map(split_override, j.overrides)).get(k) for k in COMPUTE_KEYS))
+        for group, j in zip(job_groups(jobs), jobs)
+        if j.summary is not None and (j.summary.get("cost") or {}).get("total_flops")
+    ]
+    keys = ["knn_top1"] if any(s.get("knn_top1") is not None for _, s, _ in done) else list(PLOTTED)[1:]
+    series: dict[str, dict[str, list[Point]]] = {}
+    for key in keys:
+        scale = PLOTTED[key][1]
+        for group, s, setting in done:
+            if s.get(key) is not None:
+                point = Point(float(s["cost"]["total_flops"]), s[key] * scale, setting)
+                series.setdefault(key, {}).setdefault(group, []).append(point)
+    return series
+
+
+def plot_flops(jobs: list[Job], out: Path, title: str) -> str | None:
+    """Quality against compute (:func:`flops_series`): a colour per group, and a line through each
+    group's means over the jobs of one compute setting (the seeds of a budget, say). Log x where
+    the FLOPs span more than 10x, else linear from 0. Returns why nothing was drawn, or None."""
+    series = flops_series(jobs)
+    if not series:
+        return (
+            "no finished job's summary.json has cost.total_flops and k-NN or the monitors (from before cost reporting?)"
+        )
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(series), figsize=(5.5 * len(series), 3.8), squeeze=False)
+    flops = [p.flops for groups in series.values() for pts in groups.values() for p in pts]
+    for ax, (key, groups) in zip(axes[0], series.items()):
+        for i, (group, pts) in enumerate(groups.items()):
+            ax.scatter([p.flops for p in pts], [p.value for p in pts], color=f"C{i}", label=group, s=18)
+            settings = {p.setting: [q for q in pts if q.setting == p.setting] for p in pts}
+            if len(settings) > 1:
+                means = sorted(
+                    (sum(q.flops for q in v) / len(v), sum(q.value for q in v) / len(v)) for v in settings.values()
+                )
+                ax.plot([m[0] for m in means], [m[1] for m in means], color=f"C{i}", alpha=0.6)
+        if max(flops) > 10 * min(flops):
+            ax.set_xscale("log")
+        else:
+            ax.set_xlim(left=0)  # equal budgets read as equal: not a narrow range stretched across the axis
+        ax.set_xlabel("model FLOPs (summary.json cost.total_flops)")
+        ax.set_title(PLOTTED[key][0])
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return None
+
+
 def _is_rank_zero() -> bool:
     """One writer per job: a multi-task SLURM job runs the Hydra job (and its callbacks) in every task."""
     for key in ("RANK", "SLURM_PROCID"):
@@ -230,21 +337,43 @@ def sweep_dir_problem(path: Path) -> str | None:
 
 
 def main(argv: list[str] | None = None, prog: str = "hvp-sweep-summary") -> int:
-    """``hvp-sweep-summary SWEEP_DIR`` (``python -m hvp_lightning.cluster.sweep SWEEP_DIR``): (re)write
-    ``sweep_summary.csv`` of a Hydra multirun, e.g. after some of its jobs were rerun."""
+    """``hvp-sweep-summary SWEEP_DIR [--plot FILE]`` (``python -m hvp_lightning.cluster.sweep ...``):
+    (re)write ``sweep_summary.csv`` of a Hydra multirun, e.g. after some of its jobs were rerun, and
+    draw its jobs' quality against their model FLOPs (:func:`plot_flops`)."""
     import argparse
 
     ap = argparse.ArgumentParser(
         prog=prog,
         description="(Re)write SWEEP_DIR/sweep_summary.csv, one row per job of a Hydra multirun, from what "
-        "the jobs left on disk: e.g. after SLURM killed a job or some jobs were rerun.",
+        "the jobs left on disk: e.g. after SLURM killed a job or some jobs were rerun; --plot draws quality "
+        "against compute.",
     )
     ap.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR", help=SWEEP_DIR)
+    ap.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also draw k-NN top-1 (without k-NN: RankMe and feature std) against each job's model FLOPs, "
+        "a colour per value of the swept keys (e.g. hvp.enabled), to this image file (e.g. flops.png)",
+    )
     args = ap.parse_args(argv)
     if problem := sweep_dir_problem(args.sweep_dir):
         print(f"{prog}: {args.sweep_dir} is not a sweep dir ({problem}); a sweep dir is {SWEEP_DIR}", file=sys.stderr)
         return 2
+    if args.plot is not None:
+        from ..analysis.monitors import plot_formats
+
+        if args.plot.suffix.lstrip(".").lower() not in (formats := plot_formats()):
+            allowed = ", ".join("." + f for f in sorted(formats))
+            print(f"{prog}: --plot={args.plot} is not allowed: a file name ending in one of {allowed}", file=sys.stderr)
+            return 2
     print(write_sweep_summary(args.sweep_dir))
+    if args.plot is not None:
+        if why := plot_flops(read_jobs(args.sweep_dir), args.plot, f"{args.sweep_dir}: quality against compute"):
+            print(f"{prog}: no plot: {why}", file=sys.stderr)
+            return 1
+        print(args.plot)
     return 0
 
 

@@ -103,6 +103,7 @@ def load_batched(path: Path) -> ModuleType:
     """Another version of ``batched.py``, imported inside the package (its relative imports)."""
     spec = importlib.util.spec_from_file_location("hvp_lightning.data.baseline_batched", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[spec.name] = module  # type: ignore[union-attr]  # its dataclasses look their module up there
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
 

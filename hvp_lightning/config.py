@@ -39,6 +39,7 @@ from .data.layout import (
     training_images,
 )
 from .errors import ConfigError
+from .nn.hub_reach import hub_out_of_reach
 from .run.directory import resolve_checkpoint
 from .schema import (
     AUTO_PRECISIONS,
@@ -176,6 +177,9 @@ def check_init(s: TrainConfig) -> None:
     if is_hub_init(init):
         if not init.partition(":")[2]:
             fail("backbone.init", init, f"{init.partition(':')[0]}:<model name>")
+        if not s.resume and (why := hub_out_of_reach(init)) is not None:  # seconds, before the heavy imports
+            fail("backbone.init", init, f"released weights in the local cache or a hub to fetch them from ({why}): "
+                 "fetch them where there is a network, or pass the file as backbone.init=<path>")  # fmt: skip
         return
     if not s.resume and not Path(init).expanduser().exists():
         fail("backbone.init", init, f"{allowed} (no such file or folder)")
@@ -790,10 +794,17 @@ def check_eval_options(cfg: DictConfig) -> DictConfig:
     resolve_checkpoint(s.ckpt)  # the path exists (its contents are checked when it is loaded)
     out = as_config(s)
     if data_preset_given(out):  # else the checkpoint's data, checked once it is loaded
-        if out.data.get("eval_root", "given") is None:
-            out.data.pop("eval_root")  # eval.py's own default (the run's), not the preset's key
-        out.data = validate_data(out)
+        out.data = validate_data(OmegaConf.create({"data": preset_data(out)}))
     return out
+
+
+def preset_data(cfg: DictConfig) -> DictConfig:
+    """An evaluation's ``data=<preset>``, without eval.py's own ``data.eval_root: null`` (the
+    run's; declared so that ``data.eval_root=DIR`` takes no ``+``) where the preset has no such key."""
+    data = OmegaConf.create(container(cfg.data))
+    if data.get("eval_root", "given") is None:
+        data.pop("eval_root")
+    return data
 
 
 def data_preset_given(cfg: DictConfig) -> bool:

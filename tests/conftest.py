@@ -209,12 +209,23 @@ def score_and_assert_stateless(model: torch.nn.Module, batch: dict) -> Candidate
     return scores
 
 
+# summary.json's cost entries that are counts (the others are this session's times and rates)
+COST_COUNTS = (
+    "train_flops_per_image",
+    "selection_flops_per_image",
+    "baseline_flops_per_image",
+    "total_flops",
+    "selection_flops_share",
+    "images",
+    "selected_images",
+)
+
+
 def assert_same_reported_run(resumed: Path, straight: Path) -> None:
-    """What a user reads of a run -- ``summary.json``'s train_loss, k-NN and label-free monitors,
-    every pass in ``monitors.json`` (hvp-monitors' record) and every epoch-level value of
-    ``csv/metrics.csv`` (``*_epoch``, ``knn/*``, ``monitor/*``) --
-    is the uninterrupted run's, exactly (a resumed epoch's aggregates cover the whole epoch, not
-    the resumed session's steps)."""
+    """What a user reads of a run -- ``summary.json``'s train_loss, k-NN, label-free monitors and
+    cost counts, every pass in ``monitors.json`` (hvp-monitors' record) and every epoch-level value
+    of ``csv/metrics.csv`` (``*_epoch``, ``knn/*``, ``monitor/*``) -- is the uninterrupted run's,
+    exactly (a resumed epoch's aggregates cover the whole epoch, not the resumed session's steps)."""
     import csv
     import json
 
@@ -225,10 +236,11 @@ def assert_same_reported_run(resumed: Path, straight: Path) -> None:
         columns = [k for k in rows[0] if k.endswith("_epoch") or k.startswith(("knn/", "monitor/"))]
         epochs = {k: [(r["step"], r[k]) for r in rows if r[k]] for k in columns}
         keys = ("train_loss", "knn_top1", "steps", "monitor_rankme", "monitor_feature_std", "monitor_history")
-        return {k: summary[k] for k in keys}, epochs
+        return {**{k: summary[k] for k in keys}, **{k: summary["cost"][k] for k in COST_COUNTS}}, epochs
 
     (summary_a, epochs_a), (summary_b, epochs_b) = reported(straight), reported(resumed)
     assert summary_a["train_loss"] is not None and epochs_a.get("train/loss_epoch") and epochs_a.get("monitor/rankme")
+    assert summary_a["total_flops"] > 0
     assert summary_b == summary_a
     assert epochs_b == epochs_a
     passes = json.loads((straight / "monitors.json").read_text())
@@ -373,3 +385,13 @@ def living_session(sid: int) -> list[int]:
         if int(fields[3]) == sid and fields[0] != "Z":
             out.append(int(stat.parent.name))
     return out
+
+
+@pytest.fixture
+def hub_weights_cached(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The released weights the presets start from (``backbone.init=timm:...``) as if in the local
+    Hugging Face cache: start-up then needs no network (tests download nothing)."""
+    cache = tmp_path_factory.mktemp("hf_hub")
+    for name in ("vit_small_patch16_224.dino",):
+        (cache / f"models--timm--{name}").mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))

@@ -15,7 +15,7 @@ from omegaconf import open_dict
 from hvp_lightning.config import check_options, validate
 from hvp_lightning.errors import ConfigError
 from hvp_lightning.methods import METHODS
-from hvp_lightning.nn import weights
+from hvp_lightning.nn import hub_reach
 from hvp_lightning.nn.backbones import build_backbone, vit_tokens
 from hvp_lightning.nn.teacher import has_batchnorm
 from hvp_lightning.nn.weights import read_state
@@ -413,7 +413,7 @@ def test_a_hub_out_of_reach_fails_in_one_line_within_seconds(tmp_path, monkeypat
         "(download.pytorch.org:443: Name or service not known): download https://download.pytorch.org/"
     )
     monkeypatch.setattr(socket, "getaddrinfo", no_answer)
-    monkeypatch.setattr(weights, "PROBE_S", 0.2)
+    monkeypatch.setattr(hub_reach, "PROBE_S", 0.2)
     with pytest.raises(
         ConfigError, match=r"cannot be reached \(huggingface.co:443: no answer within 0.2 s\): run `hf"
     ) as hung:
@@ -428,21 +428,21 @@ def test_a_hub_name_fails_in_seconds_on_this_machine_when_it_is_offline(tmp_path
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
-    if weights.unreachable("https://download.pytorch.org") is None:
+    if hub_reach.unreachable("https://download.pytorch.org") is None:
         pytest.skip("this machine reaches download.pytorch.org")
     start = time.monotonic()
     with pytest.raises(
         ConfigError, match=r"^backbone.init='torchvision:resnet18' is not in the local cache and the hub"
     ):
         read_state("torchvision:resnet18")
-    assert time.monotonic() - start < weights.PROBE_S + 1
+    assert time.monotonic() - start < hub_reach.PROBE_S + 1
 
 
 def test_a_quoted_exception_is_cut_at_a_sentence_or_a_word():
     text = "An error happened while trying to locate the file on the Hub. Please check your connection and try again."
-    assert weights.first_words(text, 80) == "An error happened while trying to locate the file on the Hub."
-    assert weights.first_words("word " * 30, 22) == "word word word..."
-    assert weights.first_words("short\nsecond line", 80) == "short"
+    assert hub_reach.first_words(text, 80) == "An error happened while trying to locate the file on the Hub."
+    assert hub_reach.first_words("word " * 30, 22) == "word word word..."
+    assert hub_reach.first_words("short\nsecond line", 80) == "short"
 
 
 @pytest.mark.slow

@@ -173,6 +173,17 @@ def test_final_line_is_one_line_with_init_chance_run_dir_and_hvp_gap():
     assert "\n" not in line and "| HVP selected - candidate loss: +0.2500 |" in line
     assert line.endswith("| run dir: runs/x")
     assert "at init" not in final_line(dict(summary, knn_top1_init=None))
+    # with HVP, what the selection cost: its share of the run's model FLOPs, an HVP step's over a baseline step's
+    cost = {
+        "train_flops_per_image": 6,
+        "selection_flops_per_image": 4,
+        "baseline_flops_per_image": 6,
+        "selection_flops_share": 0.4,
+    }
+    line = final_line(dict(hvp, hvp_enabled=True, cost=cost))
+    assert "| HVP cost: selection 40% of model FLOPs, step 1.67x the baseline's | run dir: runs/x" in line
+    no_count = dict(cost, selection_flops_share=None, baseline_flops_per_image=None)
+    assert "HVP cost" not in final_line(dict(hvp, hvp_enabled=True, cost=no_count))
 
 
 def test_final_line_without_labels_gives_the_monitors_and_says_when_they_signalled_collapse():

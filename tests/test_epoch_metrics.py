@@ -1,7 +1,8 @@
 """A run resumed from a checkpoint inside an epoch logs that epoch's ``on_epoch`` aggregates over
 the whole epoch -- mean, sum, max and min alike, what the epoch's start logged and what the batch
 end logs on some steps only -- exactly as the uninterrupted run does, wherever in the epoch it
-resumes (the last batch included)."""
+resumes (the last batch included). The aggregates are the project's own
+(hvp_lightning/run/epoch_metrics.py), under Lightning's keys and in its log rows."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch.utils.data import Dataset
 
 from hvp_lightning.data.sampler import EpochSampler, ResumableLoader
 from hvp_lightning.run.directory import RunDir
+from hvp_lightning.run.epoch_metrics import EpochAggregates, log_epoch_value
 from hvp_lightning.training.checkpoint import RunCheckpoint
 
 STEPS = 6  # batches an epoch
@@ -45,6 +47,11 @@ class Logs(L.LightningModule):
         super().__init__()
         self.layer = torch.nn.Linear(3, 1)
         self.stop_at = stop_at
+
+    def log(self, name: str, value, **kwargs) -> None:
+        """As a host does it (SSLMethod.log): the trainer's EpochAggregates takes what it keeps."""
+        if not log_epoch_value(self, name, value, kwargs):
+            super().log(name, value, **kwargs)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         if self.global_step == self.stop_at:
@@ -85,14 +92,22 @@ class EpochValues(L.Callback):
 
 
 def _fit(
-    run_dir: Path, stop_at: int | None = None, ckpt_path: str | None = None, every_n_steps: int = 2
+    run_dir: Path,
+    stop_at: int | None = None,
+    ckpt_path: str | None = None,
+    every_n_steps: int = 2,
+    aggregates: bool = True,
 ) -> list[dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     rows = Rows(torch.randn(STEPS * 4 - 3, 3))  # the last batch is smaller: batch sizes 4, 4, 4, 4, 4, 1
     values = EpochValues()
     trainer = L.Trainer(
         max_epochs=EPOCHS,
-        callbacks=[RunCheckpoint(run_dir, every_n_steps=every_n_steps), values],
+        callbacks=[
+            *([EpochAggregates()] if aggregates else []),
+            RunCheckpoint(run_dir, every_n_steps=every_n_steps),
+            values,
+        ],
         logger=False,
         enable_checkpointing=True,
         enable_progress_bar=False,
@@ -122,11 +137,7 @@ def test_every_reduction_of_a_resumed_epoch_covers_the_whole_epoch(tmp_path: Pat
         _fit(tmp_path / "resumed", stop_at=stop_at, every_n_steps=every_n_steps)
     saved = torch.load(RunDir(tmp_path / "resumed").last_checkpoint, weights_only=False)
     assert saved["global_step"] == stop_at - stop_at % every_n_steps
-    assert saved["callbacks"]["RunCheckpoint"]["epoch_sums"][0].keys() == {
-        *(f"training_step.m/{r}" for r in ("mean", "sum", "max", "min")),
-        "on_train_epoch_start.m/at_start",
-        "on_train_batch_end.m/even_steps",
-    }
+    assert saved["callbacks"]["RunCheckpoint"]["epoch_sums"][0].keys() == keys
     got = _fit(
         tmp_path / "resumed", ckpt_path=str(RunDir(tmp_path / "resumed").last_checkpoint), every_n_steps=every_n_steps
     )
@@ -144,3 +155,45 @@ def test_an_epoch_end_checkpoint_carries_no_partial_sums(tmp_path: Path) -> None
     saved = torch.load(RunDir(tmp_path).last_checkpoint, weights_only=False)
     assert saved["global_step"] == STEPS
     assert "epoch_sums" not in saved["callbacks"]["RunCheckpoint"]
+
+
+def test_the_kept_aggregates_are_lightnings_own(tmp_path: Path) -> None:
+    """Kept by EpochAggregates or by Lightning (a module that does not hand its values over), the
+    epoch values of an uninterrupted run are the same, bit for bit: same keys, same operations."""
+    ours = _fit(tmp_path / "ours")
+    lightning = _fit(tmp_path / "lightning", aggregates=False)
+    for got, want in zip(ours, lightning, strict=True):
+        assert got.keys() == want.keys()
+        assert all(torch.equal(got[k], want[k]) for k in want), (got, want)
+
+
+def test_a_checkpoint_from_before_carries_its_sums_over() -> None:
+    """A mid-epoch checkpoint written before EpochAggregates holds Lightning's own running sums,
+    keyed ``<hook>.<name>`` with their self.log arguments: they continue under the epoch keys."""
+    args = {"prog_bar": False, "logger": True, "enable_graph": False, "add_dataloader_idx": True}
+    args |= {"metric_attribute": None, "sync_dist": False, "rank_zero_only": False}
+    saved = {
+        "training_step.m/mean": {
+            "reduction": "mean",
+            "value": torch.tensor(6.0),
+            "count": torch.tensor(3),
+            "log": {"fx": "training_step", "name": "m/mean", "on_step": True, "on_epoch": True, **args},
+        },
+        "on_train_epoch_start.m/at_start": {
+            "reduction": "sum",
+            "value": torch.tensor(2.0),
+            "count": None,
+            "log": {"fx": "on_train_epoch_start", "name": "m/at_start", "on_step": False, "on_epoch": True, **args},
+        },
+    }
+    aggregates = EpochAggregates()
+    aggregates.restore(saved)
+    assert set(aggregates.running) == {"m/mean_epoch", "m/at_start"}
+    assert aggregates.running["m/mean_epoch"]["log"] == {
+        "prog_bar": False,
+        "logger": True,
+        "rank_zero_only": False,
+        "add_dataloader_idx": True,
+        "sync_dist": False,
+    }
+    assert torch.equal(aggregates.partial()["m/mean_epoch"]["count"], torch.tensor(3))

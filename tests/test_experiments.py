@@ -15,6 +15,8 @@ from hvp_lightning.config import check_options
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.usefixtures("hub_weights_cached")  # backbone.init=timm:... needs no network
+
 CONF = REPO / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 METHOD_PRESETS = sorted(p.stem for p in (CONF / "method").glob("*.yaml"))

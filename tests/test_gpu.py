@@ -91,6 +91,9 @@ def assert_summary(summary: dict, run_dir: Path, steps: int, hvp: bool) -> None:
     assert 0 <= summary["knn_top1"] <= 1 and summary["knn_history"][-1]["step"] == steps  # final k-NN
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == steps
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    cost = summary["cost"]  # FLOPs counted on the meta device; phases timed with CUDA events on a GPU
+    assert cost["total_flops"] > 0 and cost["images_per_s"] > 0 and sum(cost["time_split"].values()) > 0.99
+    assert cost["mfu"] is None or 0 < cost["mfu"] < 1  # None on CPU and on a GPU Lightning has no peak for
     if hvp:
         assert summary["hvp"]["selected_samples"] == 16 * steps
         assert summary["hvp"]["selection_selected_loss_mean"] >= summary["hvp"]["selection_candidate_loss_mean"] - 1e-3

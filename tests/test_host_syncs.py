@@ -36,6 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hvp_lightning.analysis.callback import HardViewAnalysis
 from hvp_lightning.methods import METHODS
 from hvp_lightning.nn.sync_free import host_to_device
+from hvp_lightning.run.epoch_metrics import EpochAggregates
 
 from .conftest import make_cfg
 from .test_device_guard import FAKE, METHOD_OVERRIDES, one_batch
@@ -176,6 +177,7 @@ def test_a_training_step_syncs_only_where_stated(
     cfg = make_cfg(*METHOD_OVERRIDES[method], *hvp, "method.batch_size=4", "data.train_size=8", "data.crop_size=16")
     model = METHODS[method](cfg).to(FAKE).train()
     batch = move_data_to_device(one_batch(cfg), FAKE)
+    aggregates = EpochAggregates()  # a run's: the epoch values of the step's logs go through it
     trainer = SimpleNamespace(
         global_step=0,
         current_epoch=0,
@@ -183,7 +185,10 @@ def test_a_training_step_syncs_only_where_stated(
         world_size=1,
         accumulate_grad_batches=1,
         estimated_stepping_batches=10,
+        training=True,
+        callbacks=[aggregates],
     )
+    aggregates.on_train_epoch_start(trainer, model)  # type: ignore[arg-type]
     model.trainer = trainer  # type: ignore[assignment]
     optimizer = SimpleNamespace(param_groups=[{"lr": 0.1, "weight_decay": 0.04, "wd_schedule": True}])
     monkeypatch.setattr(model, "optimizers", lambda: optimizer)
@@ -192,6 +197,7 @@ def test_a_training_step_syncs_only_where_stated(
     with counter:
         one_step(model, batch, trainer)
     assert dict(counter.events) == EXPECTED[case]
+    assert "train/loss_epoch" in aggregates.running  # the epoch aggregates were kept on that path
 
 
 def test_counter_sees_each_kind_of_sync(counter: SyncCounter) -> None:

@@ -71,6 +71,9 @@ def test_an_old_run_dir_continues_where_it_stopped(tmp_path: Path) -> None:
     assert (summary["epochs"], summary["steps"], summary["images_seen"]) == (2, 8, 128)
     assert summary["knn_history"][: len(stored)] == stored and summary["knn_history"][-1]["step"] == 8
     assert summary["hvp"]["selected_samples"] == 128  # the old run's HVP totals carried over
+    cost = summary["cost"]  # its model FLOPs cover both sessions (counted from those carried-over counts)
+    assert (cost["images"], cost["selected_images"], cost["session_images"]) == (128, 128, 64)
+    assert cost["total_flops"] == 128 * (cost["train_flops_per_image"] + cost["selection_flops_per_image"])
     assert len(json.loads((old / "sessions.json").read_text())["sessions_s"]) == 2
     rows = list(csv.DictReader((old / "csv" / "metrics.csv").open()))
     old_rows = list(csv.DictReader((OLD_RUN / "csv" / "metrics.csv").open()))

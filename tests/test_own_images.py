@@ -274,7 +274,14 @@ def test_the_upsampling_warning_names_the_crop_to_set(tmp_path: Path, caplog) ->
     root.mkdir()
     for i in range(4):
         Image.new("RGB", (128 + i, 128)).save(root / f"{i}.png")
-    cfg = make_cfg("data=images", f"data.root={root}", "data.monitor_size=1", "data.crop_size=224", "trainer=cpu")
+    cfg = make_cfg(
+        "data=images",
+        f"data.root={root}",
+        "data.monitor_size=1",
+        "data.crop_size=224",
+        "trainer=cpu",
+        "method.batch_size=2",
+    )
     validate(cfg)
     assert (
         "data.crop_size=224 is larger than the images (shorter side 128 px): every crop is upsampled; "

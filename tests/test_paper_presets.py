@@ -23,6 +23,8 @@ from hvp_lightning.config import check_options
 
 from .test_experiments import EXPERIMENTS, composed, experiment_cfg, global_batch
 
+pytestmark = pytest.mark.usefixtures("hub_weights_cached")  # backbone.init=timm:... needs no network
+
 DINO_TABLE = "tab:hypers_dino"
 SIMSIAM_TABLE = "tab:hypers_simsiam"
 SIMCLR_TABLE = "tab:hypers_simclr"

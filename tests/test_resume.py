@@ -27,7 +27,7 @@ from hvp_lightning.training.checkpoint import (
 )
 from hvp_lightning.training.driver import run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, images_run, make_cfg, write_images
+from .conftest import COST_COUNTS, REPO, SUBPROCESS_TIMEOUT_S, images_run, make_cfg, write_images
 
 # A tiny SimSiam + HVP run, spelled as train.py command-line overrides so that the same
 # config runs in a subprocess (to be killed) and in this process (make_cfg(..., tiny=False)).
@@ -92,6 +92,10 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     for key in ("epochs", "steps", "images_seen", "knn_top1", "knn_top5"):
         assert resumed[key] == straight[key], key
     assert resumed["hvp"]["selected_samples"] == straight["hvp"]["selected_samples"] == 3 * 6 * 16
+    # The cost's counts cover the whole run, the killed session's checkpointed part included;
+    # its rates are the resumed session's own.
+    assert {k: resumed["cost"][k] for k in COST_COUNTS} == {k: straight["cost"][k] for k in COST_COUNTS}
+    assert straight["cost"]["images"] == 3 * 6 * 16 and resumed["cost"]["session_images"] < 3 * 6 * 16
     assert resumed["hvp"]["selection_selected_loss_mean"] == pytest.approx(
         straight["hvp"]["selection_selected_loss_mean"], rel=1e-5
     )

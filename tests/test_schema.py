@@ -304,3 +304,24 @@ def test_help_lists_every_key_of_the_chosen_groups() -> None:
     assert "method.teacher_temp = 0.04   (a number > 0) -- teacher temperature after its warm-up" in text
     assert "hvp.num_views = 4   (an integer >= 2)" in text
     assert "method.temperature" not in text  # SimCLR's, not DINO's
+
+
+def test_a_key_declared_since_takes_its_old_plus() -> None:
+    """``+trainer.strategy=ddp`` was needed before the schema declared the key; it still sets it."""
+    assert checked_command_line("config", ["+trainer.strategy=ddp"]) == ["++trainer.strategy=ddp"]
+
+
+def test_an_offline_hub_name_fails_in_one_line_before_the_heavy_imports(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hvp_lightning.nn import hub_reach
+
+    monkeypatch.setattr(hub_reach, "maybe_cached", lambda source: False)
+    monkeypatch.setattr(hub_reach, "unreachable", lambda url, timeout_s=None: "huggingface.co:443: down")
+    with pytest.raises(ConfigError) as err:
+        check_options(make_cfg("backbone=timm", "backbone.name=resnet10t", "backbone.init=timm:resnet10t.c3_in1k"))
+    (line,) = str(err.value).splitlines()
+    assert (
+        line.startswith("backbone.init='timm:resnet10t.c3_in1k' is not allowed: ")
+        and "huggingface.co:443: down" in line
+    )
+    monkeypatch.setattr(hub_reach, "maybe_cached", lambda source: True)  # in the cache: no network needed
+    check_options(make_cfg("backbone=timm", "backbone.name=resnet10t", "backbone.init=timm:resnet10t.c3_in1k"))

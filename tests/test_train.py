@@ -35,6 +35,18 @@ def test_tiny_train_run(cfg_factory, tmp_path, hvp, capsys):
     assert (summary["monitor_source"], summary["monitor_images"], summary["monitor_dim"]) == ("test", 32, 64)
     assert [h["step"] for h in summary["monitor_history"]] == [h["step"] for h in summary["knn_history"]]
     assert {"monitor/rankme", "monitor/feature_std", "monitor/epoch"} <= set(metrics)
+    # What the run cost: model FLOPs from the counted steps and the images trained; perf/* at the
+    # log steps (trainer=cpu: every 5 steps), this session's rate and time split.
+    cost = on_disk["cost"]
+    assert cost["images"] == summary["images_seen"] and cost["selected_images"] == (cost["images"] if hvp else 0)
+    per_image = cost["train_flops_per_image"] + cost["selection_flops_per_image"]
+    assert cost["total_flops"] == cost["images"] * per_image > 0
+    assert (cost["selection_flops_per_image"] > 0) is hvp and cost["baseline_flops_per_image"] > 0
+    assert cost["images_per_s"] > 0 and sum(cost["time_split"].values()) == pytest.approx(1) and cost["mfu"] is None
+    assert (cost["time_split"]["selection"] > 0) is hvp
+    perf = [r for r in csv.DictReader((tmp_path / "csv" / "metrics.csv").open()) if r.get("perf/images_per_s")]
+    assert [int(r["step"]) for r in perf] == [4]  # global step 5, Lightning's row 4
+    assert float(perf[0]["perf/total_flops"]) == pytest.approx(5 * 16 * per_image, rel=1e-6)
     if hvp:
         h = summary["hvp"]
         assert h["selected_samples"] == 2 * 4 * 16
@@ -44,6 +56,7 @@ def test_tiny_train_run(cfg_factory, tmp_path, hvp, capsys):
         assert {"hvp/selection_selected_loss_step", "hvp/selection_candidate_loss_step"} <= set(metrics)
         assert h["nonfinite_candidates"] == 0
         assert "| HVP selected - candidate loss: +" in final_line(summary)  # read from the summary's own keys
+        assert "| HVP cost: selection 33% of model FLOPs, step 1.50x the baseline's |" in final_line(summary)  # N=3
         # Every step selects here, so the trained loss is the steps' own train/loss, epoch by epoch
         # (equal batches), and its run mean is the mean of those epoch means.
         rows = list(csv.DictReader((tmp_path / "csv" / "metrics.csv").open()))
@@ -55,7 +68,7 @@ def test_tiny_train_run(cfg_factory, tmp_path, hvp, capsys):
         assert len(epochs) == 2 and all(t == pytest.approx(tr, rel=1e-5) for t, tr in epochs)
         assert h["trained_loss_mean"] == pytest.approx(sum(t for t, _ in epochs) / 2, rel=1e-5)
     else:
-        assert "hvp" not in summary
+        assert "hvp" not in summary and "HVP cost" not in final_line(summary)
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
 
 

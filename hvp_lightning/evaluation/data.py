@@ -10,7 +10,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, Dataset
 
-from ..config import check_crop_for_backbone, data_preset_given, fail, validate_data
+from ..config import check_crop_for_backbone, data_preset_given, fail, preset_data, validate_data
 from ..data.augment import EvalTransform
 from ..data.datamodule import build_raw_datasets, subset
 from ..data.layout import resolve_auto_crop
@@ -73,7 +73,7 @@ def own_data(train_cfg: DictConfig, changes: DictConfig | None) -> DictConfig:
 def eval_data_cfg(cfg: DictConfig, train_cfg: DictConfig) -> DictConfig:
     """The data to evaluate on: ``data=<data set>`` if given, else the pretraining data with the
     command's ``+data.<key>=`` changes; validated."""
-    data = copy.deepcopy(cfg.data) if data_preset_given(cfg) else own_data(train_cfg, cfg.get("data"))
+    data = preset_data(cfg) if data_preset_given(cfg) else own_data(train_cfg, cfg.get("data"))
     with open_dict(data):
         if cfg.get("num_workers") is not None:
             data.num_workers = cfg.num_workers

@@ -24,6 +24,7 @@ from ..nn.knn import knn_accuracy
 from ..nn.optim import make_optimizer, warmup_cosine
 from ..nn.sync_free import device_number
 from ..nn.teacher import MomentumTargetMixin
+from ..run.epoch_metrics import log_epoch_value
 from ..schema import backbone_family
 from ..selection import hvp_config
 
@@ -172,10 +173,13 @@ class SSLMethod(L.LightningModule):
     def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
         """Lightning's ``log``, a Python number made on the module's device first
         (:func:`.nn.sync_free.device_number`, the value Lightning would make): Lightning copies
-        it from the host, which waits for the GPU's queue on every logged number of a step."""
+        it from the host, which waits for the GPU's queue on every logged number of a step.
+        A training value's epoch aggregate is kept by the run's ``EpochAggregates`` callback, so
+        that it survives a mid-epoch resume (:mod:`hvp_lightning.run.epoch_metrics`)."""
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = device_number(value, self.device)
-        super().log(name, value, *args, **kwargs)
+        if args or not log_epoch_value(self, name, value, kwargs):
+            super().log(name, value, *args, **kwargs)
 
     def _log_iou_policy(self, flags: torch.Tensor) -> None:
         """``data/iou_fallbacks``: pairs that kept their last try (flags mark both views), summed

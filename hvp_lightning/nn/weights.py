@@ -39,6 +39,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..schema import is_hub_init
+from .hub_reach import first_words, offline, unreachable
 
 # Unexpected keys under these prefixes are heads the trunk does not have: dropped, said so.
 HEAD_PREFIXES = ("fc.", "head.", "classifier.")
@@ -202,58 +203,6 @@ def resize_pos_embed(trunk: nn.Module, pos: torch.Tensor) -> tuple[torch.Tensor,
 
 
 # --- hubs -------------------------------------------------------------------------------------
-PROBE_S = 5.0  # a hub that accepts no connection within this many seconds is out of reach
-
-
-def offline() -> bool:
-    """``HF_HUB_OFFLINE=1`` (Hugging Face's switch) keeps both hubs from reaching the network."""
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def unreachable(url: str, timeout_s: float | None = None) -> str | None:
-    """Why ``url``'s host cannot be reached from here -- its name does not resolve, or it (or the
-    proxy ``https_proxy`` names) accepts no TCP connection within ``timeout_s`` (:data:`PROBE_S`) --
-    or None when it can. Asked before a download, because without a network the hubs' clients
-    retry for about a minute, warning at every try, before they give up. DNS has no timeout of
-    its own: the probe runs in a daemon thread that is waited for ``timeout_s`` at most."""
-    import socket
-    import threading
-    import urllib.parse
-    import urllib.request
-
-    timeout_s = PROBE_S if timeout_s is None else timeout_s
-    parts = urllib.parse.urlsplit(url)
-    host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
-    proxy = urllib.request.getproxies().get(parts.scheme)
-    if proxy and not urllib.request.proxy_bypass(host):
-        via = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-        host, port = via.hostname or "", via.port or 80
-    said: list[str | None] = []
-
-    def connect() -> None:
-        try:
-            socket.create_connection((host, port), timeout=timeout_s).close()
-            said.append(None)
-        except OSError as err:
-            said.append(f"{host}:{port}: {err.strerror or type(err).__name__}")
-
-    probe = threading.Thread(target=connect, daemon=True, name=f"probe {host}")
-    probe.start()
-    probe.join(timeout_s)
-    return said[0] if said else f"{host}:{port}: no answer within {timeout_s:g} s"
-
-
-def first_words(text: str, limit: int = 200) -> str:
-    """The first line of ``text`` (an exception's) for a one-line message: whole sentences up to
-    ``limit`` characters, else whole words and '...', not cut mid-word."""
-    line = next((x.strip() for x in text.splitlines() if x.strip()), "")
-    if len(line) <= limit:
-        return line
-    if (end := line[: limit + 1].rfind(". ")) > 0:
-        return line[: end + 1]
-    return line[: limit - 3].rsplit(" ", 1)[0].rstrip() + "..."
-
-
 def hub_state(source: str) -> dict[str, torch.Tensor]:
     """``timm:<name>`` (a pretrained tag allowed: ``timm:vit_small_patch16_224.dino``) or
     ``torchvision:<model>[.<WEIGHTS>]`` from the local cache, else downloaded; when that is

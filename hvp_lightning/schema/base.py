@@ -114,11 +114,6 @@ UNIT_RANGE = numbers(2, 0, 1, open_low=True, ordered=True)  # crop scales: [min,
 CHANNELS = numbers(3, 0, 1)  # per-channel mean
 
 
-def words(*choices: str) -> Any:
-    """One of ``choices``."""
-    return Literal[choices]  # type: ignore[valid-type]
-
-
 # --- messages ----------------------------------------------------------------------------------------
 M = TypeVar("M", bound=BaseModel)
 

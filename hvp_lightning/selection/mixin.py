@@ -40,6 +40,7 @@ module with its own loader is a complete host.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NamedTuple
 
 import lightning as L
@@ -126,6 +127,9 @@ class HardViewMixin(L.LightningModule):
     # hvp.selection_scale: (multiple, minimum) of a view's side in the selection pass (a ViT: its
     # patch); declared likewise, (1, 1) where the host has none.
     selection_size_rule: Callable[[], tuple[int, int]]
+    # Wraps each selection pass; no-op unless set: the run's perf callback times the pass with it
+    # (hvp_lightning/run/perf.py), the FLOP count tells the selection's FLOPs by it (training/cost.py).
+    selection_phase: Callable[[], AbstractContextManager[Any]] = nullcontext
 
     # --- hooks the host provides ---------------------------------------------------------
     def candidate_scores(self, batch: dict[str, Any]) -> torch.Tensor | CandidateScores:  # pragma: no cover
@@ -170,7 +174,8 @@ class HardViewMixin(L.LightningModule):
             return self.ssl_step(self._chosen(batch, self._first_combination(batch), None, crops), batch_idx)
         if self.hvp.mode == "min_iou":
             return self._geometric_step(batch, batch_idx, crops)
-        with record_function("hvp/selection"):  # profiler ranges (benchmarks/step_profile.py); free otherwise
+        # profiler ranges (benchmarks/step_profile.py), free otherwise; the host's phase (timers)
+        with record_function("hvp/selection"), self.selection_phase():
             scored = self._scored_samples(batch, batch_idx)
             scores = self.score_candidates(batch if scored is None else self.sample_subset(batch, scored))
             choice = choose(scores.table, self.hvp.mode, self._choice_generator(batch_idx))
@@ -188,7 +193,7 @@ class HardViewMixin(L.LightningModule):
                 f"hvp.mode=min_iou: {type(self).__name__}'s batch has no crop boxes "
                 f"(batch['params'] with {', '.join(CROP_KEYS)}, [B, N] each)"
             )
-        with record_function("hvp/selection"):
+        with record_function("hvp/selection"), self.selection_phase():
             overlap = self.candidate_overlap(batch)
             if isinstance(overlap, torch.Tensor):
                 overlap = CandidateScores(overlap)

@@ -48,7 +48,7 @@ from ..config import stored_config
 from ..errors import CheckpointError
 from ..run.atomic import atomic_write
 from ..run.directory import LAST, RunDir, resolve_checkpoint
-from ..run.epoch_metrics import partial_epoch_sums, restore_partial_epoch_sums
+from ..run.epoch_metrics import epoch_aggregates
 
 log = logging.getLogger(__name__)
 
@@ -212,11 +212,11 @@ class RunCheckpoint(Checkpoint):
     each file appears atomically.
 
     Its checkpoint state is the RNG streams of every rank, restored on resume; in a checkpoint
-    inside an epoch, every rank's running sums of that epoch's ``on_epoch`` metrics
-    (:mod:`hvp_lightning.run.epoch_metrics`), put back at the end of the resumed session's first
-    step, so the epoch's ``*_epoch`` values cover the whole epoch; and the last epoch's training loss (mean
-    over ranks), which the run's summary reports -- a resumed run that trains nothing more
-    included. (The wall
+    inside an epoch, every rank's running aggregates of that epoch's ``on_epoch`` metrics (the
+    trainer's :class:`~hvp_lightning.run.epoch_metrics.EpochAggregates`), handed back before the
+    resumed session's first step, so the epoch's ``*_epoch`` values cover the whole epoch; and the
+    last epoch's training loss (mean over ranks), which the run's summary reports -- a resumed run
+    that trains nothing more included. (The wall
     time over all sessions is :class:`hvp_lightning.run.records.RunRecord`'s: a session killed
     after its last checkpoint has spent time no checkpoint knows of.)"""
 
@@ -237,7 +237,7 @@ class RunCheckpoint(Checkpoint):
         self._rng: dict[str, Any] | None = None  # the RNG state save_step writes instead of the current one
         self._due_rng: dict[str, Any] | None = None  # an every_n_steps save due at the next batch's start
         self._epoch_sums: dict[str, Any] | None = None  # in save_step's save: this rank's partial epoch sums
-        self._resumed_sums: list[dict[str, Any]] = []  # the checkpoint's partial epoch sums, until restored
+        self._resumed_sums: dict[str, Any] | None = None  # the checkpoint's (this rank's), until restored
 
     @property
     def state_key(self) -> str:
@@ -255,9 +255,6 @@ class RunCheckpoint(Checkpoint):
         writes its own checkpoint, after the k-NN). Written at the next batch's start, as a
         pre-emption's (:meth:`save_step`): callbacks run before the module's own batch-end hook
         (EMA teacher, centres, counters) and the step's log rows."""
-        if self._resumed_sums:  # the resumed session's first step has logged: its keys exist now
-            sums, self._resumed_sums = self._resumed_sums, []
-            restore_partial_epoch_sums(trainer, sums)
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         if (
             self.every_n_steps
@@ -267,6 +264,12 @@ class RunCheckpoint(Checkpoint):
             and done < trainer.num_training_batches
         ):
             self._due_rng = rng_state()  # the streams at the step's end
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        sums, self._resumed_sums = self._resumed_sums, None
+        aggregates = epoch_aggregates(trainer)
+        if sums is not None and aggregates is not None:  # before the resumed session's first step
+            aggregates.restore(sums)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if self._due_rng is not None:
@@ -300,7 +303,8 @@ class RunCheckpoint(Checkpoint):
         every checkpoint."""
         for logger in trainer.loggers:  # the step's rows reach the disk with the checkpoint
             logger.save()
-        self._rng, self._epoch_sums = rng, partial_epoch_sums(trainer)
+        aggregates = epoch_aggregates(trainer)
+        self._rng, self._epoch_sums = rng, aggregates.partial() if aggregates is not None else None
         try:
             trainer.save_checkpoint(self.last_path, weights_only=False)
         finally:
@@ -328,7 +332,7 @@ class RunCheckpoint(Checkpoint):
         sums, states = state_dict.get("epoch_sums") or [], state_dict.get("rng") or []
         rank, world = rank_and_world()
         if len(sums) == world:
-            self._resumed_sums = [sums[rank]]
+            self._resumed_sums = sums[rank]
         elif sums:
             log.warning(
                 "resume: the checkpoint holds the epoch's partial sums of %d processes, this run has %d; "

@@ -32,6 +32,8 @@ from ..methods import METHODS, SSLMethod
 from ..nn.health import collapse_reason
 from ..run.atomic import atomic_write_text
 from ..run.directory import RunDir
+from ..run.epoch_metrics import EpochAggregates
+from ..run.perf import PerfMonitor
 from ..run.process_rank import env_rank
 from ..run.records import MonitorRecord, RunRecord, continue_csv_log, wandb_resume
 from ..run.wandb_logging import WandbCharts, current_sweep_dir, run_names, wandb_logged_in
@@ -39,6 +41,7 @@ from ..selection import hvp_config, hvp_summary
 from ..warning_filters import quiet_console
 from .backbone_init import init_backbone
 from .checkpoint import AtomicCheckpointIO, RunCheckpoint, resume_checkpoint
+from .cost import run_step_flops
 from .preemption import StopOnSignal, cluster_plugins
 
 log = logging.getLogger(__name__)
@@ -136,12 +139,15 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]
         cfg.checkpoint.every_n_steps,
         record.note_checkpoint_step,
     )
+    perf = PerfMonitor(run_step_flops(cfg))  # model FLOPs counted on the meta device, before training
     trainer = L.Trainer(
         **trainer_kwargs,
         default_root_dir=str(run_dir),
         logger=build_logger(cfg, run_dir, resume_step),
         plugins=[AtomicCheckpointIO(), *sync_bn, *cluster_plugins()],
         callbacks=[
+            perf,  # first: its batch-start mark precedes the other callbacks' work (run/perf.py)
+            EpochAggregates(),  # *_epoch values that survive a mid-epoch resume (run/epoch_metrics.py)
             checkpointer,
             record,
             MonitorRecord(run_dir),
@@ -168,6 +174,7 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]
     train_loss = checkpointer.train_loss
     record.beat(trainer, force=True)
     summary = _summary(cfg, model, trainer, run_dir, record.total_seconds(), train_loss)
+    summary["cost"] = perf.summary(summary["images_seen"], (summary.get("hvp") or {}).get("selected_samples", 0))
     summary["knn_top1_init"] = model.knn_init
     summary["sync_batchnorm_layers"] = sync_bn[0].converted if sync_bn else 0
     if trainer.is_global_zero:
@@ -184,7 +191,8 @@ def final_line(summary: dict[str, Any]) -> str:
     """The run's last line: k-NN top-1 against its random-init value and chance -- without a
     labelled set the label-free monitors against theirs instead --, the epoch the monitors first
     signalled collapse if they did, the run dir and, with HVP, how much harder the selected views
-    were than the candidates' average."""
+    were than the candidates' average and what the selection cost in model FLOPs (its share of
+    the run's, and an HVP step's FLOPs against the baseline step's)."""
     if summary.get("knn_top1") is not None:
         init = summary.get("knn_top1_init")
         ref = f"at init {100 * init:.2f}%, " if init is not None else ""
@@ -197,7 +205,20 @@ def final_line(summary: dict[str, Any]) -> str:
     if hvp.get("selection_selected_loss_mean") is not None:
         gap = hvp["selection_selected_loss_mean"] - hvp["selection_candidate_loss_mean"]
         line += f" | HVP selected - candidate loss: {gap:+.4f}"
+    if summary.get("hvp_enabled") and (cost := hvp_cost_text(summary.get("cost") or {})):
+        line += f" | {cost}"
     return f"{line} | run dir: {shown_path(summary['run_dir'])}"
+
+
+def hvp_cost_text(cost: dict[str, Any]) -> str | None:
+    """``HVP cost: selection 40% of model FLOPs, step 1.67x the baseline's``: the selection's share
+    of the run's model FLOPs, and an HVP step's model FLOPs per image against the baseline step's
+    (None without a FLOP count)."""
+    share, baseline = cost.get("selection_flops_share"), cost.get("baseline_flops_per_image")
+    if share is None or not baseline:
+        return None
+    step = (cost["train_flops_per_image"] + cost["selection_flops_per_image"]) / baseline
+    return f"HVP cost: selection {100 * share:.0f}% of model FLOPs, step {step:.2f}x the baseline's"
 
 
 def monitor_text(summary: dict[str, Any]) -> str:
@@ -229,8 +250,9 @@ def _close_logger(trainer: L.Trainer, summary: dict[str, Any]) -> None:
     if isinstance(trainer.logger, WandbLogger) and trainer.is_global_zero:
         run = trainer.logger.experiment
         run.summary.update({f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float, str, bool))})
-        if "hvp" in summary:
-            run.summary.update({f"summary/hvp_{k}": v for k, v in summary["hvp"].items()})
+        for group in ("hvp", "cost"):  # nested: one W&B summary key per value
+            values = summary.get(group) or {}
+            run.summary.update({f"summary/{group}_{k}": v for k, v in values.items() if not isinstance(v, dict)})
         run.finish()
 
 

@@ -36,6 +36,8 @@ def test_tiny_train_with_hvp_then_export_and_eval(method: str, tmp_path: Path) -
     assert summary["method"] == method and summary["hvp_enabled"] is True and summary["steps"] == 4
     assert summary["train_loss"] is not None and math.isfinite(summary["train_loss"])
     assert summary["hvp"]["selected_samples"] == 64
+    cost = summary["cost"]  # the method's step counted on the meta device: its views and networks
+    assert cost["selected_images"] == 64 and 0 < cost["selection_flops_per_image"] < cost["train_flops_per_image"]
     assert summary["hvp"]["selection_selected_loss_mean"] >= summary["hvp"]["selection_candidate_loss_mean"]
     assert summary["knn_top1"] is not None
     state = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]

@@ -1,0 +1,100 @@
+"""The model FLOPs per image of a configured run's steps, counted before it trains.
+
+:func:`count_step_flops` builds the configured method on the ``meta`` device (no memory, no
+initialisation), hands its ``training_step`` a batch of the loader's view sizes, and counts the
+model FLOPs of what the step runs (:class:`~hvp_lightning.nn.flops.FlopMeter`): with HVP on,
+what runs inside the selection pass (the mixin's ``selection_phase``) is the selection, the rest
+the training step; the same method without HVP gives the baseline step. So the count follows
+the code: DINO/iBOT's multi-crop views at their two sizes, HVP's candidates, heads, predictors,
+teacher and momentum-target forwards, and a teacher output the step reuses from the selection.
+
+A run counts once at its start (:func:`hvp_lightning.training.driver.run`); a compute budget can
+count before any run.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from ..methods import METHODS
+from ..nn.flops import FlopMeter
+from ..run.perf import StepFlops
+
+log = logging.getLogger(__name__)
+
+IMAGES = 2  # images of the counted batch: model FLOPs are per image (BatchNorm needs 2 in train mode)
+
+
+def _per_image(cfg: DictConfig) -> dict[str, int]:
+    """Model FLOPs per image of one training step of ``cfg``'s method, by phase
+    (``selection``, ``step``)."""
+    method_cls = METHODS[cfg.method.name]
+    with torch.device("meta"):
+        model = method_cls(cfg).train()
+    views = [torch.zeros(IMAGES, 3, aug.size, aug.size, device="meta") for aug in method_cls.view_augs(cfg)]
+    batch = {
+        "views": views,
+        "label": torch.zeros(IMAGES, dtype=torch.long, device="meta"),
+        "index": torch.arange(IMAGES, device="meta"),
+    }
+    meter = FlopMeter(model)
+    model.selection_phase = lambda: meter.phase("selection")
+    with meter.count(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # self.log without a Trainer
+        model.training_step(batch, 0)
+    return {phase: flops // IMAGES for phase, flops in meter.flops.items()}
+
+
+# Config keys that do not change what a step computes: leaving them out of the cache key lets runs
+# that differ only there (a sweep's seeds, longer runs, another data folder) share one count.
+NOT_COUNTED = ("trainer", "eval", "checkpoint", "logger", "analysis", "limits", "seed", "resume", "hydra")
+NOT_COUNTED_DATA = ("root", "eval_root", "train_size", "test_size", "monitor_size", "num_workers", "num_classes")
+COUNTED: dict[str, StepFlops] = {}  # this process's counts, by config without those keys
+
+
+def count_step_flops(cfg: DictConfig) -> StepFlops:
+    """The model FLOPs per image of ``cfg``'s training steps (module docstring); counted once per
+    process for configs that differ only in :data:`NOT_COUNTED` keys.
+
+    Static colour (``hvp.colour=static``) only changes when the candidates are coloured, not
+    what the networks see: it is counted as per-view colour."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(plain, dict)
+    for key in NOT_COUNTED:
+        plain.pop(key, None)
+    for key in NOT_COUNTED_DATA:
+        (plain.get("data") or {}).pop(key, None)
+    key = OmegaConf.to_yaml(plain)
+    if key not in COUNTED:
+        COUNTED[key] = _count(cfg)
+    return COUNTED[key]
+
+
+def _count(cfg: DictConfig) -> StepFlops:
+    if not (cfg.get("hvp") or {}).get("enabled"):
+        plain = sum(_per_image(cfg).values())
+        return StepFlops(train=plain, selection=0, baseline=plain)
+    baseline = copy.deepcopy(cfg)
+    with open_dict(baseline):
+        baseline.pop("hvp")  # absent = off
+    counted = OmegaConf.merge(cfg, {"hvp": {"colour": "per_view"}})
+    assert isinstance(counted, DictConfig)
+    phases = _per_image(counted)
+    return StepFlops(
+        train=phases.get("step", 0), selection=phases.get("selection", 0), baseline=count_step_flops(baseline).train
+    )
+
+
+def run_step_flops(cfg: DictConfig) -> StepFlops | None:
+    """:func:`count_step_flops` for a run about to train: None, with a warning naming the error,
+    if the method's step does not run on the meta device (the run goes on without FLOPs)."""
+    try:
+        return count_step_flops(cfg)
+    except Exception as err:  # noqa: BLE001 -- a count that fails must not stop the run
+        log.warning("model FLOPs not counted (the run reports no FLOPs): %s: %s", type(err).__name__, err)
+        return None

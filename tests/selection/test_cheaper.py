@@ -36,6 +36,7 @@ from hvp_lightning.selection import (
 )
 from hvp_lightning.selection import mixin as mixin_module
 from hvp_lightning.selection import scale as scale_module
+from hvp_lightning.training.cost import count_step_flops
 
 from ..methods import test_dino, test_ibot
 from .test_static_colour import _batch as static_batch
@@ -437,3 +438,19 @@ def test_cheaper_selections_compose_with_the_other_keys(cfg_factory):
     ):
         hvp = check_options(cfg_factory("+hvp=on", *keys)).hvp
         assert hvp.mode in ("easy", "hard", "min_iou") and math.isfinite(hvp.selection_scale)
+
+
+def test_counted_selection_flops_follow_each_option(cfg_factory):
+    """The run's cost count (training/cost.py): min_iou's selection costs no model FLOP,
+    selection_fraction scores ceil(f B) of the run's B samples, selection_scale shrinks the
+    backbone's share by about the scale squared (the heads' share does not shrink)."""
+
+    def count(*keys: str):
+        return count_step_flops(cfg_factory("+hvp=on", "hvp.num_views=3", "data.crop_size=32", *keys))
+
+    full = count()
+    assert count("hvp.mode=min_iou").selection == 0 and count("hvp.mode=min_iou").train == full.train
+    assert count("hvp.selection_fraction=0.25").selection == pytest.approx(full.selection / 4, rel=1e-6)  # B=16: 4
+    assert count("hvp.selection_fraction=0.3").selection == pytest.approx(full.selection * 5 / 16, rel=1e-6)
+    assert 0.24 < count("hvp.selection_scale=0.5").selection / full.selection < 0.3
+    assert count("hvp.selection_scale=0.5").train == full.train

@@ -72,14 +72,20 @@ def rank_totals(saved: list[torch.Tensor | None] | torch.Tensor | None, rank: in
 def summarise_totals(totals: torch.Tensor | None) -> dict[str, float | int | None]:
     """``summary.json``'s HVP statistics from the run totals (already summed over ranks):
     the selection pass's means (chosen and all candidates), the trained loss's mean over the
-    HVP steps, the samples behind them and how many non-finite candidate entries were masked."""
+    HVP steps, the samples behind them and how many non-finite candidate entries were masked.
+
+    ``selected_samples`` are the samples of the HVP steps (the images the run's cost counts as
+    selected), ``scored_samples`` those of them a selection pass scored: fewer under
+    ``hvp.selection_fraction``, none under ``hvp.mode=min_iou``. (A checkpoint from before the
+    trained totals has zeros there; its HVP steps scored every sample, hence the max.)"""
     t = dict(zip(TOTALS, totals.double().tolist())) if totals is not None else {}
     sel_n, trained_n = t.get("selection_samples", 0.0), t.get("trained_samples", 0.0)
     return {
         "selection_selected_loss_mean": t["selection_selected_loss_sum"] / sel_n if sel_n else None,
         "selection_candidate_loss_mean": t["selection_candidate_loss_sum"] / sel_n if sel_n else None,
         "trained_loss_mean": t["trained_loss_sum"] / trained_n if trained_n else None,
-        "selected_samples": int(sel_n),
+        "selected_samples": int(max(sel_n, trained_n)),
+        "scored_samples": int(sel_n),
         "nonfinite_candidates": int(t.get("nonfinite_candidates", 0)),
     }
 

@@ -219,7 +219,7 @@ def test_fraction_scores_a_seeded_part_and_trains_the_others_on_their_first_pair
     assert torch.equal(sel["choice"][scored], choose(table, "hard"))
     torch.testing.assert_close(loss, model.ssl_step({"views": _pair_views(batch, sel["choice"])}, 0))
     totals = summarise_totals(model.hvp_totals)
-    assert totals["selected_samples"] == 4
+    assert (totals["selected_samples"], totals["scored_samples"]) == (8, 4)
     torch.testing.assert_close(logged["hvp/selection_selected_loss"], table.max(1).values.mean())
 
 
@@ -321,7 +321,8 @@ def test_min_iou_runs_no_forward_and_trains_the_least_overlapping_pair(cfg_facto
     torch.testing.assert_close(logged["hvp/candidate_iou"], iou.mean())
     assert "hvp/selection_selected_loss" not in logged
     totals = summarise_totals(model.hvp_totals)
-    assert totals["selected_samples"] == 0 and totals["selection_selected_loss_mean"] is None
+    assert (totals["selected_samples"], totals["scored_samples"]) == (6, 0)
+    assert totals["selection_selected_loss_mean"] is None
     assert totals["trained_loss_mean"] == pytest.approx(float(loss.detach()))
 
 
@@ -454,3 +455,20 @@ def test_counted_selection_flops_follow_each_option(cfg_factory):
     assert count("hvp.selection_fraction=0.3").selection == pytest.approx(full.selection * 5 / 16, rel=1e-6)
     assert 0.24 < count("hvp.selection_scale=0.5").selection / full.selection < 0.3
     assert count("hvp.selection_scale=0.5").train == full.train
+
+
+def test_live_gallery_keeps_min_iou_overlaps_without_a_loss_table():
+    """Under min_iou the mixin leaves no table: the live callback keeps the IoU histogram's data
+    and shows no loss gallery."""
+    from types import SimpleNamespace
+
+    from hvp_lightning.analysis.live import LiveGallery
+
+    params = _boxes(3, 4)
+    choice = least_overlap(crop_iou(params, pair_index(4)))
+    module = SimpleNamespace(hvp=HVPConfig(mode="min_iou"), last_selection={"table": None, "choice": choice})
+    trainer = SimpleNamespace(is_global_zero=True, current_epoch=0, global_step=0)
+    live = LiveGallery(2)
+    live.on_train_batch_end(trainer, module, None, {"views": [torch.zeros(3, 3, 8, 8)] * 4, "params": params}, 0)
+    ((selected, every),) = live.ious
+    assert torch.equal(selected, every.min(1).values) and live.snapshot is None

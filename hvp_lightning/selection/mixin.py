@@ -177,7 +177,9 @@ class HardViewMixin(L.LightningModule):
         # profiler ranges (benchmarks/step_profile.py), free otherwise; the host's phase (timers)
         with record_function("hvp/selection"), self.selection_phase():
             scored = self._scored_samples(batch, batch_idx)
-            scores = self.score_candidates(batch if scored is None else self.sample_subset(batch, scored))
+            scores = self.score_candidates(
+                batch if scored is None else sample_subset(batch, scored, self.hvp_sample_keys)
+            )
             choice = choose(scores.table, self.hvp.mode, self._choice_generator(batch_idx))
             chosen = self._chosen(batch, choice, scores.context, crops, scored)
         with record_function("hvp/train_forward"):
@@ -231,13 +233,9 @@ class HardViewMixin(L.LightningModule):
             chosen = self.select_views(source, choice, context)
         else:
             first = self.select_views(source, self._first_combination(source), None)
-            picked = self.select_views(self.sample_subset(source, scored), choice, context)
+            picked = self.select_views(sample_subset(source, scored, self.hvp_sample_keys), choice, context)
             chosen = merge_samples(first, scored, picked, self.hvp_sample_keys)
         return chosen if crops is None else self.colour_views(chosen)
-
-    def sample_subset(self, batch: dict[str, Any], index: torch.Tensor) -> dict[str, Any]:
-        """``batch`` of the samples ``index`` only (:func:`~hvp_lightning.selection.fraction.sample_subset`)."""
-        return sample_subset(batch, index, self.hvp_sample_keys)
 
     def score_candidates(self, batch: dict[str, Any]) -> CandidateScores:
         """The selection pass: ``candidate_scores`` under :func:`frozen_state`, at the selection

@@ -244,6 +244,26 @@ def check_hvp(s: TrainConfig) -> None:
     check_candidate_counts(s)
 
 
+def check_cheaper_selection(s: TrainConfig) -> None:
+    """``hvp.selection_scale`` / ``hvp.selection_fraction`` make the loss table cheaper: only for the
+    modes that read it (hard, easy). ``hvp.mode=min_iou`` runs no selection forward, so a
+    selection precision other than auto is refused too (``max_combinations`` is not read: DINO's
+    preset sets it)."""
+    h = s.hvp
+    if h is None or not h.enabled or h.mode not in ("random", "min_iou"):
+        return
+    why = {
+        "random": "a uniform choice does not read the losses, so a cheaper selection pass would change only the logs",
+        "min_iou": "it chooses from the crop boxes, without a selection forward",
+    }[h.mode]
+    defaults: dict[str, object] = {"selection_scale": 1, "selection_fraction": 1}
+    if h.mode == "min_iou":
+        defaults["selection_precision"] = "auto"
+    for key, default in defaults.items():
+        if getattr(h, key) != default:
+            fail(f"hvp.{key}", getattr(h, key), f"{default} with hvp.mode={h.mode} ({why})")
+
+
 def check_candidate_counts(s: TrainConfig) -> None:
     """DINO/iBOT with HVP: ``hvp.num_local_candidates`` >= ``method.num_local_crops`` for DINO, and
     for iBOT, which selects among global views only, unset or equal to it."""
@@ -335,10 +355,15 @@ def check_backbone_crop(s: TrainConfig) -> None:
     check_crop_for_backbone(b, crop)
 
 
+def smallest_resnet_side(b: Any) -> int:
+    """The smallest image side a built-in ResNet takes: its trunk downsamples 8x (CIFAR stem) or 32x."""
+    return 8 if b.cifar_stem else 32
+
+
 def check_crop_for_backbone(b: Any, crop: int) -> None:
     family = backbone_family(b)
     if family == "resnet":
-        smallest = 8 if b.cifar_stem else 32  # the trunk downsamples 8x (CIFAR stem) or 32x
+        smallest = smallest_resnet_side(b)
         if crop < smallest:
             fail("data.crop_size", crop, f">= {smallest} px for {b.name} with cifar_stem={b.cifar_stem}")
     elif family == "vit" and crop % b.patch_size:
@@ -353,6 +378,7 @@ TRAIN_RULES: tuple[Callable[[TrainConfig], None], ...] = (
     check_multicrop,
     check_ibot_backbone,
     check_hvp,
+    check_cheaper_selection,
     check_iou_policy,
     check_budget,
     check_owned_trainer_keys,

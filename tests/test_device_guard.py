@@ -55,8 +55,11 @@ HVP = {
     "off": [],
     "hard": ["+hvp=on", "hvp.num_views=3"],
     "random": ["+hvp=on", "hvp.num_views=3", "hvp.mode=random"],
-    "off_step": ["+hvp=on", "hvp.num_views=3", "hvp.every_n_steps=2"],
-}  # a plain step between HVP steps
+    "off_step": ["+hvp=on", "hvp.num_views=3", "hvp.every_n_steps=2"],  # a plain step between HVP steps
+    # the cheaper selections: downscaled candidates and part of the samples (together), and none
+    "cheaper": ["+hvp=on", "hvp.num_views=3", "hvp.selection_scale=0.5", "hvp.selection_fraction=0.5"],
+    "min_iou": ["+hvp=on", "hvp.num_views=3", "hvp.mode=min_iou"],
+}
 CASES = [(m, h) for m in METHOD_OVERRIDES for h in HVP] + [("dino", "sampled")]  # DINO's max_combinations
 HVP["sampled"] = ["+hvp=on", "hvp.num_views=3", "+hvp.max_combinations=2"]
 
@@ -124,8 +127,9 @@ def test_training_step_keeps_tensors_on_the_data_device(
     method: str, hvp: str, fake_gpu: DeviceMixGuard, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One training step (selection, gather, loss, backward) and the analysis statistics of
-    each method, HVP off / hard / random / an off-step of ``every_n_steps``, with model and
-    batch on the stand-in device."""
+    each method, HVP off / hard / random / an off-step of ``every_n_steps`` / the cheaper
+    selections (``selection_scale`` with ``selection_fraction``, ``mode=min_iou``), with model
+    and batch on the stand-in device."""
     cfg = make_cfg(
         *METHOD_OVERRIDES[method], *HVP[hvp], "method.batch_size=4", "data.train_size=8", "data.crop_size=16"
     )

@@ -65,7 +65,12 @@ EXPECTED = {
     "ibot": {CHOOSE: 1},
     "simsiam": {CHOOSE: 1},
     "dino_off": {},
+    "dino_cheaper": {CHOOSE: 1},  # the scored samples are drawn on the host, copied without a wait
+    "ibot_cheaper": {CHOOSE: 1},
+    "simsiam_min_iou": {},  # no loss table, nothing to check
+    "dino_min_iou": {},
 }
+CHEAPER = ["+hvp=on", "hvp.num_views=3", "hvp.selection_scale=0.5", "hvp.selection_fraction=0.5"]
 CASES = {
     "dino": ("dino", ["+hvp=on", "hvp.num_views=3", "hvp.max_combinations=null"]),
     "dino_sampled": ("dino", ["+hvp=on", "hvp.num_views=3", "hvp.max_combinations=2"]),
@@ -73,6 +78,10 @@ CASES = {
     "ibot": ("ibot", ["+hvp=on", "hvp.num_views=3"]),
     "simsiam": ("simsiam", ["+hvp=on", "hvp.num_views=3"]),
     "dino_off": ("dino", []),
+    "dino_cheaper": ("dino", [*CHEAPER, "hvp.max_combinations=null"]),
+    "ibot_cheaper": ("ibot", CHEAPER),
+    "simsiam_min_iou": ("simsiam", ["+hvp=on", "hvp.num_views=3", "hvp.mode=min_iou"]),
+    "dino_min_iou": ("dino", ["+hvp=on", "hvp.num_views=3", "hvp.mode=min_iou"]),
 }
 
 

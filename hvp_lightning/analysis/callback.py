@@ -104,7 +104,7 @@ def step_statistics(
     out["lowest_iou_chance_ties"] = ties.mean(1).mean()
     if table is not None:
         t = table.float().to(iou.device)
-        out["loss_selected"] = t.gather(1, choice).mean()
+        out["loss_selected"] = t.gather(1, choice).nanmean()  # NaN: not scored (hvp.selection_fraction)
         out["loss_candidates"] = t.masked_fill(~torch.isfinite(t), float("nan")).nanmean()  # masked entries out
     return out
 
@@ -119,7 +119,8 @@ def pair_table(pl_module: Any, params: Mapping[str, torch.Tensor]) -> tuple[int,
     hvp = getattr(pl_module, "hvp", None)
     pairs = global_pair_index(int(g), getattr(hvp, "global_pairs", "cross"))
     k = getattr(hvp, "max_combinations", None)
-    if k is not None and hvp is not None and hvp.enabled and hasattr(pl_module, "num_locals_cand"):
+    scored = hvp is not None and hvp.enabled and hvp.mode != "min_iou"  # min_iou samples no combinations
+    if k is not None and scored and hasattr(pl_module, "num_locals_cand"):
         total = pairs.shape[0] * math.comb(int(pl_module.num_locals_cand), int(pl_module.num_local))
         if int(k) < total:  # DINO's sampled setting (iBOT rejects max_combinations)
             return (
@@ -287,7 +288,7 @@ class HardViewAnalysis(L.Callback):
         table = choice = None
         if sel is not None:
             table, choice = sel["table"], sel["choice"]
-            if reason is None and table.shape[1] != pairs.shape[0]:
+            if reason is None and table is not None and table.shape[1] != pairs.shape[0]:  # None: min_iou
                 reason = f"the score table has {table.shape[1]} columns, not the {pairs.shape[0]} global pairs"
             if reason is not None:
                 self._warn_once(reason, f"analysis: {reason}")

@@ -125,10 +125,10 @@ class LiveGallery(L.Callback):
         start = time.perf_counter()
         n, pairs, reason = pair_table(pl_module, batch["params"])
         table, choice = sel["table"], sel["choice"]
-        if reason is None and table.shape[1] == pairs.shape[0]:
+        if reason is None and (table is None or table.shape[1] == pairs.shape[0]):  # None: min_iou, no losses
             iou = crop_iou(head_views(batch["params"], n), pairs)  # [B, P] on the batch's device
             self.ious = [*self.ious[-(MAX_IOU_STEPS - 1) :], (iou.gather(1, choice[:, None].to(iou.device))[:, 0], iou)]
-            if self.snapshot_epoch != trainer.current_epoch:  # one copy of a few images per epoch
+            if table is not None and self.snapshot_epoch != trainer.current_epoch:  # a few images per epoch
                 k = min(self.num_images, table.shape[0])
                 self.snapshot = {
                     "views": torch.stack([v[:k] for v in batch["views"][:n]], dim=1).detach().cpu(),

@@ -4,7 +4,8 @@ The paper (section 6, appendix "fANOVA") explains HVP's choices with three pair 
 they are defined here once, vectorised over samples and candidate pairs, so the online
 callback, the Parquet log and the offline analysis all agree:
 
-* **IoU** of the two crop boxes, in source-image pixels (flip does not move a box);
+* **IoU** of the two crop boxes, in source-image pixels (flip does not move a box;
+  :func:`~hvp_lightning.selection.geometry.crop_iou`, shared with ``hvp.mode=min_iou``);
 * **relative centre distance**: Euclidean distance of the two box centres divided by the
   source image's diagonal ``sqrt(src_w**2 + src_h**2)`` -- in ``[0, 1)``, comparable
   across image sizes and aspect ratios (the paper says only "normalised distance");
@@ -23,6 +24,8 @@ from collections.abc import Mapping
 
 import torch
 
+from ..selection.geometry import crop_iou
+
 JITTER_NAMES = ("brightness", "contrast", "saturation", "hue")
 JITTER_IDENTITY = (1.0, 1.0, 1.0, 0.0)
 METRIC_NAMES = ("iou", "rel_dist", "color_dist")
@@ -33,19 +36,6 @@ def _pair(params: Mapping[str, torch.Tensor], name: str, pairs: torch.Tensor) ->
     p = params[name].float()
     idx = pairs.to(p.device)
     return p[:, idx[:, 0]], p[:, idx[:, 1]]
-
-
-def crop_iou(params: Mapping[str, torch.Tensor], pairs: torch.Tensor) -> torch.Tensor:
-    """Intersection over union of the two crop boxes ``(crop_x, crop_y, crop_w, crop_h)``."""
-    x1, x2 = _pair(params, "crop_x", pairs)
-    y1, y2 = _pair(params, "crop_y", pairs)
-    w1, w2 = _pair(params, "crop_w", pairs)
-    h1, h2 = _pair(params, "crop_h", pairs)
-    iw = (torch.minimum(x1 + w1, x2 + w2) - torch.maximum(x1, x2)).clamp(min=0)
-    ih = (torch.minimum(y1 + h1, y2 + h2) - torch.maximum(y1, y2)).clamp(min=0)
-    inter = iw * ih
-    union = w1 * h1 + w2 * h2 - inter
-    return inter / union.clamp(min=1e-12)
 
 
 def relative_center_distance(params: Mapping[str, torch.Tensor], pairs: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ..cluster.distributed import gather_per_rank, rank_entries
+from ..config import smallest_resnet_side
 from ..data.augment import ViewAug
 from ..data.datamodule import eval_roles, view_aug
 from ..data.datasets import note_skipped
@@ -24,6 +25,7 @@ from ..nn.optim import make_optimizer, warmup_cosine
 from ..nn.sync_free import device_number
 from ..nn.teacher import MomentumTargetMixin
 from ..run.epoch_metrics import log_epoch_value
+from ..schema import backbone_family
 from ..selection import hvp_config
 
 log = logging.getLogger(__name__)
@@ -81,6 +83,17 @@ class SSLMethod(L.LightningModule):
         """``hvp.colour=static``: the chosen uint8 views coloured with their (shared) parameters
         and normalised, as the loader would have made them."""
         return dict(batch, views=coloured(batch["views"], batch["params"], view_aug(self.cfg.data)))
+
+    def selection_size_rule(self) -> tuple[int, int]:
+        """``hvp.selection_scale``: (multiple, minimum) of a view's side in the selection pass
+        (:func:`~hvp_lightning.selection.scale.selection_side`): a ViT's patch (whole token grid),
+        a ResNet's smallest input (8 px with the CIFAR stem, else 32 px), 32 px for another timm
+        model (the total stride of the common CNNs)."""
+        patch = self.backbone.patch_size
+        if patch:
+            return int(patch), int(patch)
+        b = self.cfg.backbone
+        return 1, smallest_resnet_side(b) if backbone_family(b) == "resnet" else 32
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         return self.ssl_step(batch, batch_idx)

@@ -36,9 +36,12 @@ from ..selection import (
     CandidateScores,
     HardViewMixin,
     chosen_views_batch,
+    crop_iou,
     dino_combination_table,
     gather_combination_views,
+    global_pair_index,
     hvp_config,
+    least_overlapping_locals,
     stable_seed,
 )
 from .base import SSLMethod
@@ -227,6 +230,17 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
         )
         reuse = self.teacher_reuse and self.selection_outputs_reusable()
         return CandidateScores(table.loss, DinoColumns(table.pairs, table.locals, teacher if reuse else None))
+
+    def candidate_overlap(self, batch: dict[str, Any]) -> CandidateScores:
+        """``hvp.mode=min_iou``: one column per global pair of ``hvp.global_pairs``, its crop IoU,
+        with the L locals that overlap that pair's globals least
+        (:func:`~hvp_lightning.selection.least_overlapping_locals`): the mixin takes the least
+        overlapping pair, :meth:`select_views` it and its locals."""
+        params = batch["params"]
+        pairs = global_pair_index(self.num_globals, self.hvp.global_pairs, params["crop_x"].device)
+        iou = crop_iou(params, pairs)  # [B, P]
+        locs = least_overlapping_locals(params, self.num_globals, pairs, self.num_local)
+        return CandidateScores(iou, DinoColumns(pairs.expand(iou.shape[0], -1, -1), locs, None))
 
     def select_views(
         self, batch: dict[str, Any], choice: torch.Tensor, context: DinoColumns | None = None

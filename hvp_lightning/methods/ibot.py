@@ -42,7 +42,15 @@ from ..nn.backbones import vit_tokens
 from ..nn.heads import IBOTHead
 from ..nn.sync_free import host_to_device
 from ..nn.teacher import Centering, teacher_temperature
-from ..selection import CandidateScores, chosen_views_batch, global_pair_index, hvp_config, stable_seed
+from ..selection import (
+    CandidateScores,
+    chosen_views_batch,
+    crop_iou,
+    fit_mask,
+    global_pair_index,
+    hvp_config,
+    stable_seed,
+)
 from .dino import DINO, num_global_candidates
 
 # What iBOT's selection pass hands its select_views beside the table, where the step may reuse
@@ -79,6 +87,8 @@ class IBOT(DINO):
     Args:
         cfg: The run config (``DictConfig`` or plain dict): ``method``, ``backbone``, ``hvp``, ...
     """
+
+    hvp_sample_keys = ("masks",)  # one mask per global view and sample: they travel with the views
 
     def __init__(self, cfg: DictConfig | dict) -> None:
         super().__init__(cfg)
@@ -226,7 +236,9 @@ class IBOT(DINO):
     def candidate_scores(self, batch: dict[str, Any]) -> CandidateScores:
         views, g, m = batch["views"], self.num_globals, self.cfg.method
         globals_, locals_ = list(views[:g]), list(views[g:])
-        masks = self._masks(batch)
+        ps = int(self.backbone.patch_size)
+        grid = (views[0].shape[-2] // ps, views[0].shape[-1] // ps)
+        masks = [fit_mask(k, grid) for k in self._masks(batch)]  # hvp.selection_scale: the smaller grid
         tau_t, tau_t2, tau_s = self.teacher_temp(), self.teacher_patch_temp(), m.student_temp
         reuse = self.teacher_reuse and self.selection_outputs_reusable()
         t_cls, t_patch, s_cls, patch_terms = [], [], [], []
@@ -248,6 +260,12 @@ class IBOT(DINO):
         pairs = global_pair_index(g, self.hvp.global_pairs, ce.device)
         table = ibot_pair_table(ce, torch.stack(patch_terms, 1), pairs, m.lambda1, m.lambda2)
         return CandidateScores(table, (teacher, torch.stack(t_patch)) if reuse else None)
+
+    def candidate_overlap(self, batch: dict[str, Any]) -> torch.Tensor:
+        """``hvp.mode=min_iou``: the crop IoU of every global pair of ``hvp.global_pairs``; the
+        locals are the ordinary ones, as in every iBOT selection."""
+        params = batch["params"]
+        return crop_iou(params, global_pair_index(self.num_globals, self.hvp.global_pairs, params["crop_x"].device))
 
     def select_views(
         self, batch: dict[str, Any], choice: torch.Tensor, context: TeacherLogits | None = None

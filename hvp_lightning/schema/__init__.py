@@ -29,7 +29,7 @@ from .backbone import BACKBONE_FAMILIES, INIT_HUBS, TIMM_FAMILY, backbone_family
 from .base import MISSING, Section, checked, describe
 from .data import BLUR_KINDS, DATASETS, INTERPOLATIONS, AugSettings, DataConfig, IoUPolicySettings
 from .evaluate import TRANSFER_DATASETS, TRANSFER_PROTOCOLS, EvalConfig, TransferConfig
-from .hvp import GLOBAL_PAIRS, HVP_COLOURS, HVP_OFF, MODES, PRECISIONS, HVPConfig
+from .hvp import GLOBAL_PAIRS, HVP_COLOURS, HVP_OFF, LOSS_MODES, MODES, PRECISIONS, HVPConfig
 from .listing import listing
 from .method import CLIP_GRAD_KINDS, METHOD_NAMES, MULTI_CROP, OPTIMIZERS
 from .run import (
@@ -119,6 +119,7 @@ __all__ = [
     "HVP_OFF",
     "INIT_HUBS",
     "INTERPOLATIONS",
+    "LOSS_MODES",
     "METHOD_NAMES",
     "MISSING",
     "MODES",

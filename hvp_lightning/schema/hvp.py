@@ -6,9 +6,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import COUNT, Section, integer
+from .base import COUNT, Section, integer, number
 
-MODES = ("hard", "easy", "random")
+# The choices made from a table of the method's losses (a selection forward); ``min_iou`` is made
+# from the crop boxes alone (no forward).
+LOSS_MODES = ("hard", "easy", "random")
+MODES = (*LOSS_MODES, "min_iou")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # Multi-crop methods: which pairs of global candidates are scored. ``cross`` pairs a crop of
 # DINO's global pipeline 1 with one of pipeline 2 (the official HVP code); ``all`` = C(G,2).
@@ -33,7 +36,7 @@ class HVPConfig(Section):
     num_views: integer(2) = 4
     """candidate views per image N (>= 2); C(N,2) pairs are scored (the paper studies 4 and 8)"""
     mode: Literal[MODES] = "hard"
-    """hard = argmax loss (HVP); easy = argmin (the paper's cooperative ablation); random = uniform over the same candidates (the control)"""
+    """hard = argmax loss (HVP); easy = argmin (the paper's cooperative ablation); random = uniform over the same candidates (the control); min_iou = the candidates whose crops overlap least, no selection forward (the geometry control)"""
     every_n_steps: COUNT = 1
     """select hard views every k-th optimiser step, plain steps between (paper Table 7)"""
     selection_precision: Literal[PRECISIONS] = "auto"
@@ -49,7 +52,11 @@ class HVPConfig(Section):
     max_combinations: integer(1) | None = Field(
         None, json_schema_extra={"compose": "${oc.select:method.hvp_max_combinations,null}"}
     )
-    """DINO: score K random (global pair, locals) combinations (null: the exact maximum); default: the method's hvp_max_combinations (DINO: the paper's 128)"""
+    """DINO: score K random (global pair, locals) combinations (null: the exact maximum); default: the method's hvp_max_combinations (DINO: the paper's 128); not read by min_iou, which scores nothing"""
+    selection_scale: number(0, 1, open_low=True) = 1.0
+    """hard/easy: score the candidates on copies resized by this factor (antialiased; each side rounded half up to the backbone's multiple, a ViT's patch, at least its minimum); the chosen views train at full size. 1 = full size"""
+    selection_fraction: number(0, 1, open_low=True) = 1.0
+    """hard/easy: score a seeded random ceil(fraction * batch) of each micro-batch's samples (at least 2); the others train on their first candidates. 1 = every sample"""
 
     @property
     def views_per_image(self) -> int:

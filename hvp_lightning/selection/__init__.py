@@ -11,6 +11,9 @@ chosen views, run the method's unchanged step on them. By concern:
   (:func:`dino_combination_table`, :func:`dino_exact_selection`) or sampled;
 * :mod:`.choice` -- :func:`choose` (hard / easy / random, never a non-finite entry) and the
   seeds of HVP's private generators;
+* :mod:`.geometry` -- crop IoU of candidate pairs and ``hvp.mode=min_iou``'s choice by it;
+* :mod:`.scale`, :mod:`.fraction` -- the cheaper selection passes ``hvp.selection_scale``
+  (downscaled copies) and ``hvp.selection_fraction`` (a random part of the samples);
 * :mod:`.forward_pass` -- the selection forward's precision and :func:`frozen_state`;
 * :mod:`.mixin` -- :class:`HardViewMixin`, the select-then-train ``training_step``, and
   :class:`CandidateScores`, what a selection pass hands from ``candidate_scores`` to ``select_views``;
@@ -24,8 +27,8 @@ LightningModule with its own loader is a complete host (docs/DESIGN.md section 9
 tests/test_package.py checks it). What the host provides: docs/methods.md.
 """
 
-from ..schema import HVPConfig, hvp_config
-from .choice import MODES, choose, stable_seed
+from ..schema import MODES, HVPConfig, hvp_config
+from .choice import choose, stable_seed
 from .forward_pass import (
     PRECISIONS,
     STEP_DTYPES,
@@ -34,6 +37,8 @@ from .forward_pass import (
     resolve_selection_dtype,
     step_autocast_dtype,
 )
+from .fraction import merge_samples, sample_subset, scored_count, scored_samples
+from .geometry import crop_iou, least_overlap, least_overlapping_locals
 from .mixin import CandidateScores, HardViewMixin
 from .multicrop import (
     CombinationTable,
@@ -44,6 +49,7 @@ from .multicrop import (
     gather_combination_views,
 )
 from .pairs import GLOBAL_PAIRS, gather_pair_params, gather_pairs, gather_view_params, global_pair_index, pair_index
+from .scale import fit_mask, scale_views, selection_side
 from .totals import TOTALS, hvp_summary, summarise_totals
 
 __all__ = [
@@ -59,6 +65,16 @@ __all__ = [
     "HardViewMixin",
     "ambient_autocast_dtype",
     "choose",
+    "crop_iou",
+    "fit_mask",
+    "least_overlap",
+    "least_overlapping_locals",
+    "merge_samples",
+    "sample_subset",
+    "scale_views",
+    "scored_count",
+    "scored_samples",
+    "selection_side",
     "chosen_views_batch",
     "dino_combination_table",
     "dino_exact_selection",

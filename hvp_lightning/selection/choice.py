@@ -7,7 +7,7 @@ import hashlib
 import torch
 
 from ..nn.sync_free import host_to_device
-from ..schema import MODES
+from ..schema import LOSS_MODES
 
 
 def choose(table: torch.Tensor, mode: str, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -24,7 +24,8 @@ def choose(table: torch.Tensor, mode: str, generator: torch.Generator | None = N
 
     Args:
         table: Per-sample loss of each candidate, ``(B, C)``, any float dtype and device.
-        mode: ``"hard"``, ``"easy"`` or ``"random"`` (``hvp.mode``).
+        mode: ``"hard"``, ``"easy"`` or ``"random"`` (``hvp.mode``; ``min_iou`` chooses from the
+            crop boxes, :func:`~hvp_lightning.selection.geometry.least_overlap`).
         generator: CPU generator for ``random`` (HVP's private stream); ignored otherwise.
 
     Returns:
@@ -34,8 +35,8 @@ def choose(table: torch.Tensor, mode: str, generator: torch.Generator | None = N
         ValueError: If ``mode`` is not one of the three.
         FloatingPointError: If a sample has no finite entry.
     """
-    if mode not in MODES:
-        raise ValueError(f"hvp.mode={mode!r}; allowed: {', '.join(MODES)}")
+    if mode not in LOSS_MODES:
+        raise ValueError(f"hvp.mode={mode!r} chooses from no loss table; allowed here: {', '.join(LOSS_MODES)}")
     finite = torch.isfinite(table)
     if not bool(finite.any(dim=1).all()):
         bad = (~finite.any(dim=1)).nonzero().flatten().tolist()

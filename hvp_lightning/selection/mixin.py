@@ -12,14 +12,23 @@ list of what a host provides: docs/methods.md, "What a host provides"):
   each sample's chosen combination (pair methods get this for free);
 * ``ssl_step(batch, batch_idx) -> loss``: the method's unchanged training step;
 * with ``hvp.colour=static`` only, ``uncoloured_candidates(batch)`` and ``colour_views(batch)``:
-  the host's data pipeline knows what colour is.
+  the host's data pipeline knows what colour is;
+* optional: ``candidate_overlap(batch)`` (``hvp.mode=min_iou``; the default serves pair methods),
+  ``selection_size_rule()`` (``hvp.selection_scale``) and ``hvp_sample_keys``
+  (``hvp.selection_fraction``).
+
+The cheaper selections (docs/DESIGN.md section 5): ``hvp.selection_scale`` scores downscaled
+copies of the candidates (:mod:`.scale`), ``hvp.selection_fraction`` scores a random part of
+the samples (:mod:`.fraction`), ``hvp.mode=min_iou`` scores nothing and takes the least
+overlapping crops (:mod:`.geometry`).
 
 With HVP off, ``training_step`` is exactly ``ssl_step``: the mixin adds nothing.
 
 Gradient accumulation: ``hvp.every_n_steps`` counts optimiser steps (Lightning's
 ``global_step``), so the k micro-batches of one optimiser step either all select hard views
 or all train on plain ones -- the accumulated step is the same kind of step as one big batch.
-Random draws (``random`` mode, DINO's sampled locals, iBOT's masks) are seeded by
+Random draws (``random`` mode, DINO's sampled locals, iBOT's masks, the scored samples of
+``selection_fraction``) are seeded by
 (seed, global_step, micro-batch index, rank), so the micro-batches of one step draw differently.
 
 The mixin reads nothing of its host but ``self.hvp``, the hooks and LightningModule's own
@@ -41,7 +50,10 @@ from torch.profiler import record_function
 from ..schema import HVPConfig
 from .choice import choose, stable_seed
 from .forward_pass import ambient_autocast_dtype, frozen_state, resolve_selection_dtype
+from .fraction import merge_samples, sample_subset, scored_samples
+from .geometry import CROP_KEYS, crop_iou, least_overlap
 from .pairs import gather_pair_params, gather_pairs, pair_index
+from .scale import scale_views
 from .totals import TOTALS, add_totals, rank_totals
 
 
@@ -88,7 +100,17 @@ class HardViewMixin(L.LightningModule):
       scores: the loader's crops, colour-free, every candidate of an image sharing one colour
       draw) and ``colour_views(batch) -> batch`` (the chosen crops coloured with that draw).
 
-    Optional attribute: ``seed`` (int, default 0), a part of the private generators' seeds.
+    - optional, ``candidate_overlap(batch) -> (B, C)`` or :class:`CandidateScores`
+      (``hvp.mode=min_iou``): the crop IoU of every column's views, whose least entry is chosen;
+      the default serves pair methods (column c = pair c, from ``batch["params"]``' crop boxes).
+    - optional, ``selection_size_rule() -> (multiple, minimum)`` (``hvp.selection_scale``): what
+      a view's side in the selection pass is rounded to (:func:`~.scale.selection_side`); without
+      it (1, 1). ``SSLMethod`` provides it from its backbone.
+
+    Optional attributes: ``seed`` (int, default 0), a part of the private generators' seeds;
+    ``hvp_sample_keys`` (``hvp.selection_fraction``): batch entries besides ``views`` and
+    ``params`` that hold one value per sample (a ``[B, ...]`` tensor or a list of them) and travel
+    with the views, e.g. iBOT's ``masks``.
 
     Args:
         *args: Passed on to the host's LightningModule base (methods take ``cfg``).
@@ -97,10 +119,14 @@ class HardViewMixin(L.LightningModule):
 
     hvp: HVPConfig
     hvp_batch_idx: int = 0  # micro-batch being selected: part of the private generators' seeds
+    hvp_sample_keys: tuple[str, ...] = ()  # per-sample batch entries beyond views and params
     # hvp.colour=static only; declared, not defined here, so that a base class of the host
     # (SSLMethod) may provide them: what the selection scores, and the chosen views coloured.
     uncoloured_candidates: Callable[[dict[str, Any]], dict[str, Any]]
     colour_views: Callable[[dict[str, Any]], dict[str, Any]]
+    # hvp.selection_scale: (multiple, minimum) of a view's side in the selection pass (a ViT: its
+    # patch); declared likewise, (1, 1) where the host has none.
+    selection_size_rule: Callable[[], tuple[int, int]]
     # Wraps each selection pass; no-op unless set: the run's perf callback times the pass with it
     # (hvp_lightning/run/perf.py), the FLOP count tells the selection's FLOPs by it (training/cost.py).
     selection_phase: Callable[[], AbstractContextManager[Any]] = nullcontext
@@ -127,6 +153,12 @@ class HardViewMixin(L.LightningModule):
             out["params"] = gather_pair_params(batch["params"], pairs, choice)
         return out
 
+    def candidate_overlap(self, batch: dict[str, Any]) -> torch.Tensor | CandidateScores:
+        """``hvp.mode=min_iou``: ``[B, C]``, the crop IoU of every column's views, from the crop
+        boxes in ``batch["params"]``. Default for pair methods: column c is pair c."""
+        n = len(batch["views"])
+        return crop_iou(batch["params"], pair_index(n, device=batch["params"]["crop_x"].device))
+
     # --- the step --------------------------------------------------------------------------
     def hvp_active(self) -> bool:
         """HVP on this optimiser step? Same answer for every micro-batch of one step."""
@@ -140,14 +172,38 @@ class HardViewMixin(L.LightningModule):
         if not self.hvp_active():
             # Alternating schedule: an ordinary step on the first two (i.i.d.) candidates.
             return self.ssl_step(self._chosen(batch, self._first_combination(batch), None, crops), batch_idx)
+        if self.hvp.mode == "min_iou":
+            return self._geometric_step(batch, batch_idx, crops)
         # profiler ranges (benchmarks/step_profile.py), free otherwise; the host's phase (timers)
         with record_function("hvp/selection"), self.selection_phase():
-            scores = self.score_candidates(batch)
+            scored = self._scored_samples(batch, batch_idx)
+            scores = self.score_candidates(
+                batch if scored is None else sample_subset(batch, scored, self.hvp_sample_keys)
+            )
             choice = choose(scores.table, self.hvp.mode, self._choice_generator(batch_idx))
-            chosen = self._chosen(batch, choice, scores.context, crops)
+            chosen = self._chosen(batch, choice, scores.context, crops, scored)
         with record_function("hvp/train_forward"):
             loss = self.ssl_step(chosen, batch_idx)
-        self._record_selection(scores.table, choice, loss)
+        self._record_selection(scores.table, choice, loss, scored, batch["views"][0].shape[0])
+        return loss
+
+    def _geometric_step(self, batch: dict[str, Any], batch_idx: int, crops: list[torch.Tensor] | None) -> torch.Tensor:
+        """``hvp.mode=min_iou``: each sample's least overlapping column, no selection forward."""
+        params = batch.get("params")
+        if params is None or any(k not in params for k in CROP_KEYS):
+            raise KeyError(
+                f"hvp.mode=min_iou: {type(self).__name__}'s batch has no crop boxes "
+                f"(batch['params'] with {', '.join(CROP_KEYS)}, [B, N] each)"
+            )
+        with record_function("hvp/selection"), self.selection_phase():
+            overlap = self.candidate_overlap(batch)
+            if isinstance(overlap, torch.Tensor):
+                overlap = CandidateScores(overlap)
+            choice = least_overlap(overlap.table)
+            chosen = self._chosen(batch, choice, overlap.context, crops)
+        with record_function("hvp/train_forward"):
+            loss = self.ssl_step(chosen, batch_idx)
+        self._record_overlap(overlap.table, choice, loss)
         return loss
 
     def _static_colour(self, batch: dict[str, Any]) -> list[torch.Tensor]:
@@ -162,22 +218,39 @@ class HardViewMixin(L.LightningModule):
         return crops
 
     def _chosen(
-        self, batch: dict[str, Any], choice: torch.Tensor, context: Any, crops: list[torch.Tensor] | None
+        self,
+        batch: dict[str, Any],
+        choice: torch.Tensor,
+        context: Any,
+        crops: list[torch.Tensor] | None,
+        scored: torch.Tensor | None = None,
     ) -> dict[str, Any]:
-        """The training batch of ``choice``; with static colour, cut from the crops and coloured now."""
-        if crops is None:
-            return self.select_views(batch, choice, context)
-        return self.colour_views(self.select_views(dict(batch, views=crops), choice, context))
+        """The training batch of ``choice``; with static colour, cut from the crops and coloured
+        now. With ``scored`` (``hvp.selection_fraction``) ``choice`` and ``context`` are those
+        samples'; the others keep their first combination."""
+        source = batch if crops is None else dict(batch, views=crops)
+        if scored is None:
+            chosen = self.select_views(source, choice, context)
+        else:
+            first = self.select_views(source, self._first_combination(source), None)
+            picked = self.select_views(sample_subset(source, scored, self.hvp_sample_keys), choice, context)
+            chosen = merge_samples(first, scored, picked, self.hvp_sample_keys)
+        return chosen if crops is None else self.colour_views(chosen)
 
     def score_candidates(self, batch: dict[str, Any]) -> CandidateScores:
         """The selection pass: ``candidate_scores`` under :func:`frozen_state`, at the selection
         precision: the step's autocast (``auto``), its own, or none at all for fp32 (even
-        inside the training step's ``bf16-mixed``/``16-mixed`` autocast). The table comes back
-        in fp32."""
+        inside the training step's ``bf16-mixed``/``16-mixed`` autocast). With
+        ``hvp.selection_scale`` < 1 it scores resized copies of the views
+        (:func:`~hvp_lightning.selection.scale.scale_views`). The table comes back in fp32."""
         device = batch["views"][0].device
         self.hvp_step_dtype = ambient_autocast_dtype(device.type)
         dtype = self._selection_dtype(device.type)
         amp = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+        if self.hvp.selection_scale != 1:
+            rule = self.selection_size_rule() if hasattr(self, "selection_size_rule") else (1, 1)
+            views = scale_views(batch["views"], self.hvp.selection_scale, *rule)
+            batch = dict(batch, views=views)
         with frozen_state(self, device), amp:
             scores = self.candidate_scores(batch)
         if isinstance(scores, torch.Tensor):
@@ -187,8 +260,11 @@ class HardViewMixin(L.LightningModule):
     def selection_outputs_reusable(self) -> bool:
         """May outputs of the current selection pass stand in for the training step's own (DINO
         and iBOT reuse the BatchNorm-free teacher's)? Yes if the selection runs in fp32 or at
-        the step's own precision (``auto``), not if it runs lower than the step. Valid inside
-        ``candidate_scores``."""
+        the step's own precision (``auto``), not if it runs lower than the step, nor on other
+        views than the step's (``hvp.selection_scale`` < 1: smaller ones) or on part of the
+        batch (``hvp.selection_fraction`` < 1). Valid inside ``candidate_scores``."""
+        if self.hvp.selection_scale != 1 or self.hvp.selection_fraction != 1:
+            return False
         dtype = self._selection_dtype(self.device.type)
         return dtype is None or dtype == getattr(self, "hvp_step_dtype", None)
 
@@ -207,6 +283,18 @@ class HardViewMixin(L.LightningModule):
             resolved[key] = resolve_selection_dtype(*key)
         return resolved[key]
 
+    def _scored_samples(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor | None:
+        """``hvp.selection_fraction`` < 1: the samples this selection pass scores
+        (:func:`~hvp_lightning.selection.fraction.scored_samples`), from a private generator
+        seeded by (seed, step, micro-batch, rank); None where it scores them all."""
+        views = batch["views"][0]
+        fraction, b = self.hvp.selection_fraction, views.shape[0]
+        if fraction == 1:
+            return None
+        seed = stable_seed(getattr(self, "seed", 0), self.global_step, batch_idx, self.global_rank, 3)
+        scored = scored_samples(b, fraction, torch.Generator().manual_seed(seed), views.device)
+        return None if scored.shape[0] == b else scored
+
     def _choice_generator(self, batch_idx: int) -> torch.Generator | None:
         """Private generator for ``random`` mode: reproducible, distinct per micro-batch under
         gradient accumulation, and it leaves the global RNG (and so the data loader's views)
@@ -216,14 +304,24 @@ class HardViewMixin(L.LightningModule):
         seed = getattr(self, "seed", 0)
         return torch.Generator().manual_seed(stable_seed(seed, self.global_step, batch_idx, self.global_rank))
 
-    def _record_selection(self, table: torch.Tensor, choice: torch.Tensor, trained_loss: torch.Tensor) -> None:
+    def _record_selection(
+        self,
+        table: torch.Tensor,
+        choice: torch.Tensor,
+        trained_loss: torch.Tensor,
+        scored: torch.Tensor | None,
+        batch_size: int,
+    ) -> None:
         """Log what this HVP step did, under names that say which pass each value comes from.
 
         ``hvp/selection_*`` are the selection pass's own values (frozen BatchNorm buffers,
-        candidates normalised per view set; SimCLR's negatives from the candidate sets);
+        candidates normalised per view set; SimCLR's negatives from the candidate sets), over
+        the samples it scored (``scored``: ``hvp.selection_fraction``; None: all);
         ``hvp/trained_loss`` is the loss the training step then computed on the chosen views
-        -- with BatchNorm or batch-level negatives the two differ. Non-finite table entries
-        (never chosen, see :func:`choose`) are counted and left out of the candidate mean.
+        of the whole batch -- with BatchNorm or batch-level negatives the two differ. Non-finite
+        table entries (never chosen, see :func:`choose`) are counted and left out of the
+        candidate mean. ``last_selection`` covers the whole batch: an unscored sample's row of
+        the table is NaN and its choice column 0 (its first combination).
         """
         finite = torch.isfinite(table)
         selected = table.gather(1, choice[:, None]).squeeze(1)
@@ -231,16 +329,34 @@ class HardViewMixin(L.LightningModule):
         nonfinite = (~finite).sum().to(table.dtype)
         trained = trained_loss.detach().to(table.dtype)
         sel, cand = selected.mean(), candidates.mean()
-        b = table.shape[0]
+        k = table.shape[0]
         log = self.log
-        log("hvp/selection_selected_loss", sel, on_step=True, on_epoch=True, batch_size=b)
-        log("hvp/selection_candidate_loss", cand, on_step=True, on_epoch=True, batch_size=b)
-        log("hvp/selection_selected_minus_candidate", sel - cand, on_step=True, on_epoch=False, batch_size=b)
-        log("hvp/trained_loss", trained, on_step=True, on_epoch=True, batch_size=b)
-        log("hvp/nonfinite_candidates", nonfinite, on_step=True, on_epoch=False, batch_size=b)
+        log("hvp/selection_selected_loss", sel, on_step=True, on_epoch=True, batch_size=k)
+        log("hvp/selection_candidate_loss", cand, on_step=True, on_epoch=True, batch_size=k)
+        log("hvp/selection_selected_minus_candidate", sel - cand, on_step=True, on_epoch=False, batch_size=k)
+        log("hvp/trained_loss", trained, on_step=True, on_epoch=True, batch_size=batch_size)
+        log("hvp/nonfinite_candidates", nonfinite, on_step=True, on_epoch=False, batch_size=k)
         # Run totals (TOTALS order) stay on device: no sync per step.
-        self.hvp_totals = add_totals(getattr(self, "hvp_totals", None), selected, candidates, trained, nonfinite)
-        self.last_selection = {"table": table.detach(), "choice": choice.detach()}
+        totals = getattr(self, "hvp_totals", None)
+        self.hvp_totals = add_totals(totals, trained, batch_size, selected, candidates, nonfinite)
+        table, choice = table.detach(), choice.detach()
+        if scored is not None:  # the whole batch's: unscored rows NaN, their choice their first combination
+            table = table.new_full((batch_size, table.shape[1]), float("nan")).index_copy(0, scored, table)
+            choice = choice.new_zeros(batch_size).index_copy(0, scored, choice)
+        self.last_selection = {"table": table, "choice": choice}
+
+    def _record_overlap(self, iou: torch.Tensor, choice: torch.Tensor, trained_loss: torch.Tensor) -> None:
+        """``hvp.mode=min_iou``'s logs: no loss table, so ``hvp/selected_iou`` and
+        ``hvp/candidate_iou`` (the crop IoU of the chosen column and the mean over the columns)
+        and ``hvp/trained_loss``; the run totals count the trained loss only; ``last_selection``
+        has no table (None) and the choice."""
+        b = iou.shape[0]
+        trained = trained_loss.detach().float()
+        self.log("hvp/selected_iou", iou.gather(1, choice[:, None]).mean(), on_step=True, on_epoch=True, batch_size=b)
+        self.log("hvp/candidate_iou", iou.mean(), on_step=True, on_epoch=True, batch_size=b)
+        self.log("hvp/trained_loss", trained, on_step=True, on_epoch=True, batch_size=b)
+        self.hvp_totals = add_totals(getattr(self, "hvp_totals", None), trained, b)
+        self.last_selection = {"table": None, "choice": choice.detach()}
 
     # --- run totals in checkpoints (resume) ---------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -20,18 +20,26 @@ TOTALS = (
 
 def add_totals(
     totals: torch.Tensor | None,
-    selected: torch.Tensor,
-    candidates: torch.Tensor,
     trained: torch.Tensor,
-    nonfinite: torch.Tensor,
+    trained_samples: int,
+    selected: torch.Tensor | None = None,
+    candidates: torch.Tensor | None = None,
+    nonfinite: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``totals`` plus one HVP step: per-sample ``selected`` and mean ``candidates`` losses
-    ``[B]``, the ``trained`` loss (a scalar, the step's mean) and the count of ``nonfinite``
-    candidate entries; in :data:`TOTALS` order, float64, on the step's device."""
-    n = torch.full(
-        (), float(selected.shape[0]), dtype=selected.dtype, device=selected.device
-    )  # no host copy (a GPU sync)
-    inc = torch.stack([selected.sum(), candidates.sum(), n, trained * n, n, nonfinite]).double()
+    """``totals`` plus one HVP step: the ``trained`` loss (a scalar, the step's mean over its
+    ``trained_samples``) and, from a selection pass (None: ``hvp.mode=min_iou``, none ran), the
+    per-sample ``selected`` and mean ``candidates`` losses ``[k]`` of the k samples it scored and
+    the count of ``nonfinite`` candidate entries; in :data:`TOTALS` order, float64, on the
+    step's device."""
+    n = torch.full((), float(trained_samples), dtype=trained.dtype, device=trained.device)  # no host copy
+    if selected is None:
+        zero = torch.zeros((), dtype=trained.dtype, device=trained.device)
+        selection = [zero, zero, zero, zero]
+    else:
+        k = torch.full((), float(selected.shape[0]), dtype=selected.dtype, device=selected.device)
+        selection = [selected.sum(), candidates.sum(), k, nonfinite]  # type: ignore[union-attr]
+    sel_sum, cand_sum, k, bad = selection
+    inc = torch.stack([sel_sum, cand_sum, k, trained * n, n, bad.to(sel_sum.dtype)]).double()
     if totals is not None and totals.numel() < inc.numel():  # a checkpoint from before trained/nonfinite totals
         totals = torch.cat([totals.to(inc.device), inc.new_zeros(inc.numel() - totals.numel())])
     return inc if totals is None else totals.to(inc.device) + inc
@@ -64,14 +72,20 @@ def rank_totals(saved: list[torch.Tensor | None] | torch.Tensor | None, rank: in
 def summarise_totals(totals: torch.Tensor | None) -> dict[str, float | int | None]:
     """``summary.json``'s HVP statistics from the run totals (already summed over ranks):
     the selection pass's means (chosen and all candidates), the trained loss's mean over the
-    HVP steps, the samples behind them and how many non-finite candidate entries were masked."""
+    HVP steps, the samples behind them and how many non-finite candidate entries were masked.
+
+    ``selected_samples`` are the samples of the HVP steps (the images the run's cost counts as
+    selected), ``scored_samples`` those of them a selection pass scored: fewer under
+    ``hvp.selection_fraction``, none under ``hvp.mode=min_iou``. (A checkpoint from before the
+    trained totals has zeros there; its HVP steps scored every sample, hence the max.)"""
     t = dict(zip(TOTALS, totals.double().tolist())) if totals is not None else {}
     sel_n, trained_n = t.get("selection_samples", 0.0), t.get("trained_samples", 0.0)
     return {
         "selection_selected_loss_mean": t["selection_selected_loss_sum"] / sel_n if sel_n else None,
         "selection_candidate_loss_mean": t["selection_candidate_loss_sum"] / sel_n if sel_n else None,
         "trained_loss_mean": t["trained_loss_sum"] / trained_n if trained_n else None,
-        "selected_samples": int(sel_n),
+        "selected_samples": int(max(sel_n, trained_n)),
+        "scored_samples": int(sel_n),
         "nonfinite_candidates": int(t.get("nonfinite_candidates", 0)),
     }
 
@@ -84,5 +98,7 @@ def hvp_summary(hvp: HVPConfig, totals: torch.Tensor | None) -> dict[str, object
         "mode": hvp.mode,
         "every_n_steps": hvp.every_n_steps,
         "selection_precision": hvp.selection_precision,
+        "selection_scale": hvp.selection_scale,
+        "selection_fraction": hvp.selection_fraction,
         **summarise_totals(totals),
     }

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from ..methods import METHODS
 from ..nn.flops import FlopMeter
 from ..run.perf import StepFlops
+from ..selection.geometry import CROP_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -32,22 +33,27 @@ IMAGES = 2  # images of the counted batch: model FLOPs are per image (BatchNorm 
 
 def _per_image(cfg: DictConfig) -> dict[str, int]:
     """Model FLOPs per image of one training step of ``cfg``'s method, by phase
-    (``selection``, ``step``)."""
+    (``selection``, ``step``). With ``hvp.selection_fraction`` < 1 the batch is the run's own:
+    the share of samples a selection scores depends on the batch size."""
     method_cls = METHODS[cfg.method.name]
     with torch.device("meta"):
         model = method_cls(cfg).train()
-    views = [torch.zeros(IMAGES, 3, aug.size, aug.size, device="meta") for aug in method_cls.view_augs(cfg)]
+    hvp = cfg.get("hvp") or {}
+    images = int(cfg.method.batch_size) if hvp.get("enabled") and hvp.get("selection_fraction", 1) < 1 else IMAGES
+    augs = method_cls.view_augs(cfg)
+    views = [torch.zeros(images, 3, aug.size, aug.size, device="meta") for aug in augs]
     batch = {
         "views": views,
-        "label": torch.zeros(IMAGES, dtype=torch.long, device="meta"),
-        "index": torch.arange(IMAGES, device="meta"),
+        "params": {k: torch.zeros(images, len(augs), device="meta") for k in CROP_KEYS},  # hvp.mode=min_iou's
+        "label": torch.zeros(images, dtype=torch.long, device="meta"),
+        "index": torch.arange(images, device="meta"),
     }
     meter = FlopMeter(model)
     model.selection_phase = lambda: meter.phase("selection")
     with meter.count(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # self.log without a Trainer
         model.training_step(batch, 0)
-    return {phase: flops // IMAGES for phase, flops in meter.flops.items()}
+    return {phase: flops // images for phase, flops in meter.flops.items()}
 
 
 # Config keys that do not change what a step computes: leaving them out of the cache key lets runs

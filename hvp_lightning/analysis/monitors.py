@@ -23,6 +23,7 @@ from typing import Any
 
 from ..nn.health import collapse_reason
 from ..run.directory import RunDir
+from ..run.figures import plot_formats
 
 COLUMNS = {"rankme": "monitor/rankme", "feature_std": "monitor/feature_std", "knn_top1": "knn/top1"}
 EPOCH_COLUMNS = ("monitor/epoch", "knn/epoch")
@@ -154,16 +155,6 @@ def plot(rows: list[Row], out: Path, title: str) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
-
-
-def plot_formats() -> set[str]:
-    """The file types matplotlib can write here (``savefig`` picks one by the name's suffix)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    return set(FigureCanvasBase.get_supported_filetypes())
 
 
 def main(argv: list[str] | None = None, prog: str = "hvp-monitors") -> int:

@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None, prog: str = "hvp-sweep-summary") -> int:
         print(f"{prog}: {args.sweep_dir} is not a sweep dir ({problem}); a sweep dir is {SWEEP_DIR}", file=sys.stderr)
         return 2
     if args.plot is not None:
-        from ..analysis.monitors import plot_formats
+        from ..run.figures import plot_formats
 
         if args.plot.suffix.lstrip(".").lower() not in (formats := plot_formats()):
             allowed = ", ".join("." + f for f in sorted(formats))

@@ -23,7 +23,7 @@ from hvp_lightning.config import check_options, validate
 from hvp_lightning.errors import ConfigError
 from hvp_lightning.schema import TrainConfig, compose, describe, help_listing, train_settings
 from hvp_lightning.schema.base import COUNT, POSITIVE, UNIT_RANGE, Section, checked, integer, numbers
-from tests.conftest import REPO, SUBPROCESS_TIMEOUT_S, images_run, make_cfg, write_images
+from tests.conftest import REPO, SUBPROCESS_TIMEOUT_S, images_run, make_cfg, write_images, write_plain_shards
 
 VIT = ("backbone=vit_tiny_cifar", "data.crop_size=16", "method.local_crop_size=8")
 
@@ -265,6 +265,12 @@ def test_own_images_fit_a_held_out_sample_and_name_a_batch_that_fits(tmp_path: P
     monitor, batch = str(err.value).splitlines()
     assert monitor.startswith("data.monitor_size=96 is not allowed") and "data.monitor_size=19 or auto" in monitor
     assert batch.startswith("method.batch_size=256 is not allowed: at most 77")  # with the monitor sample that fits
+    # the same 96 images as tar shards: the same sample held out, the same batch refused
+    urls = write_plain_shards(tmp_path / "shards", sorted(tmp_path.rglob("*.jpg")), (40, 56))
+    shards = ["logger=csv", "data.num_workers=0", "data=shards", f"data.urls=[{','.join(urls)}]"]
+    assert check_options(make_cfg(*shards, "method.batch_size=16", tiny=False)).data.monitor_size == 19
+    with pytest.raises(ConfigError, match=r"^method.batch_size=512 is not allowed: at most 77.*method.batch_size=64"):
+        check_options(make_cfg(*shards, "method=simsiam", "backbone=resnet18_narrow", tiny=False))
 
 
 def test_a_key_added_in_one_place_is_validated_listed_and_read(tmp_path: Path) -> None:

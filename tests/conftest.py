@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import functools
+import io
 import itertools
+import logging
 import os
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -108,13 +114,25 @@ def images_run(overrides: list[str], root: Path, monitor_size: int) -> list[str]
     return [*kept, "data=images", f"data.root={root}", f"data.monitor_size={monitor_size}"]
 
 
+@functools.lru_cache(maxsize=32)
+def _composed(config_name: str, overrides: tuple[str, ...]) -> DictConfig:
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config_name, overrides=list(overrides))
+
+
+def compose_conf(config_name: str, *overrides: str) -> DictConfig:
+    """``conf/<config_name>.yaml`` composed with ``overrides``: a copy of the composition, which
+    is kept (Hydra takes ~0.1 s a composition, and the suite composes many configs more than
+    once: a copy takes ~1 ms). Interpolations stay unresolved, so nothing of the moment is kept."""
+    return copy.deepcopy(_composed(config_name, tuple(overrides)))
+
+
 def make_cfg(*overrides: str, tiny: bool = True) -> DictConfig:
     """Compose conf/ with ``overrides``; then shrink it with TINY wherever the chosen groups
     have that key and the test did not set it ("+key" entries are always added)."""
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
-        groups = [g for g in TINY_GROUPS if tiny and g.split("=")[0] not in given]
-        cfg = compose("config", overrides=[*groups, *overrides])
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    groups = [g for g in TINY_GROUPS if tiny and g.split("=")[0] not in given]
+    cfg = compose_conf("config", *groups, *overrides)
     if tiny:
         with open_dict(cfg):
             for item in TINY:
@@ -193,6 +211,17 @@ def tiny_vit_run(method: str, tmp_path: Path) -> tuple[dict, dict, str]:
     torch.testing.assert_close(state["head.last_layer.weight_v"], state["teacher.head.last_layer.weight_v"])
     assert not torch.equal(state["head.mlp.0.weight"], state["teacher.head.mlp.0.weight"])
     return summary, state, (tmp_path / "csv" / "metrics.csv").read_text()
+
+
+@pytest.fixture(scope="session")
+def simsiam_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """One tiny SimSiam run (make_cfg's, a k-NN pass at its epoch's end), made once for every test
+    that reads a finished run (its checkpoint, summary, evaluation, export, a refused resume):
+    (run dir, summary). Such a test writes nothing into it but ``eval/`` (copy it to change it)."""
+    from hvp_lightning.training.driver import run
+
+    run_dir = tmp_path_factory.mktemp("simsiam_run")
+    return run_dir, run(make_cfg("eval.every_n_epochs=1"), run_dir)
 
 
 def score_and_assert_stateless(model: torch.nn.Module, batch: dict) -> CandidateScores:
@@ -296,12 +325,53 @@ def _read_wandb_log(data: bytes) -> list:
 
 def eval_cfg(*overrides: str) -> DictConfig:
     """conf/eval.yaml composed with ``overrides`` (no progress bar)."""
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("eval", overrides=["progress_bar=false", *overrides])
+    return compose_conf("eval", "progress_bar=false", *overrides)
+
+
+def run_cli(main: Callable[[], None], *args: str, cwd: Path | None = None) -> tuple[int, str, str]:
+    """A console command's ``main`` (``hvp_lightning.cli.train`` ...) called in this process as
+    ``<command> *args`` from ``cwd``: (exit status, stdout, stderr). It answers what the command
+    answers without the ~10 s a new interpreter spends importing torch and Lightning (the
+    subprocess versions of these checks are in the slow tier). What Hydra changes in the process
+    is put back: every logger's handlers and level (Hydra configures logging for the job), the
+    working directory, ``sys.argv``."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    loggers = [
+        logging.getLogger(),
+        *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger)),
+    ]
+    saved = {id(lg): (list(lg.handlers), lg.level, lg.propagate, lg.disabled) for lg in loggers}
+    argv, here = sys.argv, Path.cwd()
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    sys.argv = ["command", *args]
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main()
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    finally:
+        sys.argv = argv
+        os.chdir(here)
+        GlobalHydra.instance().clear()
+        for lg in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+            if not isinstance(lg, logging.Logger):
+                continue
+            handlers, level, propagate, disabled = saved.get(id(lg), ([], logging.NOTSET, True, False))
+            for handler in lg.handlers:
+                if handler not in handlers:
+                    handler.close()
+            lg.handlers[:], lg.propagate, lg.disabled = handlers, propagate, disabled
+            lg.setLevel(level)
+    return code, out.getvalue(), err.getvalue()
 
 
 def help_groups(script: str) -> set[str]:
-    """The config groups ``python <script> --help`` lists (conf/hydra/help/hvp.yaml)."""
+    """The config groups ``python <script> --help`` lists (conf/hydra/help/hvp.yaml). Hydra lists
+    them in ~3 s of CPU (a copy of its config store per group option), in a process or out."""
     proc = subprocess.run(
         [sys.executable, script, "--help"], cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
     )

@@ -296,6 +296,7 @@ def test_micro_batches_of_one_step_draw_different_random_choices() -> None:
 # --- precision ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a run each
 @pytest.mark.parametrize("method", ["simsiam", "dino"])
 def test_bf16_mixed_train_run_on_cpu(method: str, tmp_path: Path) -> None:
     """train.py's run() with trainer.precision=bf16-mixed, +hvp=on and accumulation: finite loss."""

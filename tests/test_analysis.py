@@ -253,6 +253,7 @@ def test_analysis_config_validated() -> None:
         validate(make_cfg("analysis.log_every_n_steps=0"))
 
 
+@pytest.mark.slow  # two runs, then hvp-analysis
 def test_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from hvp_lightning.analysis.__main__ import main
     from hvp_lightning.training.driver import run
@@ -336,6 +337,7 @@ def test_view_log_lowest_iou_share_matches_a_brute_force_count(tmp_path: Path) -
     assert view_log_lowest_share(load_table(tmp_path, "pairs")) == pytest.approx(hits / total)
 
 
+@pytest.mark.slow  # two runs, then hvp-analysis
 def test_report_compares_static_and_per_view_colour_runs(tmp_path: Path) -> None:
     """``--compare``: both runs' lowest-IoU share per epoch in one figure, labelled by hvp.colour."""
     from hvp_lightning.analysis.__main__ import main

@@ -155,6 +155,7 @@ def ddp_vs_single() -> dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]:
     return {name: (single[name], [r[name] for r in ranks]) for name in cases}
 
 
+@pytest.mark.slow  # 2 gloo processes (forked), one step of every method: ~8 s on 2 cores
 @pytest.mark.parametrize("case", list(CASES))
 def test_ddp_step_equals_single_process_with_global_batch(ddp_vs_single, case: str) -> None:
     """Per-rank batch B on 2 gloo processes vs batch 2B in one: the same hard choice per
@@ -255,7 +256,12 @@ def _small(preset: str) -> list[str]:
     return ["backbone=resnet18_narrow", "backbone.width=4"]
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize(
+    "preset",
+    # the CIFAR presets in the default suite (one per method, and MoCo v3's ViT); the rest run the
+    # same code with the other values of their method: slow
+    [p if p.endswith(("_cifar", "_vit")) else pytest.param(p, marks=pytest.mark.slow) for p in PRESETS],
+)
 def test_lr_scales_with_global_batch(preset: str) -> None:
     """Every preset: peak lr = base_lr x (batch_size x world_size x accumulate_grad_batches) / 256
     for every parameter group (the papers' linear rule); the cosine ends at the absolute
@@ -359,6 +365,7 @@ def _roundtrip(ckpt: dict[str, Any]) -> dict[str, Any]:
     return torch.load(buf, weights_only=True)
 
 
+@pytest.mark.slow  # 2 gloo processes (forked) with a Lightning DDP trainer each
 def test_run_totals_and_skipped_files_are_kept_per_rank() -> None:
     """HVP's run totals and the skipped files are saved for every rank, not rank 0's alone:
     each of 2 ranks resumes its own (the summary sums / unites them); a single process
@@ -453,9 +460,10 @@ def _bn_layers(method: str) -> int:
     return sum(isinstance(m, _BatchNorm) for m in METHODS[cfg.method.name](cfg).modules())
 
 
-@pytest.mark.parametrize("data", ["synthetic", pytest.param("images", marks=pytest.mark.slow)])
+@pytest.mark.slow  # train.py on 2 processes: ~25 s on 2 cores
+@pytest.mark.parametrize("data", ["synthetic", "images"])
 def test_ddp_train_simsiam_resnet_sync_batchnorm(tmp_path: Path, data: str) -> None:
-    """The default suite's DDP run: SimSiam, ResNet, every BatchNorm synchronised, k-NN at
+    """The DDP run: SimSiam, ResNet, every BatchNorm synchronised, k-NN at
     init (validate before fit: Lightning launches the second process once). The label-free
     monitors see each image once: the 33 test images, or data=images's 7 held-out ones (each
     rank embeds its padded half, the gather drops the duplicate)."""

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ from .conftest import (
 )
 
 # 96 images, batch 16: 6 steps an epoch; SimSiam + HVP (its selection draws from torch's RNG,
-# which the checkpoint carries), the default loader workers of the synthetic data (2, persistent).
+# which the checkpoint carries).
 BASE = [
     "logger=csv",
     "method=simsiam_cifar",
@@ -108,12 +109,24 @@ def test_worker_views_equal_resident_views_in_any_batch() -> None:
     assert not torch.equal(worker(imgs[0], 0, 0)[1]["crop_x"], worker(imgs[0], 1, 0)[1]["crop_x"])
 
 
-def test_same_weights_with_0_1_and_2_workers(tmp_path) -> None:
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory) -> Callable[[int], Path]:
+    """The uninterrupted run with ``data.num_workers`` 0, 1 or 2, each made once for the tests here."""
+    made: dict[int, Path] = {}
+
+    def with_workers(workers: int) -> Path:
+        if workers not in made:
+            made[workers] = tmp_path_factory.mktemp(f"straight_{workers}_workers")
+            run(make_cfg(*RUN, f"data.num_workers={workers}", tiny=False), made[workers])
+        return made[workers]
+
+    return with_workers
+
+
+@pytest.mark.slow  # three runs
+def test_same_weights_with_0_1_and_2_workers(straight_run) -> None:
     """The same run with data.num_workers 0, 1 and 2 ends with the same weights, bit for bit."""
-    weights = []
-    for workers in (0, 1, 2):
-        run(make_cfg(*RUN, f"data.num_workers={workers}", tiny=False), tmp_path / str(workers))
-        weights.append(_weights(tmp_path / str(workers)))
+    weights = [_weights(straight_run(workers)) for workers in (0, 1, 2)]
     _assert_same_weights(weights[0], weights[1])
     _assert_same_weights(weights[0], weights[2])
 
@@ -137,32 +150,35 @@ def _killed(run_dir: Path, kill_at: int, *overrides: str) -> dict:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
 
 
-# BYOL: its EMA teacher is updated in the module's batch-end hook, after the callbacks' (the
-# step checkpoint waits for the next batch's start). images: SimSiam on data=images, 103
-# generated JPEGs of which 7 are held out for the monitors (the same 6 steps an epoch), 2 workers.
-CASES = {"simsiam": [], "byol": ["method=byol_cifar", "method.pred_hidden_dim=16"], "images": ["data.num_workers=2"]}
+# 2 loader workers each. BYOL: its EMA teacher is updated in the module's batch-end hook, after the
+# callbacks' (the step checkpoint waits for the next batch's start). images: SimSiam on data=images,
+# 103 generated JPEGs of which 7 are held out for the monitors (the same 6 steps an epoch).
+CASES = {"simsiam": [], "byol": ["method=byol_cifar", "method.pred_hidden_dim=16"], "images": []}
 
 
-@pytest.mark.parametrize(
-    "case", ["simsiam", pytest.param("byol", marks=pytest.mark.slow), pytest.param("images", marks=pytest.mark.slow)]
-)
-def test_killed_mid_epoch_resumes_bit_for_bit_with_workers(tmp_path, case: str) -> None:
+@pytest.mark.slow  # a train.py subprocess killed with SIGKILL, and two runs in this process
+@pytest.mark.parametrize("case", list(CASES))
+def test_killed_mid_epoch_resumes_bit_for_bit_with_workers(tmp_path, straight_run, case: str) -> None:
     """checkpoint.every_n_steps=4, SIGKILL after step 9 (epoch 1, batch 3 of 6): the last
     checkpoint is step 8's, in the middle of epoch 1; the resumed run trains the 4 batches of
     epoch 1 not yet trained and ends with the uninterrupted run's weights (and monitors)."""
-    base = RUN
+    base = [*RUN, "data.num_workers=2"]
     if case == "images":
         write_images(tmp_path / "images", 103)
-        base = images_run(RUN, tmp_path / "images", 7)
+        base = images_run(base, tmp_path / "images", 7)
     overrides = [*base, *CASES[case], "checkpoint.every_n_steps=4"]
-    run(make_cfg(*base, *CASES[case], tiny=False), tmp_path / "straight")
+    straight = tmp_path / "straight"
+    if case == "simsiam":  # the 2-worker run of test_same_weights_with_0_1_and_2_workers
+        straight = straight_run(2)
+    else:
+        run(make_cfg(*base, *CASES[case], tiny=False), straight)
     ckpt = _killed(tmp_path / "resumed", 9, *overrides)
     assert ckpt["global_step"] == 8
     assert ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["processed"] == 2  # epoch 1, mid
     summary = run(make_cfg(*overrides, tiny=False), tmp_path / "resumed")
     assert summary["steps"] == 12
-    _assert_same_weights(_weights(tmp_path / "straight"), _weights(tmp_path / "resumed"))
-    assert_same_reported_run(tmp_path / "resumed", tmp_path / "straight")
+    _assert_same_weights(_weights(straight), _weights(tmp_path / "resumed"))
+    assert_same_reported_run(tmp_path / "resumed", straight)
 
 
 # shards: 157 generated JPEGs in 3 shards of 50, 7 and 100 written without a manifest (read by

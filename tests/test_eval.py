@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, TensorDataset
 
+from hvp_lightning.cli import evaluate_main, train, transfer_main
 from hvp_lightning.config import ConfigError
 from hvp_lightning.errors import CheckpointError
 from hvp_lightning.evaluation import evaluate
@@ -29,7 +30,7 @@ from hvp_lightning.training import export
 from hvp_lightning.training.checkpoint import pretrained_for
 from hvp_lightning.training.driver import run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, eval_cfg, help_groups, make_cfg, write_images
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, eval_cfg, help_groups, make_cfg, run_cli, write_images
 
 DINO = [
     "method=dino_cifar",
@@ -44,12 +45,6 @@ DINO = [
     "method.head_hidden_dim=64",
     "method.bottleneck_dim=32",
 ]
-
-
-@pytest.fixture(scope="module")
-def simsiam_run(tmp_path_factory) -> tuple[Path, dict]:
-    run_dir = tmp_path_factory.mktemp("simsiam")
-    return run_dir, run(make_cfg("eval.every_n_epochs=1"), run_dir)
 
 
 @pytest.fixture(scope="module")
@@ -209,13 +204,26 @@ def test_vit_features_concatenate_cls_of_last_blocks():
 @pytest.mark.parametrize(
     "protocol",
     [
-        ["protocol=knn"],
-        ["protocol=linear", "protocol.epochs=2", "protocol.batch_size=32", "protocol.augment=true"],
-        ["protocol=linear", "protocol.epochs=2", "protocol.batch_size=32", "protocol.augment=false"],
-        ["protocol=linear", "protocol.epochs=2"],  # defaults: batch sized to the data, augment auto
-        ["protocol=finetune", "protocol.epochs=1", "protocol.batch_size=16", "protocol.base_lr=0.01"],
+        pytest.param(["protocol=knn"], id="knn"),
+        pytest.param(  # whole probes: a Lightning fit each
+            ["protocol=linear", "protocol.epochs=2", "protocol.batch_size=32", "protocol.augment=true"],
+            id="linear",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            ["protocol=linear", "protocol.epochs=2", "protocol.batch_size=32", "protocol.augment=false"],
+            id="linear-precomputed",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(  # defaults: batch sized to the data, augment auto
+            ["protocol=linear", "protocol.epochs=2"], id="linear-defaults"
+        ),
+        pytest.param(
+            ["protocol=finetune", "protocol.epochs=1", "protocol.batch_size=16", "protocol.base_lr=0.01"],
+            id="finetune",
+            marks=pytest.mark.slow,
+        ),
     ],
-    ids=["knn", "linear", "linear-precomputed", "linear-defaults", "finetune"],
 )
 def test_eval_protocols_end_to_end(simsiam_run, protocol, caplog):
     run_dir, train_summary = simsiam_run
@@ -352,6 +360,7 @@ def test_lars_probe_warns_where_it_cannot_fit_the_head(caplog):
     assert len(caplog.records) == 1 and "protocol.optimizer=sgd" in caplog.records[0].getMessage()
 
 
+@pytest.mark.slow  # a linear probe and a k-NN pass on the DINO run
 def test_eval_dino_uses_the_teacher_and_last_blocks(dino_run):
     summary = evaluate(
         eval_cfg(
@@ -431,6 +440,24 @@ def test_eval_takes_data_eval_root_as_the_docs_write_it(tmp_path):
     assert eval_data_cfg(eval_cfg("ckpt=RUN", "data=synthetic"), unlabelled).name == "synthetic"
 
 
+def test_eval_command_prints_its_line_and_writes_its_summary(simsiam_run, tmp_path):
+    """``eval.py protocol=knn ckpt=<run>/checkpoints/last.ckpt``, in this process: exit 0, the last
+    line (k-NN top-1 and where the summary is) and the summary's k's."""
+    run_dir, _ = simsiam_run
+    code, out, err = run_cli(
+        evaluate_main,
+        "protocol=knn",
+        f"ckpt={run_dir}/checkpoints/last.ckpt",
+        "progress_bar=false",
+        "protocol.ks=[5,20]",
+        f"out_dir={tmp_path}",
+    )
+    assert code == 0, err[-2000:]
+    assert out.splitlines()[-1].startswith("knn top-1:") and f"{tmp_path}/eval_summary.json" in out
+    assert set(json.loads((tmp_path / "eval_summary.json").read_text())["metrics"]) >= {"k5", "k20"}
+
+
+@pytest.mark.slow  # a fresh interpreter: ~10-25 s on 2 cores
 def test_eval_cli(simsiam_run):
     run_dir, _ = simsiam_run
     proc = subprocess.run(
@@ -467,6 +494,7 @@ def test_knn_with_k_above_the_bank_says_the_k_that_voted(simsiam_run):
     assert "(k=64; protocol.ks [1000] above the 64 training images count all of them)" in eval_line(summary)
 
 
+@pytest.mark.slow  # python <script> --help: ~3 s of CPU (Hydra lists the groups)
 def test_eval_help_lists_only_the_groups_eval_takes():
     """Hydra listed every group under conf/, method= among them, which eval.py refuses."""
     assert help_groups("eval.py") == {"protocol", "data", "logger"}
@@ -495,21 +523,27 @@ def test_eval_stopped_by_sigterm_exits_143_and_leaves_no_old_summary(simsiam_run
     assert not (out / "eval_summary.json").exists() and not (out / "eval_config.yaml").exists()
 
 
-@pytest.mark.parametrize(
-    ("script", "key", "refusal", "rest"),
-    [
-        ("eval.py", "ckpt", "nothing at that path", []),
-        pytest.param(  # transfer.py imports the evaluation stack before its checks: ~15 s
-            "transfer.py",
-            "ckpt",
-            "nothing at that path",
-            ["datasets=[cifar10]", "data.cifar10.download=true"],
-            marks=pytest.mark.slow,
-        ),
-        ("train.py", "resume", "a run dir holding checkpoints/last.ckpt", []),
-        ("train.py", "backbone.init", "no such file or folder", []),
-    ],
-)
+PATHS_WITH_EQUALS = [
+    ("eval.py", "ckpt", "nothing at that path", []),
+    ("transfer.py", "ckpt", "nothing at that path", ["datasets=[cifar10]", "data.cifar10.download=true"]),
+    ("train.py", "resume", "a run dir holding checkpoints/last.ckpt", []),
+    ("train.py", "backbone.init", "no such file or folder", []),
+]
+
+
+@pytest.mark.parametrize(("script", "key", "refusal", "rest"), PATHS_WITH_EQUALS)
+def test_checkpoint_paths_with_equals_reach_the_checks(tmp_path, script, key, refusal, rest):
+    """Kept checkpoints are named epoch=NNN.ckpt: the documented unquoted ``ckpt=.../epoch=100.ckpt``
+    reaches our checks (here: no such file) instead of failing in Hydra's override parser."""
+    path = tmp_path / "run" / "checkpoints" / "epoch=100.ckpt"
+    main = {"eval.py": evaluate_main, "transfer.py": transfer_main, "train.py": train}[script]
+    code, _, err = run_cli(main, f"{key}={path}", f"hydra.run.dir={tmp_path / 'new'}", *rest, cwd=tmp_path)
+    assert code == 2, err[-2000:]
+    assert f"config error: {key}={str(path)!r} is not allowed: " in err and refusal in err
+
+
+@pytest.mark.slow  # a fresh interpreter per command (transfer.py imports the evaluation stack first: ~15 s)
+@pytest.mark.parametrize(("script", "key", "refusal", "rest"), PATHS_WITH_EQUALS)
 def test_checkpoint_paths_with_equals_parse_as_typed(tmp_path, script, key, refusal, rest):
     """Kept checkpoints are named epoch=NNN.ckpt: the documented unquoted ``ckpt=.../epoch=100.ckpt``
     reaches our checks (here: no such file) instead of failing in Hydra's override parser."""

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from hvp_lightning.config import check_options
 
-from .conftest import REPO
+from .conftest import REPO, compose_conf
 
 pytestmark = pytest.mark.usefixtures("hub_weights_cached")  # backbone.init=timm:... needs no network
 
@@ -36,8 +35,7 @@ def imagenet_folder(root: Path) -> Path:
 
 
 def composed(*overrides: str) -> DictConfig:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+    return compose_conf("config", *overrides)
 
 
 def experiment_cfg(name: str, tmp_path: Path, *more: str) -> DictConfig:
@@ -62,14 +60,14 @@ def global_batch(cfg: DictConfig) -> int:
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
-def test_every_experiment_is_a_whole_run_that_passes_the_start_up_checks(name, tmp_path):
+def test_every_experiment_is_a_whole_run(name):
     text = (CONF / "experiment" / f"{name}.yaml").read_text()
     assert text.startswith("# @package _global_\n")
     defaults = yaml.safe_load(text)["defaults"]
     chosen = {k.removeprefix("override /") for d in defaults if isinstance(d, dict) for k in d}
     assert {"method", "backbone", "data", "trainer"} <= chosen, chosen  # each file bundles the whole run
     assert "max_epochs" in yaml.safe_load(text)["trainer"]
-    check_options(experiment_cfg(name, tmp_path))  # also resolves data.crop_size: auto
+    # it passes the start-up checks (with and without +hvp=on): tests/test_paper_presets.py
 
 
 def test_dino_vits16_adapt_continues_the_official_dino_vits16(tmp_path):
@@ -96,12 +94,13 @@ def test_the_command_line_still_wins_over_an_experiment(tmp_path):
     assert (cfg.backbone.name, cfg.trainer.max_epochs, global_batch(cfg)) == ("vit_base", 300, 1024)
 
 
+@pytest.mark.parametrize("hvp", [(), ("+hvp=on",)], ids=["baseline", "hvp_on"])
 @pytest.mark.parametrize("preset", METHOD_PRESETS)
-def test_every_method_preset_alone_passes_the_start_up_checks(preset):
+def test_every_method_preset_alone_passes_the_start_up_checks(preset, hvp):
     """``method=ibot`` alone used to stop on a config error (iBOT needs a ViT): each preset brings a
-    backbone it runs with. (On textures enough for its batch: the ImageNet presets' 4096 do not fit
-    the demo's 3072, which start-up says.)"""
-    check_options(composed(f"method={preset}", "logger=csv", "data.train_size=4096"))
+    backbone it runs with, with and without +hvp=on. (On textures enough for its batch: the ImageNet
+    presets' 4096 do not fit the demo's 3072, which start-up says.)"""
+    check_options(composed(f"method={preset}", "logger=csv", "data.train_size=4096", *hvp))
 
 
 def test_a_methods_own_backbone_gives_way_to_the_command_line():

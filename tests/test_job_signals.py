@@ -13,6 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from hvp_lightning.data.augment import ViewAug
@@ -38,6 +39,7 @@ def signal_the_workers(loader: torch.utils.data.DataLoader) -> int:
     return len(batches)
 
 
+@pytest.mark.slow  # 8 loader workers signalled, 0.5 s for each loader
 def test_loader_workers_leave_the_preemption_signal_to_the_training_process(cfg_factory, tmp_path: Path):
     marks = tmp_path / "acted"
     marks.mkdir()
@@ -66,6 +68,7 @@ def _grace_of_one_second(worker_id: int, trainer_pid: int) -> None:
     job_signals.leave_job_signals_to_trainer(worker_id, trainer_pid)
 
 
+@pytest.mark.slow  # loader workers signalled, a whole epoch read
 def test_a_worker_serves_on_after_sigterm_until_its_loader_ends_it(cfg_factory):
     """A VM's shutdown or SLURM's requeue SIGTERMs every process while the training process
     finishes its step and checkpoints it, for which it needs the batches already asked for: the
@@ -86,6 +89,7 @@ def test_a_worker_serves_on_after_sigterm_until_its_loader_ends_it(cfg_factory):
     assert all(not worker.is_alive() for worker in workers)
 
 
+@pytest.mark.slow  # waits out the worker's grace
 def test_a_worker_left_alone_after_sigterm_ends_by_itself():
     """A worker whose training process never ends it (stuck, or gone without a word) ends
     :data:`~hvp_lightning.run.job_signals.WORKER_GRACE_S` after the SIGTERM, even while blocked."""

@@ -13,6 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -58,6 +59,7 @@ def test_an_old_checkpoint_loads_builds_its_method_and_exports(tmp_path: Path) -
     assert record["knn"]["top1"] == json.loads((OLD_RUN / "summary.json").read_text())["knn_top1"]
 
 
+@pytest.mark.slow  # the old run continued for a second session, and a run of today
 def test_an_old_run_dir_continues_where_it_stopped(tmp_path: Path) -> None:
     """The same command with one more epoch continues the old run dir: its step, k-NN history,
     CSV rows, session clock and view log go on, and its weights are those today's code reaches

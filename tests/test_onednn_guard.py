@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from torch import nn
 
@@ -31,6 +32,7 @@ print("done")
 """
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch: ~10 s on 2 cores
 def test_narrow_resnet_trains_with_onednn_avx2_kernels() -> None:
     env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2", OMP_NUM_THREADS="1")
     proc = subprocess.run(

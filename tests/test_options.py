@@ -1,6 +1,7 @@
 """Fast, tidy validation: the allowed values live in one torch-free module, and a bad config
 is reported in one line before torch, Lightning or the model code is imported, leaving no
-run dir behind."""
+run dir behind (each command in this process; in a fresh interpreter, with its imports, in the
+slow tier)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import sys
 import pytest
 
 from hvp_lightning import schema
+from hvp_lightning.cli import evaluate_main, train
 from hvp_lightning.data import image_files
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, run_cli
 
 HEAVY_PACKAGES = ("torch", "lightning", "torchvision", "timm")
 HEAVY_MODULES = (
@@ -68,44 +70,58 @@ def test_the_start_up_check_imports_no_torch():
     assert _heavy(eval(proc.stdout)) == []
 
 
-@pytest.mark.parametrize(
-    "script,bad,key",
-    [
-        ("train.py", ["seed=-5"], "seed"),
-        ("train.py", ["method.name=nope"], "method.name"),
-        ("train.py", ["+hvp=on", "hvp.mode=bad"], "hvp.mode"),
-        ("train.py", ["+hvp.num_views=8"], "hvp.num_views"),  # Hydra's advice without +hvp=on: would train a baseline
-        ("train.py", ["data.name=bad"], "data.name"),
-        ("train.py", ["data.on_device=maybe"], "data.on_device"),
-        ("train.py", ["method.optimizer.name=adam"], "method.optimizer.name"),
-        ("train.py", ["resume=nowhere"], "resume"),
-        (
-            "train.py",
-            ["resume=nowhere/checkpoints/last.ckpt"],
-            "resume",
-        ),  # a checkpoint file's path: no folder made there
-        (
-            "train.py",
-            ["method=dino_cifar", "backbone=vit_tiny", "backbone.patch_size=4", "method.local_crop_size=18"],
-            "method.local_crop_size",
-        ),  # a method's own check (config.check_multicrop)
-        ("train.py", ["method=ibot_cifar", "backbone=resnet18_narrow"], "backbone.name"),  # iBOT needs a ViT
-        (
-            "train.py",
-            [
-                "method=dino_cifar",
-                "backbone=vit_tiny",
-                "backbone.patch_size=4",
-                "+hvp=on",
-                "hvp.num_local_candidates=1",
-            ],
-            "hvp.num_local_candidates",
-        ),  # config.check_candidate_counts
-        ("eval.py", ["protocol=knn", "ckpt=nowhere"], "ckpt"),
-        ("eval.py", ["protocol=knn", "ckpt=."], "ckpt"),  # an empty folder: no checkpoints/last.ckpt
-        ("eval.py", ["protocol=knn", "ckpt=.", "devices=2"], "devices"),  # evaluation runs on one device
-    ],
-)
+# (script, command, the key its one line names)
+BAD_COMMANDS = [
+    ("train.py", ["seed=-5"], "seed"),
+    ("train.py", ["method.name=nope"], "method.name"),
+    ("train.py", ["+hvp=on", "hvp.mode=bad"], "hvp.mode"),
+    ("train.py", ["+hvp.num_views=8"], "hvp.num_views"),  # Hydra's advice without +hvp=on: would train a baseline
+    ("train.py", ["data.name=bad"], "data.name"),
+    ("train.py", ["data.on_device=maybe"], "data.on_device"),
+    ("train.py", ["method.optimizer.name=adam"], "method.optimizer.name"),
+    ("train.py", ["resume=nowhere"], "resume"),
+    (
+        "train.py",
+        ["resume=nowhere/checkpoints/last.ckpt"],
+        "resume",
+    ),  # a checkpoint file's path: no folder made there
+    (
+        "train.py",
+        ["method=dino_cifar", "backbone=vit_tiny", "backbone.patch_size=4", "method.local_crop_size=18"],
+        "method.local_crop_size",
+    ),  # a method's own check (config.check_multicrop)
+    ("train.py", ["method=ibot_cifar", "backbone=resnet18_narrow"], "backbone.name"),  # iBOT needs a ViT
+    (
+        "train.py",
+        [
+            "method=dino_cifar",
+            "backbone=vit_tiny",
+            "backbone.patch_size=4",
+            "+hvp=on",
+            "hvp.num_local_candidates=1",
+        ],
+        "hvp.num_local_candidates",
+    ),  # config.check_candidate_counts
+    ("eval.py", ["protocol=knn", "ckpt=nowhere"], "ckpt"),
+    ("eval.py", ["protocol=knn", "ckpt=."], "ckpt"),  # an empty folder: no checkpoints/last.ckpt
+    ("eval.py", ["protocol=knn", "ckpt=.", "devices=2"], "devices"),  # evaluation runs on one device
+]
+
+
+@pytest.mark.parametrize("script,bad,key", BAD_COMMANDS)
+def test_a_bad_config_is_one_line_and_leaves_nothing(tmp_path, script, bad, key):
+    """The command, from an empty folder with the default run dir (runs/<date>/<time>_<method>):
+    one line naming the key, exit 2, and the folder is as empty as before."""
+    main = {"train.py": train, "eval.py": evaluate_main}[script]
+    code, out, err = run_cli(main, *bad, cwd=tmp_path)
+    said = [line for line in (out + err).splitlines() if line.strip()]
+    assert code == 2
+    assert len(said) == 1 and said[0].startswith(f"config error: {key}="), said
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow  # a fresh interpreter per command: ~1-2 s each
+@pytest.mark.parametrize("script,bad,key", BAD_COMMANDS)
 def test_a_bad_config_is_one_line_before_the_heavy_imports_and_leaves_nothing(tmp_path, script, bad, key):
     """Run from an empty folder with the default run dir (runs/<date>/<time>_<method>): one
     line naming the key, exit 2, no torch imported, and the folder is as empty as before."""
@@ -149,15 +165,9 @@ def test_resume_takes_a_run_dir_or_its_last_ckpt_and_refuses_other_checkpoint_fi
     with pytest.raises(CheckpointError, match=r"no run at that path"):
         _checked_resume(str(tmp_path / "new"), tmp_path / "new", fresh=True)
 
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), f"resume={run / 'checkpoints' / 'other.ckpt'}"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT_S,
-    )
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.startswith("config error: resume=") and "Traceback" not in proc.stderr
+    code, _, err = run_cli(train, f"resume={run / 'checkpoints' / 'other.ckpt'}", cwd=tmp_path)
+    assert code == 2, err[-2000:]
+    assert err.startswith("config error: resume=") and "Traceback" not in err
 
 
 def test_path_overrides_holding_equals_are_quoted_whole_and_only_those(tmp_path):

@@ -62,6 +62,7 @@ def unlabelled_images(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow  # the README's commands: runs
 def test_readme_own_images_commands_run(tmp_path: Path, capsys) -> None:
     import timm
 
@@ -289,6 +290,7 @@ def test_the_upsampling_warning_names_the_crop_to_set(tmp_path: Path, caplog) ->
     )
 
 
+@pytest.mark.slow  # a run
 def test_unreadable_held_out_images_are_left_out_of_the_monitors(tmp_path: Path, caplog) -> None:
     """An unreadable file's row holds the next readable image; counted in, its duplicate would pull
     RankMe down and the summary would claim images the monitors never saw."""

@@ -251,8 +251,9 @@ def test_every_table_1_run_has_its_table() -> None:
 @pytest.mark.parametrize("hvp", [False, True], ids=["baseline", "hvp_on"])
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_preset_is_the_papers_run(name: str, hvp: bool, tmp_path: Path) -> None:
-    """With and without +hvp=on: the preset passes the start-up checks and each value the paper
-    (or, where it is silent, the official code) gives is the composed config's."""
+    """With and without +hvp=on: the preset passes the start-up checks (which also resolve
+    data.crop_size: auto) and each value the paper (or, where it is silent, the official code)
+    gives is the composed config's."""
     cfg = check_options(experiment_cfg(name, tmp_path, *(["+hvp=on"] if hvp else [])))
     assert (cfg.get("hvp") is not None) == hvp
     values = PAPER.get(name, HVP_VALUES)

@@ -130,6 +130,7 @@ def test_usr2_mid_step_checkpoints_that_step_and_the_continuation_is_the_same_ru
     assert summary["steps"] == 2 * STEPS_PER_EPOCH
 
 
+@pytest.mark.slow  # a run stopped by SIGUSR2 and its continuation each, against a straight run
 @pytest.mark.parametrize("at", [MID, STEPS_PER_EPOCH - 1])
 def test_the_previous_handler_runs_after_the_checkpoint(straight, tmp_path, monkeypatch, at):
     """A handler installed before the fit (submitit's, in a SLURM task) is called once, after
@@ -238,6 +239,7 @@ def test_ddp_signal_on_one_rank_stops_both_at_the_same_step(ddp_straight, tmp_pa
     assert len(read_record(run_dir)["sessions_s"]) == 2
 
 
+@pytest.mark.slow  # a W&B run stopped by SIGUSR2
 def test_wandb_rewind_point_is_noted_at_the_stop(tmp_path, monkeypatch):
     """The stop notes, in sessions.json, the W&B step of the first row after its checkpoint: the
     requeued job continues the same W&B run (same id) rewound to exactly the rows before it."""
@@ -274,6 +276,7 @@ def test_wandb_rewind_point_is_noted_at_the_stop(tmp_path, monkeypatch):
     }
 
 
+@pytest.mark.slow  # a W&B run
 def test_wandb_rewind_point_is_noted_at_every_n_steps_checkpoints(tmp_path):
     """A checkpoint written every N steps inside an epoch notes its W&B rewind point too: a run
     killed after it and resumed rewinds the W&B run to exactly the rows before that checkpoint."""

@@ -133,15 +133,29 @@ def test_unfinished_runs_are_left_out(tmp_path: Path) -> None:
     assert not q._done(jobs[0], linear=True) and q._done(jobs[0], linear=False)
 
 
-@pytest.mark.parametrize("scale_name", sorted(q.SCALES))
-def test_every_run_config_composes_and_validates(scale_name: str) -> None:
-    """A typo in a scale's overrides would only show after hours of other runs: compose them all."""
+def _covering(jobs: list) -> list:
+    """Each method once and each arm once: every override a scale's commands hold."""
+    by_method = {j.method: j for j in reversed(jobs)}
+    by_arm = {j.arm: j for j in jobs}
+    return [j for j in jobs if j in by_method.values() or j in by_arm.values()]
+
+
+@pytest.mark.parametrize(
+    "scale_name, covering",
+    [(name, True) for name in sorted(q.SCALES)]
+    + [pytest.param(name, False, marks=pytest.mark.slow) for name in sorted(q.SCALES)],
+    ids=[f"{name}-{part}" for part in ("each method and arm", "every job") for name in sorted(q.SCALES)],
+)
+def test_every_run_config_composes_and_validates(scale_name: str, covering: bool) -> None:
+    """A typo in a scale's overrides would only show after hours of other runs: compose them all
+    (each method once and each arm once in the default suite; every method x arm: slow)."""
     from hvp_lightning.config import validate
 
     from .conftest import SHARED_CIFAR, make_cfg
 
     scale = q.SCALES[scale_name]
-    for job in q.plan(scale, list(scale.per_method), list(q.ARMS), [0], Path("/tmp/unused")):
+    jobs = q.plan(scale, list(scale.per_method), list(q.ARMS), [0], Path("/tmp/unused"))
+    for job in _covering(jobs) if covering else jobs:
         overrides = [o for o in q.train_command(scale, job)[2:] if not o.startswith("hydra.")]
         cfg = make_cfg(*overrides, tiny=False)
         assert cfg.method.name == job.method and job.arm.startswith("baseline") == (cfg.get("hvp") is None)

@@ -64,6 +64,7 @@ def short(name: str, root: Path, *more: str):
     return make_cfg(f"+experiment={name}", f"data.root={root}", *SMALL, *TABLE_1.get(name, RESNET), *more, tiny=False)
 
 
+@pytest.mark.slow  # a run of each Table 1 preset (short CPU version)
 @pytest.mark.parametrize("hvp", [False, True], ids=["baseline", "hvp"])
 @pytest.mark.parametrize("name", sorted(TABLE_1))
 def test_table_1_commands_run(name: str, hvp: bool, image_folder: Path, tmp_path: Path) -> None:
@@ -75,6 +76,7 @@ def test_table_1_commands_run(name: str, hvp: bool, image_folder: Path, tmp_path
     assert summary["knn_top1"] is not None
 
 
+@pytest.mark.slow  # two runs
 def test_the_iou_policy_and_static_colour_commands_run(image_folder: Path, tmp_path: Path) -> None:
     summary = run(short("simsiam_resnet50_imagenet", image_folder, "+data/iou_policy=on"), tmp_path / "iou")
     assert summary["iou_policy"]["fallback_pairs"] >= 0 and not summary["hvp_enabled"]

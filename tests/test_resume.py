@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hvp_lightning.cli import evaluate_main, train
 from hvp_lightning.training.checkpoint import (
     RESUMABLE_KEYS,
     AtomicCheckpointIO,
@@ -27,7 +29,7 @@ from hvp_lightning.training.checkpoint import (
 )
 from hvp_lightning.training.driver import run
 
-from .conftest import COST_COUNTS, REPO, SUBPROCESS_TIMEOUT_S, images_run, make_cfg, write_images
+from .conftest import COST_COUNTS, REPO, SUBPROCESS_TIMEOUT_S, images_run, make_cfg, run_cli, write_images
 
 # A tiny SimSiam + HVP run, spelled as train.py command-line overrides so that the same
 # config runs in a subprocess (to be killed) and in this process (make_cfg(..., tiny=False)).
@@ -57,6 +59,7 @@ def _state(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
 
 
+@pytest.mark.slow  # a train.py subprocess killed with SIGKILL, and two runs in this process
 def test_killed_run_resumes_to_the_same_weights(tmp_path):
     straight = run(make_cfg(*RUN, tiny=False), tmp_path / "straight")
 
@@ -108,15 +111,14 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     assert kept == ["epoch=001.ckpt", "epoch=002.ckpt", "epoch=003.ckpt", "last.ckpt"]
 
 
-def test_resume_cli_uses_the_runs_own_config(tmp_path):
-    """train.py resume=<run_dir>: the stored config, plus key=value overrides of existing keys."""
+def test_resume_config_is_the_runs_own_config_with_the_command_lines_changes(simsiam_run, tmp_path):
+    """train.py resume=<run_dir>: the stored config, plus key=value overrides of existing keys;
+    a run dir is not continued with another method, nor a path that holds no run."""
     run_dir = tmp_path / "run"
-    run(make_cfg("trainer.max_epochs=1", "checkpoint.every_n_epochs=1"), run_dir)
+    shutil.copytree(simsiam_run[0], run_dir)
     over = ["resume=" + str(run_dir), "trainer.max_epochs=2"]
     cfg = resume_config(run_dir, make_cfg(*over), over)
     assert cfg.trainer.max_epochs == 2 and cfg.resume == str(run_dir) and cfg.backbone.width == 8
-    summary = run(cfg, run_dir)
-    assert summary["epochs"] == 2 and summary["steps"] == 8 and summary["images_seen"] == 2 * 4 * 16
     other = resume_config(run_dir, make_cfg("method=simclr_cifar"), ["method=simclr_cifar"])
     with pytest.raises(CheckpointError, match=r"config differs in .*method.name.*'simsiam' there, 'simclr' here"):
         run(other, run_dir)
@@ -124,12 +126,21 @@ def test_resume_cli_uses_the_runs_own_config(tmp_path):
         resume_config(tmp_path / "nowhere", make_cfg())
 
 
-def test_run_dir_of_another_run_is_not_continued(tmp_path):
-    run(make_cfg(), tmp_path)
+@pytest.mark.slow  # two runs
+def test_resume_cli_uses_the_runs_own_config(tmp_path):
+    """train.py resume=<run_dir> trainer.max_epochs=2 continues a 1-epoch run for a second epoch."""
+    run_dir = tmp_path / "run"
+    run(make_cfg("trainer.max_epochs=1", "checkpoint.every_n_epochs=1"), run_dir)
+    over = ["resume=" + str(run_dir), "trainer.max_epochs=2"]
+    summary = run(resume_config(run_dir, make_cfg(*over), over), run_dir)
+    assert summary["epochs"] == 2 and summary["steps"] == 8 and summary["images_seen"] == 2 * 4 * 16
+
+
+def test_run_dir_of_another_run_is_not_continued(simsiam_run, tmp_path):
     with pytest.raises(
         CheckpointError, match=r"holds last.ckpt of a run whose config differs in .*method.name \('simsiam' there"
     ):
-        resume_checkpoint(make_cfg("method=simclr_cifar"), tmp_path)
+        resume_checkpoint(make_cfg("method=simclr_cifar"), simsiam_run[0])
     with pytest.raises(CheckpointError, match=r"resume='.*' is not allowed: a run dir holding checkpoints/last.ckpt"):
         resume_checkpoint(make_cfg(f"resume={tmp_path / 'empty'}"), tmp_path / "empty")
 
@@ -181,11 +192,9 @@ def _roundtrip(obj):
     return buf
 
 
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("run")
-    run(make_cfg(), run_dir)
-    return run_dir / "checkpoints" / "last.ckpt"
+@pytest.fixture
+def tiny_ckpt(simsiam_run) -> Path:
+    return simsiam_run[0] / "checkpoints" / "last.ckpt"
 
 
 def test_checkpoints_load_with_weights_only(tiny_ckpt):
@@ -240,14 +249,37 @@ def test_a_refused_pickle_is_named_as_such_with_torchs_warning(tmp_path, obj, wh
     assert "\n" not in message and "\x1b" not in message
 
 
-@pytest.mark.parametrize("script", ["eval.py", "train.py"])
-def test_cli_checkpoint_errors_are_one_line_exit_2(tiny_ckpt, tmp_path, script):
+def _truncated_run(tiny_ckpt: Path, tmp_path: Path) -> Path:
+    """A run dir whose last.ckpt is cut short, with the first session's command."""
     bad = tmp_path / "run"
     (bad / "checkpoints").mkdir(parents=True)
     (bad / "checkpoints" / "last.ckpt").write_bytes(tiny_ckpt.read_bytes()[:3000])
     (bad / ".hydra").mkdir()
     (bad / ".hydra" / "overrides.yaml").write_text("- seed=3\n")  # the first session's command
-    before = {p: p.read_bytes() for p in bad.rglob("*") if p.is_file()}
+    return bad
+
+
+def _files(folder: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("main", [evaluate_main, train], ids=["eval.py", "train.py"])
+def test_a_truncated_checkpoint_is_one_line_exit_2_and_its_run_dir_untouched(tiny_ckpt, tmp_path, main):
+    bad = _truncated_run(tiny_ckpt, tmp_path)
+    before = _files(bad)
+    args = ["protocol=knn", f"ckpt={bad}"] if main is evaluate_main else [f"resume={bad}"]
+    code, _, err = run_cli(main, *args, cwd=tmp_path)
+    assert code == 2, err[-2000:]
+    assert err.startswith("config error:") and "truncated or not a PyTorch checkpoint" in err
+    assert len(err.splitlines()) == 1
+    assert _files(bad) == before
+
+
+@pytest.mark.slow  # a fresh interpreter per command: ~10-25 s each on 2 cores
+@pytest.mark.parametrize("script", ["eval.py", "train.py"])
+def test_cli_checkpoint_errors_are_one_line_exit_2(tiny_ckpt, tmp_path, script):
+    bad = _truncated_run(tiny_ckpt, tmp_path)
+    before = _files(bad)
     args = ["protocol=knn", f"ckpt={bad}"] if script == "eval.py" else [f"resume={bad}"]
     proc = subprocess.run(
         [sys.executable, script, *args], cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
@@ -255,9 +287,10 @@ def test_cli_checkpoint_errors_are_one_line_exit_2(tiny_ckpt, tmp_path, script):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "config error:" in proc.stderr and "truncated or not a PyTorch checkpoint" in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert {p: p.read_bytes() for p in bad.rglob("*") if p.is_file()} == before  # the refused run dir is untouched
+    assert _files(bad) == before  # the refused run dir is untouched
 
 
+@pytest.mark.slow  # two runs each
 @pytest.mark.parametrize("method", ["dino", "ibot"])
 def test_resume_from_an_epoch_checkpoint_matches_straight_run(tmp_path, method):
     """The EMA teacher, the centres and HVP's running totals of DINO/iBOT continue exactly: a
@@ -294,6 +327,7 @@ def test_resume_from_an_epoch_checkpoint_matches_straight_run(tmp_path, method):
     assert resumed["hvp"] == pytest.approx(straight["hvp"])
 
 
+@pytest.mark.slow  # two runs
 def test_wandb_resume_continues_the_same_run(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     run(make_cfg("logger=wandb"), tmp_path)
@@ -317,7 +351,8 @@ def test_checkpoint_settings_are_validated():
         validate(make_cfg("checkpoint.every_n_steps=0"))
 
 
-@pytest.mark.parametrize("data", ["synthetic", pytest.param("images", marks=pytest.mark.slow)])
+@pytest.mark.slow  # two runs each
+@pytest.mark.parametrize("data", ["synthetic", "images"])
 def test_resume_with_resident_images_matches_straight_run(tmp_path, data):
     """``data.on_device=true``: the views' generator lives outside the checkpoint but is seeded
     per epoch, so a run restarted from its epoch-1 checkpoint ends where the 2-epoch run ended;

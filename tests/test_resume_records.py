@@ -44,30 +44,36 @@ def _logged_steps(path: Path) -> dict[str, list[int]]:
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory) -> Path:
+    """The uninterrupted 2-epoch run, with what was on disk of its analysis logs at each checkpoint
+    noted in ``on_disk.json`` ((steps.csv rows, steps in pairs parquet files), by a spy on the writer)."""
     run_dir = tmp_path_factory.mktemp("straight")
-    run(make_cfg(*RUN), run_dir)
-    return run_dir
-
-
-def test_analysis_rows_are_on_disk_when_a_checkpoint_is_written(tmp_path, monkeypatch):
-    """A kill right after a checkpoint loses no analysis row (they were buffered for 50 steps)."""
     on_disk: list[tuple[int, int]] = []
     save = AtomicCheckpointIO.save_checkpoint
 
     def spy(self, checkpoint, path, storage_options=None):
-        steps = tmp_path / "analysis" / "steps-r0.csv"
-        parts = list((tmp_path / "analysis").glob("pairs-r0-*.parquet"))
         import pyarrow.parquet as pq
 
+        steps = run_dir / "analysis" / "steps-r0.csv"
+        parts = list((run_dir / "analysis").glob("pairs-r0-*.parquet"))
         logged = sum(pq.read_table(p).column("step").unique().__len__() for p in parts)
         on_disk.append((len(_rows(steps)) if steps.exists() else 0, logged))
         save(self, checkpoint, path, storage_options)
 
-    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", spy)
-    run(make_cfg(*RUN), tmp_path)
-    assert on_disk == [(STEPS_PER_EPOCH, STEPS_PER_EPOCH), (2 * STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(AtomicCheckpointIO, "save_checkpoint", spy)
+        run(make_cfg(*RUN), run_dir)
+    (run_dir.parent / f"{run_dir.name}_on_disk.json").write_text(json.dumps(on_disk))
+    return run_dir
 
 
+@pytest.mark.slow  # a run (the module's straight run)
+def test_analysis_rows_are_on_disk_when_a_checkpoint_is_written(straight):
+    """A kill right after a checkpoint loses no analysis row (they were buffered for 50 steps)."""
+    on_disk = json.loads((straight.parent / f"{straight.name}_on_disk.json").read_text())
+    assert on_disk == [[STEPS_PER_EPOCH, STEPS_PER_EPOCH], [2 * STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH]]
+
+
+@pytest.mark.slow  # a run continued from the straight run's epoch-1 checkpoint
 def test_resumed_run_logs_each_step_once_and_sums_wall_time(straight, tmp_path, monkeypatch):
     """Killed after epoch 2 was logged (and flushed) but before its checkpoint: the run resumes
     from epoch 1's and its records end as the uninterrupted run's -- no step twice, none lost.
@@ -106,6 +112,7 @@ def test_resumed_run_logs_each_step_once_and_sums_wall_time(straight, tmp_path, 
     assert len(sessions) == 2 and summary["wall_time_s"] == pytest.approx(sum(sessions), abs=0.2)
 
 
+@pytest.mark.slow  # a run and its resume
 def test_finished_run_resumed_with_its_own_command_reports_the_same_run(straight, tmp_path):
     """train.py <its command> resume=<dir>: accepted (logger=csv included), trains nothing and
     reports the run's loss and total wall time, not null and one session's."""
@@ -119,17 +126,19 @@ def test_finished_run_resumed_with_its_own_command_reports_the_same_run(straight
     assert summary["wall_time_s"] >= 0.8 * before["wall_time_s"]
 
 
-def test_another_seed_does_not_continue_a_finished_run(straight):
+def test_another_seed_does_not_continue_a_finished_run(simsiam_run):
     """The same command with seed=1 in a seed-0 run dir: refused in one line naming seed
     (it resumed the seed-0 weights and reported them as seed 1)."""
+    finished, command = simsiam_run[0], ["eval.every_n_epochs=1"]  # the shared run's command
     with pytest.raises(CheckpointError) as err:
-        run(make_cfg(*RUN, "seed=1"), straight)
+        run(make_cfg(*command, "seed=1"), finished)
     message = str(err.value)
     assert "config differs in seed:" in message and "seed (0 there, 1 here)" in message and "\n" not in message
     with pytest.raises(CheckpointError, match=r"differs in seed"):  # resume= with a new seed: the same answer
-        run(resume_config(straight, make_cfg(*RUN, "seed=1"), ["seed=1"]), straight)
+        run(resume_config(finished, make_cfg(*command, "seed=1"), ["seed=1"]), finished)
 
 
+@pytest.mark.slow  # a run continued for a third epoch
 def test_keys_that_may_change_on_resume_are_accepted(straight, tmp_path):
     run_dir = tmp_path / "longer"
     shutil.copytree(straight, run_dir)
@@ -140,6 +149,7 @@ def test_keys_that_may_change_on_resume_are_accepted(straight, tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["seed"] == 0
 
 
+@pytest.mark.slow  # a run killed in its second checkpoint, waits 3 s, then resumed
 def test_a_killed_sessions_time_after_its_last_checkpoint_counts(tmp_path, monkeypatch):
     """Killed 3 s after its epoch-1 checkpoint (while writing epoch 2's): the resumed run's
     wall_time_s holds that session up to its last heartbeat, not up to its checkpoint."""
@@ -178,6 +188,7 @@ def _history(run_dir: Path) -> list[dict]:
     ]
 
 
+@pytest.mark.slow  # a W&B run
 def test_wandb_rewind_point_is_the_first_row_after_the_checkpoint(tmp_path):
     """sessions.json notes, per epoch start, the W&B step of that epoch's first row: resuming
     from the checkpoint at optimiser step 4 rewinds the W&B run to exactly the rows before it."""
@@ -224,6 +235,7 @@ def test_wandb_resume_arguments(tmp_path, monkeypatch, caplog):
     assert made[0]["resume_from"] == "abc123?_step=13" and made[0]["resume"] is None and made[0]["id"] == "abc123"
 
 
+@pytest.mark.slow  # two W&B runs (offline)
 def test_wandb_accepts_the_rewind_arguments(tmp_path):
     """Lightning's WandbLogger and wandb.init take them together (offline here: no server)."""
     from lightning.pytorch.loggers import WandbLogger

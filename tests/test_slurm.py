@@ -13,10 +13,11 @@ import pytest
 from omegaconf import OmegaConf
 
 import hvp_lightning.cluster.slurm  # noqa: F401  registers the presets' ${hvp_slurm_*:...} resolvers
+from hvp_lightning.cli import train
 from hvp_lightning.cluster.slurm import check_fits_partition, check_slurm_job, partition_cpus, slurm_threads
 from hvp_lightning.errors import ConfigError
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, compose_with_hydra
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, compose_with_hydra, run_cli
 
 SIZE_KEYS = ("nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "mem_gb", "max_num_timeout")
 
@@ -109,7 +110,7 @@ def test_check_names_the_keys_that_disagree(overrides, keys):
     assert all(key in str(err.value) for key in keys), str(err.value)
 
 
-@pytest.mark.parametrize(
+BAD_SWEEPS = pytest.mark.parametrize(
     "overrides, keys",
     [
         (
@@ -133,37 +134,54 @@ def test_check_names_the_keys_that_disagree(overrides, keys):
     ],
     ids=["tasks-vs-devices", "devices-auto", "gpus-on-cpu", "swept-auto", "swept-devices", "cpus-vs-partition"],
 )
-def test_train_m_stops_before_sbatch_with_one_line(tmp_path, overrides, keys):
-    """``train.py -m hydra/launcher=slurm`` exactly as a user types it, with an ``sbatch`` on PATH that
-    records being called (and a ``sinfo`` for a partition of two 4-CPU nodes): the bad sweep ends with
-    exit 1 and one line naming the keys, and sbatch never ran."""
+
+
+def _stand_in_slurm(tmp_path: Path) -> dict[str, str]:
+    """An ``sbatch`` on PATH that records being called, and a ``sinfo`` for a partition of two
+    4-CPU nodes: the environment to run the command in."""
     (tmp_path / "bin").mkdir()
     sbatch = tmp_path / "bin" / "sbatch"
     sbatch.write_text(f"#!/bin/sh\ntouch {tmp_path / 'sbatch_called'}\nexit 1\n")
     sbatch.chmod(0o755)
     fake_sinfo(tmp_path / "bin", "n1 4 debug*\nn2 4 debug*\n")
-    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    return {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+
+
+SLURM_SWEEP = ["-m", "hydra/launcher=slurm", "trainer=ddp", "trainer.accelerator=cpu"]
+
+
+def _assert_one_line_and_nothing_submitted(code: int, stderr: str, keys: list[str], tmp_path: Path) -> None:
+    lines = [line for line in stderr.splitlines() if line.strip() and "HYDRA_FULL_ERROR" not in line]
+    assert code == 1 and len(lines) == 1, stderr
+    assert lines[0].startswith("config error: ") and lines[0].endswith("nothing was submitted"), lines[0]
+    assert all(key in lines[0] for key in keys), lines[0]
+    assert not (tmp_path / "sbatch_called").exists()
+
+
+@BAD_SWEEPS
+def test_a_bad_slurm_sweep_stops_before_sbatch_with_one_line(tmp_path, monkeypatch, overrides, keys):
+    """The command in this process (the subprocess version: slow)."""
+    for key, value in _stand_in_slurm(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    code, _, err = run_cli(train, *SLURM_SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides)
+    _assert_one_line_and_nothing_submitted(code, err, keys, tmp_path)
+
+
+@pytest.mark.slow  # a fresh interpreter per command: ~1 s each
+@BAD_SWEEPS
+def test_train_m_stops_before_sbatch_with_one_line(tmp_path, overrides, keys):
+    """``train.py -m hydra/launcher=slurm`` exactly as a user types it, with an ``sbatch`` on PATH that
+    records being called (and a ``sinfo`` for a partition of two 4-CPU nodes): the bad sweep ends with
+    exit 1 and one line naming the keys, and sbatch never ran."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "-m",
-            "hydra/launcher=slurm",
-            "trainer=ddp",
-            "trainer.accelerator=cpu",
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
-            *overrides,
-        ],
+        [sys.executable, "train.py", *SLURM_SWEEP, f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides],
         cwd=REPO,
-        env=env,
+        env=_stand_in_slurm(tmp_path),
         capture_output=True,
         text=True,
         timeout=SUBPROCESS_TIMEOUT_S,
     )
-    lines = [line for line in proc.stderr.splitlines() if line.strip() and "HYDRA_FULL_ERROR" not in line]
-    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
-    assert lines[0].startswith("config error: ") and lines[0].endswith("nothing was submitted"), lines[0]
-    assert all(key in lines[0] for key in keys), lines[0]
+    _assert_one_line_and_nothing_submitted(proc.returncode, proc.stderr, keys, tmp_path)
     assert not (tmp_path / "sbatch_called").exists() and not (tmp_path / "sweep" / ".submitit").exists()
 
 

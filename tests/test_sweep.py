@@ -258,6 +258,7 @@ def test_slurm_launcher_renders_one_task_per_gpu(tmp_path, monkeypatch):
     assert f"{tmp_path / 'sweep'}/.submitit/" in sbatch  # logs beside the jobs' dirs
 
 
+@pytest.mark.slow  # train.py -m in a subprocess: two tiny jobs
 @pytest.mark.parametrize("full_error", [None, "1"], ids=["plain", "HYDRA_FULL_ERROR=1"])
 def test_multirun_writes_one_row_per_job_and_a_failed_job_says_so(tmp_path, full_error):
     """``train.py -m`` with two jobs, one of which stops on a config error: two job dirs, and the
@@ -311,11 +312,12 @@ def test_multirun_writes_one_row_per_job_and_a_failed_job_says_so(tmp_path, full
     assert failed["error"].startswith("ConfigError: hvp.num_views=1 is not allowed")
 
 
-@pytest.mark.parametrize("methods", [("byol_cifar", "mocov3_cifar"), ("vicreg_cifar", "barlow_twins_cifar")])
-def test_multirun_over_new_methods_fills_the_table(tmp_path, methods):
-    """``train.py -m method=byol_cifar,mocov3_cifar +hvp=on`` (and VICReg, Barlow Twins): a row per
-    method with its results and HVP's statistics (the table needs nothing method-specific; this
-    checks the new methods give it all)."""
+@pytest.mark.slow  # train.py -m in a subprocess: four tiny jobs
+def test_multirun_over_new_methods_fills_the_table(tmp_path):
+    """``train.py -m method=byol_cifar,mocov3_cifar,vicreg_cifar,barlow_twins_cifar +hvp=on``: a row
+    per method with its results and HVP's statistics (the table needs nothing method-specific;
+    this checks the new methods give it all)."""
+    methods = ("byol_cifar", "mocov3_cifar", "vicreg_cifar", "barlow_twins_cifar")
     write_tiny_experiment(tmp_path / "conf")
     sweep = tmp_path / "sweep"
     proc = subprocess.run(

@@ -117,6 +117,7 @@ def loader_starts_that_hung(n: int, stop_at_first: bool = False, **options) -> i
     return hung
 
 
+@pytest.mark.slow  # 40 fresh loaders, 80 workers started: ~14 s on 2 cores
 def test_project_loaders_never_hang_beside_a_native_thread(native_churn):
     """The package's loader options (fork server) start 40 fresh 2-worker loaders beside the
     churning thread without one hang. With the fork start (the code before the fix), 6 of 20 hung
@@ -193,6 +194,7 @@ class Recorded:
         monkeypatch.setattr(DataLoader, "__init__", init)
 
 
+@pytest.mark.slow  # a run and two evaluations with loader workers
 def test_every_loader_the_package_builds_starts_its_workers_cleanly(tmp_path, monkeypatch):
     """Training (views), the k-NN bank and test loaders, eval.py's feature, probe and fine-tuning
     loaders and the resident-image reader: each one with workers uses the fork server and a
@@ -209,6 +211,7 @@ def test_every_loader_the_package_builds_starts_its_workers_cleanly(tmp_path, mo
     assert any(timeout == 300 for *_, timeout in with_workers)  # limits.wait_s reaches the training loaders
 
 
+@pytest.mark.slow  # a 2-epoch run with loader workers
 def test_the_knn_loaders_keep_their_workers_between_passes(tmp_path, monkeypatch):
     """The at-start k-NN pass, the passes inside the fit and the final one reuse the same two
     loaders: their workers start once per run."""

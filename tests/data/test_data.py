@@ -102,6 +102,7 @@ def test_imagefolder_skips_bad_files_and_reads_every_mode(messy_tree, caplog, cf
     assert batch["params"]["crop_x"].shape == (4, 3) and len(batch["views"]) == 3
 
 
+@pytest.mark.slow  # a run
 def test_end_to_end_on_messy_imagefolder_counts_skips(messy_tree, cfg_factory, tmp_path):
     from hvp_lightning.training.driver import run
 

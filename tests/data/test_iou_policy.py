@@ -153,6 +153,7 @@ def test_a_partial_policy_node_is_an_error(cfg_factory):
         check_options(cfg_factory("+data.iou_policy.start=0.3"))
 
 
+@pytest.mark.slow  # a run each
 @pytest.mark.parametrize("on_device", [False, True])
 def test_tiny_train_run_counts_fallbacks(cfg_factory, tmp_path, on_device):
     """Textures cropped to >= 50% of the image always overlap: threshold 0 makes every pair a
@@ -173,6 +174,7 @@ def test_tiny_train_run_counts_fallbacks(cfg_factory, tmp_path, on_device):
     assert logged == [batches * cfg.method.batch_size] and math.isfinite(summary["train_loss"])
 
 
+@pytest.mark.slow  # a run and its resume
 def test_resume_continues_the_same_views_and_fallback_count(cfg_factory, tmp_path):
     """A run restarted from its epoch-1 checkpoint ends with the 2-epoch run's weights and counts
     the same fallbacks (the run total travels in the checkpoint)."""

@@ -290,6 +290,7 @@ def test_views_do_not_depend_on_the_rank(cfg_factory) -> None:
     assert not torch.equal(crops(0, epoch=1), rank0)
 
 
+@pytest.mark.slow  # a run
 def test_run_with_resident_images_trains_and_logs_views(cfg_factory, tmp_path: Path) -> None:
     """A short HVP run with ``data.on_device=true``: it trains, the selection works, and the
     hard-view analysis gets its per-view parameters."""

@@ -250,6 +250,7 @@ def test_freeze_last_layer_and_clipping(kind: str) -> None:
 # --- end to end ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a run
 def test_tiny_hydra_run(tmp_path: Path) -> None:
     summary, state, metrics = tiny_vit_run("dino", tmp_path)
     assert "centering.center" in state and "teacher.head.last_layer.weight_v" in state

@@ -316,6 +316,7 @@ def test_separate_patch_head_freeze_and_ema() -> None:
 # --- end to end --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a run
 def test_tiny_hydra_run(tmp_path: Path) -> None:
     summary, state, metrics = tiny_vit_run("ibot", tmp_path)
     for key in ("centering.center", "patch_centering.center"):

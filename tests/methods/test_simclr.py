@@ -1,4 +1,5 @@
-"""SimCLR's module: a tiny Hydra run with HVP and the presets."""
+"""SimCLR's module: HVP off is the official NT-Xent step, the selection pass changes no state and
+scores the pairs' NT-Xent, the presets; a tiny Hydra run with HVP (slow)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,46 @@ import pytest
 import torch
 from torch import nn
 
-from ..conftest import make_cfg
+from hvp_lightning.losses.simclr import simclr_pair_table
+from hvp_lightning.methods.simclr import SimCLR
+
+from ..conftest import make_cfg, score_and_assert_stateless
+from ..losses.test_simclr import reference_nt_xent
 
 
+def _model_and_batch(*overrides: str, views: int = 2) -> tuple[SimCLR, dict]:
+    torch.manual_seed(0)
+    model = SimCLR(make_cfg("method=simclr_cifar", "data.crop_size=16", *overrides)).train()
+    g = torch.Generator().manual_seed(1)
+    batch = {"views": [torch.randn(8, 3, 16, 16, generator=g) for _ in range(views)], "label": torch.zeros(8)}
+    return model, batch
+
+
+def test_hvp_off_step_is_the_official_nt_xent() -> None:
+    """HVP off: the step's loss is the official NT-Xent (2B x 2B logits, self masked) of the
+    projections of its two views, and it trains backbone and projector."""
+    model, batch = _model_and_batch()
+    loss = model.training_step(batch, 0)
+    with torch.no_grad():
+        z1, z2 = (model.forward_view(v) for v in batch["views"])  # train mode: the same batch statistics
+    torch.testing.assert_close(loss.detach(), reference_nt_xent(z1, z2, model.temperature))
+    loss.backward()
+    assert all(p.grad is not None for p in model.projector.parameters())
+    assert model.backbone.trunk.conv1.weight.grad is not None
+
+
+def test_selection_leaves_state_untouched_and_scores_each_pairs_nt_xent() -> None:
+    """With +hvp=on the selection pass changes no parameter, BatchNorm buffer or RNG stream, and
+    its table is the per-sample NT-Xent of every candidate pair (one forward per view set)."""
+    model, batch = _model_and_batch("+hvp=on", "hvp.num_views=3", views=3)
+    table = score_and_assert_stateless(model, batch).table
+    with torch.no_grad():
+        z = torch.stack([model.forward_view(v) for v in batch["views"]])
+    torch.testing.assert_close(table, simclr_pair_table(z, model.temperature))
+    assert table.shape == (8, 3)
+
+
+@pytest.mark.slow  # a run
 def test_tiny_train_with_hvp(tmp_path: Path) -> None:
     from hvp_lightning.training.driver import run
 

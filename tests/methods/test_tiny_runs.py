@@ -25,6 +25,7 @@ TINY = {
 }
 
 
+@pytest.mark.slow  # a run, its export and two evaluations
 @pytest.mark.parametrize("method", list(TINY))
 def test_tiny_train_with_hvp_then_export_and_eval(method: str, tmp_path: Path) -> None:
     """One epoch; the hard choice's loss is at least the candidates' mean; a momentum method's

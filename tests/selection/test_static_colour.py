@@ -77,6 +77,7 @@ def test_static_colour_is_validated(cfg_factory):
         check_options(cfg_factory("method=dino_cifar", "backbone=vit_tiny", "+hvp=on", "hvp.colour=static"))
 
 
+@pytest.mark.slow  # a run
 def test_tiny_train_run_with_static_colour(cfg_factory, tmp_path):
     from hvp_lightning.training.driver import run
 

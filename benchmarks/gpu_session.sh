@@ -44,17 +44,17 @@ loader() {  # benchmarks/loader.py with the issue's loader settings; table appen
 }
 
 case "$stage" in
-    tests-runs) timeout -k 10 "$limit" python3 -m pytest -m gpu -q -rfEs --durations=15 tests/test_gpu.py \
+    tests-runs) timeout -k 10 "$limit" python3 -m pytest -m gpu -n 0 -q -rfEs --durations=15 tests/test_gpu.py \
                     -k "test_run_on_one_gpu and not ($more)" 2>&1 | tee "$out/$stage.txt" ;;
-    tests-runs-more) timeout -k 10 "$limit" python3 -m pytest -m gpu -q -rfEs --durations=15 tests/test_gpu.py \
+    tests-runs-more) timeout -k 10 "$limit" python3 -m pytest -m gpu -n 0 -q -rfEs --durations=15 tests/test_gpu.py \
                     -k "test_run_on_one_gpu and ($more)" 2>&1 | tee "$out/$stage.txt" ;;
-    tests-parallel) timeout -k 10 "$limit" python3 -m pytest -m gpu -n 12 -q -rfEs --durations=30 --timeout 300 \
+    tests-parallel) timeout -k 10 "$limit" python3 -m pytest -m gpu -n 12 --dist load -q -rfEs --durations=30 --timeout 300 \
                     tests/ 2>&1 | tee "$out/$stage.txt" ;;  # all of -m gpu over 12 xdist workers (16 cores)
-    tests-compile) timeout -k 10 "$limit" python3 -m pytest -m gpu -q -rfEs --durations=15 tests/test_gpu.py \
+    tests-compile) timeout -k 10 "$limit" python3 -m pytest -m gpu -n 0 -q -rfEs --durations=15 tests/test_gpu.py \
                     -k compiled 2>&1 | tee "$out/$stage.txt" ;;
-    tests-rest) timeout -k 10 "$limit" python3 -m pytest -m gpu -q -rfEs --durations=15 \
+    tests-rest) timeout -k 10 "$limit" python3 -m pytest -m gpu -n 0 -q -rfEs --durations=15 \
                     -k "not test_run_on_one_gpu and not compiled and not ($more)" 2>&1 | tee "$out/$stage.txt" ;;  # every file
-    tests-rest-more) timeout -k 10 "$limit" python3 -m pytest -m gpu -q -rfEs --durations=15 \
+    tests-rest-more) timeout -k 10 "$limit" python3 -m pytest -m gpu -n 0 -q -rfEs --durations=15 \
                     -k "not test_run_on_one_gpu and not compiled and ($more)" 2>&1 | tee "$out/$stage.txt" ;;
     simsiam) loader --method simsiam --batch-size 128 --images 2816 --backbone resnet50 \
                  --override trainer.precision=bf16-mixed method.compile=true ;;

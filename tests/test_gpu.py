@@ -2,7 +2,7 @@
 
 Kept out of the default run (``-m 'not slow and not gpu and not slurm'`` in pyproject.toml); on a GPU machine::
 
-    python3 -m pytest -m gpu        # or: uv run pytest -m gpu
+    python3 -m pytest -m gpu -n 0   # or: uv run pytest -m gpu -n 0 (one process on the one GPU)
 
 Every method x HVP off/on x ``trainer.precision`` (32-true, bf16-mixed, 16-mixed) x
 ``hvp.selection_precision`` (auto, fp32): fit, final k-NN, summary.json, checkpoint and the

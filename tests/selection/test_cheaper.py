@@ -48,6 +48,15 @@ def _quiet(model):
     return logged
 
 
+def _capture_step(model) -> dict:
+    """Replace ``model.ssl_step`` by one that keeps the batch it is handed (under "step") and
+    returns 0, so a test reads which views the mixin trained; ``self.log`` goes nowhere."""
+    seen: dict = {}
+    model.ssl_step = lambda b, i: seen.setdefault("step", b) and torch.zeros(())  # type: ignore[method-assign]
+    _quiet(model)
+    return seen
+
+
 def _resized(views: list[torch.Tensor], factor: int) -> list[torch.Tensor]:
     """Each view on its own, ``1/factor`` of its side: the reference for the batched resize."""
     return [
@@ -227,9 +236,7 @@ def test_dino_fraction_unscored_samples_keep_the_first_combination():
     torch.manual_seed(0)
     cfg = test_dino.make_cfg("+hvp=on", "hvp.selection_fraction=0.5")
     model = DINO(cfg).train()
-    seen: dict = {}
-    model.ssl_step = lambda b, i: seen.setdefault("step", b) and torch.zeros(())  # type: ignore[method-assign]
-    _quiet(model)
+    seen = _capture_step(model)
     batch = test_dino.make_batch(cfg, b=6)
     model.training_step(batch, 0)
     scored, g, n_loc = _scored(model, 6), model.num_globals, model.num_local
@@ -252,9 +259,7 @@ def test_ibot_fraction_masks_travel_with_their_views():
     torch.manual_seed(0)
     cfg = test_ibot.make_cfg("+hvp=on", "hvp.selection_fraction=0.5")
     model = IBOT(cfg).train()
-    seen: dict = {}
-    model.ssl_step = lambda b, i: seen.setdefault("step", b) and torch.zeros(())  # type: ignore[method-assign]
-    _quiet(model)
+    seen = _capture_step(model)
     batch = test_ibot.with_masks(model, test_ibot.make_batch(cfg, b=4))
     model.training_step(batch, 0)
     step, choice = seen["step"], model.last_selection["choice"]
@@ -336,9 +341,7 @@ def test_min_iou_needs_crop_boxes(cfg_factory):
 def test_dino_min_iou_least_overlapping_globals_then_locals(rule):
     cfg = test_dino.make_cfg("+hvp=on", "hvp.mode=min_iou", f"hvp.global_pairs={rule}", "method.num_local_crops=2")
     model = DINO(cfg).train()
-    seen: dict = {}
-    model.ssl_step = lambda b, i: seen.setdefault("step", b) and torch.zeros(())  # type: ignore[method-assign]
-    _quiet(model)
+    seen = _capture_step(model)
     g, lc, n_loc, b = model.num_globals, model.num_locals_cand, model.num_local, 12
     assert (g, lc, n_loc) == (4, 4, 2)
     batch = test_dino.make_batch(cfg, b=b)
@@ -365,9 +368,7 @@ def test_least_overlapping_locals_without_locals():
 def test_ibot_min_iou_chooses_globals_and_keeps_the_locals():
     cfg = test_ibot.make_cfg("+hvp=on", "hvp.mode=min_iou")
     model = IBOT(cfg).train()
-    seen: dict = {}
-    model.ssl_step = lambda b, i: seen.setdefault("step", b) and torch.zeros(())  # type: ignore[method-assign]
-    _quiet(model)
+    seen = _capture_step(model)
     batch = test_ibot.with_masks(model, test_ibot.make_batch(cfg, b=5))
     g = model.num_globals
     batch["params"] = _boxes(5, len(batch["views"]), seed=2)
@@ -390,9 +391,7 @@ def test_static_colour_colours_the_chosen_full_size_crops(cfg_factory, keys):
     torch.manual_seed(0)
     cfg = cfg_factory("+hvp=on", "hvp.colour=static", "data.crop_size=16", *keys)
     model = SimSiam(cfg).train()
-    seen: dict = {}
-    model.ssl_step = lambda b, i: seen.setdefault("step", b) and torch.zeros(())  # type: ignore[method-assign]
-    _quiet(model)
+    seen = _capture_step(model)
     batch = static_batch(cfg)
     crops, drawn, aug = list(batch["views"]), dict(batch["params"]), view_aug(cfg.data)
     model.training_step(batch, 0)

@@ -52,7 +52,7 @@ from .schema import EvalConfig, TrainConfig, TransferConfig, config_dir, contain
 CONFIG_DIR = str(config_dir())
 
 
-def _resume_run_dir(resume: str) -> str:
+def resume_run_dir(resume: str) -> str:
     """The run dir that ``resume=`` names: the path itself, or for a checkpoint file the run dir
     holding it (``<run_dir>/checkpoints/<file>``), so that Hydra never tries to make a folder
     at a file's path."""
@@ -73,7 +73,7 @@ def hydra_files_subdir(resume: str | None, output_dir: str) -> str | None:
 # hydra.run.dir: the run dir being resumed, else a new timestamped one; hydra.output_subdir:
 # hydra_files_subdir (conf/config.yaml).
 OmegaConf.register_new_resolver(
-    "hvp_resume_or", lambda resume, new: _resume_run_dir(resume) if resume else new, replace=True
+    "hvp_resume_or", lambda resume, new: resume_run_dir(resume) if resume else new, replace=True
 )
 OmegaConf.register_new_resolver("hvp_hydra_files", hydra_files_subdir, replace=True)
 
@@ -116,7 +116,7 @@ def help_keys(config_name: str, _root_: DictConfig) -> str:
 OmegaConf.register_new_resolver("hvp_help_keys", help_keys, replace=True)
 
 
-def _checked_resume(resume: str, run_dir: Path, fresh: bool) -> str:
+def checked_resume(resume: str, run_dir: Path, fresh: bool) -> str:
     """``resume=``'s run dir, or a :class:`CheckpointError` that says what is wrong with it: a
     run resumes from its own ``checkpoints/last.ckpt``, so that file (= its run dir) is accepted
     and any other checkpoint file is not; a path where Hydra has just made the run dir held
@@ -243,7 +243,7 @@ def train_job(cfg: DictConfig) -> float | None:
     try:
         checked = False  # a resumed run's config is checked by run(), once it is composed
         if cfg.get("resume"):  # continue that run with its own config (+ what the command line changes)
-            cfg.resume = _checked_resume(cfg.resume, run_dir, fresh)
+            cfg.resume = checked_resume(cfg.resume, run_dir, fresh)
             resolve_checkpoint(cfg.resume, key="resume")  # the path, before the heavy imports
             from .training.checkpoint import resume_config
 

@@ -59,6 +59,7 @@ from .schema import (
     settings,
 )
 from .schema.base import strip_unknown
+from .schema.hvp import selection_side
 
 log = logging.getLogger(__name__)
 
@@ -637,7 +638,7 @@ def validate(cfg: DictConfig, options_checked: bool = False) -> DictConfig:
     if backbone_family(cfg.backbone) == TIMM_FAMILY:
         check_timm_backbone(cfg)
     _validate_trainer_keys(cfg)
-    _validate_precision(cfg)
+    validate_precision(cfg)
     _validate_deterministic(cfg)
     _warn_upsampled_crops(cfg.data, cfg.backbone)
     if not has_budget(cfg):  # else said once the budget has set the epochs (training/budget.py)
@@ -668,8 +669,11 @@ def check_timm_backbone(cfg: DictConfig) -> None:
     for key, size in sizes.items():
         if layout.patch_size is not None and size % layout.patch_size:
             fail(key, size, f"a multiple of {b.name}'s patch size {layout.patch_size}")
+    # hvp.selection_scale < 1 scores the candidates at smaller sides (the method's selection_size_rule
+    # for a timm model: its patch, else a multiple of 1 and at least 32 px): the model must take those too
+    scaled = _selection_sides(cfg, sizes, layout.patch_size)
     backbone = meta_timm(b)
-    for key, size in sizes.items():
+    for key, size in [*sizes.items(), *((key, side) for key, (_, side) in scaled.items())]:
         try:
             shape = meta_output_shape(backbone, size)
         except Exception as err:  # the model's own code refuses this size (an assertion, a shape mismatch)
@@ -677,9 +681,17 @@ def check_timm_backbone(cfg: DictConfig) -> None:
             if not runs_on_meta(backbone, b.get("img_size") or layout.img_size or layout.default_size):
                 log.debug("backbone.name=%s: not checked on the meta device (%s)", b.name, err)
                 return
-            fix = timm_size_fix(b, list(sizes.values()))
             said = (str(err).splitlines() or [type(err).__name__])[0]
             why = f"{b.name} fails on {size} px images ({said if len(said) <= 120 else said[:117] + '...'})"
+            if key in scaled:
+                scale = cfg.hvp.selection_scale
+                crop = f"{key}={scaled[key][0]}"
+                fail(
+                    "hvp.selection_scale",
+                    scale,
+                    f"1 with {b.name}: the selection pass scores {crop} at {size} px; {why}",
+                )
+            fix = timm_size_fix(b, list(sizes.values()))
             if fix is None:
                 fail(key, size, f"a size {b.name} takes (its default: {layout.default_size}): {why}")
             fail(key, size, f"{why}; set {fix}")
@@ -690,6 +702,19 @@ def check_timm_backbone(cfg: DictConfig) -> None:
                 f"a global_pool that pools: {b.name} gives {list(shape)} at {size} px, not [batch, features] "
                 "(leave global_pool out, or e.g. avg)",
             )
+
+
+def _selection_sides(cfg: DictConfig, sizes: dict[str, int], patch: int | None) -> dict[str, tuple[int, int]]:
+    """{crop key: (its size, its side in the selection pass)} where ``hvp.selection_scale`` makes the
+    side smaller: what ``selection_size_rule`` gives a timm backbone (its patch; else at least 32 px)."""
+    h = cfg.get("hvp")
+    if h is None or not h.get("enabled") or float(h.get("selection_scale", 1)) >= 1:
+        return {}
+    multiple, minimum = (patch, patch) if patch else (1, 32)
+    sides = {
+        key: (size, selection_side(size, float(h.selection_scale), multiple, minimum)) for key, size in sizes.items()
+    }
+    return {key: (size, side) for key, (size, side) in sides.items() if side != size}
 
 
 def _validate_trainer_keys(cfg: DictConfig) -> None:
@@ -712,7 +737,7 @@ def _validate_trainer_keys(cfg: DictConfig) -> None:
             fail(f"trainer.{key}", cfg.trainer[key], f"not a lightning.Trainer argument{hint}")
 
 
-def _validate_precision(cfg: DictConfig) -> None:
+def validate_precision(cfg: DictConfig) -> None:
     """Lightning has no fp16 AMP on CPU: it would silently train in bf16-mixed instead.
     Resolves ``auto`` (bf16-mixed on a bf16-capable GPU, else 32-true) and ``auto-16-mixed``
     (16-mixed on a GPU, else 32-true): hvp_lightning/device.py."""

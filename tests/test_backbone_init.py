@@ -537,6 +537,20 @@ def test_a_model_built_for_one_input_size_is_refused_at_start_up_with_what_fits(
         validate(make_cfg(*dino, *levit))
 
 
+def test_a_cheaper_selection_the_model_cannot_score_is_refused_at_start_up():
+    """hvp.selection_scale=0.5 scores 224 px crops at 112 px: a Swin built for 224 px fails there
+    (an assertion at the first HVP step); with dynamic sizes it takes them."""
+    swin = ["backbone=timm", "backbone.name=swin_tiny_patch4_window7_224", "data.crop_size=224"]
+    said = (
+        r"^hvp.selection_scale=0.5 is not allowed: 1 with swin_tiny_patch4_window7_224: "
+        r"the selection pass scores data.crop_size=224 at 112 px; swin_tiny_patch4_window7_224 fails on 112 px"
+    )
+    with pytest.raises(ConfigError, match=said):
+        validate(make_cfg(*swin, "+hvp=on", "hvp.selection_scale=0.5"))
+    validate(make_cfg(*swin, "+hvp=on"))
+    validate(make_cfg(*swin, "+hvp=on", "hvp.selection_scale=0.5", "backbone.model_args={dynamic_img_size: true}"))
+
+
 def test_a_model_the_meta_device_cannot_run_is_not_refused_for_it(monkeypatch):
     """A forward that needs real values (a data-dependent branch) fails on the meta device at any
     size: that says nothing of the crops, so the run is not refused for it."""

@@ -175,9 +175,18 @@ def test_budget_rules_refuse_in_one_line(tmp_path) -> None:
     # The IoU policy's warm-up is judged against the budget's epochs, once they are known.
     policy = ("+data/iou_policy=on", "data.iou_policy.warmup_epochs=2")
     assert "shorter than trainer.max_epochs=1" in refused(*policy)
-    cfg = check_options(make_cfg(*policy, "budget.flops=1"))
+    cfg = check_options(make_cfg(*policy, "budget.flops=640"))  # one epoch: 64 images x 10 FLOPs
     with pytest.raises(ConfigError, match=r"warmup_epochs=2 is not allowed: .*the budget's trainer.max_epochs=1\)"):
         apply_budget(cfg, StepFlops(10, 0, 10), 64)
+
+    # Whole epochs come within half an epoch of a budget only if it holds half of one.
+    said = (
+        r"^budget.flops=319(\.0)? is not allowed: at least half of one epoch \(320\): "
+        r"one epoch of this run is 640 model FLOPs, and a budget sets whole epochs$"
+    )
+    with pytest.raises(ConfigError, match=said):
+        apply_budget(check_options(make_cfg("budget.flops=319")), StepFlops(10, 0, 10), 64)
+    assert apply_budget(check_options(make_cfg("budget.flops=320")), StepFlops(10, 0, 10), 64).epochs == 1
 
 
 # --- the sweep's table and plot ---------------------------------------------------------------------

@@ -100,7 +100,7 @@ def test_ibot_global_crops_run_compiled_blocks(cfg_factory, monkeypatch, backend
             eager_calls.add((model, net, args[0].shape[1], torch.is_grad_enabled()))
 
     def build(*extra: str) -> tuple[torch.nn.Module, torch.nn.Module, dict]:
-        cfg = cfg_factory("method=ibot_cifar", *VIT_TINY, "+hvp=on", "+backbone.depth=2", *extra, tiny=False)
+        cfg = cfg_factory("method=ibot_cifar", *VIT_TINY, "+hvp=on", "backbone.depth=2", *extra, tiny=False)
         torch.manual_seed(0)
         eager = METHODS["ibot"](cfg)
         compiled = copy.deepcopy(eager)
@@ -133,7 +133,7 @@ def test_ibot_global_crops_run_compiled_blocks(cfg_factory, monkeypatch, backend
     # default limit of 8 at depth 12, and past 3 here), after which Dynamo runs blocks eagerly
     # inside the compiled call, where no hook sees it: here reaching the limit raises instead.
     torch._dynamo.reset()  # a run has one model: no graphs of the one above
-    _, compiled, batch = build("+backbone.depth=3", "backbone.drop_path_rate=0.3")
+    _, compiled, batch = build("backbone.depth=3", "backbone.drop_path_rate=0.3")
     with torch._dynamo.config.patch(recompile_limit=3, fail_on_recompile_limit_hit=True):
         for step in range(3):
             compiled.training_step(batch, step).backward()
@@ -150,7 +150,7 @@ def test_multicrop_compiles_stay_under_the_recompile_limit(cfg_factory, monkeypa
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     torch._dynamo.reset()
     cfg = cfg_factory(
-        f"method={method}_cifar", *VIT_TINY, "+hvp=on", "+backbone.depth=3", "backbone.drop_path_rate=0.3", tiny=False
+        f"method={method}_cifar", *VIT_TINY, "+hvp=on", "backbone.depth=3", "backbone.drop_path_rate=0.3", tiny=False
     )
     model = METHODS[method](cfg)
     model.configure_model()

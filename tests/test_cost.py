@@ -86,6 +86,31 @@ def test_dino_step_flops_by_hand() -> None:
     assert counted.selection == 2 * G * g + Lc * l
 
 
+@pytest.mark.parametrize(
+    ("settings", "reused"),
+    [
+        (["trainer.accelerator=cpu", "hvp.selection_precision=bf16"], True),  # bf16 falls back to fp32 on the CPU
+        (["trainer.accelerator=gpu", "trainer.precision=bf16-mixed", "hvp.selection_precision=bf16"], True),
+        (["trainer.accelerator=gpu", "trainer.precision=bf16-mixed", "hvp.selection_precision=fp16"], False),
+        (["trainer.accelerator=gpu", "trainer.precision=32-true", "hvp.selection_precision=bf16"], False),
+        (["trainer.accelerator=cpu", "hvp.selection_scale=0.5"], False),
+    ],
+)
+def test_dino_teacher_reuse_is_counted_as_the_runs_device_and_precision_give_it(settings, reused) -> None:
+    """The meta device has no autocast: the count answers ``selection_outputs_reusable`` as the run
+    will on its accelerator and precision (a teacher forward of the 2 globals more where it does not reuse)."""
+    from hvp_lightning.training.cost import outputs_reusable
+
+    cfg = make_cfg("method=dino_cifar", *VIT, "+hvp=on", "hvp.num_views=4", *settings)
+    assert outputs_reusable(cfg) is reused
+    if not any("selection_scale" in o for o in settings):
+        counted = count_step_flops(cfg)
+        extra = (
+            counted.train - count_step_flops(make_cfg("method=dino_cifar", *VIT, "+hvp=on", "hvp.num_views=4")).train
+        )
+        assert (extra == 0) is reused and extra >= 0
+
+
 def test_batch_images_and_step_flops_totals() -> None:
     batch = {"views": [torch.zeros(5, 3, 2, 2)], "params": {"x": torch.zeros(5, 2)}, "bad_file": ["", ""]}
     assert batch_images(batch) == 5 and batch_images([torch.zeros(()), torch.zeros(7)]) == 1

@@ -148,22 +148,22 @@ def test_resume_takes_a_run_dir_or_its_last_ckpt_and_refuses_other_checkpoint_fi
     """resume=<run>/checkpoints/last.ckpt is that run dir; another .ckpt file is refused in one
     line (a run continues from its own last.ckpt) instead of Hydra's traceback from making a
     run dir at the file's path."""
-    from hvp_lightning.cli import _checked_resume, _resume_run_dir
+    from hvp_lightning.cli import checked_resume, resume_run_dir
     from hvp_lightning.errors import CheckpointError
 
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "last.ckpt").write_bytes(b"x")
     (run / "checkpoints" / "other.ckpt").write_bytes(b"x")
-    assert _resume_run_dir(str(run)) == str(run)
-    assert _resume_run_dir(str(run / "checkpoints" / "last.ckpt")) == str(run)
-    assert _resume_run_dir(str(run / "checkpoints" / "other.ckpt")) == str(run)
-    assert _checked_resume(str(run / "checkpoints" / "last.ckpt"), run, fresh=False) == str(run)
-    assert _checked_resume(str(run), run, fresh=False) == str(run)
+    assert resume_run_dir(str(run)) == str(run)
+    assert resume_run_dir(str(run / "checkpoints" / "last.ckpt")) == str(run)
+    assert resume_run_dir(str(run / "checkpoints" / "other.ckpt")) == str(run)
+    assert checked_resume(str(run / "checkpoints" / "last.ckpt"), run, fresh=False) == str(run)
+    assert checked_resume(str(run), run, fresh=False) == str(run)
     with pytest.raises(CheckpointError, match=r"resume='.*other.ckpt' is not allowed: a run dir"):
-        _checked_resume(str(run / "checkpoints" / "other.ckpt"), run, fresh=False)
+        checked_resume(str(run / "checkpoints" / "other.ckpt"), run, fresh=False)
     with pytest.raises(CheckpointError, match=r"no run at that path"):
-        _checked_resume(str(tmp_path / "new"), tmp_path / "new", fresh=True)
+        checked_resume(str(tmp_path / "new"), tmp_path / "new", fresh=True)
 
     code, _, err = run_cli(train, f"resume={run / 'checkpoints' / 'other.ckpt'}", cwd=tmp_path)
     assert code == 2, err[-2000:]

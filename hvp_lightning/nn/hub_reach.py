@@ -15,7 +15,9 @@ PROBE_S = 5.0  # a hub that accepts no connection within this many seconds is ou
 
 
 def offline() -> bool:
-    """``HF_HUB_OFFLINE=1`` (Hugging Face's switch) keeps both hubs from reaching the network."""
+    """``HF_HUB_OFFLINE=1`` (Hugging Face's switch) keeps both hubs from reaching the network: the
+    project's own rule for torchvision's weights (torchvision does not read it), so that one switch
+    says "this machine is offline" for every ``backbone.init`` source."""
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 

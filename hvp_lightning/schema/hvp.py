@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
@@ -65,3 +66,12 @@ class HVPConfig(Section):
 
 
 HVP_OFF = HVPConfig(enabled=False)
+
+
+def selection_side(side: int, scale: float, multiple: int = 1, minimum: int = 1) -> int:
+    """The side a ``side`` px view has in the selection pass under ``hvp.selection_scale=scale``:
+    ``side * scale`` rounded half up to a multiple of ``multiple``, at least ``max(multiple,
+    minimum)``, never above ``side`` (the rule selection/scale.py applies and start-up checks a
+    backbone against)."""
+    rounded = multiple * math.floor(side * scale / multiple + 0.5)
+    return min(side, max(rounded, multiple, minimum))

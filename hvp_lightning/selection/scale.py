@@ -15,16 +15,10 @@ multiple and minimum its backbone needs (``HardViewMixin.selection_size_rule``):
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
-
-def selection_side(side: int, scale: float, multiple: int = 1, minimum: int = 1) -> int:
-    """The side a ``side`` px view has in the selection pass (see module docstring)."""
-    rounded = multiple * math.floor(side * scale / multiple + 0.5)
-    return min(side, max(rounded, multiple, minimum))
+from ..schema.hvp import selection_side
 
 
 def scale_views(views: list[torch.Tensor], scale: float, multiple: int = 1, minimum: int = 1) -> list[torch.Tensor]:

@@ -30,7 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from ..config import check_iou_warmup, has_budget, matched_flops, warn_long_warmup
+from ..config import check_iou_warmup, fail, has_budget, matched_flops, warn_long_warmup
 from ..device import local_processes
 from ..errors import ConfigError
 from ..run.directory import RunDir
@@ -98,6 +98,18 @@ def closest_count(budget: float, cost: Callable[[int], int]) -> int:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if cost(mid) < budget else (lo, mid)
     return lo if lo >= 1 and budget - cost(lo) <= cost(hi) - budget else hi
+
+
+def _check_at_least_half_an_epoch(cfg: DictConfig, target: float, one_epoch: int) -> None:
+    """Whole epochs come within half an epoch of a budget only if it holds half of one: a smaller
+    one would train a whole epoch, many times what was asked."""
+    if target >= one_epoch / 2:
+        return
+    b = cfg.budget
+    why = f"one epoch of this run is {one_epoch:.4g} model FLOPs, and a budget sets whole epochs"
+    if b.flops is not None:
+        fail("budget.flops", b.flops, f"at least half of one epoch ({one_epoch / 2:.4g}): {why}")
+    fail("budget.match", b.match, f"a run of at least half of one epoch's FLOPs (it trained {target:.4g}): {why}")
 
 
 @dataclass(frozen=True)
@@ -171,6 +183,8 @@ def apply_budget(
 
     kept = stored is not None and stored.get("budget") == b
     target = float(b.flops) if b.flops is not None else _matched(cfg, required=not kept)
+    if not kept:
+        _check_at_least_half_an_epoch(cfg, target, cost(1))  # type: ignore[arg-type]
     epochs = int(stored.trainer.max_epochs) if kept else closest_count(target, cost)  # type: ignore[union-attr,arg-type]
     plan = BudgetPlan(target, b.match, epochs, epochs * epoch.steps, cost(epochs), kept)
     before = int(t.max_epochs)

@@ -21,9 +21,11 @@ import warnings
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from ..device import runs_on_cpu
 from ..methods import METHODS
 from ..nn.flops import FlopMeter
 from ..run.perf import StepFlops
+from ..selection import resolve_selection_dtype, step_autocast_dtype
 from ..selection.geometry import CROP_KEYS
 
 log = logging.getLogger(__name__)
@@ -50,10 +52,28 @@ def _per_image(cfg: DictConfig) -> dict[str, int]:
     }
     meter = FlopMeter(model)
     model.selection_phase = lambda: meter.phase("selection")
+    if hvp.get("enabled"):  # the meta device has no autocast: answer as the run's device will
+        reusable = outputs_reusable(cfg)
+        model.selection_outputs_reusable = lambda: reusable
     with meter.count(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # self.log without a Trainer
         model.training_step(batch, 0)
     return {phase: flops // images for phase, flops in meter.flops.items()}
+
+
+def outputs_reusable(cfg: DictConfig) -> bool:
+    """What ``selection_outputs_reusable`` (the mixin) answers in ``cfg``'s run, on the device its
+    ``trainer.accelerator`` gives on this machine and under the autocast of its ``trainer.precision``:
+    whether DINO/iBOT's step reuses the selection's teacher outputs (counted once) or runs its own."""
+    h = cfg.hvp
+    if h.get("selection_scale", 1) != 1 or h.get("selection_fraction", 1) != 1:
+        return False
+    device_type = "cpu" if runs_on_cpu(str(cfg.trainer.get("accelerator", "auto"))) else "cuda"
+    step = step_autocast_dtype(str(cfg.trainer.get("precision", "32-true")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the run says it once (bf16/fp16 selection on CPU)
+        dtype = resolve_selection_dtype(str(h.selection_precision), device_type, step)
+    return dtype is None or dtype == step
 
 
 # Config keys that do not change what a step computes: leaving them out of the cache key lets runs
@@ -75,6 +95,8 @@ def count_step_flops(cfg: DictConfig) -> StepFlops:
         plain.pop(key, None)
     for key in NOT_COUNTED_DATA:
         (plain.get("data") or {}).pop(key, None)
+    if (cfg.get("hvp") or {}).get("enabled"):  # whether DINO/iBOT reuse the selection's teacher outputs
+        plain["outputs_reusable"] = outputs_reusable(cfg)
     key = OmegaConf.to_yaml(plain)
     if key not in COUNTED:
         COUNTED[key] = _count(cfg)

@@ -108,10 +108,12 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]
     set_matmul_precision()
     use_slurm_threads()  # the same arithmetic whatever the SLURM layout (hvp_lightning/cluster/slurm.py)
     dm = data_module(cfg, wait_s)
-    if len(dm.train_set) // (processes(cfg.trainer) or 1) < cfg.method.batch_size:  # data sets start-up could not count
+    n_proc = processes(cfg.trainer) or 1
+    if len(dm.train_set) // n_proc < cfg.method.batch_size:  # data sets start-up could not count
+        over = f" over {n_proc} processes: {len(dm.train_set) // n_proc} per process" if n_proc > 1 else ""
         raise ConfigError(
             f"method.batch_size={cfg.method.batch_size} is not allowed: the training set has only "
-            f"{len(dm.train_set)} images (batches are full, drop_last)"
+            f"{len(dm.train_set)} images{over} (batches are full, drop_last)"
         )
     with open_dict(cfg):
         cfg.data.num_classes = dm.num_classes

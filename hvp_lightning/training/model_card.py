@@ -25,7 +25,7 @@ from ..schema import TIMM_FAMILY, backbone_family
 # Bookkeeping entries of summary.json: how long and on what the run went, not how the model is.
 _NOT_MONITORS = {
     "epochs", "steps", "images_seen", "skipped_images", "seed", "wall_time_s", "num_classes",
-    "sync_batchnorm_layers", "hvp_enabled",
+    "sync_batchnorm_layers", "hvp_enabled", "cost", "budget",  # what training cost: not a quality of the weights
 }  # fmt: skip
 _POSITION = ("step", "epoch", "images_seen")  # where a pass was: the card's own counters say where the weights are
 _VIT_DEFAULTS = {"img_size": 224, "patch_size": 16, "depth": 12}  # timm's vit_*_patch16_224

@@ -109,7 +109,7 @@ SCALES: dict[str, Scale] = {
     # Two 1-thread jobs at a time (measured faster than one 2-thread job for this small net).
     "cpu": Scale(
         description="CIFAR-10 5k-image train subset, 2k test subset, ResNet-18 CIFAR stem width 8, "
-        "batch 256, 12 epochs, 2 jobs x 1 thread",
+        "batch 256, 12 epochs, 1 thread per run",
         common=[
             "backbone=resnet18_narrow",
             "backbone.width=8",
@@ -758,6 +758,9 @@ def plot_flops(res: Results, methods: list[str], arms: list[str], path: Path, ti
             mean, lo, hi = t_interval(ys) if len(ys) > 1 else (ys[0], ys[0], ys[0])
             ax_f.errorbar([sum(xs) / len(xs)], [mean], yerr=[[mean - lo], [hi - mean]], color=st["color"],
                           marker=st["marker"], mfc=face, ms=7, capsize=4, label=a)  # fmt: skip
+        base_total = _mean(res, m, BASE, "flops")
+        if not math.isnan(base_total):
+            ax_f.axvline(TARGET_RATIO * base_total, color="gray", ls=":", lw=1, label=f"{TARGET_RATIO}x the baseline's")
         for ax in (ax_c, ax_f):
             ax.set_xlabel("model FLOPs trained (summary.json cost.total_flops)")
             ax.set_ylabel("k-NN top-1 % (k=20, T=0.07)")

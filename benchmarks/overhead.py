@@ -16,6 +16,11 @@ no-grad forwards that make up the selection pass, from which the compute bound f
   training step skips its own teacher forward of the 2 chosen globals. iBOT: the same with
   token forwards (masked student globals) and its L ordinary locals (Lc = L).
 
+``--variant NAME:KEY=VALUE[,KEY=VALUE...]`` adds more HVP models to the same rounds, e.g. the
+cheaper selections (``scale50:hvp.selection_scale=0.5``, ``min_iou:hvp.mode=min_iou``): each one's
+step against the baseline's and against HVP's, paired by round. Every model's FLOPs per image
+(``hvp_lightning/training/cost.py``, what a run's summary.json reports) are in the table too.
+
 ``--precision`` imitates ``trainer.precision``: the forward (``training_step``, selection
 included) under the autocast Lightning uses, backward outside it, and for ``16-mixed`` a
 GradScaler (scaled backward, ``unscale_`` before DINO's clipping, ``scaler.step``/``update``),
@@ -41,8 +46,8 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +65,7 @@ from hvp_lightning.methods.dino import DINO  # noqa: E402
 from hvp_lightning.nn.teacher import ema_update  # noqa: E402
 from hvp_lightning.schema import PRECISIONS  # noqa: E402
 from hvp_lightning.selection import STEP_DTYPES, frozen_state, step_autocast_dtype  # noqa: E402
+from hvp_lightning.training.cost import count_step_flops  # noqa: E402
 
 Batch = dict[str, Any]
 
@@ -101,6 +107,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="DINO/iBOT: also time an HVP model without teacher reuse in the same rounds",
     )
+    p.add_argument(
+        "--variant",
+        nargs="*",
+        default=[],
+        metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+        help="more HVP models, timed in the same rounds: the HVP model with these overrides, e.g. "
+        "scale50:hvp.selection_scale=0.5 min_iou:hvp.mode=min_iou",
+    )
     p.add_argument("--no-extras", action="store_true", help="skip the per-round no-grad forward timings")
     p.add_argument(
         "--override",
@@ -112,6 +126,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="append a markdown section to this file")
     args = p.parse_args(argv)
+    args.variants = {}
+    for v in args.variant:
+        name, _, keys = v.partition(":")
+        if not name.isidentifier() or name in ("baseline", "hvp", "hvp_noreuse") or name in args.variants or not keys:
+            p.error(f"--variant {v!r}: NAME:KEY=VALUE[,KEY=VALUE...] with a new name (a Python identifier)")
+        args.variants[name] = keys.split(",")
     if not issubclass(METHODS[args.method], DINO) and (
         args.max_combinations or args.no_teacher_reuse or args.compare_reuse
     ):
@@ -130,7 +150,9 @@ def method_preset(args: argparse.Namespace) -> str:
     return cifar if (REPO / "conf" / "method" / f"{cifar}.yaml").exists() else args.method
 
 
-def compose_cfg(args: argparse.Namespace, hvp: bool, teacher_reuse: bool = True) -> DictConfig:
+def compose_cfg(
+    args: argparse.Namespace, hvp: bool, teacher_reuse: bool = True, extra: list[str] | None = None
+) -> DictConfig:
     """The real config (conf/ via Hydra, as tests/conftest.py) with this run's overrides."""
     preset = method_preset(args)
     ov = [
@@ -153,6 +175,7 @@ def compose_cfg(args: argparse.Namespace, hvp: bool, teacher_reuse: bool = True)
         ov += ["+hvp=on", f"hvp.num_views={args.num_views}", f"hvp.selection_precision={args.selection_precision}"]
         if args.max_combinations is not None:
             ov.append(f"hvp.max_combinations={args.max_combinations}")
+        ov += extra or []
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return compose("config", overrides=ov)
 
@@ -180,16 +203,15 @@ class Runner:
         self.opt = torch.optim.SGD(self.model.param_groups(), lr=1e-3, momentum=0.9, weight_decay=1e-4)
         self.view_sizes = [a.size for a in type(self.model).view_augs(self.cfg)]
         self._phase: dict[str, float] = {}
-        if self.model.hvp.enabled:  # time the selection pass inside the real HVP step
-            inner = self.model.score_candidates
+        if self.model.hvp.enabled:  # time the selection (pass, choice, gather) inside the real HVP step
+            self.model.selection_phase = self.timed_selection  # type: ignore[method-assign]
 
-            def timed_scores(batch: Batch) -> torch.Tensor:
-                t0 = now(self.device)
-                out = inner(batch)
-                self._phase["select"] = now(self.device) - t0
-                return out
-
-            self.model.score_candidates = timed_scores  # type: ignore[method-assign]
+    @contextmanager
+    def timed_selection(self) -> Iterator[None]:
+        """The mixin's selection phase (what a run's ``perf/selection_share`` times), timed."""
+        t0 = now(self.device)
+        yield
+        self._phase["select"] = now(self.device) - t0
 
     def autocast(self) -> AbstractContextManager:
         """The forward's autocast under ``--precision`` (as Lightning wraps ``training_step``)."""
@@ -382,6 +404,8 @@ def main(argv: list[str] | None = None) -> None:
     ]
     if args.compare_reuse:
         variants.append(("hvp_noreuse", compose_cfg(args, True, teacher_reuse=False)))
+    for name, keys in args.variants.items():
+        variants.append((name, compose_cfg(args, True, not args.no_teacher_reuse, keys)))
     runners: list[Runner] = []
     for name, cfg in variants:
         model = cls(cfg)
@@ -405,7 +429,12 @@ def main(argv: list[str] | None = None) -> None:
             f"global_pairs={hvps[0].model.hvp.global_pairs}"
         )
         for r in hvps:
-            notes.append(f"{r.name}: teacher_reuse={r.model.teacher_reuse}")  # type: ignore[attr-defined]
+            h = r.model.hvp
+            other_views = h.mode == "min_iou" or h.selection_scale != 1 or h.selection_fraction != 1
+            notes.append(
+                f"{r.name}: teacher_reuse={r.model.teacher_reuse}"  # type: ignore[attr-defined]
+                + (" (not applied: no selection pass over the step's views)" if other_views else "")
+            )
     print("\n".join(notes), flush=True)
 
     gen = torch.Generator().manual_seed(args.seed)
@@ -452,6 +481,25 @@ def main(argv: list[str] | None = None) -> None:
                 "median of per-round ratios",
                 "{:.3f}x",
             )
+        if r.name in args.variants:  # a cheaper selection against the full one, in the same rounds
+            add(
+                f"{r.name}/hvp step (paired)",
+                [v / h for v, h in zip(r.times["step"], hvps[0].times["step"])],
+                "median of per-round ratios",
+                "{:.3f}x",
+            )
+    base_flops = count_step_flops(base.cfg).train
+    for r in runners:  # what a run of this config reports in summary.json cost (counted on the meta device)
+        f = count_step_flops(r.cfg)
+        rows.append(
+            (
+                f"{r.name}: model FLOPs/image",
+                f"{(f.train + f.selection) / 1e6:.1f} M",
+                "",
+                f"train {f.train / 1e6:.1f} M + selection {f.selection / 1e6:.1f} M; "
+                f"{(f.train + f.selection) / base_flops:.3f}x the baseline's",
+            )
+        )
     for r in runners:
         if r.peak_mem:
             peak, resident = max(r.peak_mem)

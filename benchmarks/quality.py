@@ -1,30 +1,40 @@
-"""Does HVP help here? Baseline vs HVP arms x seeds, pretrained with identical settings.
+"""Does HVP help here, and is it worth its compute? Baseline vs HVP arms x seeds, at equal images
+and at equal model FLOPs.
 
-    uv run python benchmarks/quality.py --scale cpu                 # 75 runs: 5 methods x 5 arms x 3 seeds
-    uv run python benchmarks/quality.py --scale gpu --jobs 1        # 90 runs (SimSiam too): full CIFAR-10, 100 epochs
-    uv run python benchmarks/quality.py --scale cpu --report-only --results benchmarks/RESULTS.md
+    uv run python benchmarks/quality.py --scale cpu --methods simclr   # 50 runs: 10 arms x 5 seeds
+    uv run python benchmarks/quality.py --scale gpu --methods simclr   # the same on one GPU: full CIFAR-10, 100 epochs
+    uv run python benchmarks/quality.py --scale cpu --methods simclr --report-only --results benchmarks/RESULTS.md
 
 Every run is ``train.py`` with the scale's common overrides, the method, the seed and the
-arm's HVP keys, nothing else (the report checks the saved configs for that). Runs go to
-``<out>/<method>/<arm>/seed<k>``; a run with a ``summary.json`` is skipped, one with
-``checkpoints/last.ckpt`` continues where it stopped (train.py resumes it), so the benchmark can
-run as a series of short jobs: call the same command again (``--time-budget-min`` stops it
-cleanly before a job's wall-clock limit). Each finished run then gets a linear probe on frozen
-features (``eval.py protocol=linear protocol.augment=false``).
+arm's keys, nothing else (the report checks the saved configs for that). An arm is either a set of
+HVP keys, trained for the scale's epochs (equal images), or ``baseline@<arm>``: the baseline
+trained for the model FLOPs of ``<arm>``'s run of the same seed (``budget.match``, equal FLOPs;
+whole epochs, within half of one). Runs go to ``<out>/<method>/<arm>/seed<k>``; a run with a
+``summary.json`` is skipped, one with ``checkpoints/last.ckpt`` continues where it stopped
+(train.py resumes it), so the benchmark can run as a series of short jobs: call the same command
+again (``--time-budget-min`` stops it cleanly before a job's wall-clock limit). A ``baseline@``
+run waits for the run it matches; one whose budget comes to the epochs of a finished baseline run
+of its seed is that run (a link to its directory: the same config but for the budget keys, so
+the same training). Each finished run then gets a linear probe on frozen features
+(``eval.py protocol=linear protocol.augment=false``).
 
-The report (``<out>/report.md``, ``quality.json``, ``knn_curves.png``) gives per arm the mean and
-standard deviation over seeds of the final k-NN (k=20, T=0.07) and linear top-1, and the
-difference to the baseline paired by seed with a 95% t-interval, plus the k-NN curves per epoch
-(mean and min-max band over seeds).
+The report (``<out>/report.md``, ``quality.json``, ``knn_flops.png``) gives per arm its model
+FLOPs (summary.json ``cost``) against the baseline's, the mean and standard deviation over seeds
+of the final k-NN (k=20, T=0.07) and linear top-1, the difference to the baseline at equal
+images and to ``baseline@<arm>`` at equal FLOPs, paired by seed with 95% t-intervals, a verdict
+line computed from those, and a figure: k-NN against model FLOPs (curves, and the final k-NN of
+each run).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -38,23 +48,41 @@ REPO = Path(__file__).resolve().parent.parent
 CIFAR = "data.mean=[0.4914,0.4822,0.4465] data.std=[0.247,0.243,0.261] data/aug=cifar".split()
 
 # Same candidates (N=4) for every HVP arm: hard vs random separates the choice from the extra views.
+HVP4 = ["+hvp=on", "hvp.num_views=4"]
 ARMS: dict[str, list[str]] = {
     "baseline": [],
-    "hard": ["+hvp=on", "hvp.num_views=4", "hvp.mode=hard"],
-    "random": ["+hvp=on", "hvp.num_views=4", "hvp.mode=random"],
-    "hard_every2": ["+hvp=on", "hvp.num_views=4", "hvp.mode=hard", "hvp.every_n_steps=2"],
-    "easy": ["+hvp=on", "hvp.num_views=4", "hvp.mode=easy"],
-    # Compute-matched control, opt-in (``--arms ... baseline_long``): the baseline trained for the
-    # scale's ``long_epochs``, about the compute of ``hard`` (an N=4 HVP step costs ~1.6x a baseline
-    # step: RESULTS.md, overhead). Answers "is HVP better than simply training longer?".
-    "baseline_long": [],
+    "hard": [*HVP4, "hvp.mode=hard"],
+    # The cheaper selections (issue 48): candidates scored at half size, a quarter of each batch
+    # scored, both halved (the cheapest), and the crops' geometry alone (no selection forward).
+    "scale50": [*HVP4, "hvp.mode=hard", "hvp.selection_scale=0.5"],
+    "fraction25": [*HVP4, "hvp.mode=hard", "hvp.selection_fraction=0.25"],
+    "scale50_fraction50": [*HVP4, "hvp.mode=hard", "hvp.selection_scale=0.5", "hvp.selection_fraction=0.5"],
+    "min_iou": [*HVP4, "hvp.mode=min_iou"],
+    # The paper's controls (the earlier default): uniform choice, every 2nd step, the easiest pair.
+    "random": [*HVP4, "hvp.mode=random"],
+    "hard_every2": [*HVP4, "hvp.mode=hard", "hvp.every_n_steps=2"],
+    "easy": [*HVP4, "hvp.mode=easy"],
 }
-LONG_ARM = "baseline_long"
-DEFAULT_ARMS = [a for a in ARMS if a != LONG_ARM]  # the equal-images-seen comparison
+BASE = "baseline"
+AT = "@"  # baseline@<arm>: the baseline trained for <arm>'s model FLOPs (budget.match)
+ALL_ARMS = [*ARMS, *(f"{BASE}{AT}{a}" for a in ARMS if a != BASE)]
+SELECTIONS = ["hard", "scale50", "fraction25", "scale50_fraction50"]  # the arms whose selection costs FLOPs
+DEFAULT_ARMS = [BASE, *SELECTIONS, "min_iou", *(f"{BASE}{AT}{a}" for a in SELECTIONS)]
+PAPER_ARMS = [BASE, "hard", "random", "hard_every2", "easy"]
+TARGET_RATIO = 1.2  # issue 48: a selection at <= 1.2x the baseline's model FLOPs per image ...
 MIN_BASELINE_GAIN = 0.02  # a method is reported only if its baseline's k-NN gains this much over init
 NO_FIGURE = "Figure: none (no method reported)"
-HVP_KEYS = ("hvp",)  # the only top-level config key allowed to differ between arms
-ARM_KEYS = {LONG_ARM: {"trainer.max_epochs"}}  # what else an arm may change, by design
+HVP_KEYS = ("hvp",)  # the only top-level config key allowed to differ between arms ...
+BUDGET_KEYS = {"trainer.max_epochs", "budget.match", "budget.flops"}  # ... and these for baseline@<arm>
+
+
+def matched(arm: str) -> str | None:
+    """The arm whose FLOPs ``arm`` trains for (``baseline@hard`` -> ``hard``); None for an arm of keys."""
+    return arm.split(AT, 1)[1] if AT in arm else None
+
+
+def baseline_family(arm: str) -> bool:
+    return arm == BASE or arm.startswith(BASE + AT)
 
 
 @dataclass(frozen=True)
@@ -67,7 +95,11 @@ class Scale:
     threads_per_job: int
     jobs: int
     linear: list[str]
-    long_epochs: int  # baseline_long: ~1.6 x trainer.max_epochs (equal compute with hard, N=4)
+
+    @property
+    def epochs(self) -> int:
+        """The epochs of every arm but ``baseline@<arm>`` (whose budget sets its own)."""
+        return int(next(o for o in self.common if o.startswith("trainer.max_epochs=")).split("=")[1])
 
 
 SCALES: dict[str, Scale] = {
@@ -77,7 +109,7 @@ SCALES: dict[str, Scale] = {
     # Two 1-thread jobs at a time (measured faster than one 2-thread job for this small net).
     "cpu": Scale(
         description="CIFAR-10 5k-image train subset, 2k test subset, ResNet-18 CIFAR stem width 8, "
-        "batch 256, 12 epochs, 2 jobs x 1 thread",
+        "batch 256, 12 epochs, 1 thread per run",
         common=[
             "backbone=resnet18_narrow",
             "backbone.width=8",
@@ -137,18 +169,20 @@ SCALES: dict[str, Scale] = {
         threads_per_job=1,
         jobs=2,
         linear=["protocol.epochs=100", "protocol.batch_size=256"],
-        long_epochs=19,
     ),
     # The paper-like scale for one GPU: full CIFAR-10 train split, ResNet-18 CIFAR stem at full
-    # width, 100 epochs, k-NN every 5 epochs on the full test split, bf16.
+    # width, 100 epochs, k-NN every 5 epochs on the full test split, bf16. The training images are
+    # held on the GPU and the views cut and coloured there (data.on_device): 4 candidate views of
+    # 50k images an epoch would keep 16 CPU cores' loader workers behind the GPU.
     "gpu": Scale(
-        description="CIFAR-10 full train split (50k), full test split (10k), ResNet-18 CIFAR stem, "
-        "batch 512, 100 epochs, bf16-mixed, 1 GPU",
+        description="CIFAR-10 full train split (50k, held on the GPU), full test split (10k), ResNet-18 CIFAR "
+        "stem, batch 512, 100 epochs, bf16-mixed, 1 GPU",
         common=[
             "backbone=resnet18_cifar",
             "data=imagefolder",
             "data.root=../shared/datasets/cifar10",
             *CIFAR,
+            "data.on_device=true",
             "data.num_workers=8",
             "method.batch_size=512",
             "trainer=gpu",
@@ -169,7 +203,6 @@ SCALES: dict[str, Scale] = {
         threads_per_job=8,
         jobs=1,
         linear=["protocol.epochs=100", "protocol.batch_size=512", "accelerator=gpu"],
-        long_epochs=160,
     ),
 }
 
@@ -185,25 +218,29 @@ class Job:
     def name(self) -> str:
         return f"{self.method}/{self.arm}/seed{self.seed}"
 
+    @property
+    def matched_dir(self) -> Path | None:
+        """The run a ``baseline@<arm>`` job trains for the FLOPs of: ``<arm>``'s, same method and seed."""
+        other = matched(self.arm)
+        return None if other is None else self.run_dir.parent.parent / other / self.run_dir.name
+
 
 def plan(scale: Scale, methods: list[str], arms: list[str], seeds: list[int], out: Path) -> list[Job]:
-    """Seeds outermost: a benchmark stopped early still has whole seeds of every arm to compare."""
-    return [Job(m, a, s, out / m / a / f"seed{s}") for s in seeds for m in methods for a in arms]
+    """Seeds outermost: a benchmark stopped early still has whole seeds of every arm to compare;
+    within a seed the ``baseline@<arm>`` runs last (each waits for the run it matches)."""
+    ordered = sorted(arms, key=lambda a: matched(a) is not None)
+    return [Job(m, a, s, out / m / a / f"seed{s}") for s in seeds for m in methods for a in ordered]
 
 
 def train_command(scale: Scale, job: Job) -> list[str]:
-    common = scale.common
-    if job.arm == LONG_ARM:
-        common = [
-            f"trainer.max_epochs={scale.long_epochs}" if o.startswith("trainer.max_epochs=") else o for o in common
-        ]
+    keys = ARMS[job.arm] if job.matched_dir is None else [f"budget.match={job.matched_dir}"]
     return [
         sys.executable,
         "train.py",
-        *common,
+        *scale.common,
         *scale.per_method[job.method],
         f"seed={job.seed}",
-        *ARMS[job.arm],
+        *keys,
         f"hydra.run.dir={job.run_dir}",
     ]
 
@@ -256,7 +293,75 @@ def run_job(scale: Scale, job: Job, deadline: float | None, linear: bool) -> dic
     return out
 
 
-def run_all(scale: Scale, jobs: list[Job], n_parallel: int, budget_min: float | None, linear: bool) -> None:
+def _done(job: Job, linear: bool) -> bool:
+    return (job.run_dir / "summary.json").is_file() and (
+        not linear or (job.run_dir / "eval" / "linear" / "eval_summary.json").is_file()
+    )
+
+
+def budget_epochs(matched_run: Path) -> int:
+    """The epochs ``budget.match=<matched_run>`` gives the baseline, counted as
+    ``hvp_lightning.training.budget`` counts them: the whole epochs whose model FLOPs come closest
+    to that run's ``cost.total_flops`` (a tie: the fewer), a baseline epoch costing
+    ``baseline_flops_per_image`` for each of the matched run's images per epoch."""
+    from hvp_lightning.training.budget import closest_count
+
+    s = json.loads((matched_run / "summary.json").read_text())
+    cost = s["cost"]
+    per_epoch = cost["baseline_flops_per_image"] * cost["images"] // s["epochs"]
+    return closest_count(float(cost["total_flops"]), lambda e: e * per_epoch)
+
+
+Slot = tuple[str, int, int]  # (method, seed, epochs) of a baseline-family run: one training
+
+
+def _slot(scale: Scale, job: Job) -> Slot | None:
+    """What a baseline-family job trains: None for the other arms, and for a ``baseline@`` job
+    whose matched run is not finished (it waits)."""
+    if job.arm == BASE:
+        return job.method, job.seed, scale.epochs
+    if job.matched_dir is None or not (job.matched_dir / "summary.json").is_file():
+        return None
+    return job.method, job.seed, budget_epochs(job.matched_dir)
+
+
+def _same_run(job: Job, slot: Slot, linear: bool) -> Path | None:
+    """A finished (not linked) baseline-family run of the job's method and seed with the slot's epochs."""
+    for arm_dir in sorted(job.run_dir.parent.parent.iterdir()):
+        run = arm_dir / job.run_dir.name
+        if arm_dir.name == job.arm or not baseline_family(arm_dir.name) or run.is_symlink():
+            continue
+        other = Job(job.method, arm_dir.name, job.seed, run)
+        if _done(other, linear) and json.loads((run / "summary.json").read_text())["epochs"] == slot[2]:
+            return run
+    return None
+
+
+def next_job(scale: Scale, queue: list[Job], busy: set[Slot], linear: bool) -> tuple[Job, Slot | None] | None:
+    """The first job of ``queue`` that can start (removed from it), and its slot; a ``baseline@``
+    job whose epochs a finished baseline run of its seed has becomes a link to it instead (and the
+    search goes on); one whose matched run is unfinished, or whose slot a running job trains, waits."""
+    for job in list(queue):
+        if job.matched_dir is not None and not (job.matched_dir / "summary.json").is_file():
+            continue
+        slot = _slot(scale, job)
+        if slot is not None and slot in busy:
+            continue
+        queue.remove(job)
+        if job.matched_dir is not None and not job.run_dir.exists() and slot is not None:
+            same = _same_run(job, slot, linear)
+            if same is not None:
+                job.run_dir.parent.mkdir(parents=True, exist_ok=True)
+                job.run_dir.symlink_to(os.path.relpath(same, job.run_dir.parent), target_is_directory=True)
+                print(f"{job.name}: {slot[2]} epochs, the run of {same.parent.name} (linked)", flush=True)
+                continue
+        return job, slot
+    return None
+
+
+def run_all(scale: Scale, jobs: list[Job], n_parallel: int, budget_min: float | None, linear: bool, out: Path) -> None:
+    """Runs the unfinished jobs, ``n_parallel`` at a time, each as soon as it can start
+    (:func:`next_job`); the load average goes to ``<out>/load.tsv`` every minute, for the report."""
     deadline = time.time() + 60 * budget_min if budget_min else None
     todo = [j for j in jobs if not _done(j, linear)]
     print(
@@ -264,17 +369,23 @@ def run_all(scale: Scale, jobs: list[Job], n_parallel: int, budget_min: float | 
         f"parallel job(s) x {scale.threads_per_job} thread(s)",
         flush=True,
     )
-    start, finished = time.time(), 0
-    with ThreadPoolExecutor(n_parallel) as pool:
-        pending: set[Future] = set()
-        queue = list(todo)
-        while queue or pending:
-            while queue and len(pending) < n_parallel and (deadline is None or time.time() < deadline):
-                pending.add(pool.submit(run_job, scale, queue.pop(0), deadline, linear))
-            if not pending:
+    out.mkdir(parents=True, exist_ok=True)
+    start, finished, queue = time.time(), 0, list(todo)
+    running: dict[Future, Slot | None] = {}
+    with ThreadPoolExecutor(n_parallel) as pool, (out / "load.tsv").open("a") as load:
+        while True:
+            while len(running) < n_parallel and (deadline is None or time.time() < deadline):
+                picked = next_job(scale, queue, {s for s in running.values() if s}, linear)
+                if picked is None:
+                    break
+                running[pool.submit(run_job, scale, picked[0], deadline, linear)] = picked[1]
+            if not running:
                 break
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            done, _ = wait(running, timeout=60, return_when=FIRST_COMPLETED)
+            load.write(f"{time.time():.0f}\t{os.getloadavg()[0]:.2f}\t{len(running)}\n")
+            load.flush()
             for fut in done:
+                del running[fut]
                 res = fut.result()
                 finished += 1
                 elapsed = time.time() - start
@@ -282,7 +393,7 @@ def run_all(scale: Scale, jobs: list[Job], n_parallel: int, budget_min: float | 
                 print(
                     f"[{finished}/{len(todo)}] {res['job']}: {res['status']} (pretrain {res['pretrain_s']:.0f} s, "
                     f"linear {res['linear_s']:.0f} s) | elapsed {elapsed / 60:.1f} min, "
-                    f"ETA {eta / 60:.1f} min",
+                    f"ETA {eta / 60:.1f} min (at most: links take none)",
                     flush=True,
                 )
     left = [j.name for j in jobs if not _done(j, linear)]
@@ -292,12 +403,6 @@ def run_all(scale: Scale, jobs: list[Job], n_parallel: int, budget_min: float | 
             + (" ..." if len(left) > 6 else ""),
             flush=True,
         )
-
-
-def _done(job: Job, linear: bool) -> bool:
-    return (job.run_dir / "summary.json").is_file() and (
-        not linear or (job.run_dir / "eval" / "linear" / "eval_summary.json").is_file()
-    )
 
 
 # --- report ---------------------------------------------------------------------------------
@@ -319,15 +424,20 @@ def mean_std(xs: list[float]) -> tuple[float, float]:
     return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else math.nan)
 
 
-def load_results(jobs: list[Job]) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
-    """(method, arm) -> seed -> {knn, linear, curve, wall_s, config} for finished runs."""
-    res: dict[tuple[str, str], dict[int, dict[str, Any]]] = defaultdict(dict)
+Results = dict[tuple[str, str], dict[int, dict[str, Any]]]
+
+
+def load_results(jobs: list[Job]) -> Results:
+    """(method, arm) -> seed -> {knn, linear, curve, wall_s, cost, ...} for finished runs."""
+    res: Results = defaultdict(dict)
     for j in jobs:
         f = j.run_dir / "summary.json"
         if not f.is_file():
             continue
         s = json.loads(f.read_text())
         lin = j.run_dir / "eval" / "linear" / "eval_summary.json"
+        cost = s.get("cost") or {}
+        flops = cost.get("total_flops")
         res[(j.method, j.arm)][j.seed] = {
             "knn": s["knn_top1"],
             "knn_init": s.get("knn_top1_init"),
@@ -335,14 +445,23 @@ def load_results(jobs: list[Job]) -> dict[tuple[str, str], dict[int, dict[str, A
             "curve": [(h["epoch"], h["top1"]) for h in s.get("knn_history", [])],
             "linear": json.loads(lin.read_text())["metrics"]["top1"] if lin.is_file() else None,
             "images_seen": s["images_seen"],
+            "epochs": s.get("epochs"),
             "hvp": s.get("hvp"),
+            "flops": flops,
+            # model FLOPs per image over the run, in units of the baseline step's (1 = the baseline)
+            "per_image": flops / cost["images"] if flops else None,
+            "ratio": flops / cost["images"] / cost["baseline_flops_per_image"] if flops else None,
+            "train_per_image": cost.get("train_flops_per_image"),
+            "selection_per_image": cost.get("selection_flops_per_image"),
+            "images_per_s": cost.get("images_per_s"),
+            "linked": j.run_dir.is_symlink(),
         }
     return res
 
 
 def config_differences(jobs: list[Job]) -> list[str]:
-    """Keys, other than hvp, seed and an arm's own ARM_KEYS, whose values differ between the runs
-    of one method."""
+    """Keys, other than hvp, seed and (for ``baseline@<arm>``) the budget's, whose values differ
+    between the runs of one method."""
     import yaml
 
     from hvp_lightning.evaluation.loggers import flatten
@@ -366,20 +485,20 @@ def config_differences(jobs: list[Job]) -> list[str]:
     for method, runs in by_method.items():
         ref_job, ref = runs[0]
         for j, c in runs[1:]:
-            allowed = ARM_KEYS.get(j.arm, set()) | ARM_KEYS.get(ref_job.arm, set())
+            allowed = BUDGET_KEYS if matched(j.arm) or matched(ref_job.arm) else set()
             for k in sorted((set(ref) | set(c)) - allowed):
                 if ref.get(k) != c.get(k):
                     problems.append(f"{method}: {k} differs ({ref_job.name}: {ref.get(k)!r}, {j.name}: {c.get(k)!r})")
     return problems
 
 
-def learning_methods(res: dict, methods: list[str], min_gain: float = MIN_BASELINE_GAIN) -> tuple[list[str], list[str]]:
+def learning_methods(res: Results, methods: list[str]) -> tuple[list[str], list[str]]:
     """The methods whose baseline learns at this budget (seed-mean final k-NN at least
-    ``min_gain`` above the seed-mean k-NN at random init), and a line for each one left out:
+    MIN_BASELINE_GAIN above the seed-mean k-NN at random init), and a line for each one left out:
     comparing arms of a method that does not learn measures noise."""
-    keep, notes = [], []
+    keep, notes, min_gain = [], [], MIN_BASELINE_GAIN
     for m in methods:
-        runs = [r for r in res.get((m, "baseline"), {}).values() if r["knn_init"] is not None]
+        runs = [r for r in res.get((m, BASE), {}).values() if r["knn_init"] is not None]
         if not runs:
             keep.append(m)  # nothing to judge yet
             continue
@@ -395,37 +514,49 @@ def learning_methods(res: dict, methods: list[str], min_gain: float = MIN_BASELI
     return keep, notes
 
 
-def _pct(x: float) -> str:
+def _pct(x: float | None) -> str:
     return "n/a" if x is None or math.isnan(x) else f"{100 * x:.2f}"
 
 
-def summary_table(
-    res: dict, methods: list[str], arms: list[str], metric: str, ref: str = "baseline"
-) -> tuple[list[str], dict]:
-    """Markdown rows for one metric (knn or linear) and the numbers behind them; differences are
-    to the ``ref`` arm, paired by seed."""
+def _diff(d: float, lo: float, hi: float, n: int) -> str:
+    return f"{100 * d:+.2f} ({_pct(lo)}, {_pct(hi)})" if n > 1 else f"{100 * d:+.2f} (n=1)"
+
+
+def _values(res: Results, m: str, a: str, metric: str) -> dict[int, float]:
+    return {s: r[metric] for s, r in res.get((m, a), {}).items() if r[metric] is not None}
+
+
+def paired(res: Results, m: str, arm: str, ref: str, metric: str) -> dict[str, Any] | None:
+    """``arm`` minus ``ref`` over the seeds both have: mean, 95% t-interval, per-seed differences."""
+    a, b = _values(res, m, arm, metric), _values(res, m, ref, metric)
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return None
+    diffs = [a[s] - b[s] for s in seeds]
+    d, lo, hi = t_interval(diffs)
+    return {"diff": d, "ci": [lo, hi], "n": len(seeds), "per_seed": dict(zip(seeds, diffs))}
+
+
+def summary_table(res: Results, methods: list[str], arms: list[str], metric: str) -> tuple[list[str], dict]:
+    """Markdown rows for one metric (knn or linear) at equal images: each arm against the
+    baseline, paired by seed."""
     rows = [
-        f"| method | arm | seeds | {metric} top-1 % (mean ± sd) | diff to {ref}, pp (95% CI) | "
+        f"| method | arm | seeds | {metric} top-1 % (mean ± sd) | diff to baseline, pp (95% CI) | "
         f"per-seed % | wall min/run |",
         "|---|---|---|---|---|---|---|",
     ]
     numbers: dict[str, Any] = {}
     for m in methods:
-        base = {s: r[metric] for s, r in res.get((m, ref), {}).items() if r[metric] is not None}
         for a in arms:
-            runs = {s: r for s, r in res.get((m, a), {}).items() if r[metric] is not None}
+            runs = _values(res, m, a, metric)
             if not runs:
                 continue
-            vals = [runs[s][metric] for s in sorted(runs)]
+            vals = [runs[s] for s in sorted(runs)]
             mean, sd = mean_std(vals)
-            paired = [runs[s][metric] - base[s] for s in sorted(runs) if s in base]
-            if a != ref and paired:
-                d, lo, hi = t_interval(paired)
-                diff = f"{100 * d:+.2f} ({_pct(lo)}, {_pct(hi)})" if len(paired) > 1 else f"{100 * d:+.2f} (n=1)"
-            else:
-                d = lo = hi = math.nan
-                diff = "—"
-            wall = sum(r["wall_s"] for r in runs.values()) / len(runs) / 60
+            pair = paired(res, m, a, BASE, metric) if a != BASE else None
+            diff = _diff(pair["diff"], *pair["ci"], pair["n"]) if pair else "—"
+            own = [r for r in res[(m, a)].values() if not r["linked"]]
+            wall = sum(r["wall_s"] for r in own) / len(own) / 60 if own else math.nan
             rows.append(
                 f"| {m} | {a} | {len(vals)} | {_pct(mean)} ± {_pct(sd)} | {diff} | "
                 f"{', '.join(_pct(v) for v in vals)} | {wall:.1f} |"
@@ -434,22 +565,131 @@ def summary_table(
                 "mean": mean,
                 "sd": sd,
                 "n": len(vals),
-                "diff": d,
-                "ci": [lo, hi],
+                "diff": pair["diff"] if pair else math.nan,
+                "ci": pair["ci"] if pair else [math.nan, math.nan],
                 "per_seed": dict(zip(sorted(runs), vals)),
                 "wall_min": wall,
             }
     return rows, numbers
 
 
-def crossings(res: dict, methods: list[str], arms: list[str]) -> list[str]:
-    """Per HVP arm: at which k-NN passes the seed-mean curve is at or above the baseline's."""
+def _mean(res: Results, m: str, a: str, key: str) -> float:
+    xs = [r[key] for r in res.get((m, a), {}).values() if r[key] is not None]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def cost_table(res: Results, methods: list[str], arms: list[str]) -> tuple[list[str], dict]:
+    """Per arm: epochs, model FLOPs per image (train + selection, from summary.json ``cost``),
+    their mean over the run against the baseline step's (``x baseline/image``), the run's total
+    against the baseline arm's, whether the arm is within the target, images/s, wall time."""
+    rows = [
+        "| method | arm | seeds | epochs | train + selection MFLOPs/image | x baseline/image | total FLOPs | "
+        f"x baseline total | <= {TARGET_RATIO}x | images/s | wall min/run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    numbers: dict[str, Any] = {}
+    for m in methods:
+        base_total = _mean(res, m, BASE, "flops")
+        for a in arms:
+            runs = res.get((m, a), {})
+            if not runs:
+                continue
+            ratio, total = _mean(res, m, a, "ratio"), _mean(res, m, a, "flops")
+            epochs = sorted({r["epochs"] for r in runs.values()})
+            within = "—" if baseline_family(a) else ("yes" if ratio <= TARGET_RATIO else "no")
+            own = [r for r in runs.values() if not r["linked"]]
+            wall = sum(r["wall_s"] for r in own) / len(own) / 60 if own else math.nan
+            linked = len(runs) - len(own)
+            train, select = (_mean(res, m, a, k) / 1e6 for k in ("train_per_image", "selection_per_image"))
+            rows.append(
+                f"| {m} | {a} | {len(runs)} | {', '.join(map(str, epochs))} | {train:.1f} + {select:.1f} | "
+                f"{ratio:.3f} | {total:.4g} | {total / base_total:.3f} | {within} | "
+                f"{_mean(res, m, a, 'images_per_s'):.0f} | {wall:.1f}{f' ({linked} linked)' if linked else ''} |"
+            )
+            numbers[f"{m}/{a}"] = {"ratio_per_image": ratio, "total_flops": total, "ratio_total": total / base_total,
+                                   "epochs": epochs, "within_target": within == "yes"}  # fmt: skip
+    return rows, numbers
+
+
+def equal_flops_ref(res: Results, m: str, arm: str) -> str | None:
+    """The run that had ``arm``'s model FLOPs: ``baseline@<arm>``, or the baseline itself where the
+    arm's selection costs none (``min_iou``, ``random``: equal images are equal FLOPs)."""
+    if (m, f"{BASE}{AT}{arm}") in res:
+        return f"{BASE}{AT}{arm}"
+    runs = res.get((m, arm), {}).values()
+    if runs and all(r["selection_per_image"] == 0 for r in runs):
+        return BASE
+    return None
+
+
+def equal_flops_table(res: Results, methods: list[str], arms: list[str], metric: str) -> tuple[list[str], dict]:
+    """Each arm against the baseline run that had its model FLOPs (:func:`equal_flops_ref`),
+    paired by seed; the achieved FLOPs ratio per seed (whole epochs: within half of one)."""
+    rows = [
+        f"| method | arm | x baseline/image | against | its FLOPs / arm's | arm {metric} % | against, {metric} % | "
+        "diff, pp (95% CI) | per-seed diff, pp |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    numbers: dict[str, Any] = {}
+    for m in methods:
+        for a in arms:
+            ref = None if baseline_family(a) else equal_flops_ref(res, m, a)
+            pair = paired(res, m, a, ref, metric) if ref else None
+            if pair is None:
+                continue
+            seeds = list(pair["per_seed"])
+            achieved = [res[(m, ref)][s]["flops"] / res[(m, a)][s]["flops"] for s in seeds]  # type: ignore[index]
+            arm_v, ref_v = _values(res, m, a, metric), _values(res, m, ref, metric)  # type: ignore[arg-type]
+            arm_mean, arm_sd = mean_std([arm_v[s] for s in seeds])
+            ref_mean, ref_sd = mean_std([ref_v[s] for s in seeds])
+            rows.append(
+                f"| {m} | {a} | {_mean(res, m, a, 'ratio'):.3f} | {ref} | "
+                f"{min(achieved):.3f}{f'-{max(achieved):.3f}' if max(achieved) > min(achieved) else ''} | "
+                f"{_pct(arm_mean)} ± {_pct(arm_sd)} | {_pct(ref_mean)} ± {_pct(ref_sd)} | "
+                f"{_diff(pair['diff'], *pair['ci'], pair['n'])} | "
+                f"{', '.join(f'{100 * d:+.2f}' for d in pair['per_seed'].values())} |"
+            )
+            numbers[f"{m}/{a}"] = {**pair, "against": ref, "achieved_flops_ratio": achieved,
+                                   "ratio_per_image": _mean(res, m, a, "ratio")}  # fmt: skip
+    return rows, numbers
+
+
+def verdict(numbers: dict[str, Any], method: str, label: str = "k-NN") -> str:
+    """One line from the equal-FLOPs comparisons of ``method``: does a selection at <= TARGET_RATIO
+    times the baseline's model FLOPs per image beat the baseline at equal FLOPs (95% interval
+    above 0)? Names those that do, or the best one that does not; then the arms above the target."""
+    rows = {k.split("/", 1)[1]: v for k, v in numbers.items() if k.split("/", 1)[0] == method}
+    cheap = {a: v for a, v in rows.items() if v["ratio_per_image"] <= TARGET_RATIO}
+    dear = {a: v for a, v in rows.items() if v["ratio_per_image"] > TARGET_RATIO}
+
+    def say(a: str, v: dict[str, Any]) -> str:
+        return f"{a} ({v['ratio_per_image']:.2f}x) {_diff(v['diff'], *v['ci'], v['n'])} pp"
+
+    head = f"Verdict, {method}, {label} at equal FLOPs"
+    if not cheap:
+        line = f"{head}: no arm at <= {TARGET_RATIO}x the baseline's model FLOPs per image has finished"
+    elif wins := [a for a, v in cheap.items() if v["n"] > 1 and v["ci"][0] > 0]:
+        line = f"{head}: above the baseline (95% CI above 0) at <= {TARGET_RATIO}x its model FLOPs per image: " + (
+            "; ".join(say(a, cheap[a]) for a in wins)
+        )
+    else:
+        best = max(cheap, key=lambda a: cheap[a]["diff"])
+        line = (
+            f"{head}: no selection at <= {TARGET_RATIO}x the baseline's model FLOPs per image is above the baseline "
+            f"(none has its 95% CI above 0); best: {say(best, cheap[best])}"
+        )
+    if dear:
+        line += f". Above {TARGET_RATIO}x: " + "; ".join(say(a, v) for a, v in dear.items())
+    return line + "."
+
+
+def crossings(res: Results, methods: list[str], arms: list[str]) -> list[str]:
+    """Per arm at the scale's epochs: at which k-NN passes the seed-mean curve is at or above the baseline's."""
     lines = []
     for m in methods:
-        base = _mean_curve(res.get((m, "baseline"), {}))
+        base = _mean_curve(res.get((m, BASE), {}))
         for a in arms:
-            # The long arm's schedule is stretched over more epochs: not comparable epoch by epoch.
-            if a in ("baseline", LONG_ARM) or not base:
+            if baseline_family(a) or not base:  # a budget's schedule is stretched: not comparable by epoch
                 continue
             cur = _mean_curve(res.get((m, a), {}))
             common = [e for e in sorted(cur) if e in base and e > 0]
@@ -475,50 +715,62 @@ def _mean_curve(runs: dict[int, dict[str, Any]]) -> dict[float, float]:
     return {e: sum(v) / len(v) for e, v in by_epoch.items() if len(v) == n}
 
 
-def plot_curves(res: dict, methods: list[str], arms: list[str], path: Path, title: str) -> None:
+def arm_styles(arms: list[str]) -> dict[str, dict[str, Any]]:
+    """A colour per arm of keys (the baseline black); ``baseline@<arm>`` takes its arm's colour,
+    dashed, with open markers."""
+    keyed = [a for a in arms if matched(a) is None and a != BASE]
+    colour = {BASE: "black", **{a: f"C{i % 10}" for i, a in enumerate(keyed)}}
+    styles = {}
+    for a in arms:
+        other = matched(a)
+        c = colour.get(other or a, "gray")
+        styles[a] = {"color": c, "ls": "--" if other else "-", "marker": "s" if other else "o", "open": bool(other)}
+    return styles
+
+
+def plot_flops(res: Results, methods: list[str], arms: list[str], path: Path, title: str) -> None:
+    """Per method, two panels: the seed-mean k-NN curve of each arm against the model FLOPs trained
+    so far (an epoch's share of the run's total), and the final k-NN of every run against its total
+    FLOPs with each arm's mean and 95% t-interval."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(methods), figsize=(6.5 * len(methods), 4.6), squeeze=False)
-    colours = dict(zip(ARMS, ["black", "tab:red", "tab:blue", "tab:orange", "tab:green", "tab:gray"]))
-    for ax, m in zip(axes[0], methods):
+    styles = arm_styles(arms)
+    fig, axes = plt.subplots(len(methods), 2, figsize=(13, 4.8 * len(methods)), squeeze=False)
+    for (ax_c, ax_f), m in zip(axes, methods):
         for a in arms:
             runs = res.get((m, a), {})
+            runs = {s: r for s, r in runs.items() if r["flops"]}
             if not runs:
                 continue
-            by_epoch: dict[float, list[float]] = defaultdict(list)
-            for r in runs.values():
-                for e, v in r["curve"]:
-                    by_epoch[round(e, 2)].append(100 * v)
-            es = sorted(e for e in by_epoch if len(by_epoch[e]) == len(runs))
-            mean = [sum(by_epoch[e]) / len(by_epoch[e]) for e in es]
-            ax.plot(
-                es,
-                mean,
-                color=colours[a],
-                label=f"{a} (n={len(runs)})",
-                lw=2 if a in ("baseline", "hard") else 1.3,
-                ls="--" if a == LONG_ARM else "-",
-            )
-            if len(runs) > 1:
-                ax.fill_between(
-                    es,
-                    [min(by_epoch[e]) for e in es],
-                    [max(by_epoch[e]) for e in es],
-                    color=colours[a],
-                    alpha=0.15,
-                    lw=0,
-                )
-        ax.set_title(m)
-        ax.set_xlabel("epoch (0 = random init)")
-        ax.set_ylabel("k-NN top-1 % (k=20, T=0.07)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{title}\nline: mean over seeds, band: min-max over seeds", fontsize=10)
+            st = styles[a]
+            curve = _mean_curve(runs)
+            total, epochs = _mean(res, m, a, "flops"), max(r["epochs"] for r in runs.values())
+            es = sorted(curve)
+            ax_c.plot([total * e / epochs for e in es], [100 * curve[e] for e in es], color=st["color"], ls=st["ls"],
+                      lw=1.8 if a in (BASE, "hard") else 1.2, label=f"{a} (n={len(runs)})")  # fmt: skip
+            xs = [r["flops"] for r in runs.values()]
+            ys = [100 * r["knn"] for r in runs.values()]
+            face = "none" if st["open"] else st["color"]
+            ax_f.scatter(xs, ys, s=14, facecolors=face, edgecolors=st["color"], marker=st["marker"], alpha=0.5)
+            mean, lo, hi = t_interval(ys) if len(ys) > 1 else (ys[0], ys[0], ys[0])
+            ax_f.errorbar([sum(xs) / len(xs)], [mean], yerr=[[mean - lo], [hi - mean]], color=st["color"],
+                          marker=st["marker"], mfc=face, ms=7, capsize=4, label=a)  # fmt: skip
+        base_total = _mean(res, m, BASE, "flops")
+        if not math.isnan(base_total):
+            ax_f.axvline(TARGET_RATIO * base_total, color="gray", ls=":", lw=1, label=f"{TARGET_RATIO}x the baseline's")
+        for ax in (ax_c, ax_f):
+            ax.set_xlabel("model FLOPs trained (summary.json cost.total_flops)")
+            ax.set_ylabel("k-NN top-1 % (k=20, T=0.07)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        ax_c.set_title(f"{m}: k-NN during training (mean over seeds)")
+        ax_f.set_title(f"{m}: final k-NN per run; mean and 95% t-interval per arm")
+    fig.suptitle(f"{title}\ndashed, open: the baseline trained for that arm's FLOPs (budget.match)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
@@ -536,6 +788,21 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores{gpu}, Python {platform.python_version()}, torch {torch.__version__}"
 
 
+def load_line(out: Path) -> str:
+    """The 1-minute load average sampled while the runs trained (``<out>/load.tsv``, every call's)."""
+    f = out / "load.tsv"
+    rows = [line.split("\t") for line in f.read_text().splitlines() if line.strip()] if f.is_file() else []
+    if not rows:
+        return "Load: not recorded (no runs trained by this script's calls in this folder)."
+    loads, jobs = [float(r[1]) for r in rows], sorted({int(r[2]) for r in rows})
+    days = sorted({time.strftime("%Y-%m-%d %H:%M", time.gmtime(int(r[0]))) for r in (rows[0], rows[-1])})
+    return (
+        f"Load average (1 min) while training, sampled every minute ({len(loads)} samples, {' to '.join(days)} UTC, "
+        f"{'/'.join(map(str, jobs))} run(s) at a time): median {statistics.median(loads):.2f}, "
+        f"{min(loads):.2f}-{max(loads):.2f}."
+    )
+
+
 def report(
     scale_name: str,
     scale: Scale,
@@ -546,71 +813,83 @@ def report(
     command: str,
     png: Path | None = None,
 ) -> str:
-    """Write report.md, quality.json and the k-NN curve figure (to ``png``, default
-    ``<out>/knn_curves.png``) and return the report's markdown."""
+    """Write report.md, quality.json and the figure (to ``png``, default ``<out>/knn_flops.png``)
+    and return the report's markdown."""
     res = load_results(jobs)
     done = sum(len(v) for v in res.values())
     methods, left_out = learning_methods(res, methods)
-    knn_rows, knn_num = summary_table(res, methods, arms, "knn")
-    lin_rows, lin_num = summary_table(res, methods, arms, "linear")
-    equal_compute: list[str] = []
-    if LONG_ARM in arms and any(a == LONG_ARM for _, a in res):
-        for metric, label, numbers_out in (("knn", "k-NN", knn_num), ("linear", "Linear probe", lin_num)):
-            rows, numbers = summary_table(res, methods, [LONG_ARM, "hard"], metric, ref=LONG_ARM)
-            equal_compute += [
-                f"{label}: hard (as above) vs {LONG_ARM} (no HVP, {scale.long_epochs} epochs):",
+    keyed = [a for a in arms if not matched(a)]
+    cost_rows, cost_num = cost_table(res, methods, arms)
+    sections: list[str] = []
+    numbers: dict[str, Any] = {"cost": cost_num}
+    verdicts: list[str] = []
+    for metric, label in (("knn", "k-NN"), ("linear", "Linear probe")):
+        rows, num = summary_table(res, methods, keyed, metric)
+        frows, fnum = equal_flops_table(res, methods, keyed, metric)
+        numbers[metric], numbers[f"{metric}_equal_flops"] = num, fnum
+        sections += [
+            f"{label}, equal images (every arm {scale.epochs} epochs; differences to the baseline, paired by seed):",
+            "",
+            *rows,
+            "",
+        ]
+        if len(frows) > 2:
+            sections += [
+                f"{label}, equal model FLOPs (each arm against the baseline trained for its run's FLOPs, "
+                f"`baseline@<arm>`, or the baseline itself where the selection costs none; paired by seed):",
                 "",
-                *rows,
+                *frows,
                 "",
             ]
-            numbers_out.update({f"{k} vs {LONG_ARM}": v for k, v in numbers.items()})
+            verdicts += [verdict(fnum, m, label) for m in methods]
     diffs = config_differences(jobs)
     checked = "checked: saved configs agree on every other key"
     if diffs:
         checked = "CONFIGS DIFFER: " + "; ".join(diffs[:5])
-    png = png or out / "knn_curves.png"
+    png = png or out / "knn_flops.png"
     figure = NO_FIGURE
-    if res and methods:  # matplotlib cannot draw zero panels
-        plot_curves(res, methods, arms, png, f"{scale_name} scale: {scale.description}")
+    if any(r["flops"] for v in res.values() for r in v.values()) and methods:  # matplotlib cannot draw zero panels
+        plot_flops(res, methods, arms, png, f"{scale_name} scale: {scale.description}")
         figure = f"Figure: `{png.relative_to(REPO) if png.is_relative_to(REPO) else png}`"
-    walls = [r["wall_s"] for v in res.values() for r in v.values()]
-    inits = [r["knn_init"] for v in res.values() for r in v.values() if r["knn_init"] is not None]
+    own = [r for v in res.values() for r in v.values() if not r["linked"]]
+    walls = [r["wall_s"] for r in own]
+    inits = [r["knn_init"] for r in own if r["knn_init"] is not None]
+    linked = [f"{m}/{a}/seed{s}" for (m, a), v in res.items() for s, r in v.items() if r["linked"]]
     lines = [
         f"### Quality benchmark, {scale_name} scale ({time.strftime('%Y-%m-%d')})",
         "",
         f"Command: {command}  ",
         f"Machine: {machine()}  ",
-        f"Setup: {scale.description}. Arms differ only in the HVP keys"
-        f"{f' ({LONG_ARM}: and trainer.max_epochs={scale.long_epochs})' if LONG_ARM in arms else ''} "
-        f"({checked}).  ",
-        f"Runs finished: {done}/{len(jobs)}; pretraining wall time {sum(walls) / 60:.0f} min in all "
-        f"(per run, including the k-NN passes: {min(walls, default=0) / 60:.1f}-"
-        f"{max(walls, default=0) / 60:.1f} min).  ",
+        f"Setup: {scale.description}. Arms differ only in the HVP keys, `baseline@<arm>` only in "
+        f"`budget.match` and the epochs it sets ({checked}).  ",
+        f"Runs finished: {done}/{len(jobs)}"
+        + (f", {len(linked)} of them a link to a baseline run of the same epochs" if linked else "")
+        + f"; pretraining wall time {sum(walls) / 60:.0f} min in all (per run, including the k-NN passes: "
+        f"{min(walls, default=0) / 60:.1f}-{max(walls, default=0) / 60:.1f} min).  ",
+        f"{load_line(out)}  ",
         f"k-NN at random init (same for all arms of a seed): {_pct(min(inits, default=math.nan))}-"
         f"{_pct(max(inits, default=math.nan))}%.",
         "",
         *(["Methods left out:", "", *left_out, ""] if left_out else []),
-        "k-NN on the test split (final weights):",
+        f"Model FLOPs (summary.json `cost`; x baseline/image: the run's FLOPs per image over the baseline step's, "
+        f"the target is <= {TARGET_RATIO}x):",
         "",
-        *knn_rows,
+        *cost_rows,
         "",
-        "Linear probe on frozen features (centre crops, no augmentation):",
+        *sections,
+        "Curves (seed-mean k-NN of each arm vs the baseline's, per epoch, at equal images):",
         "",
-        *lin_rows,
+        *crossings(res, methods, keyed),
         "",
-        "Curves (seed-mean k-NN of each HVP arm vs the baseline's, per epoch):",
-        "",
-        *crossings(res, methods, arms),
-        "",
-        *(["Equal compute (differences paired by seed):", "", *equal_compute] if equal_compute else []),
+        *[f"**{v}**" for v in verdicts],
+        *([""] if verdicts else []),
         figure,
         "",
     ]
     text = "\n".join(lines)
     (out / "report.md").write_text(text)
-    (out / "quality.json").write_text(
-        json.dumps({"knn": knn_num, "linear": lin_num, "config_differences": diffs}, indent=2, default=float)
-    )
+    numbers.update(verdicts=verdicts, config_differences=diffs)
+    (out / "quality.json").write_text(json.dumps(numbers, indent=2, default=float))
     return text
 
 
@@ -622,10 +901,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--arms",
         nargs="+",
         default=DEFAULT_ARMS,
-        choices=list(ARMS),
-        help=f"default: {' '.join(DEFAULT_ARMS)}; add {LONG_ARM} for the equal-compute control",
+        choices=ALL_ARMS,
+        metavar="ARM",
+        help=f"default: {' '.join(DEFAULT_ARMS)}; the paper's controls: {' '.join(PAPER_ARMS)}; "
+        f"baseline@<arm>: the baseline for <arm>'s FLOPs. Arms: {', '.join(ARMS)}",
     )
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     p.add_argument("--out", type=Path, default=None, help="default: runs/quality-<scale>")
     p.add_argument("--jobs", type=int, default=None, help="parallel runs (default: the scale's)")
     p.add_argument("--no-linear", action="store_true", help="skip the linear probes")
@@ -639,16 +920,67 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--results", type=Path, default=None, help="append the report to this markdown file; the figure goes beside it"
     )
-    p.add_argument("--dry-run", action="store_true", help="print the commands and exit")
+    p.add_argument("--dry-run", action="store_true", help="print the commands and the model FLOPs of each arm's run")
     args = p.parse_args(argv)
     scale = SCALES[args.scale]
     args.methods = args.methods or list(scale.per_method)
     unknown = [m for m in args.methods if m not in scale.per_method]
     if unknown:
         p.error(f"--methods {unknown} not in this scale; allowed: {sorted(scale.per_method)}")
-    if "baseline" not in args.arms and (args.report_only or args.results):
+    if BASE not in args.arms and (args.report_only or args.results):
         p.error("a report needs the baseline arm in --arms (differences are taken to it)")
     return args
+
+
+def planned_flops(scale: Scale, job: Job) -> tuple[float, float]:
+    """Model FLOPs of a job's run before it trains, as train.py counts them (meta device): per image
+    over the run in units of the baseline step's, and in all. A ``baseline@<arm>`` job: its arm's."""
+    from hydra import compose, initialize_config_dir
+
+    from hvp_lightning.config import check_options
+    from hvp_lightning.run.perf import StepFlops
+    from hvp_lightning.training.budget import epoch_of, run_flops
+    from hvp_lightning.training.cost import count_step_flops
+
+    arm = matched(job.arm) or job.arm
+    overrides = train_command(scale, Job(job.method, arm, job.seed, job.run_dir))[2:]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[o for o in overrides if not o.startswith("hydra.")])
+    with contextlib.chdir(REPO):  # the data root is relative to the repository, as train.py runs
+        cfg = check_options(cfg)  # resolves data.crop_size=auto from the images
+    flops: StepFlops = count_step_flops(cfg)
+    d = cfg.data  # the scales' training sets: a subset, the built-in textures, or CIFAR-10's train split
+    images = d.get("train_subset") or (d.train_size if d.name == "synthetic" else CIFAR10_TRAIN)
+    epoch = epoch_of(int(images), int(cfg.method.batch_size), 1)
+    every = int(cfg.hvp.every_n_steps) if cfg.get("hvp") else 1
+    total = run_flops(scale.epochs, flops, epoch, every)
+    return total / (scale.epochs * epoch.steps * epoch.step_images) / flops.baseline, float(total)
+
+
+CIFAR10_TRAIN = 50_000  # the train split's images, where a scale trains on all of them
+
+
+def dry_run(scale: Scale, jobs: list[Job]) -> None:
+    """The train.py commands, then each arm's planned model FLOPs per run (seeds do not change them)
+    and the plan's total: with a measured rate (summary.json ``cost.model_flops_per_s``), its time."""
+    for j in jobs:
+        print(" ".join(train_command(scale, j)))
+    from hvp_lightning.errors import ConfigError
+
+    per_arm, total = {}, 0.0
+    for j in jobs:
+        key = (j.method, j.arm)
+        if key not in per_arm:
+            try:
+                per_arm[key] = planned_flops(scale, j)
+            except ConfigError as err:  # e.g. the data not here yet: the commands are what matters
+                print(f"\nmodel FLOPs not counted: {err}")
+                return
+        total += per_arm[key][1]
+    print("\nplanned model FLOPs per run (baseline@<arm>: about its arm's, within half an epoch):")
+    for (m, a), (ratio, flops) in per_arm.items():
+        print(f"  {m} {a}: {flops:.4g} ({ratio:.3f}x the baseline step per image)")
+    print(f"all {len(jobs)} runs: {total:.4g} model FLOPs (k-NN passes and linear probes not counted)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -658,26 +990,25 @@ def main(argv: list[str] | None = None) -> None:
     out = (args.out or REPO / "runs" / f"quality-{args.scale}").resolve()
     jobs = plan(scale, args.methods, args.arms, args.seeds, out)
     if args.dry_run:
-        for j in jobs:
-            print(" ".join(train_command(scale, j)))
+        dry_run(scale, jobs)
         return
     if not args.report_only:
-        run_all(scale, jobs, args.jobs or scale.jobs, args.time_budget_min, not args.no_linear)
-    if "baseline" not in args.arms:  # e.g. adding baseline_long beside a running benchmark
+        run_all(scale, jobs, args.jobs or scale.jobs, args.time_budget_min, not args.no_linear, out)
+    if BASE not in args.arms:  # e.g. more arms beside a running benchmark
         print("no baseline arm: runs only; build the report with all arms and --report-only")
         return
     command = "`uv run python benchmarks/quality.py " + " ".join(argv) + "`"
     if args.report_only:  # say so: the runs themselves came from an earlier call without it
         command += " (builds this report from finished runs, which the same command trains without --report-only)"
     # With --results the figure goes beside that file (committed with it), not only into runs/.
-    png = args.results.parent / f"quality_{args.scale}_knn_curves.png" if args.results else None
+    png = args.results.parent / f"quality_{args.scale}_knn_flops.png" if args.results else None
     text = report(args.scale, scale, jobs, args.methods, args.arms, out, command, png)
     print(text)
     if args.results:
         with args.results.open("a") as fh:
             fh.write(f"\n{text}\n")
             if NO_FIGURE not in text:
-                fh.write(f"![k-NN curves, {args.scale} scale]({png.name})\n")
+                fh.write(f"![k-NN against model FLOPs, {args.scale} scale]({png.name})\n")
 
 
 if __name__ == "__main__":

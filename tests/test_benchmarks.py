@@ -73,7 +73,8 @@ def test_loader_times_every_arm_and_appends_its_report(tmp_path: Path, capsys: p
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--method", "simclr", "--backbone", "resnet18_narrow", "--width", "4", "--batch-size", "4", "--crop", "16"],
+        ["--method", "simclr", "--backbone", "resnet18_narrow", "--width", "4", "--batch-size", "4", "--crop", "16"]
+        + ["--variant", "scale50:hvp.selection_scale=0.5", "min_iou:hvp.mode=min_iou"],
         ["--method", "vicreg", "--backbone", "resnet18_narrow", "--width", "4", "--batch-size", "4", "--crop", "16"],
         pytest.param(  # ~3-6 s: a ViT teacher and student, three models
             ["--method", "dino", "--backbone", "vit_tiny", "--crop", "16", "--local-crop", "8", "--batch-size", "2"]
@@ -91,6 +92,12 @@ def test_overhead_times_both_models_and_the_bound(tmp_path: Path, argv: list[str
     assert re.search(r"hvp/baseline step \(paired\) \| [\d.]+x", text), text
     assert "bound" in text and ("leave-one-out" in text) == ("vicreg" in argv)
     assert ("hvp_noreuse" in text) == ("--compare-reuse" in argv)
+    if "--variant" in argv:  # the cheaper selections in the same rounds, against the baseline and HVP
+        assert re.search(r"scale50/hvp step \(paired\) \| [\d.]+x", text) and "min_iou/baseline step (paired)" in text
+        # model FLOPs per image: SimCLR's N=3 candidates add 3 forwards to the step's 6 (2 views x fwd + bwd)
+        ratio = {n: float(re.findall(r"; ([\d.]+)x the baseline's", _row(text, f"{n}: model FLOPs/image")[2])[0])
+                 for n in ("baseline", "hvp", "scale50", "min_iou")}  # fmt: skip
+        assert ratio["baseline"] == ratio["min_iou"] == 1.0 and ratio["hvp"] == 1.5 and 1.0 < ratio["scale50"] < 1.5
 
 
 def test_view_cost_item_times_both_arms_on_the_same_crops(tmp_path: Path) -> None:

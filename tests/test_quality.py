@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -26,9 +27,26 @@ def _load():
 q = _load()
 
 
-def _fake_run(job, knn: list[float], linear: float | None, cfg: dict) -> None:
+BASE_FPI = 100  # the fake runs' baseline model FLOPs per image
+EPOCH_IMAGES = 1000
+
+
+def _fake_run(
+    job, knn: list[float], linear: float | None, cfg: dict, ratio: float = 1.0, selection: float | None = None
+) -> None:
+    """A finished run: its k-NN per epoch (``knn[0]`` at init), linear top-1, config, and model FLOPs
+    (``ratio`` times the baseline's per image, one epoch per k-NN pass after init)."""
     job.run_dir.mkdir(parents=True)
     hist = [{"epoch": float(e), "step": 10 * e, "top1": v, "top5": 0.9, "images_seen": 0} for e, v in enumerate(knn)]
+    epochs, images = len(knn) - 1, EPOCH_IMAGES * (len(knn) - 1)
+    cost = {
+        "train_flops_per_image": BASE_FPI,
+        "selection_flops_per_image": BASE_FPI * (ratio - 1) if selection is None else selection,
+        "baseline_flops_per_image": BASE_FPI,
+        "total_flops": round(BASE_FPI * ratio * images),
+        "images": images,
+        "images_per_s": 100.0,
+    }
     (job.run_dir / "summary.json").write_text(
         json.dumps(
             {
@@ -36,8 +54,10 @@ def _fake_run(job, knn: list[float], linear: float | None, cfg: dict) -> None:
                 "knn_top1_init": knn[0],
                 "wall_time_s": 60.0,
                 "knn_history": hist,
-                "images_seen": 1000,
+                "images_seen": images,
+                "epochs": epochs,
                 "hvp": None,
+                "cost": cost,
             }
         )
     )
@@ -49,13 +69,13 @@ def _fake_run(job, knn: list[float], linear: float | None, cfg: dict) -> None:
 
 def test_plan_and_commands_differ_only_in_hvp_keys_and_seed(tmp_path: Path) -> None:
     scale = q.SCALES["cpu"]
-    jobs = q.plan(scale, list(scale.per_method), q.DEFAULT_ARMS, [0, 1, 2], tmp_path)
-    per_seed = len(scale.per_method) * len(q.DEFAULT_ARMS)
+    jobs = q.plan(scale, list(scale.per_method), q.ALL_ARMS, [0, 1, 2], tmp_path)
+    per_seed = len(scale.per_method) * len(q.ALL_ARMS)
     assert len(jobs) == 3 * per_seed and [j.seed for j in jobs[:per_seed]] == [0] * per_seed  # seeds outermost
     base = q.train_command(scale, jobs[0])
     for j in jobs:
         extra = set(q.train_command(scale, j)) - set(base)
-        assert all(e.startswith(("+hvp", "hvp.", "seed=", "hydra.run.dir=", "method")) for e in extra), extra
+        assert all(e.startswith(("+hvp", "hvp.", "seed=", "hydra.run.dir=", "method", "budget.match=")) for e in extra)
     hard = next(j for j in jobs if j.arm == "hard" and j.method == "simclr")
     rand = next(j for j in jobs if j.arm == "random" and j.method == "simclr")
     assert set(q.train_command(scale, hard)) ^ set(q.train_command(scale, rand)) == {
@@ -64,6 +84,15 @@ def test_plan_and_commands_differ_only_in_hvp_keys_and_seed(tmp_path: Path) -> N
         f"hydra.run.dir={hard.run_dir}",
         f"hydra.run.dir={rand.run_dir}",
     }
+    cheap = next(j for j in jobs if j.arm == "scale50_fraction50" and j.method == "simclr")
+    assert set(q.train_command(scale, cheap)) - set(q.train_command(scale, hard)) == {
+        "hvp.selection_scale=0.5",
+        "hvp.selection_fraction=0.5",
+        f"hydra.run.dir={cheap.run_dir}",
+    }
+    assert set(q.DEFAULT_ARMS) == {"baseline", "hard", "scale50", "fraction25", "scale50_fraction50", "min_iou"} | {
+        f"baseline@{a}" for a in ("hard", "scale50", "fraction25", "scale50_fraction50")
+    }  # issue 48: every cheaper selection, and each one that costs FLOPs at equal FLOPs too
 
 
 def test_t_interval_matches_scipy() -> None:
@@ -84,11 +113,12 @@ def test_report_table_curves_and_config_check(tmp_path: Path) -> None:
         curve = [0.25, b - 0.02, b] if j.arm == "baseline" else [0.25, b - 0.03, b + 0.02]
         _fake_run(j, curve, b + 0.1, dict(cfg, seed=j.seed, hvp={"mode": "hard"} if j.arm == "hard" else None))
     text = q.report("cpu", scale, jobs, ["simclr"], arms, tmp_path, "cmd")
-    row = next(line for line in text.splitlines() if line.startswith("| simclr | hard |") and "knn" not in line)
+    knn = text.split("k-NN, equal images")[1]
+    row = next(line for line in knn.splitlines() if line.startswith("| simclr | hard |"))
     assert "33.00 ± 1.00" in row and "+2.00 (2.00, 2.00)" in row  # identical paired diffs: zero-width CI
     assert "checked: saved configs agree" in text
     assert "simclr hard: at or above baseline at 1/2 epochs (2); at epoch 2: +2.00 pp" in text
-    assert (tmp_path / "knn_curves.png").stat().st_size > 10_000
+    assert (tmp_path / "knn_flops.png").stat().st_size > 10_000
     numbers = json.loads((tmp_path / "quality.json").read_text())
     assert numbers["linear"]["simclr/hard"]["mean"] == pytest.approx(0.41)
     # a key other than hvp/seed that differs between arms is reported, not hidden
@@ -133,76 +163,200 @@ def test_unfinished_runs_are_left_out(tmp_path: Path) -> None:
     assert not q._done(jobs[0], linear=True) and q._done(jobs[0], linear=False)
 
 
-def _covering(jobs: list) -> list:
-    """Each method once and each arm once: every override a scale's commands hold."""
-    by_method = {j.method: j for j in reversed(jobs)}
-    by_arm = {j.arm: j for j in jobs}
-    return [j for j in jobs if j in by_method.values() or j in by_arm.values()]
-
-
-@pytest.mark.parametrize(
-    "scale_name, covering",
-    [(name, True) for name in sorted(q.SCALES)]
-    + [pytest.param(name, False, marks=pytest.mark.slow) for name in sorted(q.SCALES)],
-    ids=[f"{name}-{part}" for part in ("each method and arm", "every job") for name in sorted(q.SCALES)],
-)
-def test_every_run_config_composes_and_validates(scale_name: str, covering: bool) -> None:
-    """A typo in a scale's overrides would only show after hours of other runs: compose them all
-    (each method once and each arm once in the default suite; every method x arm: slow)."""
+@pytest.mark.parametrize("scale_name", sorted(q.SCALES))
+def test_every_run_config_composes_and_validates(scale_name: str, tmp_path: Path) -> None:
+    """A typo in a scale's overrides would only show after hours of other runs: compose them all.
+    ``baseline@<arm>`` is the baseline with ``budget.match`` at <arm>'s run of its seed."""
     from hvp_lightning.config import validate
 
     from .conftest import SHARED_CIFAR, make_cfg
 
     scale = q.SCALES[scale_name]
-    jobs = q.plan(scale, list(scale.per_method), list(q.ARMS), [0], Path("/tmp/unused"))
-    for job in _covering(jobs) if covering else jobs:
+    others = [m for m in scale.per_method if m != "simclr"]  # every arm once, every method with and without HVP
+    jobs = q.plan(scale, ["simclr"], q.ALL_ARMS, [0], tmp_path) + q.plan(
+        scale, others, ["baseline", "hard"], [0], tmp_path
+    )
+    for job in jobs:
         overrides = [o for o in q.train_command(scale, job)[2:] if not o.startswith("hydra.")]
         cfg = make_cfg(*overrides, tiny=False)
-        assert cfg.method.name == job.method and job.arm.startswith("baseline") == (cfg.get("hvp") is None)
-        epochs = int(next(o for o in scale.common if o.startswith("trainer.max_epochs=")).split("=")[1])
-        assert cfg.trainer.max_epochs == (scale.long_epochs if job.arm == q.LONG_ARM else epochs)
-        assert 1.5 * epochs <= scale.long_epochs <= 1.7 * epochs  # ~ the measured N=4 step cost
-        if SHARED_CIFAR.is_dir():  # validation also checks the data root
+        assert cfg.method.name == job.method and q.baseline_family(job.arm) == (cfg.get("hvp") is None)
+        assert cfg.trainer.max_epochs == scale.epochs
+        assert cfg.budget.match == (str(job.matched_dir) if q.matched(job.arm) else None)
+        if SHARED_CIFAR.is_dir():  # validation also checks the data root and the matched run
             cfg.data.root = str(SHARED_CIFAR)
+            if job.matched_dir is not None:
+                job.matched_dir.mkdir(parents=True, exist_ok=True)
+                (job.matched_dir / "summary.json").write_text(json.dumps({"cost": {"total_flops": 1e12}}))
             validate(cfg)
 
 
-def test_equal_compute_arm_changes_only_the_epochs(tmp_path: Path) -> None:
-    """baseline_long is the baseline with the scale's long_epochs: its command adds exactly that
-    override, the config check allows exactly that key for it, and the report compares hard to it."""
+def test_equal_flops_arms_add_only_the_budget_and_wait_for_their_run(tmp_path: Path) -> None:
+    """``baseline@<arm>``'s command is the baseline's plus ``budget.match`` at <arm>'s run of the same
+    seed, planned after every arm of keys of its seed; the config check allows it the budget keys
+    (and the epochs they set), nothing else."""
     scale = q.SCALES["cpu"]
-    arms = ["baseline", "hard", q.LONG_ARM]
-    jobs = q.plan(scale, ["simclr"], arms, [0, 1], tmp_path)
-    base, _, long = jobs[:3]
-    extra = set(q.train_command(scale, long)) - set(q.train_command(scale, base))
-    assert extra == {f"trainer.max_epochs={scale.long_epochs}", f"hydra.run.dir={long.run_dir}"}
-    cfg = {"method": {"name": "simclr"}, "trainer": {"max_epochs": 12}, "hvp": None, "seed": 0}
-    for j in jobs:
-        knn = {"baseline": 0.30, "hard": 0.33, q.LONG_ARM: 0.32}[j.arm] + 0.01 * j.seed
-        run_cfg = dict(cfg, seed=j.seed, hvp={"mode": "hard"} if j.arm == "hard" else None)
-        if j.arm == q.LONG_ARM:
-            run_cfg["trainer"] = {"max_epochs": scale.long_epochs}
-        _fake_run(j, [0.25, knn], knn + 0.1, run_cfg)
+    jobs = q.plan(scale, ["simclr"], ["baseline@hard", "baseline", "hard"], [0, 1], tmp_path)
+    assert [j.arm for j in jobs] == ["baseline", "hard", "baseline@hard"] * 2
+    base, hard, at = jobs[:3]
+    extra = set(q.train_command(scale, at)) - set(q.train_command(scale, base))
+    assert extra == {f"budget.match={hard.run_dir}", f"hydra.run.dir={at.run_dir}"}
+    assert at.matched_dir == hard.run_dir and base.matched_dir is None
+    cfg = {"method": {"name": "simclr"}, "trainer": {"max_epochs": 12}, "budget": {"match": None}, "seed": 0}
+    for j in jobs[:3]:
+        run_cfg = dict(cfg, hvp={"mode": "hard"} if j.arm == "hard" else None)
+        if j is at:
+            run_cfg.update(trainer={"max_epochs": 20}, budget={"match": str(hard.run_dir)})
+        _fake_run(j, [0.2, 0.3], None, run_cfg)
     assert q.config_differences(jobs) == []
-    text = q.report("cpu", scale, jobs, ["simclr"], arms, tmp_path, "cmd")
-    section = text.split("Equal compute")[1]
-    row = next(line for line in section.splitlines() if line.startswith("| simclr | hard |"))
-    assert "+1.00 (1.00, 1.00)" in row  # 33% vs 32%, paired over 2 seeds
-    assert "simclr baseline_long" not in text  # no per-epoch crossing for a stretched schedule
+    (hard.run_dir / "config.yaml").write_text(yaml.safe_dump(dict(cfg, trainer={"max_epochs": 13})))
+    assert q.config_differences(jobs) == [
+        "simclr: trainer.max_epochs differs (simclr/baseline/seed0: 12, simclr/hard/seed0: 13)"
+    ]
+
+
+def _finish(job, epochs: int, ratio: float) -> None:
+    _fake_run(job, [0.2] * (epochs + 1), 0.3, {"seed": job.seed}, ratio)
+
+
+def test_next_job_waits_for_the_matched_run_and_links_a_run_of_the_same_epochs(tmp_path: Path) -> None:
+    """A ``baseline@`` job starts once its matched run has finished; its epochs are the budget's
+    (the closest whole epochs, as train.py counts them); a finished baseline run of its seed with
+    those epochs is the same training, so the job becomes a link to it; while a running job trains
+    those epochs it waits."""
+    scale = q.SCALES["cpu"]  # 12 epochs
+    arms = ["baseline", "scale50", "fraction25", "baseline@scale50", "baseline@fraction25"]
+    queue = q.plan(scale, ["simclr"], arms, [0], tmp_path)
+    base, scale50, fraction25, at_scale, at_fraction = queue
+    picked, _ = q.next_job(scale, queue, set(), linear=True)
+    assert picked is base and q.next_job(scale, queue, {("simclr", 0, 12)}, True)[0] is scale50
+    assert q.next_job(scale, queue, set(), True)[0] is fraction25
+    assert q.next_job(scale, queue, set(), True) is None  # both baseline@ jobs wait for their runs
+    _finish(base, 12, 1.0)
+    _finish(scale50, 12, 1.172)  # 14.06 baseline epochs
+    _finish(fraction25, 12, 1.1666)  # 13.9992: 14
+    assert q.budget_epochs(scale50.run_dir) == q.budget_epochs(fraction25.run_dir) == 14
+    picked, slot = q.next_job(scale, queue, set(), True)
+    assert picked is at_scale and slot == ("simclr", 0, 14)
+    assert q.next_job(scale, queue, {slot}, True) is None  # the same training is running
+    _finish(at_scale, 14, 1.0)
+    assert q.next_job(scale, queue, set(), True) is None and queue == []  # linked, nothing left to run
+    assert at_fraction.run_dir.is_symlink() and at_fraction.run_dir.resolve() == at_scale.run_dir.resolve()
+    assert q._done(at_fraction, linear=True)
+
+
+def test_budget_epochs_match_the_library(tmp_path: Path) -> None:
+    """The epochs a link stands for are those train.py's budget sets (training/budget.py), tie included."""
+    from hvp_lightning.run.perf import StepFlops
+    from hvp_lightning.training.budget import closest_count, epoch_of, run_flops
+
+    job = q.Job("simclr", "hard", 0, tmp_path / "hard")
+    epoch = epoch_of(EPOCH_IMAGES, 100, 1)
+    flops = StepFlops(train=BASE_FPI, selection=0, baseline=BASE_FPI)
+    for ratio in (1.0, 1.05, 1.25, 1.5, 1.6667, 2.0):
+        shutil.rmtree(job.run_dir, ignore_errors=True)
+        _finish(job, 12, ratio)
+        expected = closest_count(BASE_FPI * ratio * 12 * EPOCH_IMAGES, lambda e: run_flops(e, flops, epoch))
+        assert q.budget_epochs(job.run_dir) == expected
+
+
+ARMS5 = ["baseline", "hard", "scale50", "min_iou", "baseline@hard", "baseline@scale50"]
+
+
+def _equal_flops_runs(tmp_path: Path, gain: float) -> list:
+    """Fake runs over 3 seeds: ``hard`` (1.667x FLOPs per image) and ``scale50`` (1.17x), their
+    baselines at equal FLOPs, and ``min_iou`` (no selection FLOPs). ``scale50`` minus its
+    equal-FLOPs baseline is ``gain`` + 0.005 * (seed - 1)."""
+    jobs = q.plan(q.SCALES["cpu"], ["simclr"], ARMS5, [0, 1, 2], tmp_path)
+    for j in jobs:
+        knn = {
+            "baseline": 0.30,
+            "hard": 0.34,
+            "scale50": 0.31 + gain + 0.005 * (j.seed - 1),
+            "min_iou": 0.295,
+            "baseline@hard": 0.33,
+            "baseline@scale50": 0.31,
+        }[j.arm] + 0.002 * j.seed
+        ratio = {"hard": 1.667, "scale50": 1.17}.get(j.arm, 1.0)
+        epochs = {"baseline@hard": 20, "baseline@scale50": 14}.get(j.arm, 12)
+        run_cfg = {"seed": j.seed, "hvp": None if q.baseline_family(j.arm) else {"mode": j.arm}}
+        _fake_run(j, [0.2] * epochs + [knn], knn + 0.05, run_cfg, ratio, 0.0 if j.arm == "min_iou" else None)
+    return jobs
+
+
+def test_report_pairs_each_arm_with_the_baseline_at_its_flops(tmp_path: Path) -> None:
+    """The cost table gives each arm's FLOPs per image against the baseline's (and which are within
+    1.2x); the equal-FLOPs table pairs each arm with ``baseline@<arm>`` by seed, ``min_iou`` (no
+    selection FLOPs) with the baseline itself; the verdict line follows from those numbers."""
+    jobs = _equal_flops_runs(tmp_path, gain=0.02)
+    text = q.report("cpu", q.SCALES["cpu"], jobs, ["simclr"], ARMS5, tmp_path, "cmd")
+    cost = text.split("Model FLOPs")[1].split("k-NN, equal images")[0]
+    assert "| simclr | hard | 3 | 12 | 0.0 + 0.0 | 1.667 | 2e+06 | 1.667 | no |" in cost
+    assert "| simclr | scale50 | 3 | 12 | 0.0 + 0.0 | 1.170 | 1.404e+06 | 1.170 | yes |" in cost
+    assert "| simclr | baseline@hard | 3 | 20 |" in cost and "| 1.667 | — |" in cost
+    equal_images = text.split("k-NN, equal images")[1].split("k-NN, equal model FLOPs")[0]
+    assert "| simclr | hard | 3 | 34.20 ± 0.20 | +4.00 (4.00, 4.00) |" in equal_images
+    assert "baseline@" not in equal_images  # they are compared at equal FLOPs only
+    flops = text.split("k-NN, equal model FLOPs")[1].split("Linear probe")[0]
+    # scale50 - baseline@scale50 = 0.02 + 0.005 * (seed - 1): mean 2 pp, sd 0.5 pp, t(0.975, 2) = 4.303
+    half = stats.t.ppf(0.975, 2) * 0.5 / math.sqrt(3)
+    row = next(line for line in flops.splitlines() if line.startswith("| simclr | scale50 |"))
+    assert f"| baseline@scale50 | 0.997 | 33.20 ± 0.70 | 31.20 ± 0.20 | +2.00 ({2 - half:.2f}, {2 + half:.2f}) |" in row
+    assert row.endswith("| +1.50, +2.00, +2.50 |")
+    assert "| simclr | min_iou | 1.000 | baseline | 1.000 |" in flops  # equal images are equal FLOPs
+    assert "| simclr | hard | 1.667 | baseline@hard | 1.000 |" in flops  # 20 epochs for 20.004
     numbers = json.loads((tmp_path / "quality.json").read_text())
-    assert numbers["knn"][f"simclr/hard vs {q.LONG_ARM}"]["diff"] == pytest.approx(0.01)
-    # any other differing key is still reported
-    (long.run_dir / "config.yaml").write_text(yaml.safe_dump(dict(cfg, seed=0, trainer={"max_epochs": 19, "x": 1})))
-    assert [p for p in q.config_differences(jobs) if "trainer.x" in p]
+    assert numbers["knn_equal_flops"]["simclr/scale50"]["ci"] == pytest.approx([0.02 - half / 100, 0.02 + half / 100])
+    assert numbers["cost"]["simclr/scale50"]["within_target"] and not numbers["cost"]["simclr/hard"]["within_target"]
+    assert (
+        f"**Verdict, simclr, k-NN at equal FLOPs: above the baseline (95% CI above 0) at <= 1.2x its model FLOPs "
+        f"per image: scale50 (1.17x) +2.00 ({2 - half:.2f}, {2 + half:.2f}) pp" in text
+    )
+    assert (tmp_path / "knn_flops.png").stat().st_size > 10_000
 
 
-def test_main_plans_and_reports_from_finished_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_verdict_says_plainly_when_no_cheap_selection_beats_the_baseline(tmp_path: Path) -> None:
+    jobs = _equal_flops_runs(tmp_path, gain=-0.021)  # scale50 - baseline@scale50: -2.6, -2.1, -1.6 pp
+    text = q.report("cpu", q.SCALES["cpu"], jobs, ["simclr"], ARMS5, tmp_path, "cmd")
+    half = stats.t.ppf(0.975, 2) * 0.5 / math.sqrt(3)
+    verdict = next(line for line in text.splitlines() if line.startswith("**Verdict, simclr, k-NN"))
+    assert verdict == (
+        "**Verdict, simclr, k-NN at equal FLOPs: no selection at <= 1.2x the baseline's model FLOPs per image is "
+        "above the baseline (none has its 95% CI above 0); best: min_iou (1.00x) -0.50 (-0.50, -0.50) pp. "
+        "Above 1.2x: hard (1.67x) +1.00 (1.00, 1.00) pp.**"
+    )
+    assert f"-2.10 ({-2.1 - half:.2f}, {-2.1 + half:.2f})" in text  # scale50's row, below min_iou's
+    assert any(line.startswith("**Verdict, simclr, Linear probe at equal FLOPs") for line in text.splitlines())
+
+
+def test_planned_flops_are_what_a_run_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--dry-run's FLOPs: a baseline run's total is its images times the baseline step's FLOPs per
+    image; SimCLR's N=4 selection adds 4 forwards to the step's 6 (2 views, forward and backward)."""
+    from hvp_lightning.training.cost import count_step_flops
+
+    from .conftest import make_cfg
+
+    monkeypatch.setitem(q.SCALES, "tiny", TINY_SCALE)
+    ratio, total = q.planned_flops(TINY_SCALE, q.Job("simclr", "baseline", 0, Path("/tmp/unused")))
+    per_image = count_step_flops(make_cfg(*TINY_SCALE.common, *TINY_SCALE.per_method["simclr"], tiny=False)).train
+    assert ratio == 1.0 and total == 64 * per_image  # 4 batches of 16, 1 epoch
+    ratio, total = q.planned_flops(TINY_SCALE, q.Job("simclr", "baseline@hard", 0, Path("/tmp/unused")))
+    assert ratio == pytest.approx(5 / 3) and total == pytest.approx(64 * per_image * 5 / 3)
+
+
+def test_main_plans_and_reports_from_finished_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The script's main in-process: --dry-run prints one train.py command per run; --report-only on
     finished runs writes the report and appends it, with the figure beside it, to --results."""
     args = ["--methods", "simclr", "--arms", "baseline", "hard", "--seeds", "0", "1", "--out", str(tmp_path)]
+    planned = {"baseline": (1.0, 6e12), "hard": (5 / 3, 1e13)}  # counting is tested below; here only its sum
+    monkeypatch.setattr(q, "planned_flops", lambda scale, job: planned[job.arm])
     q.main([*args, "--dry-run"])
-    commands = capsys.readouterr().out.splitlines()
+    printed = capsys.readouterr().out.split("\n\n")
+    commands = printed[0].splitlines()
     assert len(commands) == 4 and all(" train.py " in c and "method=simclr_cifar" in c for c in commands)
+    assert "simclr hard: 1e+13 (1.667x the baseline step per image)" in printed[1]
+    assert printed[1].endswith("all 4 runs: 3.2e+13 model FLOPs (k-NN passes and linear probes not counted)\n")
     for j in q.plan(q.SCALES["cpu"], ["simclr"], ["baseline", "hard"], [0, 1], tmp_path):
         knn = 0.30 + 0.01 * j.seed + 0.02 * (j.arm == "hard")
         _fake_run(j, [0.25, knn], knn + 0.1, {"method": {"name": "simclr"}, "seed": j.seed, "hvp": j.arm})
@@ -211,8 +365,8 @@ def test_main_plans_and_reports_from_finished_runs(tmp_path: Path, capsys: pytes
     text = results.read_text()
     assert "Command: `uv run python benchmarks/quality.py --methods simclr" in text
     assert "| simclr | hard | 2 | 32.50 ± 0.71 | +2.00 (2.00, 2.00) |" in text
-    assert text.endswith("![k-NN curves, cpu scale](quality_cpu_knn_curves.png)\n")
-    assert (tmp_path / "quality_cpu_knn_curves.png").stat().st_size > 10_000
+    assert text.endswith("![k-NN against model FLOPs, cpu scale](quality_cpu_knn_flops.png)\n")
+    assert (tmp_path / "quality_cpu_knn_flops.png").stat().st_size > 10_000
 
 
 TINY_SCALE = q.Scale(
@@ -235,22 +389,27 @@ TINY_SCALE = q.Scale(
     threads_per_job=1,
     jobs=2,
     linear=["protocol.epochs=1", "protocol.batch_size=16"],
-    long_epochs=2,
 )
 
 
-@pytest.mark.slow  # two tiny train.py runs and their linear probes, two at a time: ~1 min on 2 cores
+@pytest.mark.slow  # three tiny train.py runs and their linear probes, two at a time: ~1-2 min on 2 cores
 def test_a_tiny_scale_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The whole benchmark at a tiny scale: train.py and eval.py per run, then the report; a second
-    call finds every run done and trains nothing."""
+    """The whole benchmark at a tiny scale: train.py and eval.py per run, ``baseline@hard`` after
+    ``hard`` with the epochs its budget sets (1 HVP epoch at 5/3 the FLOPs: 2), then the report with
+    both comparisons; a second call finds every run done and trains nothing."""
     monkeypatch.setitem(q.SCALES, "tiny", TINY_SCALE)
-    args = ["--scale", "tiny", "--arms", "baseline", "hard", "--seeds", "0", "--out", str(tmp_path)]
+    monkeypatch.setattr(q, "MIN_BASELINE_GAIN", -1.0)  # one epoch: report the method whatever it learnt
+    arms = ["baseline", "hard", "baseline@hard"]
+    args = ["--scale", "tiny", "--arms", *arms, "--seeds", "0", "--out", str(tmp_path)]
     q.main(args)
-    for arm in ("baseline", "hard"):
+    for arm in arms:
         run = tmp_path / "simclr" / arm / "seed0"
         assert (run / "summary.json").is_file() and (run / "eval" / "linear" / "eval_summary.json").is_file()
+    at = json.loads((tmp_path / "simclr" / "baseline@hard" / "seed0" / "summary.json").read_text())
+    assert at["epochs"] == 2 == q.budget_epochs(tmp_path / "simclr" / "hard" / "seed0")
     report = (tmp_path / "report.md").read_text()
-    assert "Runs finished: 2/2" in report and "checked: saved configs agree" in report
+    assert "Runs finished: 3/3" in report and "checked: saved configs agree" in report
+    assert "| simclr | hard | 1.667 | baseline@hard |" in report and "**Verdict, simclr, k-NN" in report
     assert json.loads((tmp_path / "quality.json").read_text())["config_differences"] == []
     log = (tmp_path / "simclr" / "hard" / "seed0" / "benchmark.log").read_text()
     q.main(args)

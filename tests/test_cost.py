@@ -94,6 +94,7 @@ def test_dino_step_flops_by_hand() -> None:
         (["trainer.accelerator=gpu", "trainer.precision=bf16-mixed", "hvp.selection_precision=fp16"], False),
         (["trainer.accelerator=gpu", "trainer.precision=32-true", "hvp.selection_precision=bf16"], False),
         (["trainer.accelerator=cpu", "hvp.selection_scale=0.5"], False),
+        (["trainer.accelerator=cpu", "trainer.precision=auto", "hvp.selection_precision=bf16"], True),  # auto: 32-true
     ],
 )
 def test_dino_teacher_reuse_is_counted_as_the_runs_device_and_precision_give_it(settings, reused) -> None:

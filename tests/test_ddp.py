@@ -32,6 +32,10 @@ from hvp_lightning.nn.teacher import Centering
 from ._ddp import run_ranks
 from .conftest import REPO, images_run, make_cfg, score_and_assert_stateless, write_images
 
+pytestmark = (
+    pytest.mark.serial
+)  # its slow tests start processes of their own and time them: run one at a time (.ci/run)
+
 WORLD = 2
 VIT = [
     "backbone=vit_tiny",

@@ -30,6 +30,10 @@ from .conftest import (
     write_plain_shards,
 )
 
+pytestmark = (
+    pytest.mark.serial
+)  # its slow tests start processes of their own and time them: run one at a time (.ci/run)
+
 # 96 images, batch 16: 6 steps an epoch; SimSiam + HVP (its selection draws from torch's RNG,
 # which the checkpoint carries).
 BASE = [

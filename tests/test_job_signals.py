@@ -23,6 +23,10 @@ from hvp_lightning.evaluation.data import eval_loader
 from hvp_lightning.run import job_signals
 from hvp_lightning.run.job_signals import preempt_signal
 
+pytestmark = (
+    pytest.mark.serial
+)  # its slow tests start processes of their own and time them: run one at a time (.ci/run)
+
 
 def signal_the_workers(loader: torch.utils.data.DataLoader) -> int:
     """Start ``loader``'s workers, send each the pre-emption signal mid-iteration (after each has

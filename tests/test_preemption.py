@@ -27,6 +27,10 @@ from hvp_lightning.training.preemption import StopOnSignal, cluster_plugins
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, assert_same_reported_run, living_session, make_cfg
 
+pytestmark = (
+    pytest.mark.serial
+)  # its slow tests start processes of their own and time them: run one at a time (.ci/run)
+
 VIT = [
     "method=dino_cifar",
     "backbone=vit_tiny",

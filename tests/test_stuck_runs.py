@@ -22,6 +22,10 @@ import torch
 
 from .conftest import REPO, SUBPROCESS_TIMEOUT_S, living_session
 
+pytestmark = (
+    pytest.mark.serial
+)  # its slow tests start processes of their own and time them: run one at a time (.ci/run)
+
 STALL_AT = 3  # rank 1 stops before the batch after step 3; step 2's checkpoint is the last one
 RUN = [
     "logger=csv",

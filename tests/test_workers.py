@@ -33,6 +33,10 @@ from hvp_lightning.training.driver import run
 
 from .conftest import REPO, eval_cfg, make_cfg
 
+pytestmark = (
+    pytest.mark.serial
+)  # its slow tests start processes of their own and time them: run one at a time (.ci/run)
+
 # Native threads that make and drop thread states in a loop, without the GIL (both calls take
 # the runtime's thread-list lock): the lock a forked child can inherit held.
 CHURN_C = r"""

@@ -21,7 +21,7 @@ import warnings
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from ..device import runs_on_cpu
+from ..device import auto_precision, runs_on_cpu
 from ..methods import METHODS
 from ..nn.flops import FlopMeter
 from ..run.perf import StepFlops
@@ -68,8 +68,10 @@ def outputs_reusable(cfg: DictConfig) -> bool:
     h = cfg.hvp
     if h.get("selection_scale", 1) != 1 or h.get("selection_fraction", 1) != 1:
         return False
-    device_type = "cpu" if runs_on_cpu(str(cfg.trainer.get("accelerator", "auto"))) else "cuda"
-    step = step_autocast_dtype(str(cfg.trainer.get("precision", "32-true")))
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    device_type = "cpu" if runs_on_cpu(accelerator) else "cuda"
+    precision = str(cfg.trainer.get("precision", "32-true"))
+    step = step_autocast_dtype(auto_precision(accelerator, precision) if precision.startswith("auto") else precision)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the run says it once (bf16/fp16 selection on CPU)
         dtype = resolve_selection_dtype(str(h.selection_precision), device_type, step)

@@ -49,7 +49,7 @@ from torch.profiler import record_function
 
 from ..schema import HVPConfig
 from .choice import choose, stable_seed
-from .forward_pass import ambient_autocast_dtype, frozen_state, resolve_selection_dtype
+from .forward_pass import ambient_autocast_dtype, frozen_state, outputs_reusable, resolve_selection_dtype
 from .fraction import merge_samples, sample_subset, scored_samples
 from .geometry import CROP_KEYS, crop_iou, least_overlap
 from .pairs import gather_pair_params, gather_pairs, pair_index
@@ -263,10 +263,9 @@ class HardViewMixin(L.LightningModule):
         the step's own precision (``auto``), not if it runs lower than the step, nor on other
         views than the step's (``hvp.selection_scale`` < 1: smaller ones) or on part of the
         batch (``hvp.selection_fraction`` < 1). Valid inside ``candidate_scores``."""
-        if self.hvp.selection_scale != 1 or self.hvp.selection_fraction != 1:
-            return False
         dtype = self._selection_dtype(self.device.type)
-        return dtype is None or dtype == getattr(self, "hvp_step_dtype", None)
+        h = self.hvp
+        return outputs_reusable(h.selection_scale, h.selection_fraction, dtype, getattr(self, "hvp_step_dtype", None))
 
     # --- helpers ---------------------------------------------------------------------------
     def _first_combination(self, batch: dict[str, Any]) -> torch.Tensor:

@@ -26,6 +26,7 @@ from ..methods import METHODS
 from ..nn.flops import FlopMeter
 from ..run.perf import StepFlops
 from ..selection import resolve_selection_dtype, step_autocast_dtype
+from ..selection.forward_pass import outputs_reusable as same_outputs
 from ..selection.geometry import CROP_KEYS
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,6 @@ def outputs_reusable(cfg: DictConfig) -> bool:
     ``trainer.accelerator`` gives on this machine and under the autocast of its ``trainer.precision``:
     whether DINO/iBOT's step reuses the selection's teacher outputs (counted once) or runs its own."""
     h = cfg.hvp
-    if h.get("selection_scale", 1) != 1 or h.get("selection_fraction", 1) != 1:
-        return False
     accelerator = str(cfg.trainer.get("accelerator", "auto"))
     device_type = "cpu" if runs_on_cpu(accelerator) else "cuda"
     precision = str(cfg.trainer.get("precision", "32-true"))
@@ -75,7 +74,7 @@ def outputs_reusable(cfg: DictConfig) -> bool:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the run says it once (bf16/fp16 selection on CPU)
         dtype = resolve_selection_dtype(str(h.selection_precision), device_type, step)
-    return dtype is None or dtype == step
+    return same_outputs(h.get("selection_scale", 1), h.get("selection_fraction", 1), dtype, step)
 
 
 # Config keys that do not change what a step computes: leaving them out of the cache key lets runs

@@ -8,6 +8,7 @@
 #       --platform manylinux2014_x86_64 -d .whl hydra-core==1.3.8 omegaconf==2.3.1
 #   python3 -m pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3
 #   tar czf cifar10.tar.gz -C ../shared/datasets cifar10
+#   git show 0cfef3a^:hvp_lightning/data/batched.py > .whl/batched_before_item5.py  # blur: before issue 48 item 5
 # There, one call per stage, carrying .whl (and cifar10.tar.gz for the cifar stage):
 #   bash benchmarks/gpu_session.sh tests-parallel  # all of the below at once (pytest-xdist, 12 workers)
 #   bash benchmarks/gpu_session.sh tests-runs   # test_run_on_one_gpu: the paper's methods x precision x HVP
@@ -17,14 +18,19 @@
 #   bash benchmarks/gpu_session.sh tests-rest-more  # the rest for BYOL, MoCo v3, VICReg, Barlow Twins
 #   bash benchmarks/gpu_session.sh simsiam      # SimSiam R50 224 px HVP N=4 bf16 compiled: >= 1,300 images/s
 #   bash benchmarks/gpu_session.sh dino         # DINO ViT-S/16 HVP 4+16 crops bf16: >= 500 images/s
-#   bash benchmarks/gpu_session.sh blur         # the colour step and its blur per batch (benchmarks/view_cost.py batch)
+#   bash benchmarks/gpu_session.sh steady       # issue 48 item 6 (~3-5 min): baseline, HVP and the cheaper selections'
+#                                               # steps, 100 timed rounds interleaved (benchmarks/overhead.py: no loader,
+#                                               # no teardown), images/s, MFU, step time against FLOPs; DINO ViT-S/16
+#                                               # and SimSiam R50 at 224 px, bf16
+#   bash benchmarks/gpu_session.sh blur         # the colour step and its blur per batch (benchmarks/view_cost.py batch),
+#                                               # and the step before issue 48 item 5 where .whl has it (above)
 #   bash benchmarks/gpu_session.sh profile      # that DINO step taken apart (benchmarks/step_profile.py, ~2-3 min):
 #                                               # images/s with/without HVP and loader, time per hook and range,
 #                                               # top ops by GPU and CPU time, host syncs by source line
 #   bash benchmarks/gpu_session.sh cifar        # CIFAR-10 SimCLR R18 HVP N=4 bf16, 100 epochs: <= 10 min
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?"stage: tests-parallel, tests-runs, tests-runs-more, tests-compile, tests-rest, tests-rest-more, simsiam, dino, profile, blur or cifar"}
+stage=${1:?"stage: tests-parallel, tests-runs, tests-runs-more, tests-compile, tests-rest, tests-rest-more, simsiam, dino, steady, profile, blur or cifar"}
 out=${OUT:-/tmp/gpu_session}
 limit=${LIMIT:-570}  # seconds for the stage (LIMIT=300 to chain stages in one call)
 mkdir -p "$out"
@@ -62,7 +68,18 @@ case "$stage" in
     profile) timeout -k 10 "$limit" python3 benchmarks/step_profile.py --method dino --backbone vit_small \
                  --batch-size 64 --images 1408 --crop 224 --views 4 --workers 14 --warmup 5 --batches 10 --device cuda \
                  --override trainer.precision=bf16-mixed --out "$out/results.md" 2>&1 | tee "$out/$stage.txt" ;;
-    blur) timeout -k 10 "$limit" python3 benchmarks/view_cost.py batch --device cuda --out "$out/results.md" \
+    steady)  # each model's step alone, in rounds that alternate them; half the stage's limit per method
+        steady() {
+            timeout -k 10 $(( limit / 2 )) python3 benchmarks/overhead.py "$@" --crop 224 --num-views 4 --device cuda \
+                --precision bf16-mixed --iters 100 --warmup 10 --out "$out/results.md" 2>&1 | tee -a "$out/$stage.txt"
+        }
+        steady --method dino --preset dino --backbone vit_small --batch-size 64 \
+            --variant scale50:hvp.selection_scale=0.5 min_iou:hvp.mode=min_iou
+        steady --method simsiam --preset simsiam --backbone resnet50 --batch-size 128 \
+            --variant scale50:hvp.selection_scale=0.5 fraction25:hvp.selection_fraction=0.25 \
+            scale50_fraction50:hvp.selection_scale=0.5,hvp.selection_fraction=0.5 min_iou:hvp.mode=min_iou ;;
+    blur) before=(); [ -f .whl/batched_before_item5.py ] && before=(--baseline .whl/batched_before_item5.py)
+          timeout -k 10 "$limit" python3 benchmarks/view_cost.py batch --device cuda "${before[@]}" --out "$out/results.md" \
               2>&1 | tee "$out/$stage.txt" ;;
     cifar)
         tar xzf cifar10.tar.gz -C /tmp

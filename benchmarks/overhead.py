@@ -19,7 +19,11 @@ no-grad forwards that make up the selection pass, from which the compute bound f
 ``--variant NAME:KEY=VALUE[,KEY=VALUE...]`` adds more HVP models to the same rounds, e.g. the
 cheaper selections (``scale50:hvp.selection_scale=0.5``, ``min_iou:hvp.mode=min_iou``): each one's
 step against the baseline's and against HVP's, paired by round. Every model's FLOPs per image
-(``hvp_lightning/training/cost.py``, what a run's summary.json reports) are in the table too.
+(``hvp_lightning/training/cost.py``, what a run's summary.json reports) are in the table too, with
+its images/s (batch over median step: the step alone, no loader or teardown), the FLOP/s that
+makes, on a GPU the model FLOP utilisation against the device's peak at ``--precision`` (Lightning's
+table, as a run's ``perf/mfu``), and each HVP model's step-time ratio over its FLOPs ratio (1: the
+step's time follows its FLOPs; issue 48 asks for HVP within 10%).
 
 ``--precision`` imitates ``trainer.precision``: the forward (``training_step``, selection
 included) under the autocast Lightning uses, backward outside it, and for ``16-mixed`` a
@@ -63,6 +67,7 @@ from hvp_lightning.data.augment import PARAM_NAMES  # noqa: E402
 from hvp_lightning.methods import METHODS, SSLMethod  # noqa: E402
 from hvp_lightning.methods.dino import DINO  # noqa: E402
 from hvp_lightning.nn.teacher import ema_update  # noqa: E402
+from hvp_lightning.run.perf import compute_dtype  # noqa: E402
 from hvp_lightning.schema import PRECISIONS  # noqa: E402
 from hvp_lightning.selection import STEP_DTYPES, frozen_state, step_autocast_dtype  # noqa: E402
 from hvp_lightning.training.cost import count_step_flops  # noqa: E402
@@ -163,6 +168,9 @@ def compose_cfg(
         f"method.batch_size={args.batch_size}",
         f"data.crop_size={args.crop}",
         f"seed={args.seed}",
+        # the device and precision the steps run on: DINO/iBOT's teacher reuse, and so the counted FLOPs, follow them
+        f"trainer.accelerator={'cpu' if torch.device(args.device).type == 'cpu' else 'gpu'}",
+        f"trainer.precision={args.precision}",
     ]
     if args.width is not None:
         ov.append(f"backbone.width={args.width}")
@@ -336,6 +344,17 @@ def multicrop_extras(r: Runner, hvp_batch: Batch, g: int) -> dict[str, float]:
 # --- statistics and reporting --------------------------------------------------------------
 
 
+def peak_flops(device: torch.device, precision: str) -> float | None:
+    """The device's peak FLOP/s at ``precision``'s matmul dtype (Lightning's table of common GPUs),
+    as a run's ``perf/mfu`` divides by; None on a CPU or a GPU the table lacks."""
+    if device.type != "cuda":
+        return None
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    peak = get_available_flops(device, compute_dtype(precision))
+    return float(peak) if peak else None
+
+
 def med(xs: list[float]) -> float:
     return statistics.median(xs)
 
@@ -489,17 +508,33 @@ def main(argv: list[str] | None = None) -> None:
                 "{:.3f}x",
             )
     base_flops = count_step_flops(base.cfg).train
+    peak = peak_flops(device, args.precision)
     for r in runners:  # what a run of this config reports in summary.json cost (counted on the meta device)
         f = count_step_flops(r.cfg)
+        per_image = f.train + f.selection
         rows.append(
             (
                 f"{r.name}: model FLOPs/image",
-                f"{(f.train + f.selection) / 1e6:.1f} M",
+                f"{per_image / 1e6:.1f} M",
                 "",
                 f"train {f.train / 1e6:.1f} M + selection {f.selection / 1e6:.1f} M; "
-                f"{(f.train + f.selection) / base_flops:.3f}x the baseline's",
+                f"{per_image / base_flops:.3f}x the baseline's",
             )
         )
+        rate = b / med(r.times["step"])  # images/s of the step alone: no loader, no colour, no teardown
+        achieved = per_image * rate
+        mfu = f"; MFU {achieved / peak:.1%} of {peak / 1e12:.0f} TFLOP/s" if peak else ""
+        rows.append((f"{r.name}: images/s", f"{rate:.1f}", "", f"B / median step; {achieved / 1e12:.3g} TFLOP/s{mfu}"))
+        if r is not base:  # the step's time against its FLOPs (issue 48's target: within 10%)
+            time_ratio = med([h / a for h, a in zip(r.times["step"], a_step)])
+            rows.append(
+                (
+                    f"{r.name}: step-time ratio / FLOPs ratio",
+                    f"{time_ratio / (per_image / base_flops):.3f}",
+                    "",
+                    "paired step ratio over the model FLOPs ratio: 1 = time follows FLOPs",
+                )
+            )
     for r in runners:
         if r.peak_mem:
             peak, resident = max(r.peak_mem)

@@ -17,13 +17,15 @@
   and the blur alone as that step calls it, per blur kind and batch shape (views x side; SimSiam's
   128 images x 4 candidates at 224 px and DINO's 64 x 16 local crops at 96 px by default), device
   times (the clock starts and stops after a ``synchronize``), the kinds alternated within each
-  round. The GPU session's ``blur`` stage.
+  round; with ``--baseline FILE`` also that ``batched.py``'s colour step on the same views (issue 48
+  item 5's before and after: ``git show 0cfef3a^:hvp_lightning/data/batched.py``). The GPU
+  session's ``blur`` stage.
 
     uv run python benchmarks/view_cost.py item --method simsiam --crop 224 --views 4 --baseline /tmp/old_batched.py
     uv run python benchmarks/view_cost.py blur
     python3 benchmarks/view_cost.py batch --device cuda --out results.md
 
-``git show REV:hvp_lightning/data/batched.py > /tmp/old_batched.py`` gives a baseline for ``item``.
+``git show REV:hvp_lightning/data/batched.py > /tmp/old_batched.py`` gives a baseline for ``item`` and ``batch``.
 Each prints a markdown section (date, machine, command, table); ``--out FILE`` appends it there.
 """
 
@@ -77,6 +79,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     batch.add_argument("--shapes", nargs="+", default=["512x224", "1024x96"], help="views x side, e.g. 512x224")
     batch.add_argument("--rounds", type=int, default=5)
     batch.add_argument("--calls", type=int, default=10, help="timed calls per arm and round")
+    batch.add_argument(
+        "--baseline", type=Path, default=None, help="another batched.py whose colour step is timed beside this one's"
+    )
     for s in (item, blur, batch):
         s.add_argument("--out", type=Path, default=None, help="append the markdown section to this file")
     args, rest = p.parse_known_args(argv)
@@ -235,16 +240,22 @@ def blur_cost(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 # --- batch ---------------------------------------------------------------------------------------
 
 
-def batch_arms(x: torch.Tensor, params: dict[str, torch.Tensor], aug: ViewAug) -> dict[str, Callable[[], object]]:
-    """The colour step as it runs on a device and its blur as that step calls it (every view, a
-    sigma of 1 where the view draws no blur)."""
+def batch_arms(
+    x: torch.Tensor, params: dict[str, torch.Tensor], aug: ViewAug, other: ModuleType | None
+) -> dict[str, Callable[[], object]]:
+    """The colour step as it runs on a device, ``other``'s colour step (another ``batched.py``) on
+    the same views, and the blur as this tree's step calls it (every view, a sigma of 1 where the
+    view draws no blur)."""
     sigma = torch.where(params["blur_sigma"] > 0, params["blur_sigma"], 1.0)
     xf = x.float()
     if aug.blur_kind == "pil":
         blur = lambda: batched.pil_blur(xf, sigma, batched.pil_max_radius(aug.blur_sigma[1]))  # noqa: E731
     else:
         blur = lambda: batched.gaussian_blur(xf, sigma, aug.blur_kernel)  # noqa: E731
-    return {"colour step": lambda: batched.colour(x, params, aug, sync_free=True), "blur alone": blur}
+    arms = {"colour step": lambda: batched.colour(x, params, aug, sync_free=True), "blur alone": blur}
+    if other is not None:
+        arms["baseline colour step"] = lambda: other.colour(x, params, aug, sync_free=True)
+    return arms
 
 
 def batch_cost(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -255,7 +266,14 @@ def batch_cost(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    other = load_batched(args.baseline) if args.baseline else None
     table = ["| views x side | blur kind | colour step ms | blur alone ms | blur share |", "|---|---|---|---|---|"]
+    if other is not None:
+        table = [
+            "| views x side | blur kind | colour step ms | blur alone ms | blur share | baseline colour step ms "
+            "| this / baseline |",
+            "|---|---|---|---|---|---|---|",
+        ]
     for shape in args.shapes:
         n, side = (int(v) for v in shape.split("x"))
         g = torch.Generator().manual_seed(0)
@@ -264,7 +282,7 @@ def batch_cost(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         fns: dict[tuple[str, str], Callable[[], object]] = {}
         for kind in BLUR_KINDS:
             aug = dataclasses.replace(ViewAug(size=side), blur_kind=kind)
-            for name, fn in batch_arms(x, draw_params(uniforms, side, side, aug), aug).items():
+            for name, fn in batch_arms(x, draw_params(uniforms, side, side, aug), aug, other).items():
                 fns[(kind, name)] = fn
         for fn in fns.values():  # warm-up: kernels loaded, allocator grown
             fn()
@@ -279,9 +297,16 @@ def batch_cost(args: argparse.Namespace) -> tuple[list[str], list[str]]:
                 times[key].append((time.perf_counter() - start) / args.calls * 1e3)
         for kind in BLUR_KINDS:
             step, blur = (statistics.median(times[(kind, arm)]) for arm in ("colour step", "blur alone"))
-            table.append(f"| {shape} | {kind} | {step:.2f} | {blur:.2f} | {blur / step:.0%} |")
+            row = f"| {shape} | {kind} | {step:.2f} | {blur:.2f} | {blur / step:.0%} |"
+            if other is not None:
+                base = statistics.median(times[(kind, "baseline colour step")])
+                row += f" {base:.2f} | {step / base:.2f}x |"
+            table.append(row)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return [f"device {device} ({name}), median of {args.rounds} rounds of {args.calls} calls"], table
+    notes = [f"device {device} ({name}), median of {args.rounds} rounds of {args.calls} calls"]
+    if other is not None:
+        notes.append(f"baseline: {args.baseline} (its `colour(..., sync_free=True)` on the same views)")
+    return notes, table
 
 
 # --- main ----------------------------------------------------------------------------------------

@@ -92,6 +92,8 @@ def test_overhead_times_both_models_and_the_bound(tmp_path: Path, argv: list[str
     assert re.search(r"hvp/baseline step \(paired\) \| [\d.]+x", text), text
     assert "bound" in text and ("leave-one-out" in text) == ("vicreg" in argv)
     assert ("hvp_noreuse" in text) == ("--compare-reuse" in argv)
+    assert float(_row(text, "baseline: images/s")[0]) > 0 and "TFLOP/s" in _row(text, "hvp: images/s")[2]
+    assert float(_row(text, "hvp: step-time ratio / FLOPs ratio")[0]) > 0
     if "--variant" in argv:  # the cheaper selections in the same rounds, against the baseline and HVP
         assert re.search(r"scale50/hvp step \(paired\) \| [\d.]+x", text) and "min_iou/baseline step (paired)" in text
         # model FLOPs per image: SimCLR's N=3 candidates add 3 forwards to the step's 6 (2 views x fwd + bwd)
@@ -124,15 +126,17 @@ def test_view_cost_blur_times_every_path() -> None:
 
 
 def test_view_cost_batch_times_every_kind(tmp_path: Path) -> None:
-    """`batch` (the GPU session's ``blur`` stage) on the CPU: a row per blur kind and shape, the step
-    and the blur alone timed, the section appended to ``--out``."""
+    """`batch` (the GPU session's ``blur`` stage) on the CPU: a row per blur kind and shape, the step,
+    the blur alone and a ``--baseline`` batched.py's step timed, the section appended to ``--out``."""
     out = tmp_path / "results.md"
     load_script("view_cost").main(
         ["batch", "--device", "cpu", "--shapes", "4x16", "--rounds", "1", "--calls", "1", "--out", str(out)]
+        + ["--baseline", str(REPO / "hvp_lightning/data/batched.py")]
     )
-    rows = [line for line in out.read_text().splitlines() if line.startswith("| 4x16 |")]
-    assert [row.split(" | ")[1] for row in rows] == ["pil", "torchvision9", "simclr"]
-    assert all(float(row.split(" | ")[2]) > 0 and float(row.split(" | ")[3]) > 0 for row in rows)
+    rows = [line.strip("| ").split(" | ") for line in out.read_text().splitlines() if line.startswith("| 4x16 |")]
+    assert [row[1] for row in rows] == ["pil", "torchvision9", "simclr"]
+    assert all(float(row[2]) > 0 and float(row[3]) > 0 and float(row[5]) > 0 for row in rows)
+    assert all(re.fullmatch(r"[\d.]+x", row[6]) for row in rows)
 
 
 def test_loader_report_names_the_ratios_of_the_arms_it_ran() -> None:

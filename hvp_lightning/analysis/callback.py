@@ -56,7 +56,6 @@ STAT_KEYS = (
     "loss_selected",
     "loss_candidates",
 )
-SELECTED_KEYS = ("iou_selected", "rel_dist_selected", "color_dist_selected")
 INT_PARAMS = ("crop_x", "crop_y", "crop_w", "crop_h", "src_w", "src_h")
 BOOL_PARAMS = ("flip", "jitter", "grayscale", "solarize")
 PAIR_FEATURES = ("iou", "rel_dist", "color_dist", *(f"{n}_diff" for n in JITTER_NAMES))

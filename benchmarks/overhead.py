@@ -47,6 +47,7 @@ import math
 import os
 import platform
 import shlex
+import signal
 import statistics
 import sys
 import time
@@ -406,6 +407,49 @@ def render(rows: list[tuple[str, str, str, str]], markdown: bool) -> str:
 # --- main --------------------------------------------------------------------------------
 
 
+def rounds(args: argparse.Namespace, runners: list[Runner], is_dino: bool) -> tuple[dict[str, list[float]], int, bool]:
+    """The warm-up and timed rounds, every model's step in each: the selection's no-grad forwards
+    per timed round (``extras``), how many rounds were timed, and whether a SIGTERM (``timeout``, a
+    scheduler) ended them early: it ends them after the current round, so the report still comes."""
+    base, hvps, n = runners[0], runners[1:], args.num_views
+    stop: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+    gen = torch.Generator().manual_seed(args.seed)
+    extras: dict[str, list[float]] = {}
+    n_timed = 0
+    try:
+        for it in range(args.warmup + args.iters):
+            if stop:
+                print(f"SIGTERM: the rounds end after {n_timed} of {args.iters} timed", flush=True)
+                break
+            hvp_batch = None
+            for r in runners:  # A, B(, C) -- interleaved every round
+                batch = r.batch(gen)
+                hvp_batch = batch if r is hvps[0] else hvp_batch
+                r.step(batch)
+            ex: dict[str, float] = {}
+            if not args.no_extras:  # the selection's no-grad forwards, timed on the baseline model
+                ex = (
+                    multicrop_extras(base, hvp_batch, hvps[0].model.num_globals)  # type: ignore[arg-type,attr-defined]
+                    if is_dino
+                    else pair_extras(base, hvp_batch, n)  # type: ignore[arg-type]
+                )
+            if it < args.warmup:
+                for r in runners:
+                    r.times.clear()
+                continue
+            for k, v in ex.items():
+                extras.setdefault(k, []).append(v)
+            n_timed += 1
+            print(
+                f"round {n_timed}/{args.iters}: " + "  ".join(f"{r.name} {r.times['step'][-1]:.3f}s" for r in runners),
+                flush=True,
+            )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return extras, n_timed, bool(stop)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -456,33 +500,11 @@ def main(argv: list[str] | None = None) -> None:
             )
     print("\n".join(notes), flush=True)
 
-    gen = torch.Generator().manual_seed(args.seed)
-    extras: dict[str, list[float]] = {}
-    for it in range(args.warmup + args.iters):
-        hvp_batch = None
-        for r in runners:  # A, B(, C) -- interleaved every round
-            batch = r.batch(gen)
-            hvp_batch = batch if r is hvps[0] else hvp_batch
-            r.step(batch)
-        ex: dict[str, float] = {}
-        if not args.no_extras:  # the selection's no-grad forwards, timed on the baseline model
-            ex = (
-                multicrop_extras(base, hvp_batch, hvps[0].model.num_globals)  # type: ignore[arg-type,attr-defined]
-                if is_dino
-                else pair_extras(base, hvp_batch, n)
-            )  # type: ignore[arg-type]
-        if it < args.warmup:
-            for r in runners:
-                r.times.clear()
-            continue
-        for k, v in ex.items():
-            extras.setdefault(k, []).append(v)
-        print(
-            f"round {it - args.warmup + 1}/{args.iters}: "
-            + "  ".join(f"{r.name} {r.times['step'][-1]:.3f}s" for r in runners),
-            flush=True,
-        )
-
+    # Counted before the rounds, so that a stage cut by its time limit (SIGTERM) reports at once.
+    flops = {r.name: count_step_flops(r.cfg) for r in runners}
+    extras, n_timed, stopped = rounds(args, runners, is_dino)
+    if not n_timed:
+        raise SystemExit("no timed round finished: nothing to report")
     rows: list[tuple[str, str, str, str]] = []
     add = lambda q, xs, note="", fmt="{:.3f} s": rows.append((q, fmt.format(med(xs)), spread(xs), note))  # noqa: E731
     for r in runners:
@@ -507,10 +529,10 @@ def main(argv: list[str] | None = None) -> None:
                 "median of per-round ratios",
                 "{:.3f}x",
             )
-    base_flops = count_step_flops(base.cfg).train
+    base_flops = flops[base.name].train
     peak = peak_flops(device, args.precision)
     for r in runners:  # what a run of this config reports in summary.json cost (counted on the meta device)
-        f = count_step_flops(r.cfg)
+        f = flops[r.name]
         per_image = f.train + f.selection
         rows.append(
             (
@@ -625,7 +647,9 @@ def main(argv: list[str] | None = None) -> None:
             "```",
             "",
             *[f"- {x}" for x in notes],
-            f"- rounds: {args.iters} timed after {args.warmup} warm-up, variants interleaved "
+            f"- rounds: {n_timed} timed"
+            + (f" (of {args.iters}: stopped by SIGTERM)" if stopped else "")
+            + f" after {args.warmup} warm-up, variants interleaved "
             f"({', '.join(r.name for r in runners)}) each round",
             "",
             render(rows, markdown=True),

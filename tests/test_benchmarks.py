@@ -102,6 +102,29 @@ def test_overhead_times_both_models_and_the_bound(tmp_path: Path, argv: list[str
         assert ratio["baseline"] == ratio["min_iou"] == 1.0 and ratio["hvp"] == 1.5 and 1.0 < ratio["scale50"] < 1.5
 
 
+def test_overhead_cut_by_sigterm_reports_the_rounds_it_timed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU stage's ``timeout`` sends SIGTERM: the rounds end after the current one and the report
+    still comes, saying how many were timed; the previous SIGTERM handler is back afterwards."""
+    overhead, out, steps = load_script("overhead"), tmp_path / "results.md", []
+    step = overhead.Runner.step
+
+    def step_then_sigterm(self, batch):  # the HVP step of the first timed round gets a SIGTERM
+        step(self, batch)
+        steps.append(self.name)
+        if len(steps) == 2:
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(overhead.Runner, "step", step_then_sigterm)
+    before = signal.getsignal(signal.SIGTERM)
+    overhead.main(
+        ["--method", "simclr", "--backbone", "resnet18_narrow", "--width", "4", "--batch-size", "4", "--crop", "16"]
+        + ["--num-views", "2", "--iters", "5", "--warmup", "0", "--no-extras", "--out", str(out)]
+    )
+    assert steps == ["baseline", "hvp"] and signal.getsignal(signal.SIGTERM) is before
+    text = out.read_text()
+    assert "- rounds: 1 timed (of 5: stopped by SIGTERM)" in text and float(_row(text, "hvp: images/s")[0]) > 0
+
+
 def test_view_cost_item_times_both_arms_on_the_same_crops(tmp_path: Path) -> None:
     """`item` with this tree's batched.py as its own baseline: the views are bit-equal, and every arm
     gets a positive time per round and a reference / pipeline ratio."""

@@ -21,9 +21,9 @@ cheaper selections (``scale50:hvp.selection_scale=0.5``, ``min_iou:hvp.mode=min_
 step against the baseline's and against HVP's, paired by round. Every model's FLOPs per image
 (``hvp_lightning/training/cost.py``, what a run's summary.json reports) are in the table too, with
 its images/s (batch over median step: the step alone, no loader or teardown), the FLOP/s that
-makes, on a GPU the model FLOP utilisation against the device's peak at ``--precision`` (Lightning's
-table, as a run's ``perf/mfu``), and each HVP model's step-time ratio over its FLOPs ratio (1: the
-step's time follows its FLOPs; issue 48 asks for HVP within 10%).
+makes, on a GPU the model FLOP utilisation against the device's dense peak at ``--precision``
+(``hvp_lightning.run.perf.peak_flops``, as a run's ``perf/mfu``), and each HVP model's step-time
+ratio over its FLOPs ratio (1: the step's time follows its FLOPs; issue 48 asks for HVP within 10%).
 
 ``--precision`` imitates ``trainer.precision``: the forward (``training_step``, selection
 included) under the autocast Lightning uses, backward outside it, and for ``16-mixed`` a
@@ -68,7 +68,7 @@ from hvp_lightning.data.augment import PARAM_NAMES  # noqa: E402
 from hvp_lightning.methods import METHODS, SSLMethod  # noqa: E402
 from hvp_lightning.methods.dino import DINO  # noqa: E402
 from hvp_lightning.nn.teacher import ema_update  # noqa: E402
-from hvp_lightning.run.perf import compute_dtype  # noqa: E402
+from hvp_lightning.run.perf import compute_dtype, peak_flops  # noqa: E402
 from hvp_lightning.schema import PRECISIONS  # noqa: E402
 from hvp_lightning.selection import STEP_DTYPES, frozen_state, step_autocast_dtype  # noqa: E402
 from hvp_lightning.training.cost import count_step_flops  # noqa: E402
@@ -345,17 +345,6 @@ def multicrop_extras(r: Runner, hvp_batch: Batch, g: int) -> dict[str, float]:
 # --- statistics and reporting --------------------------------------------------------------
 
 
-def peak_flops(device: torch.device, precision: str) -> float | None:
-    """The device's peak FLOP/s at ``precision``'s matmul dtype (Lightning's table of common GPUs),
-    as a run's ``perf/mfu`` divides by; None on a CPU or a GPU the table lacks."""
-    if device.type != "cuda":
-        return None
-    from lightning.fabric.utilities.throughput import get_available_flops
-
-    peak = get_available_flops(device, compute_dtype(precision))
-    return float(peak) if peak else None
-
-
 def med(xs: list[float]) -> float:
     return statistics.median(xs)
 
@@ -530,7 +519,7 @@ def main(argv: list[str] | None = None) -> None:
                 "{:.3f}x",
             )
     base_flops = flops[base.name].train
-    peak = peak_flops(device, args.precision)
+    peak = peak_flops(device, compute_dtype(args.precision))
     for r in runners:  # what a run of this config reports in summary.json cost (counted on the meta device)
         f = flops[r.name]
         per_image = f.train + f.selection

@@ -979,7 +979,12 @@ def dry_run(scale: Scale, jobs: list[Job]) -> None:
         total += per_arm[key][1]
     print("\nplanned model FLOPs per run (baseline@<arm>: about its arm's, within half an epoch):")
     for (m, a), (ratio, flops) in per_arm.items():
-        print(f"  {m} {a}: {flops:.4g} ({ratio:.3f}x the baseline step per image)")
+        unit = (
+            "the baseline run's total: the baseline step, trained longer"
+            if matched(a)
+            else "the baseline step per image"
+        )
+        print(f"  {m} {a}: {flops:.4g} ({ratio:.3f}x {unit})")
     print(f"all {len(jobs)} runs: {total:.4g} model FLOPs (k-NN passes and linear probes not counted)")
 
 

@@ -11,8 +11,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from hvp_lightning.nn.flops import FlopMeter, model_flops
-from hvp_lightning.run.perf import PHASES, PerfMonitor, StepFlops, Timeline, batch_images
-from hvp_lightning.training.cost import count_step_flops
+from hvp_lightning.run.perf import PHASES, PerfMonitor, StepFlops, Timeline, batch_images, peak_flops
+from hvp_lightning.training.cost import count_step_flops, run_step_flops
 
 from .conftest import make_cfg
 from .test_device_guard import VIT
@@ -201,6 +201,67 @@ def test_timeline_on_a_gpu_reads_events_only_when_asked(monkeypatch: pytest.Monk
     assert FakeEvent.waited == []
     assert dict(line.read()) == {"data": 0.25, "step": 0.5, "selection": 0.25}
     assert FakeEvent.waited == [last]
+
+
+def test_validation_inside_the_fit_is_in_no_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning runs the epoch-end k-NN (validation) before ``on_train_epoch_end``: its time is in
+    no phase, so images/s and the split are those of training alone. Each fake event is 250 ms on;
+    the validation takes 10 s of device time between its marks."""
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    trainer, module = FakeTrainer(), Logged()
+    trainer.strategy = type("Strategy", (), {"root_device": torch.device("cuda", 0)})()
+    trainer.precision, trainer.world_size = "bf16-mixed", 1
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    perf, batch = PerfMonitor(StepFlops(train=6, selection=0, baseline=6)), {"views": [torch.zeros(4, 1)]}
+    perf.setup(trainer, module, "fit")
+    perf.on_train_epoch_start(trainer, module)
+    perf.on_train_batch_start(trainer, module, batch, 0)
+    perf.on_before_optimizer_step(trainer, module, None)
+    perf.on_train_batch_end(trainer, module, None, batch, 0)
+    perf.on_validation_start(trainer, module)
+    FakeEvent.clock += 10_000.0  # the k-NN pass
+    perf.on_train_epoch_end(trainer, module)
+    perf.on_train_end(trainer, module)
+    cost = perf.summary()
+    assert perf.seconds == {"data": 0.5, "step": 0.25, "optimizer": 0.25}
+    assert cost["images_per_s"] == 4 / 1.0 and cost["mfu"] == pytest.approx(24 / 989.4e12)
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "peak"),
+    [
+        ("NVIDIA H200", torch.bfloat16, 989.4e12),  # Lightning 2.6 finds no peak for this name
+        ("NVIDIA H200 NVL", torch.bfloat16, 835.5e12),
+        ("NVIDIA GH200 480GB", torch.float16, 989.4e12),
+        ("NVIDIA H100 NVL", torch.bfloat16, 835.5e12),  # Lightning lists the sparse 1978.8e12
+        ("NVIDIA H100 80GB HBM3", torch.bfloat16, 989.4e12),  # Lightning's table
+        ("NVIDIA A100-SXM4-80GB", torch.bfloat16, 312e12),  # Lightning's table
+        ("NVIDIA H200", torch.float32, 494.7e12),  # TF32 unless the matmul precision is "highest"
+    ],
+)
+def test_peak_flops_are_dense_and_know_the_h200(monkeypatch, name, dtype, peak) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
+    assert peak_flops(torch.device("cuda", 0), dtype) == peak
+    assert peak_flops(torch.device("cpu"), dtype) is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "warned"),
+    [
+        (("method=vicreg_cifar", "+hvp=on", "hvp.num_views=3"), True),  # the leave-one-out table
+        (("method=barlow_twins_cifar", "+hvp=on", "hvp.num_views=3", "hvp.mode=random"), True),
+        (("method=vicreg_cifar", "+hvp=on", "hvp.num_views=3", "hvp.mode=min_iou"), False),  # no table
+        (("method=vicreg_cifar",), False),
+        (("+hvp=on", "hvp.num_views=3"), False),  # SimCLR's per-sample losses: small
+    ],
+)
+def test_a_run_says_when_its_flops_leave_out_heavy_selection_work(caplog, overrides, warned) -> None:
+    """VICReg's and Barlow Twins' selection computes a leave-one-out loss table outside the
+    networks (model FLOPs leave it out): the run's FLOP count says so, where a table is made."""
+    with caplog.at_level("WARNING", logger="hvp_lightning.training.cost"):
+        assert run_step_flops(make_cfg(*overrides)) is not None
+    assert ("leave-one-out table" in caplog.text) is warned, caplog.text
 
 
 def test_timeline_phases_on_the_host_clock() -> None:

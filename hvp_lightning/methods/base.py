@@ -39,6 +39,10 @@ class SSLMethod(L.LightningModule):
         cfg: The run config (``DictConfig`` or plain dict); a plain dict is converted.
     """
 
+    #: What HVP's selection pass computes outside the networks, where it is not small: model FLOPs
+    #: (``nn/flops.py``) leave it out, so a run says so when it counts them (``training/cost.py``).
+    uncounted_selection_work: str | None = None
+
     def __init__(self, cfg: DictConfig | dict) -> None:
         super().__init__()
         cfg = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)

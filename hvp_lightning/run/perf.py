@@ -13,7 +13,8 @@
 * ``optimizer``: from ``on_before_optimizer_step`` to the batch's end: clipping and the
   optimiser's update.
 
-Time between epochs (validation, k-NN, epoch checkpoints) is in none of them. On a CUDA device
+Validation (the online k-NN, at an epoch's end or within it) and the time between epochs (epoch
+checkpoints) are in none of them. On a CUDA device
 each phase boundary records a CUDA event, read only at the log steps (where Lightning's logging
 waits for the device anyway): no host sync per step; elsewhere the host clock. At every log
 step (``trainer.log_every_n_steps``) the interval since the last one is logged as ``perf/*``
@@ -38,6 +39,16 @@ import lightning as L
 import torch
 
 PHASES = ("data", "selection", "step", "optimizer")
+
+# Dense peak FLOP/s (no 2:4 sparsity; NVIDIA's data sheets) of GPUs whose torch name Lightning's
+# table (lightning 2.6 ``get_available_flops``) misses or lists at sparse rates: it knows the H200
+# only as "h200 sxm1"/"h200 nvl1", which "NVIDIA H200" never matches, and lists the H200 and the
+# H100 NVL at their sparse figures, twice the dense ones. Matched in this order, by substring.
+DENSE_PEAKS: dict[str, dict[torch.dtype | str, float]] = {
+    "h200 nvl": {torch.bfloat16: 835.5e12, torch.float16: 835.5e12, "tfloat32": 417.5e12, torch.float32: 60e12},
+    "h100 nvl": {torch.bfloat16: 835.5e12, torch.float16: 835.5e12, "tfloat32": 417.5e12, torch.float32: 60e12},
+    "h200": {torch.bfloat16: 989.4e12, torch.float16: 989.4e12, "tfloat32": 494.7e12, torch.float32: 66.9e12},
+}
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,23 @@ def batch_images(batch: Any) -> int:
         if n:
             return n
     return 0
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
+    """One device's dense peak FLOP/s at the matmul ``dtype``, the denominator of the model FLOP
+    utilisation: :data:`DENSE_PEAKS` for the GPUs there (GH200 included), else Lightning's table;
+    None on a CPU and on a GPU neither knows (Lightning then warns once)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device).lower()
+    for chip, peaks in DENSE_PEAKS.items():
+        if chip in name:  # fp32 matmuls run as TF32 unless the precision is "highest" (as Lightning reads it)
+            tf32 = dtype is torch.float32 and torch.get_float32_matmul_precision() != "highest"
+            return peaks.get("tfloat32" if tf32 else dtype)
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    peak = get_available_flops(device, dtype)
+    return float(peak) if peak else None
 
 
 def compute_dtype(precision: str) -> torch.dtype:
@@ -169,11 +197,8 @@ class PerfMonitor(L.Callback):
             return
         device = trainer.strategy.root_device
         self._timeline, self._world = Timeline(device), trainer.world_size
-        if device.type == "cuda":
-            from lightning.fabric.utilities.throughput import get_available_flops
-
-            peak = get_available_flops(device, compute_dtype(str(trainer.precision)))
-            self.peak_flops = float(peak) * trainer.world_size if peak else None
+        peak = peak_flops(device, compute_dtype(str(trainer.precision)))
+        self.peak_flops = peak * trainer.world_size if peak else None
         if hasattr(pl_module, "selection_phase"):
             pl_module.selection_phase = self.selection_phase
 
@@ -209,8 +234,14 @@ class PerfMonitor(L.Callback):
         if self._stepped and every and trainer.global_step % every == 0:
             self._log(pl_module, self._read())
 
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Validation inside the fit (the k-NN pass) comes before on_train_epoch_end: without this
+        # mark it would count as waiting for data. The fetch after a validation within an epoch
+        # (val_check_interval < 1) is then in no phase either, until the next batch starts.
+        self._timeline.mark(None)
+
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._timeline.mark(None)  # what follows (validation, checkpoints) is no training phase
+        self._timeline.mark(None)  # what follows (epoch checkpoints) is no training phase
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._timeline.mark(None)

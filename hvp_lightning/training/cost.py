@@ -25,6 +25,7 @@ from ..device import auto_precision, runs_on_cpu
 from ..methods import METHODS
 from ..nn.flops import FlopMeter
 from ..run.perf import StepFlops
+from ..schema.hvp import LOSS_MODES
 from ..selection import resolve_selection_dtype, step_autocast_dtype
 from ..selection.forward_pass import outputs_reusable as same_outputs
 from ..selection.geometry import CROP_KEYS
@@ -121,9 +122,20 @@ def _count(cfg: DictConfig) -> StepFlops:
 
 def run_step_flops(cfg: DictConfig) -> StepFlops | None:
     """:func:`count_step_flops` for a run about to train: None, with a warning naming the error,
-    if the method's step does not run on the meta device (the run goes on without FLOPs)."""
+    if the method's step does not run on the meta device (the run goes on without FLOPs). A
+    selection whose method does heavy work outside its networks (``uncounted_selection_work``)
+    is warned about: its FLOP figures, and a budget's "equal FLOPs", understate HVP's cost."""
     try:
-        return count_step_flops(cfg)
+        flops = count_step_flops(cfg)
     except Exception as err:  # noqa: BLE001 -- a count that fails must not stop the run
         log.warning("model FLOPs not counted (the run reports no FLOPs): %s: %s", type(err).__name__, err)
         return None
+    h, work = cfg.get("hvp") or {}, METHODS[cfg.method.name].uncounted_selection_work
+    if h.get("enabled") and h.get("mode") in LOSS_MODES and work:
+        log.warning(
+            "model FLOPs leave out %s's selection work outside its networks, %s: the run's FLOPs, and "
+            "a baseline given them (budget.match), understate what HVP costs here; compare wall time too",
+            cfg.method.name,
+            work,
+        )
+    return flops

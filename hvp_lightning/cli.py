@@ -145,17 +145,31 @@ PATH_KEYS = (
 PATH_OVERRIDE = re.compile(rf"(?P<key>\+{{0,2}}(?:{PATH_KEYS}))=(?P<value>.*)", re.S)
 
 
+def existing_paths(value: str) -> list[str] | None:
+    """``value`` cut at commas into the fewest existing paths, or None if it cannot be. A sweep job
+    dir's name holds commas itself (``0_+hvp=on,hvp.enabled=true,seed=0``), so a sweep over two of
+    them is not its comma-separated pieces: each path is the shortest run of pieces that exists."""
+    pieces = value.split(",")
+    fewest: dict[int, list[str]] = {0: []}  # fewest[i]: pieces[:i] as the fewest existing paths
+    for j in range(1, len(pieces) + 1):
+        cuts = [fewest[i] + [",".join(pieces[i:j])] for i in list(fewest)]
+        cuts = [c for c in cuts if Path(c[-1]).expanduser().exists()]
+        if cuts:
+            fewest[j] = min(cuts, key=len)
+    return fewest.get(len(pieces))
+
+
 def quoted_path(arg: str, multirun: bool = False) -> str:
     """``arg`` with its value quoted, if it is a path override whose value holds '=' and is not
     written in Hydra's grammar already (quoted, escaped with a backslash, a list, a sweep
     function). A comma is part of the path (sweep job dirs are named ``0_method=simclr,seed=1``),
-    except under ``-m`` where every comma-separated piece is an existing path: a sweep over them."""
+    except under ``-m`` where the value cuts into several existing paths (:func:`existing_paths`):
+    a sweep over them."""
     m = PATH_OVERRIDE.fullmatch(arg)
     value = m["value"] if m else ""
     if "=" not in value or value[0] in "'\"" or any(c in value for c in "()[]{}\\"):
         return arg
-    pieces = value.split(",")
-    paths = pieces if multirun and len(pieces) > 1 and all(Path(p).expanduser().exists() for p in pieces) else [value]
+    paths = (existing_paths(value) if multirun else None) or [value]
     if any("'" in p and '"' in p for p in paths):
         return arg  # no quote left to quote it with: Hydra says what is wrong
     return f"{m['key']}=" + ",".join(f'"{p}"' if "'" in p else f"'{p}'" for p in paths)

@@ -197,8 +197,15 @@ def job(name: str, overrides: list[str], knn: float | None, flops: float | None,
 
 
 SWEEP = [
-    job("0", ["+hvp=on", "hvp.enabled=true", "budget.flops=1e9", "seed=0"], 0.50, 0.99e9),
-    job("1", ["+hvp=on", "hvp.enabled=false", "budget.flops=1e9", "seed=0"], 0.40, 1.01e9),
+    job("0", ["+hvp=on", "hvp.enabled=true", "budget.flops=1e9", "seed=0"], 0.50, 0.99e9, monitor_rankme=20.0),
+    job(
+        "1",
+        ["+hvp=on", "hvp.enabled=false", "budget.flops=1e9", "seed=0"],
+        0.40,
+        1.01e9,
+        monitor_rankme=15.0,
+        monitor_feature_std=0.02,
+    ),
     job("2", ["+hvp=on", "hvp.enabled=true", "budget.flops=1e9", "seed=1"], 0.54, 0.99e9),
     job("3", ["+hvp=on", "hvp.enabled=true", "budget.flops=4e9", "seed=0"], 0.60, 4.0e9, budget={"flops": 4e9}),
     Job("sweep/4", ["+hvp=on", "hvp.enabled=false", "budget.flops=4e9", "seed=0"], None, "ConfigError: ..."),
@@ -207,11 +214,17 @@ SWEEP = [
 
 def test_sweep_table_and_plot_put_quality_against_flops(tmp_path) -> None:
     """Groups by the swept keys but seeds and compute; one point per finished job (k-NN in %);
-    the monitors where no job has k-NN; nothing from summaries before cost reporting."""
+    a panel per quantity some job reports, k-NN first, the label-free monitors beside it (alone
+    where no job has k-NN); nothing from summaries before cost reporting."""
     assert job_groups(SWEEP) == ["hvp.enabled=true", "hvp.enabled=false", "hvp.enabled=true", "hvp.enabled=true",
                                  "hvp.enabled=false"]  # fmt: skip
     series = flops_series(SWEEP)
-    assert list(series) == ["knn_top1"]
+    assert list(series) == ["knn_top1", "monitor_rankme", "monitor_feature_std"]
+    assert {g: [p.value for p in v] for g, v in series["monitor_rankme"].items()} == {
+        "hvp.enabled=true": [20.0],
+        "hvp.enabled=false": [15.0],
+    }
+    assert {g: [p.value for p in v] for g, v in series["monitor_feature_std"].items()} == {"hvp.enabled=false": [0.02]}
     hvp, base = series["knn_top1"]["hvp.enabled=true"], series["knn_top1"]["hvp.enabled=false"]
     assert [(p.flops, p.value, p.setting) for p in hvp] == [
         (0.99e9, 50.0, ("1e9", None, None, None)),
@@ -238,7 +251,9 @@ def test_sweep_table_and_plot_put_quality_against_flops(tmp_path) -> None:
     old = [Job("sweep/0", ["seed=0"], {"knn_top1": 0.5})]  # before cost reporting
     assert flops_series(old) == {}
     assert "cost.total_flops" in plot_flops(old, tmp_path / "none.png", "old")
-    assert plot_flops(SWEEP, tmp_path / "flops.png", "sweep") is None and (tmp_path / "flops.png").stat().st_size > 0
+    assert plot_flops(SWEEP, tmp_path / "flops.png", "sweep") is None
+    width = int.from_bytes((tmp_path / "flops.png").read_bytes()[16:20], "big")  # PNG header: width in pixels
+    assert width == round(3 * 5.5 * 110)  # three panels: k-NN, RankMe, feature std
 
 
 def test_cli_writes_the_table_and_the_plot(tmp_path, capsys) -> None:

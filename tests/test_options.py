@@ -196,3 +196,10 @@ def test_path_overrides_holding_equals_are_quoted_whole_and_only_those(tmp_path)
     a.mkdir(), b.mkdir()
     assert quote_path_overrides(["-m", f"ckpt={a},{b}"])[1] == f"ckpt='{a}','{b}'"  # a sweep over two runs
     assert quote_path_overrides([f"ckpt={a},{b}"])[0] == f"ckpt='{a},{b}'"  # no -m: one path
+    # Hydra's sweep job dirs hold ',' themselves: no comma-separated piece exists alone
+    c, d = tmp_path / "0_+hvp=on,hvp.enabled=true,seed=0", tmp_path / "1_+hvp=on,hvp.enabled=true,seed=1"
+    c.mkdir(), d.mkdir()
+    assert quote_path_overrides(["-m", f"budget.match={c},{d}"])[1] == f"budget.match='{c}','{d}'"
+    assert quote_path_overrides(["-m", f"budget.match={c}"])[1] == f"budget.match='{c}'"
+    assert quote_path_overrides([f"budget.match={c},{d}"])[0] == f"budget.match='{c},{d}'"
+    assert quote_path_overrides(["-m", f"ckpt={c},{tmp_path}/gone"])[1] == f"ckpt='{c},{tmp_path}/gone'"  # as typed

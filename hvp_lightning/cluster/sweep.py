@@ -208,7 +208,7 @@ def write_sweep_summary(sweep_dir: Path | str) -> Path:
 # Overrides that set how much a job trains (the plot's x axis) or repeat it (seed): not its group.
 UNGROUPED = ("seed", "budget.flops", "budget.match", "trainer.max_epochs", "trainer.max_steps")
 COMPUTE_KEYS = UNGROUPED[1:]
-PLOTTED = {  # summary key: (panel title, scale); the monitors where no job has k-NN
+PLOTTED = {  # summary key: (panel title, scale), in panel order; a panel per key some job reports
     "knn_top1": ("k-NN top-1 (%)", 100.0),
     "monitor_rankme": ("RankMe (label-free)", 1.0),
     "monitor_feature_std": ("feature std (label-free)", 1.0),
@@ -234,18 +234,17 @@ class Point(NamedTuple):
 
 
 def flops_series(jobs: list[Job]) -> dict[str, dict[str, list[Point]]]:
-    """What :func:`plot_flops` draws: per panel (k-NN top-1 in %, or where no job has k-NN RankMe
-    and feature std), each :func:`job_groups` group's points, one per finished job with a FLOP
-    count (``cost.total_flops``)."""
+    """What :func:`plot_flops` draws: per panel (each :data:`PLOTTED` key that a finished job with
+    a FLOP count, ``cost.total_flops``, reports: k-NN top-1 in %, then the label-free RankMe and
+    feature std beside it, which are all there is on unlabelled data), each :func:`job_groups`
+    group's points, one per such job."""
     done = [
         (group, j.summary, tuple(dict(map(split_override, j.overrides)).get(k) for k in COMPUTE_KEYS))
         for group, j in zip(job_groups(jobs), jobs)
         if j.summary is not None and (j.summary.get("cost") or {}).get("total_flops")
     ]
-    keys = ["knn_top1"] if any(s.get("knn_top1") is not None for _, s, _ in done) else list(PLOTTED)[1:]
     series: dict[str, dict[str, list[Point]]] = {}
-    for key in keys:
-        scale = PLOTTED[key][1]
+    for key, (_, scale) in PLOTTED.items():
         for group, s, setting in done:
             if s.get(key) is not None:
                 point = Point(float(s["cost"]["total_flops"]), s[key] * scale, setting)
@@ -354,8 +353,9 @@ def main(argv: list[str] | None = None, prog: str = "hvp-sweep-summary") -> int:
         type=Path,
         default=None,
         metavar="FILE",
-        help="also draw k-NN top-1 (without k-NN: RankMe and feature std) against each job's model FLOPs, "
-        "a colour per value of the swept keys (e.g. hvp.enabled), to this image file (e.g. flops.png)",
+        help="also draw k-NN top-1, RankMe and feature std (a panel each, where the jobs report it) against "
+        "each job's model FLOPs, a colour per value of the swept keys (e.g. hvp.enabled), to this image file "
+        "(e.g. flops.png)",
     )
     args = ap.parse_args(argv)
     if problem := sweep_dir_problem(args.sweep_dir):

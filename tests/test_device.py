@@ -182,6 +182,14 @@ def test_final_line_is_one_line_with_init_chance_run_dir_and_hvp_gap():
     }
     line = final_line(dict(hvp, hvp_enabled=True, cost=cost))
     assert "| HVP cost: selection 40% of model FLOPs, step 1.67x the baseline's | run dir: runs/x" in line
+    # every run with a FLOP count ends with its model FLOPs (budget.flops' unit), with or without HVP
+    total = dict(cost, total_flops=2.1638e13)
+    assert final_line(dict(hvp, hvp_enabled=True, cost=total)).endswith(
+        "step 1.67x the baseline's | model FLOPs: 2.16e+13 | run dir: runs/x"
+    )
+    assert final_line(dict(summary, cost={"total_flops": 1.0374e13})).endswith(
+        "| model FLOPs: 1.04e+13 | run dir: runs/x"
+    )
     no_count = dict(cost, selection_flops_share=None, baseline_flops_per_image=None)
     assert "HVP cost" not in final_line(dict(hvp, hvp_enabled=True, cost=no_count))
 

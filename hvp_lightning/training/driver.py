@@ -206,7 +206,7 @@ def final_line(summary: dict[str, Any]) -> str:
     labelled set the label-free monitors against theirs instead --, the epoch the monitors first
     signalled collapse if they did, the run dir and, with HVP, how much harder the selected views
     were than the candidates' average and what the selection cost in model FLOPs (its share of
-    the run's, and an HVP step's FLOPs against the baseline step's)."""
+    the run's, and an HVP step's FLOPs against the baseline step's), and the run's model FLOPs."""
     if summary.get("knn_top1") is not None:
         init = summary.get("knn_top1_init")
         ref = f"at init {100 * init:.2f}%, " if init is not None else ""
@@ -221,6 +221,8 @@ def final_line(summary: dict[str, Any]) -> str:
         line += f" | HVP selected - candidate loss: {gap:+.4f}"
     if summary.get("hvp_enabled") and (cost := hvp_cost_text(summary.get("cost") or {})):
         line += f" | {cost}"
+    if total := (summary.get("cost") or {}).get("total_flops"):  # what budget.flops takes: runs compare at a glance
+        line += f" | model FLOPs: {total:.3g}"
     return f"{line} | run dir: {shown_path(summary['run_dir'])}"
 
 

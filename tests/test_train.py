@@ -211,7 +211,7 @@ def test_tiny_images_run_reports_the_label_free_monitors(cfg_factory, tmp_path):
     assert logged == pytest.approx([h["rankme"] for h in history], rel=1e-6)  # logged as float32
     line = final_line(summary)
     assert line.startswith(f"RankMe {summary['monitor_rankme']:.1f} of 8 (at init {history[0]['rankme']:.1f}), ")
-    assert "/sqrt(d)" in line and "on 8 held-out images | run dir: " in line
+    assert "/sqrt(d)" in line and "on 8 held-out images | model FLOPs: " in line and "| run dir: " in line
 
 
 def test_crop_larger_than_the_images_is_said_once(cfg_factory, caplog):

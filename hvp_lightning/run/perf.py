@@ -14,9 +14,9 @@
   optimiser's update.
 
 Validation (the online k-NN, at an epoch's end or within it) and the time between epochs (epoch
-checkpoints) are in none of them. On a CUDA device
-each phase boundary records a CUDA event, read only at the log steps (where Lightning's logging
-waits for the device anyway): no host sync per step; elsewhere the host clock. At every log
+checkpoints) are in none of them. On a CUDA device each phase boundary records a CUDA event, read
+only at the log steps (where Lightning's logging waits for the device anyway): no host sync per
+step; elsewhere the host clock. At every log
 step (``trainer.log_every_n_steps``) the interval since the last one is logged as ``perf/*``
 (docs/logging.md); :meth:`PerfMonitor.summary` is summary.json's ``cost``.
 

@@ -548,11 +548,11 @@ def main(argv: list[str] | None = None) -> None:
             )
     for r in runners:
         if r.peak_mem:
-            peak, resident = max(r.peak_mem)
+            most, resident = max(r.peak_mem)
             rows.append(
                 (
                     f"{r.name}: peak GPU memory",
-                    f"{peak / 2**20:.0f} MiB",
+                    f"{most / 2**20:.0f} MiB",
                     "",
                     f"max over steps; {resident / 2**20:.0f} MiB resident at step start (all variants' "
                     f"weights and optimiser states)",

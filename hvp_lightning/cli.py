@@ -148,7 +148,7 @@ PATH_OVERRIDE = re.compile(rf"(?P<key>\+{{0,2}}(?:{PATH_KEYS}))=(?P<value>.*)", 
 def existing_paths(value: str) -> list[str] | None:
     """``value`` cut at commas into the fewest existing paths, or None if it cannot be. A sweep job
     dir's name holds commas itself (``0_+hvp=on,hvp.enabled=true,seed=0``), so a sweep over two of
-    them is not its comma-separated pieces: each path is the shortest run of pieces that exists."""
+    them is not its comma-separated pieces but runs of them, each an existing path."""
     pieces = value.split(",")
     fewest: dict[int, list[str]] = {0: []}  # fewest[i]: pieces[:i] as the fewest existing paths
     for j in range(1, len(pieces) + 1):

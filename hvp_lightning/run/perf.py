@@ -44,9 +44,12 @@ PHASES = ("data", "selection", "step", "optimizer")
 # table (lightning 2.6 ``get_available_flops``) misses or lists at sparse rates: it knows the H200
 # only as "h200 sxm1"/"h200 nvl1", which "NVIDIA H200" never matches, and lists the H200 and the
 # H100 NVL at their sparse figures, twice the dense ones. Matched in this order, by substring.
+NVL_PEAKS: dict[torch.dtype | str, float] = {
+    torch.bfloat16: 835.5e12, torch.float16: 835.5e12, "tfloat32": 417.5e12, torch.float32: 60e12
+}  # fmt: skip
 DENSE_PEAKS: dict[str, dict[torch.dtype | str, float]] = {
-    "h200 nvl": {torch.bfloat16: 835.5e12, torch.float16: 835.5e12, "tfloat32": 417.5e12, torch.float32: 60e12},
-    "h100 nvl": {torch.bfloat16: 835.5e12, torch.float16: 835.5e12, "tfloat32": 417.5e12, torch.float32: 60e12},
+    "h200 nvl": NVL_PEAKS,
+    "h100 nvl": NVL_PEAKS,
     "h200": {torch.bfloat16: 989.4e12, torch.float16: 989.4e12, "tfloat32": 494.7e12, torch.float32: 66.9e12},
 }
 

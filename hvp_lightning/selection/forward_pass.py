@@ -65,8 +65,9 @@ def resolve_selection_dtype(
     return torch.bfloat16 if precision == "bf16" else torch.float16
 
 
-def outputs_reusable(scale: float, fraction: float, selection_dtype: torch.dtype | None,
-                     step_dtype: torch.dtype | None) -> bool:  # fmt: skip
+def outputs_reusable(
+    scale: float, fraction: float, selection_dtype: torch.dtype | None, step_dtype: torch.dtype | None
+) -> bool:
     """May the selection pass's outputs stand in for the step's own? Only on the step's own views
     (full size, whole batch) at fp32 or the step's own autocast dtype."""
     return scale == 1 and fraction == 1 and (selection_dtype is None or selection_dtype == step_dtype)

@@ -5,11 +5,14 @@ over a resume)."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from hvp_lightning.data.datamodule import SSLDataModule
 from hvp_lightning.nn.flops import FlopMeter, model_flops
 from hvp_lightning.run.perf import PHASES, PerfMonitor, StepFlops, Timeline, batch_images, peak_flops
 from hvp_lightning.training.cost import count_step_flops, run_step_flops
@@ -143,6 +146,8 @@ def test_perf_monitor_splits_time_counts_images_and_carries_the_counts() -> None
     batch = {"views": [torch.zeros(4, 1)]}
     perf.on_train_epoch_start(trainer, module)
     for step in range(4):
+        with perf.augment_phase():  # the data module's colour step on the device, after the copy
+            pass
         perf.on_train_batch_start(trainer, module, batch, step)
         if step % 2 == 0:
             with perf.selection_phase():
@@ -211,10 +216,13 @@ def test_validation_inside_the_fit_is_in_no_phase(monkeypatch: pytest.MonkeyPatc
     trainer, module = FakeTrainer(), Logged()
     trainer.strategy = type("Strategy", (), {"root_device": torch.device("cuda", 0)})()
     trainer.precision, trainer.world_size = "bf16-mixed", 1
+    trainer.datamodule = SSLDataModule.__new__(SSLDataModule)  # only its augment_phase is used
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     perf, batch = PerfMonitor(StepFlops(train=6, selection=0, baseline=6)), {"views": [torch.zeros(4, 1)]}
     perf.setup(trainer, module, "fit")
     perf.on_train_epoch_start(trainer, module)
+    with trainer.datamodule.augment_phase():  # set by setup: the colour step's own phase
+        pass
     perf.on_train_batch_start(trainer, module, batch, 0)
     perf.on_before_optimizer_step(trainer, module, None)
     perf.on_train_batch_end(trainer, module, None, batch, 0)
@@ -223,8 +231,10 @@ def test_validation_inside_the_fit_is_in_no_phase(monkeypatch: pytest.MonkeyPatc
     perf.on_train_epoch_end(trainer, module)
     perf.on_train_end(trainer, module)
     cost = perf.summary()
-    assert perf.seconds == {"data": 0.5, "step": 0.25, "optimizer": 0.25}
-    assert cost["images_per_s"] == 4 / 1.0 and cost["mfu"] == pytest.approx(24 / 989.4e12)
+    assert perf.seconds == {"data": 0.75, "augment": 0.25, "step": 0.25, "optimizer": 0.25}
+    assert cost["images_per_s"] == 4 / 1.5 and cost["mfu"] == pytest.approx(24 / 1.5 / 989.4e12)
+    perf.teardown(trainer, module, "fit")
+    assert trainer.datamodule.augment_phase is nullcontext  # back to the class's no-op
 
 
 @pytest.mark.parametrize(

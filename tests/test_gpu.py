@@ -318,6 +318,7 @@ def test_run_with_resident_images_on_one_gpu(method: str, tmp_path: Path) -> Non
     """``data.on_device=true`` on a GPU: images held there, views cut and coloured there, HVP on."""
     summary = run(gpu_cfg(method, "bf16-mixed", True, "auto", "data.on_device=true"), tmp_path)
     assert_summary(summary, tmp_path, STEPS, True)
+    assert summary["cost"]["time_split"]["augment"] > 0  # the views made there: a phase of their own
 
 
 @pytest.mark.parametrize("method", ["simsiam", "dino", "ibot"])

@@ -372,3 +372,4 @@ def test_resume_with_resident_images_matches_straight_run(tmp_path, data):
         torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-6, msg=key)
     assert resumed["steps"] == straight["steps"] == 12 and resumed["knn_top1"] == straight["knn_top1"]
     assert resumed["monitor_history"] == straight["monitor_history"] and len(straight["monitor_history"]) == 2
+    assert straight["cost"]["time_split"]["augment"] > 0  # the views cut and coloured after the copy: timed apart

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +177,11 @@ class SSLDataModule(L.LightningDataModule):
     (HVP's static colour: :class:`~hvp_lightning.selection.HardViewMixin`).
     """
 
+    # The views made on the device for a training batch, timed by a fit's timer
+    # (:class:`~hvp_lightning.run.perf.PerfMonitor` sets it for the fit; a no-op otherwise): the
+    # colour step's share of a step is then in every run's ``perf/*``, not inside "data".
+    augment_phase: Callable[[], AbstractContextManager[Any]] = nullcontext
+
     def __init__(
         self,
         cfg,
@@ -273,10 +280,11 @@ class SSLDataModule(L.LightningDataModule):
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Finish the uint8 training views on their device (evaluation batches pass through);
         with resident images, a batch of indices becomes its views here first."""
-        if self.resident is not None and isinstance(batch, torch.Tensor):
-            trainer = self.trainer  # None outside a fit (tests, benchmarks): epoch 0
-            batch = self.resident.views(batch, epoch=trainer.current_epoch if trainer is not None else 0)
-        return batch if self.defer_colour else finish_batch(batch, self.views)
+        trainer = self.trainer  # None outside a fit (tests, benchmarks): epoch 0
+        with self.augment_phase() if trainer is not None and trainer.training else nullcontext():
+            if self.resident is not None and isinstance(batch, torch.Tensor):
+                batch = self.resident.views(batch, epoch=trainer.current_epoch if trainer is not None else 0)
+            return batch if self.defer_colour else finish_batch(batch, self.views)
 
     def train_dataloader(self) -> DataLoader:
         """The epoch's order is a function of (seed, epoch), this rank's share of it

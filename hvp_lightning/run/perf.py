@@ -1,11 +1,14 @@
 """What a run's training costs: model FLOPs, images per second and where the time goes.
 
-:class:`PerfMonitor` (a callback) cuts every training batch into four phases at public hooks:
+:class:`PerfMonitor` (a callback) cuts every training batch into five phases at public hooks:
 
-* ``data``: from the end of one batch's optimiser step to the start of the next batch --
-  waiting for the loader, the batch's copy to the device and on-device augmentation, and the
-  end-of-step work of the hooks that run after this callback's ``on_train_batch_end`` (the
-  module's own: an EMA teacher's update, counters; the online analysis; Lightning's logging);
+* ``data``: from the end of one batch's optimiser step to the start of the next batch, but for
+  ``augment`` -- waiting for the loader, the batch's copy to the device, and the end-of-step
+  work of the hooks that run after this callback's ``on_train_batch_end`` (the module's own: an
+  EMA teacher's update, counters; the online analysis; Lightning's logging);
+* ``augment``: the views made on the device after the copy (the data module's
+  ``augment_phase``: the batched colour step, and ``data.on_device``'s crops); next to nothing
+  where the loader workers colour the views (training on the CPU);
 * ``selection``: HVP's selection pass, choice and gather (the host's ``selection_phase``,
   :class:`~hvp_lightning.selection.HardViewMixin`);
 * ``step``: the rest of the training step, forward and backward (and the other callbacks'
@@ -38,7 +41,7 @@ from typing import Any
 import lightning as L
 import torch
 
-PHASES = ("data", "selection", "step", "optimizer")
+PHASES = ("data", "augment", "selection", "step", "optimizer")
 
 # Dense peak FLOP/s (no 2:4 sparsity; NVIDIA's data sheets) of GPUs whose torch name Lightning's
 # table (lightning 2.6 ``get_available_flops``) misses or lists at sparse rates: it knows the H200
@@ -195,6 +198,15 @@ class PerfMonitor(L.Callback):
         finally:
             self._timeline.mark("step")
 
+    @contextmanager
+    def augment_phase(self) -> Iterator[None]:
+        """The views made on the device (``SSLDataModule.augment_phase``), inside ``data``."""
+        self._timeline.mark("augment")
+        try:
+            yield
+        finally:
+            self._timeline.mark("data")
+
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
@@ -204,10 +216,16 @@ class PerfMonitor(L.Callback):
         self.peak_flops = peak * trainer.world_size if peak else None
         if hasattr(pl_module, "selection_phase"):
             pl_module.selection_phase = self.selection_phase
+        data = getattr(trainer, "datamodule", None)
+        if hasattr(data, "augment_phase"):
+            data.augment_phase = self.augment_phase
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if pl_module.__dict__.get("selection_phase") == self.selection_phase:
             del pl_module.selection_phase  # back to the class's no-op
+        data = getattr(trainer, "datamodule", None)
+        if data is not None and vars(data).get("augment_phase") == self.augment_phase:
+            del data.augment_phase
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._timeline.mark("data")

@@ -282,7 +282,7 @@ def test_views_do_not_depend_on_the_rank(cfg_factory) -> None:
     def crops(rank: int, epoch: int = 0) -> torch.Tensor:
         dm = SSLDataModule(cfg.data, (ViewAug(size=16),) * 2, batch_size=8, num_workers=0)
         dm.setup("fit")  # no trainer yet, as in train.py
-        dm.trainer = SimpleNamespace(global_rank=rank, current_epoch=epoch)
+        dm.trainer = SimpleNamespace(global_rank=rank, current_epoch=epoch, training=True)
         return dm.on_after_batch_transfer(index, 0)["params"]["crop_x"]
 
     rank0 = crops(0)

@@ -2,10 +2,12 @@
 # The GPU checks of issue 13 on the device machine (no uv, no network), one stage per call so
 # that each stays under a call's 10-minute limit; logs and results go to $OUT.
 #
-# Here, once (the wheels the machine lacks, and the CIFAR-10 JPEG folder, ~20 MB packed):
+# Here, once (the wheels the machine lacks, uv.lock's versions, and the CIFAR-10 JPEG folder, ~20 MB packed;
+# the machine's image has no pydantic, which the config schema imports, and an older typing-extensions):
 #   printf '/.whl/\n/cifar10.tar.gz\n' >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#       --platform manylinux2014_x86_64 -d .whl hydra-core==1.3.8 omegaconf==2.3.1
+#       --platform manylinux2014_x86_64 -d .whl hydra-core==1.3.8 omegaconf==2.3.1 pydantic==2.14.3 \
+#       pydantic-core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
 #   python3 -m pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3
 #   tar czf cifar10.tar.gz -C ../shared/datasets cifar10
 #   git show 0cfef3a^:hvp_lightning/data/batched.py > .whl/batched_before_item5.py  # blur: before issue 48 item 5
@@ -69,9 +71,10 @@ case "$stage" in
                  --batch-size 64 --images 1408 --crop 224 --views 4 --workers 14 --warmup 5 --batches 10 --device cuda \
                  --override trainer.precision=bf16-mixed --out "$out/results.md" 2>&1 | tee "$out/$stage.txt" ;;
     steady)  # each model's step alone, in rounds that alternate them; half the stage's limit per method
-        steady() {
+        steady() {  # a method cut by its time limit (timeout's 124, with its report) or failing: the next still runs
             timeout -k 10 $(( limit / 2 )) python3 benchmarks/overhead.py "$@" --crop 224 --num-views 4 --device cuda \
-                --precision bf16-mixed --iters 100 --warmup 10 --out "$out/results.md" 2>&1 | tee -a "$out/$stage.txt"
+                --precision bf16-mixed --iters 100 --warmup 10 --out "$out/results.md" 2>&1 | tee -a "$out/$stage.txt" \
+                || echo "overhead.py $1 $2: exit $?" | tee -a "$out/$stage.txt"
         }
         steady --method dino --preset dino --backbone vit_small --batch-size 64 \
             --variant scale50:hvp.selection_scale=0.5 min_iou:hvp.mode=min_iou

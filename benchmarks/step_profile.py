@@ -216,9 +216,11 @@ def top_ops(prof: profile, cuda: bool, rows: int) -> str:
 
 
 def range_rows(prof: profile, steps: int) -> list[str]:
-    """The package's profiler ranges: host and device ms per step."""
+    """The package's profiler ranges: host and device ms per step. With CUDA activities a range is
+    two entries of one name: the host's (its ops' kernel time as device time) and its mirror on the
+    GPU timeline (no host time); the host's is read."""
     rows = []
-    by_name = {e.key: e for e in prof.key_averages()}
+    by_name = {e.key: e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CPU}
     for name in RANGES:
         e = by_name.get(name)
         if e is None:

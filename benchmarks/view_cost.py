@@ -302,6 +302,7 @@ def batch_cost(args: argparse.Namespace) -> tuple[list[str], list[str]]:
                 base = statistics.median(times[(kind, "baseline colour step")])
                 row += f" {base:.2f} | {step / base:.2f}x |"
             table.append(row)
+            print(row, flush=True)  # a stage cut by its time limit keeps the rows measured before
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     notes = [f"device {device} ({name}), median of {args.rounds} rounds of {args.calls} calls"]
     if other is not None:

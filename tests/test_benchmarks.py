@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
@@ -259,6 +259,17 @@ def test_step_profile_reports_rates_split_ranges_and_ops(tmp_path: Path) -> None
     assert "Host syncs: n/a on the CPU" in text
 
 
+def test_step_profile_ranges_read_the_host_entry_of_a_range() -> None:
+    """With CUDA activities ``key_averages`` holds each profiler range twice, the host's and its
+    mirror on the GPU timeline (no host time): the row reads the host's, whichever comes last."""
+    sp = load_script("step_profile")
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    host = SimpleNamespace(key="hvp/selection", device_type=cpu, cpu_time_total=6000, device_time_total=4000, count=2)
+    mirror = SimpleNamespace(key="hvp/selection", device_type=cuda, cpu_time_total=0, device_time_total=5000, count=2)
+    rows = sp.range_rows(SimpleNamespace(key_averages=lambda: [host, mirror]), steps=2)
+    assert "| hvp/selection | 3.00 | 2.00 | 2 |" in rows
+
+
 # --- the GPU session's stages ----------------------------------------------------------------------
 
 SESSION = BENCH / "gpu_session.sh"
@@ -282,11 +293,12 @@ def session_stages() -> dict[str, set[str]]:
     }
 
 
-def stage_calls(stage: str, tmp_path: Path) -> list[list[str]]:
-    """The python3 command lines that ``gpu_session.sh STAGE`` runs, with fakes first on PATH."""
+def stage_calls(stage: str, tmp_path: Path, **fakes: str) -> list[list[str]]:
+    """The python3 command lines that ``gpu_session.sh STAGE`` runs, with fakes first on PATH
+    (``fakes``: other bodies for some of :data:`FAKES`)."""
     bin_dir, calls = tmp_path / "bin", tmp_path / f"{stage}.calls"
     bin_dir.mkdir(exist_ok=True)
-    for name, body in FAKES.items():
+    for name, body in {**FAKES, **fakes}.items():
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"), CALLS=str(calls))
@@ -324,6 +336,27 @@ def test_gpu_session_stages_run_existing_scripts_with_their_options(tmp_path: Pa
         assert work, f"stage {stage} runs nothing"
         for argv in work:
             check_command(argv)
+
+
+def test_steady_times_every_method_when_one_runs_out_of_time(tmp_path: Path) -> None:
+    """`steady` runs overhead.py once per method, each under its own `timeout`. One cut at its limit
+    (exit 124 after writing its report) must not end the stage under `set -e -o pipefail`."""
+    timed_out = FAKES["timeout"].replace('exec "$@"', '"$@"; exit 124')
+    calls = [c for c in stage_calls("steady", tmp_path, timeout=timed_out) if c[0] == "benchmarks/overhead.py"]
+    assert [c[c.index("--method") + 1] for c in calls] == ["dino", "simsiam"]
+    assert (tmp_path / "out" / "steady.txt").read_text().count(": exit 124") == 2
+
+
+def test_session_wheels_are_the_lock_versions_of_what_the_gpu_image_lacks() -> None:
+    """The header's wheels for the GPU machine (no network there): the packages the code imports
+    that its image lacks (benchmarks/gpu_session.sh; the image's list, 2026-11-17, has no hydra,
+    omegaconf or pydantic and an older typing-extensions), each at uv.lock's version."""
+    header = "\n".join(line for line in SESSION.read_text().splitlines() if line.startswith("#"))
+    wheels = dict(re.findall(r"([A-Za-z0-9_.-]+)==([\w.]+)", header))
+    lock = dict(re.findall(r'^name = "([^"]+)"\nversion = "([^"]+)"', (REPO / "uv.lock").read_text(), re.MULTILINE))
+    lacks = ["hydra-core", "omegaconf", "antlr4-python3-runtime", "pydantic", "pydantic-core", "annotated-types"]
+    assert set(lacks + ["typing-inspection", "typing-extensions"]) <= set(wheels), wheels
+    assert {name: lock.get(name) for name in wheels} == wheels
 
 
 def test_an_unknown_stage_is_refused(tmp_path: Path) -> None:

@@ -398,26 +398,39 @@ def render(rows: list[tuple[str, str, str, str]], markdown: bool) -> str:
 # --- main --------------------------------------------------------------------------------
 
 
-def rounds(args: argparse.Namespace, runners: list[Runner], is_dino: bool) -> tuple[dict[str, list[float]], int, bool]:
+def rounds(
+    args: argparse.Namespace, runners: list[Runner], is_dino: bool
+) -> tuple[dict[str, list[float]], int, str | None]:
     """The warm-up and timed rounds, every model's step in each: the selection's no-grad forwards
-    per timed round (``extras``), how many rounds were timed, and whether a SIGTERM (``timeout``, a
-    scheduler) ended them early: it ends them after the current round, so the report still comes."""
+    per timed round (``extras``), how many rounds were timed, and what ended them early, if anything:
+    a SIGTERM (``timeout``, a scheduler) ends them after the current round; a non-finite loss ends
+    them at once, the unfinished round dropped. Either way the finished rounds are reported (a GPU
+    stage's minutes are scarce)."""
     base, hvps, n = runners[0], runners[1:], args.num_views
     stop: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
     gen = torch.Generator(base.device).manual_seed(args.seed)
     extras: dict[str, list[float]] = {}
-    n_timed = 0
+    n_timed, failure = 0, None
     try:
         for it in range(args.warmup + args.iters):
             if stop:
                 print(f"SIGTERM: the rounds end after {n_timed} of {args.iters} timed", flush=True)
                 break
             hvp_batch = None
-            for r in runners:  # A, B(, C) -- interleaved every round
-                batch = r.batch(gen)
-                hvp_batch = batch if r is hvps[0] else hvp_batch
-                r.step(batch)
+            try:
+                for r in runners:  # A, B(, C) -- interleaved every round
+                    batch = r.batch(gen)
+                    hvp_batch = batch if r is hvps[0] else hvp_batch
+                    r.step(batch)
+            except FloatingPointError as err:
+                where = f"warm-up round {it + 1}" if it < args.warmup else f"timed round {it - args.warmup + 1}"
+                failure = f"{err} in {where}"
+                print(f"{failure}: the rounds end after {n_timed} of {args.iters} timed", flush=True)
+                for r in runners:  # the models stepped in the unfinished round keep only whole rounds
+                    for xs in r.times.values():
+                        del xs[n_timed:]
+                break
             ex: dict[str, float] = {}
             if not args.no_extras:  # the selection's no-grad forwards, timed on the baseline model
                 ex = (
@@ -438,7 +451,7 @@ def rounds(args: argparse.Namespace, runners: list[Runner], is_dino: bool) -> tu
             )
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return extras, n_timed, bool(stop)
+    return extras, n_timed, failure or ("stopped by SIGTERM" if stop else None)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -495,7 +508,7 @@ def main(argv: list[str] | None = None) -> None:
     flops = {r.name: count_step_flops(r.cfg) for r in runners}
     extras, n_timed, stopped = rounds(args, runners, is_dino)
     if not n_timed:
-        raise SystemExit("no timed round finished: nothing to report")
+        raise SystemExit(f"no timed round finished: nothing to report{f' ({stopped})' if stopped else ''}")
     rows: list[tuple[str, str, str, str]] = []
     add = lambda q, xs, note="", fmt="{:.3f} s": rows.append((q, fmt.format(med(xs)), spread(xs), note))  # noqa: E731
     for r in runners:
@@ -639,7 +652,7 @@ def main(argv: list[str] | None = None) -> None:
             "",
             *[f"- {x}" for x in notes],
             f"- rounds: {n_timed} timed"
-            + (f" (of {args.iters}: stopped by SIGTERM)" if stopped else "")
+            + (f" (of {args.iters}: {stopped})" if stopped else "")
             + f" after {args.warmup} warm-up, variants interleaved "
             f"({', '.join(r.name for r in runners)}) each round",
             "",
@@ -651,6 +664,8 @@ def main(argv: list[str] | None = None) -> None:
         with args.out.open("a") as fh:
             fh.write("\n".join(section))
         print(f"appended to {args.out}")
+    if stopped and "SIGTERM" not in stopped:
+        raise SystemExit(f"overhead.py: {stopped}")  # reported above; a diverged model is still a failure
 
 
 if __name__ == "__main__":

@@ -125,6 +125,30 @@ def test_overhead_cut_by_sigterm_reports_the_rounds_it_timed(tmp_path: Path, mon
     assert "- rounds: 1 timed (of 5: stopped by SIGTERM)" in text and float(_row(text, "hvp: images/s")[0]) > 0
 
 
+def test_overhead_reports_the_whole_rounds_before_a_loss_goes_non_finite(tmp_path: Path, monkeypatch) -> None:
+    """A model whose loss goes non-finite ends the rounds at once: the unfinished round is dropped
+    (the baseline had stepped in it), the whole rounds before are reported with the reason, and the
+    script still fails."""
+    overhead, out, steps = load_script("overhead"), tmp_path / "results.md", []
+    step = overhead.Runner.step
+
+    def diverge_in_round_two(self, batch):
+        steps.append(self.name)
+        if len(steps) == 6:  # HVP in the second timed round (after a warm-up round)
+            raise FloatingPointError(f"{self.name}: loss nan")
+        step(self, batch)
+
+    monkeypatch.setattr(overhead.Runner, "step", diverge_in_round_two)
+    with pytest.raises(SystemExit, match=r"hvp: loss nan in timed round 2"):
+        overhead.main(
+            ["--method", "simclr", "--backbone", "resnet18_narrow", "--width", "4", "--batch-size", "4", "--crop", "16"]
+            + ["--num-views", "2", "--iters", "5", "--warmup", "1", "--no-extras", "--out", str(out)]
+        )
+    text = out.read_text()
+    assert "- rounds: 1 timed (of 5: hvp: loss nan in timed round 2)" in text
+    assert float(_row(text, "hvp/baseline step (paired)")[0].rstrip("x")) > 0  # paired on the whole round
+
+
 def test_view_cost_item_times_both_arms_on_the_same_crops(tmp_path: Path) -> None:
     """`item` with this tree's batched.py as its own baseline: the views are bit-equal, and every arm
     gets a positive time per round and a reference / pipeline ratio."""

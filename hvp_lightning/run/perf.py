@@ -141,6 +141,15 @@ class Timeline:
             self.done.append((self.open[0], self.open[1], now))
         self.open = (phase, now) if phase is not None else None
 
+    @contextmanager
+    def during(self, phase: str, then: str) -> Iterator[None]:
+        """``phase`` for the block, ``then`` after it (a phase nested in another's time)."""
+        self.mark(phase)
+        try:
+            yield
+        finally:
+            self.mark(then)
+
     def read(self) -> dict[str, float]:
         """Seconds of each phase ended since the last read."""
         out: dict[str, float] = defaultdict(float)
@@ -192,20 +201,14 @@ class PerfMonitor(L.Callback):
     def selection_phase(self) -> Iterator[None]:
         """The host's selection pass (``HardViewMixin.selection_phase``)."""
         self._selecting = True
-        self._timeline.mark("selection")
-        try:
+        with self._timeline.during("selection", then="step"):
             yield
-        finally:
-            self._timeline.mark("step")
 
     @contextmanager
     def augment_phase(self) -> Iterator[None]:
         """The views made on the device (``SSLDataModule.augment_phase``), inside ``data``."""
-        self._timeline.mark("augment")
-        try:
+        with self._timeline.during("augment", then="data"):
             yield
-        finally:
-            self._timeline.mark("data")
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":

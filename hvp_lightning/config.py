@@ -40,7 +40,6 @@ from .data.layout import (
     training_images,
 )
 from .errors import ConfigError
-from .nn.hub_reach import hub_out_of_reach
 from .run.directory import RunDir, resolve_checkpoint
 from .schema import (
     AUTO_PRECISIONS,
@@ -57,9 +56,11 @@ from .schema import (
     container,
     is_hub_init,
     settings,
+    to_settings,
 )
 from .schema.base import strip_unknown
-from .schema.hvp import selection_side
+from .settings import HVP, SettingError, method_settings, selection_side
+from .training.hub_reach import hub_out_of_reach
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class Problems:
         """Run a check; its ConfigError is noted and the next check runs."""
         try:
             yield
-        except ConfigError as err:
+        except (ConfigError, SettingError) as err:
             self.lines += [line for line in str(err).splitlines() if line not in self.lines]
 
     def raise_any(self) -> None:
@@ -144,18 +145,6 @@ def refuse_group_keys_without_group(cfg: DictConfig) -> None:
             )
 
 
-def check_lr_end(s: TrainConfig) -> None:
-    """Where the cosine ends: ``min_lr`` (absolute, DINO/iBOT) or ``final_lr_ratio`` (of the peak)."""
-    o = s.method.optimizer
-    if (o.min_lr is None) == (o.final_lr_ratio is None):
-        fail(
-            "method.optimizer.min_lr",
-            o.min_lr,
-            "set exactly one of method.optimizer.min_lr (absolute end lr) "
-            "and method.optimizer.final_lr_ratio (end lr / peak lr)",
-        )
-
-
 def check_train_crops_set(s: TrainConfig) -> None:
     """``null`` crop size and crop ratio are transfer.py's ("the checkpoint's"), not a training run's."""
     for key in ("crop_size", "eval_crop_ratio"):
@@ -166,7 +155,7 @@ def check_train_crops_set(s: TrainConfig) -> None:
 
 def check_init(s: TrainConfig) -> None:
     """``backbone.init``: null, ``timm:<name>`` / ``torchvision:<name>``, or a path that exists
-    (what the file holds is checked when it is loaded: hvp_lightning/nn/weights.py). Not the
+    (what the file holds is checked when it is loaded: hvp_lightning/training/weights.py). Not the
     path on ``resume=``: a resumed run starts from its checkpoint, not from ``backbone.init``."""
     init = s.backbone.init
     if init is None:
@@ -213,72 +202,12 @@ def check_ibot_backbone(s: TrainConfig) -> None:
         )
 
 
-def check_hvp(s: TrainConfig) -> None:
-    """HVP keys that only some methods read: a method that would ignore one refuses it."""
-    h, method = s.hvp, s.method.name
-    if h is None or not h.enabled:
-        return
-    if h.max_combinations is not None and method != "dino":
-        fail(
-            "hvp.max_combinations",
-            h.max_combinations,
-            f"only with method dino (it samples (global pair, locals) combinations); {method} scores every "
-            "candidate combination",
-        )
-    if method not in MULTI_CROP:
-        for key in ("global_pairs", "num_global_candidates", "num_local_candidates"):
-            default = type(h).model_fields[key].default
-            if getattr(h, key) != default:
-                fail(
-                    f"hvp.{key}",
-                    getattr(h, key),
-                    f"{'null' if default is None else default} for method {method}: only DINO and iBOT have "
-                    "global and local candidates",
-                )
-    if h.colour == "static" and method in MULTI_CROP:
-        fail(
-            "hvp.colour",
-            h.colour,
-            f"per_view for method {method} (static colour shares one colour draw between the candidates of a "
-            "pair method; DINO/iBOT's global pipelines differ in blur and solarize)",
-        )
-    check_candidate_counts(s)
-
-
-def check_cheaper_selection(s: TrainConfig) -> None:
-    """``hvp.selection_scale`` / ``hvp.selection_fraction`` make the loss table cheaper: only for the
-    modes that read it (hard, easy). ``hvp.mode=min_iou`` runs no selection forward, so a
-    selection precision other than auto is refused too (``max_combinations`` is not read: DINO's
-    preset sets it)."""
-    h = s.hvp
-    if h is None or not h.enabled or h.mode not in ("random", "min_iou"):
-        return
-    why = {
-        "random": "a uniform choice does not read the losses, so a cheaper selection pass would change only the logs",
-        "min_iou": "it chooses from the crop boxes, without a selection forward",
-    }[h.mode]
-    defaults: dict[str, object] = {"selection_scale": 1, "selection_fraction": 1}
-    if h.mode == "min_iou":
-        defaults["selection_precision"] = "auto"
-    for key, default in defaults.items():
-        if getattr(h, key) != default:
-            fail(f"hvp.{key}", getattr(h, key), f"{default} with hvp.mode={h.mode} ({why})")
-
-
-def check_candidate_counts(s: TrainConfig) -> None:
-    """DINO/iBOT with HVP: ``hvp.num_local_candidates`` >= ``method.num_local_crops`` for DINO, and
-    for iBOT, which selects among global views only, unset or equal to it."""
-    h, m = s.hvp, s.method
-    if m.name not in MULTI_CROP or h is None or not h.enabled or h.num_local_candidates is None:
-        return
-    lc, num_local = h.num_local_candidates, m.num_local_crops
-    if m.name == "ibot" and lc != num_local:
-        raise ConfigError(
-            f"hvp.num_local_candidates={lc!r} is not allowed for method=ibot: it selects among "
-            f"global views only (leave it unset or = method.num_local_crops={num_local})"
-        )
-    if lc < num_local:
-        fail("hvp.num_local_candidates", lc, f"an integer >= method.num_local_crops={num_local}")
+def check_method_hvp(s: TrainConfig) -> None:
+    """HVP's keys against the method: a key the method would not read is refused
+    (:meth:`~hvp_lightning.settings.MethodSettings.check_hvp`)."""
+    if s.hvp is not None:
+        method = to_settings(s.method, method_settings()[s.method.name])
+        method.resolve_hvp(to_settings(s.hvp, HVP, tagged=False))
 
 
 def check_iou_policy(s: TrainConfig) -> None:
@@ -373,13 +302,11 @@ def check_crop_for_backbone(b: Any, crop: int) -> None:
 
 # the rules of a training config, each once; run in this order, all of them
 TRAIN_RULES: tuple[Callable[[TrainConfig], None], ...] = (
-    check_lr_end,
     check_train_crops_set,
     check_init,
     check_multicrop,
     check_ibot_backbone,
-    check_hvp,
-    check_cheaper_selection,
+    check_method_hvp,
     check_iou_policy,
     check_budget,
     check_owned_trainer_keys,
@@ -653,10 +580,14 @@ def check_timm_backbone(cfg: DictConfig) -> None:
     need for a ViT with a class token, and the model run at every crop size of the run (a ViT's
     patch size, a fixed input size, kernels larger than the image; a pooled ``[batch, features]``
     output). The model is built and run on the meta device: no memory, no initialisation, no compute."""
-    from .nn.backbones import check_timm_name, meta_output_shape, meta_timm, runs_on_meta, timm_layout, timm_size_fix
+    from .nn.backbones import check_timm_name
+    from .training.backbones import meta_output_shape, meta_timm, runs_on_meta, timm_layout, timm_size_fix
 
     b, m = cfg.backbone, cfg.method
-    check_timm_name(b.name)
+    try:
+        check_timm_name(b.name)
+    except SettingError as err:
+        raise ConfigError(str(err.at("backbone."))) from None
     layout = timm_layout(b)
     if m.name == "ibot" and not layout.tokens:
         raise ConfigError(
@@ -789,7 +720,7 @@ def nondeterministic_cuda_backward(cfg: DictConfig) -> str | None:
     b, m = cfg.backbone, cfg.method
     family, img_size = backbone_family(b), b.get("img_size")
     if family == TIMM_FAMILY:
-        from .nn.backbones import timm_layout
+        from .training.backbones import timm_layout
 
         layout = timm_layout(b)
         if layout.patch_size is None:
@@ -826,10 +757,10 @@ def warn_long_warmup(cfg: DictConfig) -> None:
 
 def _warn_small_monitor(d: DictConfig) -> None:
     """RankMe on n images is at most n, so below 3 held-out images it is always under the collapse
-    floor of 2 (hvp_lightning/nn/health.py): allowed, but every pass would signal collapse."""
+    floor of 2 (hvp_lightning/monitors/health.py): allowed, but every pass would signal collapse."""
     from lightning.pytorch.utilities import rank_zero_only
 
-    from .nn.health import RANKME_COLLAPSE
+    from .monitors.health import RANKME_COLLAPSE
 
     size = d.get("monitor_size") if d.name in ("images", "shards") else None
     if isinstance(size, int) and 0 < size <= RANKME_COLLAPSE and rank_zero_only.rank == 0:

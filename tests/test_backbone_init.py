@@ -15,10 +15,10 @@ from omegaconf import open_dict
 from hvp_lightning.config import check_options, validate
 from hvp_lightning.errors import ConfigError
 from hvp_lightning.methods import METHODS
-from hvp_lightning.nn import hub_reach
+from hvp_lightning.training import hub_reach
 from hvp_lightning.nn.backbones import build_backbone, vit_tokens
 from hvp_lightning.nn.teacher import has_batchnorm
-from hvp_lightning.nn.weights import read_state
+from hvp_lightning.training.weights import read_state
 from hvp_lightning.selection import frozen_state
 from hvp_lightning.training.backbone_init import init_backbone
 
@@ -206,7 +206,7 @@ def test_weights_of_another_architecture_stop_the_run_before_training(tmp_path):
 
 
 def test_a_text_file_and_a_whole_pickled_model_are_named_in_one_plain_line(tmp_path):
-    from hvp_lightning.nn.weights import read_state
+    from hvp_lightning.training.weights import read_state
 
     text, whole = tmp_path / "notes.txt", tmp_path / "model.pth"
     text.write_text("not weights\n")

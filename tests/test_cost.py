@@ -1,4 +1,4 @@
-"""What a run's steps cost in model FLOPs (hvp_lightning/nn/flops.py, training/cost.py) and how the
+"""What a run's steps cost in model FLOPs (hvp_lightning/training/flops.py, training/cost.py) and how the
 perf callback turns batches into rates and run totals (run/perf.py). Whole runs: test_train.py
 (perf/* and summary.json's cost), test_resume.py and conftest.assert_same_reported_run (the counts
 over a resume)."""
@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from hvp_lightning.data.datamodule import SSLDataModule
-from hvp_lightning.nn.flops import FlopMeter, model_flops
+from hvp_lightning.training.flops import FlopMeter, model_flops
 from hvp_lightning.run.perf import PHASES, PerfMonitor, StepFlops, Timeline, batch_images, peak_flops
 from hvp_lightning.training.cost import count_step_flops, run_step_flops
 

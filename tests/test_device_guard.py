@@ -25,7 +25,7 @@ from hvp_lightning.analysis.callback import head_views, pair_table, step_statist
 from hvp_lightning.data.datamodule import SSLDataModule
 from hvp_lightning.evaluation.probe import Classifier
 from hvp_lightning.methods import METHODS
-from hvp_lightning.nn.knn import knn_scores
+from hvp_lightning.monitors.knn import knn_scores
 from hvp_lightning.selection import pair_index
 
 from .conftest import make_cfg

@@ -24,7 +24,7 @@ from hvp_lightning.evaluation import evaluate
 from hvp_lightning.evaluation.features import FeatureNet, eval_precision
 from hvp_lightning.evaluation.probe import Classifier, fit_classifier, lars_growth_bound, warn_if_lars_cannot_fit
 from hvp_lightning.nn.backbones import build_resnet, build_vit
-from hvp_lightning.nn.knn import knn_accuracies, knn_accuracy
+from hvp_lightning.monitors.knn import knn_accuracies, knn_accuracy
 from hvp_lightning.run.directory import eval_variant
 from hvp_lightning.training import export
 from hvp_lightning.training.checkpoint import pretrained_for

@@ -1,4 +1,4 @@
-"""The label-free monitors (hvp_lightning/nn/health.py) against their definitions computed
+"""The label-free monitors (hvp_lightning/monitors/health.py) against their definitions computed
 directly in NumPy, and at the cases that give them meaning: complete collapse, collapse to a
 subspace, and an isotropic Gaussian."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from hvp_lightning.nn import health
-from hvp_lightning.nn.health import collapse_reason, feature_std, rankme
+from hvp_lightning.monitors import health
+from hvp_lightning.monitors.health import collapse_reason, feature_std, rankme
 
 
 def numpy_rankme(z: np.ndarray, eps: float = 1e-7) -> float:

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from hvp_lightning.nn.knn import knn_accuracy, knn_scores
+from hvp_lightning.monitors.knn import knn_accuracy, knn_scores
 
 
 def brute_force_knn(bank, bank_labels, queries, num_classes, k, t):

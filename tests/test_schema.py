@@ -329,7 +329,7 @@ def test_a_key_declared_since_takes_its_old_plus() -> None:
 
 
 def test_an_offline_hub_name_fails_in_one_line_before_the_heavy_imports(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hvp_lightning.nn import hub_reach
+    from hvp_lightning.training import hub_reach
 
     monkeypatch.setattr(hub_reach, "maybe_cached", lambda source: False)
     monkeypatch.setattr(hub_reach, "unreachable", lambda url, timeout_s=None: "huggingface.co:443: down")

@@ -1,7 +1,7 @@
 """``hvp-monitors RUN_DIR [--follow S] [--plot PNG]``: a run's health, pass by pass, whatever its logger.
 
 Pretraining on one's own unlabelled images has no accuracy to watch; the label-free monitors
-(RankMe and the feature std, hvp_lightning/nn/health.py) are what shows progress or collapse. W&B
+(RankMe and the feature std, hvp_lightning/monitors/health.py) are what shows progress or collapse. W&B
 plots them online; this reads ``<run_dir>/monitors.json``, which every run rewrites at each pass
 under any logger (hvp_lightning/run/records.py ``MonitorRecord``), so a run on a cluster can be
 watched from a login node while it trains (``--follow``), and gives one figure to look at instead
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..nn.health import collapse_reason
+from ..monitors.health import collapse_reason
 from ..run.directory import RunDir
 from ..run.figures import plot_formats
 

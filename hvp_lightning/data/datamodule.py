@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from ..device import loader_workers
 from ..schema import DATASETS, AugSettings, settings
+from ..settings import ViewSpec
 from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
 from .datasets import ImageFiles, SafeImageFolder, ShardImages, transfer_splits
@@ -25,6 +27,7 @@ from .layout import split_dir, training_images
 from .resident import IndexDataset, ResidentImages, stack_images
 from .sampler import EpochSampler, ResumableLoader
 from .shard_index import run_index, storage_options
+from .static_colour import coloured, share_colour, uncoloured
 from .textures import SyntheticTextures
 from .workers import worker_context, worker_options
 
@@ -147,6 +150,34 @@ def view_aug(cfg) -> ViewAug:
         std=tuple(cfg.std),
         **{k: tuple(v) if isinstance(v, list) else v for k, v in aug.items()},
     )
+
+
+def view_augs(views: Sequence[ViewSpec], data) -> tuple[ViewAug, ...]:
+    """The augmentation of each view a method asks for (:meth:`~hvp_lightning.methods.base.SSLMethod.views`):
+    the data's (:func:`view_aug`) with the view's own size, crop scale, blur, solarize and jitter
+    saturation where it sets them (DINO's global pipelines and local crops)."""
+    base = view_aug(data)
+    out = []
+    for v in views:
+        changes = {k: getattr(v, k) for k in ("size", "scale", "blur_p", "solarize_p", "saturation")}
+        out.append(dataclasses.replace(base, **{k: value for k, value in changes.items() if value is not None}))
+    return tuple(out)
+
+
+class StaticColour:
+    """HVP's static colour (:mod:`.static_colour`) for a method's training step: what the
+    selection scores (the loader's uint8 crops normalised without colour, every candidate of an
+    image given its view 0's colour draw) and the chosen views coloured with that draw. Set as the
+    method's ``static_colour`` (:class:`~hvp_lightning.methods.base.SSLMethod`)."""
+
+    def __init__(self, aug: ViewAug) -> None:
+        self.aug = aug
+
+    def uncoloured(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return dict(batch, views=uncoloured(batch["views"], self.aug), params=share_colour(batch["params"]))
+
+    def coloured(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return dict(batch, views=coloured(batch["views"], batch["params"], self.aug))
 
 
 class SSLDataModule(L.LightningDataModule):

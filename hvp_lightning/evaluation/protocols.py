@@ -8,24 +8,16 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import fail
+from ..settings import method_settings
 
 # Finetune tables: which one a method's checkpoint uses (the paper has DINO ViT-S and SimSiam RN50).
-FINETUNE_TABLE = {
-    "dino": "dino",
-    "ibot": "dino",
-    "simsiam": "simsiam",
-    "simclr": "simsiam",
-    "byol": "simsiam",
-    "mocov3": "simsiam",
-    "vicreg": "simsiam",
-    "barlow_twins": "simsiam",
-}
+FINETUNE_TABLE = {name: cls.finetune_table for name, cls in method_settings().items()}
 # ``interpolation: auto`` of the linear probe and fine-tuning (resize and RandomResizedCrop), per
 # checkpoint method, as each method's evaluation code in automl/hvp: bicubic in the dino branch's
 # transfer transforms (dino:data/__init__.py lines 100 and 117, used for DINO and iBOT ViT-S) and
 # the simclr branch's (simclr:transforms/eval_transforms.py lines 11 and 33); bilinear in the
 # SimSiam code (main:data.py lines 74 and 91) and torchvision's default elsewhere.
-EVAL_INTERPOLATION = {"dino": "bicubic", "ibot": "bicubic", "simclr": "bicubic"}
+EVAL_INTERPOLATION = {name: cls.eval_interpolation for name, cls in method_settings().items()}
 
 
 def protocol_settings(p: DictConfig, method: str, dataset: str) -> dict[str, Any]:

@@ -28,8 +28,8 @@ from ..data.augment import TrainTransform
 from ..data.items import EvalDataset
 from ..device import check_accelerator, runs_on_cpu, set_matmul_precision
 from ..errors import ConfigError
+from ..monitors.knn import knn_accuracies
 from ..nn.backbones import Backbone
-from ..nn.knn import knn_accuracies
 from ..run.atomic import atomic_write_text
 from ..run.directory import EvalDir, eval_variant
 from ..training.checkpoint import build_method, checkpoint_config, load_checkpoint, pretrained_for, resolve_checkpoint

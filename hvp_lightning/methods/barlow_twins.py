@@ -16,24 +16,24 @@ from typing import Any
 import torch
 
 from ..losses.barlow_twins import barlow_twins_loss_terms, barlow_twins_pair_table
+from ..settings.barlow_twins import BarlowTwinsSettings
 from .batch_stats import BatchLossMethod
 
 
 class BarlowTwins(BatchLossMethod):
     """Barlow Twins: backbone + 3-layer projector, trained with
-    :func:`~hvp_lightning.losses.barlow_twins.barlow_twins_loss` over the global batch. Reads
-    ``method.lambd`` and ``method.optimizer.base_lr_biases`` besides the keys of
-    :class:`~hvp_lightning.methods.batch_stats.BatchLossMethod`. HVP scores each candidate pair by
-    the leave-one-out increase of the batch loss
-    (:func:`~hvp_lightning.losses.barlow_twins.barlow_twins_pair_table`).
-
-    Args:
-        cfg: the run's config (``method``, ``backbone``, ``hvp``, ``data`` groups).
+    :func:`~hvp_lightning.losses.barlow_twins.barlow_twins_loss` over the global batch. Settings:
+    :class:`~hvp_lightning.settings.barlow_twins.BarlowTwinsSettings` (``lambd``, the projector,
+    ``optimizer.base_lr_biases``, ...). HVP scores each candidate pair by the leave-one-out increase
+    of the batch loss (:func:`~hvp_lightning.losses.barlow_twins.barlow_twins_pair_table`).
     """
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        self.lambd = float(self.cfg.method.lambd)
+    settings_type = BarlowTwinsSettings
+    settings: BarlowTwinsSettings
+
+    def build(self) -> None:
+        super().build()
+        self.lambd = self.settings.lambd
 
     def batch_loss(self, z1: torch.Tensor, z2: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         on_diag, off_diag = barlow_twins_loss_terms(z1, z2)
@@ -45,9 +45,9 @@ class BarlowTwins(BatchLossMethod):
     def param_groups(self) -> list[dict[str, Any]]:
         """Weights at ``base_lr``, biases and BN parameters (1-D) at ``base_lr_biases`` (both
         scaled by the global batch / 256 and the schedule), as the official code's two groups."""
-        o = self.cfg.method.optimizer
+        o = self.settings.optimizer
         params = [p for p in self.parameters() if p.requires_grad]
         return [
             {"params": [p for p in params if p.ndim > 1]},
-            {"params": [p for p in params if p.ndim <= 1], "lr_scale": float(o.base_lr_biases) / float(o.base_lr)},
+            {"params": [p for p in params if p.ndim <= 1], "lr_scale": o.base_lr_biases / o.base_lr},
         ]

@@ -23,9 +23,8 @@ class BatchLossMethod(HardViewMixin, SSLMethod):
         "docs/DESIGN.md section 5)"
     )
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        m = self.cfg.method
+    def build(self) -> None:
+        m = self.settings
         # Linear-BN-ReLU x (L-1), then a Linear without bias (both official projectors): the
         # losses centre the embeddings, so an output bias would get no gradient.
         self.projector = mlp(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..losses.byol import byol_loss, byol_pair_table
+from ..settings.byol import BYOLSettings
 from .momentum import OnlineTargetMethod
 
 
@@ -19,16 +20,15 @@ class BYOL(OnlineTargetMethod):
     """BYOL as a LightningModule: online network regressing an EMA target's projections
     (see module docstring); with HVP off it is the original method.
 
-    Config keys read (``method.*``): ``proj_hidden_dim``, ``proj_dim``, ``proj_layers``,
-    ``proj_last_bn``, ``pred_hidden_dim``, ``pred_layers``, ``pred_last_bn``, ``base_momentum``,
-    plus :class:`SSLMethod`'s (``batch_size``, ``optimizer``).
+    Settings: :class:`~hvp_lightning.settings.byol.BYOLSettings` (the heads, ``base_momentum``,
+    ``batch_size``, ``optimizer``); construction: :class:`~hvp_lightning.methods.base.SSLMethod`.
 
     What HVP scores: ``(B, N(N-1)/2)``, the per-sample BYOL loss of every pair of the N
     candidate views (:func:`byol_pair_table`).
-
-    Args:
-        cfg: The run config (``DictConfig`` or plain dict): ``method``, ``backbone``, ``hvp``, ...
     """
+
+    settings_type = BYOLSettings
+    settings: BYOLSettings
 
     def pair_loss(self, p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         return byol_loss(p1, p2, z1, z2)

@@ -18,17 +18,12 @@ baseline); HVP on, ``[G global candidates (pipelines 1,2,1,2,...), Lc local cand
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
-from ..data.augment import ViewAug
-from ..data.datamodule import view_aug
 from ..losses.dino import dino_ce_table, dino_loss
 from ..nn.heads import DINOHead
 from ..nn.teacher import Centering, TeacherStudentMixin
@@ -40,35 +35,11 @@ from ..selection import (
     dino_combination_table,
     gather_combination_views,
     global_pair_index,
-    hvp_config,
     least_overlapping_locals,
     stable_seed,
 )
+from ..settings.dino import DINOSettings, TeacherStudentSettings
 from .base import SSLMethod
-
-# --- the candidate views the loader produces ----------------------------------------------------
-
-
-def num_global_candidates(cfg: DictConfig) -> int:
-    """G, the global candidates per image of a multi-crop method with HVP on:
-    ``hvp.num_global_candidates``, default ``hvp.num_views``."""
-    hvp = hvp_config(cfg)
-    return hvp.num_global_candidates or hvp.num_views
-
-
-def candidate_counts(cfg: DictConfig) -> tuple[int, int]:
-    """(G global, Lc local) views the loader produces per image (DINO).
-
-    HVP off: (2, L). HVP on: ``hvp.num_global_candidates`` (default ``hvp.num_views``, i.e.
-    4) and ``hvp.num_local_candidates`` (default ``ceil(L * num_views / 2)``, i.e. 2L): each
-    of DINO's crops is drawn ``num_views / 2`` times, as in the paper's 4 + 16 setting.
-    """
-    num_local = int(cfg.method.num_local_crops)
-    hvp = hvp_config(cfg)
-    if not hvp.enabled:
-        return 2, num_local
-    lc = hvp.num_local_candidates
-    return num_global_candidates(cfg), int(math.ceil(num_local * hvp.num_views / 2) if lc is None else lc)
 
 
 class DinoColumns(NamedTuple):
@@ -111,29 +82,29 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
     EMA teacher, temperature and weight-decay schedules, clipping, last-layer freeze and
     their behaviour under gradient accumulation: :class:`~hvp_lightning.nn.teacher.TeacherStudentMixin`.
 
-    Config keys read (``method.*``): head (``out_dim``, ``head_hidden_dim``, ``bottleneck_dim``,
-    ``head_layers``, ``use_bn_in_head``, ``norm_last_layer``), teacher (``momentum_teacher``,
-    ``teacher_temp``, ``warmup_teacher_temp``, ``warmup_teacher_temp_epochs``, ``center_momentum``,
-    ``teacher_reuse``), ``student_temp``, ``freeze_last_layer``, ``clip_grad``, multi-crop
-    (``num_local_crops``, ``local_crop_size``, ``global_scale``, ``local_scale``, blur/solarize
-    probabilities), plus :class:`SSLMethod`'s (``batch_size``, ``optimizer``).
-
-    Args:
-        cfg: The run config (``DictConfig`` or plain dict): ``method``, ``backbone``, ``hvp``, ...
+    Settings: :class:`~hvp_lightning.settings.dino.DINOSettings`: head (``out_dim``,
+    ``head_hidden_dim``, ``bottleneck_dim``, ``head_layers``, ``use_bn_in_head``, ``norm_last_layer``),
+    teacher (``momentum_teacher``, ``teacher_temp``, ``warmup_teacher_temp``,
+    ``warmup_teacher_temp_epochs``, ``center_momentum``, ``teacher_reuse``), ``student_temp``,
+    ``freeze_last_layer``, ``clip_grad``, multi-crop (``num_local_crops``, ``local_crop_size``,
+    ``global_scale``, ``local_scale``, blur/solarize probabilities), ``batch_size``, ``optimizer``;
+    construction: :class:`~hvp_lightning.methods.base.SSLMethod`.
     """
 
-    def __init__(self, cfg: DictConfig | dict) -> None:
-        super().__init__(cfg)
-        m = self.cfg.method
-        self.num_local = int(m.num_local_crops)
-        self.num_globals, self.num_locals_cand = self.view_counts(self.cfg)
+    settings_type = DINOSettings
+    settings: TeacherStudentSettings
+
+    def build(self) -> None:
+        m = self.settings
+        self.num_local = m.num_local_crops
+        self.num_globals, self.num_locals_cand = m.candidate_counts(self.hvp)
         self.head = self.build_head()
         self.init_teacher()
         self.centering = Centering(m.out_dim, m.center_momentum)
 
     def build_head(self) -> DINOHead:
         """The student head (the teacher's is a copy); a hook so iBOT can add patch outputs."""
-        m = self.cfg.method
+        m = self.settings
         return DINOHead(
             self.backbone.feature_dim,
             m.out_dim,
@@ -143,38 +114,6 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
             m.use_bn_in_head,
             m.norm_last_layer,
         )
-
-    # --- views ------------------------------------------------------------------------------
-    @classmethod
-    def view_counts(cls, cfg: DictConfig) -> tuple[int, int]:
-        """(global, local) views per image in the loader; a hook so iBOT can keep its locals
-        out of the candidates. DINO: :func:`candidate_counts`."""
-        return candidate_counts(cfg)
-
-    @classmethod
-    def view_augs(cls, cfg: DictConfig) -> tuple[ViewAug, ...]:
-        """DINO's multi-crop: two asymmetric global pipelines (1: blur p=1; 2: blur p=0.1,
-        solarize p=0.2) at ``data.crop_size`` and scale ``method.global_scale``, and locals
-        (blur p=0.5) at ``method.local_crop_size`` and ``method.local_scale``. Flip,
-        jitter, grayscale and normalisation come from ``data``; jitter saturation from
-        ``method.jitter_saturation``. With HVP, global candidates alternate the two pipelines."""
-        m = cfg.method
-        base = dataclasses.replace(view_aug(cfg.data), saturation=float(m.jitter_saturation))
-        glob = [
-            dataclasses.replace(
-                base,
-                size=int(cfg.data.crop_size),
-                scale=tuple(m.global_scale),
-                blur_p=float(m.global_blur_p[i]),
-                solarize_p=float(m.global_solarize_p[i]),
-            )
-            for i in range(2)
-        ]
-        loc = dataclasses.replace(
-            base, size=int(m.local_crop_size), scale=tuple(m.local_scale), blur_p=float(m.local_blur_p), solarize_p=0.0
-        )
-        g, lc = cls.view_counts(cfg)
-        return tuple(glob[i % 2] for i in range(g)) + (loc,) * lc
 
     # --- forward ----------------------------------------------------------------------------
     @staticmethod
@@ -200,7 +139,7 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
         student_out = self._forward(self.backbone, self.head, globals_, 2)
         student_out += self._forward(self.backbone, self.head, locals_, len(locals_))
         tau_t = self.teacher_temp()
-        loss = dino_loss(teacher_out, student_out, self.centering.center, tau_t, self.cfg.method.student_temp).mean()
+        loss = dino_loss(teacher_out, student_out, self.centering.center, tau_t, self.settings.student_temp).mean()
         # After the loss, as DINO; applied once per optimiser step (on_train_batch_end).
         self.centering.accumulate(teacher_out)  # detaches itself
         b = globals_[0].shape[0]
@@ -217,7 +156,7 @@ class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod):
         student = self._forward(self.backbone, self.head, globals_, 2)
         student += self._forward(self.backbone, self.head, locals_, self.num_local)
         ce = dino_ce_table(
-            teacher, torch.stack(student), self.centering.center, self.teacher_temp(), self.cfg.method.student_temp
+            teacher, torch.stack(student), self.centering.center, self.teacher_temp(), self.settings.student_temp
         )
         table = dino_combination_table(
             ce,

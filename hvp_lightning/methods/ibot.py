@@ -32,14 +32,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
-from ..data.masks import ibot_masks
 from ..losses.dino import dino_ce_table
 from ..losses.ibot import ibot_loss_terms, ibot_pair_table, ibot_patch_loss
 from ..nn.backbones import vit_tokens
 from ..nn.heads import IBOTHead
+from ..nn.masks import ibot_masks
 from ..nn.sync_free import host_to_device
 from ..nn.teacher import Centering, teacher_temperature
 from ..selection import (
@@ -48,10 +47,10 @@ from ..selection import (
     crop_iou,
     fit_mask,
     global_pair_index,
-    hvp_config,
     stable_seed,
 )
-from .dino import DINO, num_global_candidates
+from ..settings.ibot import IBOTSettings
+from .dino import DINO
 
 # What iBOT's selection pass hands its select_views beside the table, where the step may reuse
 # them: the teacher's CLS ``[G, B, K]`` and patch ``[G, B, P, K']`` logits of the global candidates.
@@ -80,19 +79,19 @@ class IBOT(DINO):
     crops *and masks* (and those logits, handed to it by the mixin); the L locals pass
     through unchanged. The off-step combination (column 0) is globals 0 and 1, the baseline.
 
-    Config keys read (``method.*``): DINO's (see :class:`DINO`) plus ``patch_out_dim``,
-    ``shared_head``, ``lambda1``, ``lambda2``, ``teacher_patch_temp``, ``warmup_teacher_patch_temp``,
-    ``center_momentum2`` and the masks' ``mask_prob``, ``mask_ratio``, ``mask_min_aspect``.
-
-    Args:
-        cfg: The run config (``DictConfig`` or plain dict): ``method``, ``backbone``, ``hvp``, ...
+    Settings: :class:`~hvp_lightning.settings.ibot.IBOTSettings`: DINO's (see :class:`DINO`)
+    plus ``patch_out_dim``, ``shared_head``, ``lambda1``, ``lambda2``, ``teacher_patch_temp``,
+    ``warmup_teacher_patch_temp``, ``center_momentum2`` and the masks' ``mask_prob``,
+    ``mask_ratio``, ``mask_min_aspect``.
     """
 
+    settings_type = IBOTSettings
+    settings: IBOTSettings
     hvp_sample_keys = ("masks",)  # one mask per global view and sample: they travel with the views
 
-    def __init__(self, cfg: DictConfig | dict) -> None:
-        super().__init__(cfg)
-        m = self.cfg.method
+    def build(self) -> None:
+        super().build()
+        m = self.settings
         self.patch_centering = Centering(self.patch_dim, m.center_momentum2)
         self.mask_token = nn.Parameter(torch.zeros(1, self.backbone.feature_dim))  # zero-init, as iBOT
         self.token_path: Callable[..., tuple[torch.Tensor, torch.Tensor]] = vit_tokens  # compiled by configure_model
@@ -100,16 +99,16 @@ class IBOT(DINO):
     @property
     def patch_dim(self) -> int:
         """Patch logits' size: ``out_dim`` with a shared head (official iBOT), else ``patch_out_dim``."""
-        m = self.cfg.method
-        return int(m.out_dim if m.shared_head else m.patch_out_dim)
+        m = self.settings
+        return m.out_dim if m.shared_head else m.patch_out_dim
 
     def build_head(self) -> IBOTHead:
-        m = self.cfg.method
+        m = self.settings
         return IBOTHead(
             self.backbone.feature_dim,
             m.out_dim,
             self.patch_dim,
-            bool(m.shared_head),
+            m.shared_head,
             m.head_hidden_dim,
             m.bottleneck_dim,
             m.head_layers,
@@ -117,20 +116,10 @@ class IBOT(DINO):
             m.norm_last_layer,
         )
 
-    @classmethod
-    def view_counts(cls, cfg: DictConfig) -> tuple[int, int]:
-        """(G, L): G = 2, or with HVP ``hvp.num_global_candidates`` (default ``hvp.num_views``)
-        global candidates; always the L = ``method.num_local_crops`` ordinary locals."""
-        num_local = int(cfg.method.num_local_crops)
-        hvp = hvp_config(cfg)
-        if not hvp.enabled:
-            return 2, num_local
-        return num_global_candidates(cfg), num_local  # checks hvp.num_local_candidates too
-
     def teacher_patch_temp(self) -> float:
-        m = self.cfg.method
+        m = self.settings
         return teacher_temperature(
-            self.current_epoch, m.teacher_patch_temp, m.warmup_teacher_patch_temp, int(m.warmup_teacher_temp_epochs)
+            self.current_epoch, m.teacher_patch_temp, m.warmup_teacher_patch_temp, m.warmup_teacher_temp_epochs
         )
 
     def configure_model(self) -> None:
@@ -151,14 +140,13 @@ class IBOT(DINO):
 
         Seeded by (seed, step, rank, batch_idx): reproducible, distinct per micro-batch
         under gradient accumulation and per rank, and recomputable (same batch, same masks)."""
-        views, m = batch["views"], self.cfg.method
+        views, m = batch["views"], self.settings
         ps = int(self.backbone.patch_size)
         h, w = views[0].shape[-2] // ps, views[0].shape[-1] // ps
         rng = random.Random(stable_seed(self.seed, self.global_step, self.global_rank, 2, batch_idx))
-        ratio = (float(m.mask_ratio[0]), float(m.mask_ratio[1]))
         masks = torch.stack(
             [
-                ibot_masks(views[0].shape[0], h, w, ratio, float(m.mask_prob), float(m.mask_min_aspect), rng)
+                ibot_masks(views[0].shape[0], h, w, m.mask_ratio, m.mask_prob, m.mask_min_aspect, rng)
                 for _ in range(self.num_globals)
             ]
         )  # drawn on the host, as official iBOT's loader does
@@ -204,7 +192,7 @@ class IBOT(DINO):
             t_cls, t_patch = teacher_out
         s_cls, s_patch = self._token_forward(self.backbone, self.head, globals_, masks)
         s_cls += self._forward(self.backbone, self.head, locals_, len(locals_))
-        m = self.cfg.method
+        m = self.settings
         tau_t, tau_t2 = self.teacher_temp(), self.teacher_patch_temp()
         cls, patch = ibot_loss_terms(
             t_cls,
@@ -234,7 +222,7 @@ class IBOT(DINO):
 
     # --- HVP hooks --------------------------------------------------------------------------
     def candidate_scores(self, batch: dict[str, Any]) -> CandidateScores:
-        views, g, m = batch["views"], self.num_globals, self.cfg.method
+        views, g, m = batch["views"], self.num_globals, self.settings
         globals_, locals_ = list(views[:g]), list(views[g:])
         ps = int(self.backbone.patch_size)
         grid = (views[0].shape[-2] // ps, views[0].shape[-1] // ps)

@@ -13,10 +13,10 @@ sample on every rank, as SimCLR's selection takes its negatives.
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig
 
 from ..losses.mocov3 import mocov3_loss, mocov3_pair_table
 from ..losses.simclr import gather_with_grad
+from ..settings.mocov3 import MoCoV3Settings
 from .momentum import OnlineTargetMethod
 
 
@@ -24,22 +24,20 @@ class MoCoV3(OnlineTargetMethod):
     """MoCo v3 as a LightningModule: queries against a momentum encoder's keys of the whole
     batch (see module docstring); with HVP off it is the original method.
 
-    Config keys read (``method.*``): ``proj_hidden_dim``, ``proj_dim``, ``proj_layers``,
-    ``proj_last_bn``, ``pred_hidden_dim``, ``pred_layers``, ``pred_last_bn``, ``base_momentum``, ``temperature``,
-    plus :class:`SSLMethod`'s (``batch_size``, ``optimizer``).
+    Settings: :class:`~hvp_lightning.settings.mocov3.MoCoV3Settings` (the heads, ``base_momentum``,
+    ``temperature``, ``batch_size``, ``optimizer``); construction: :class:`~hvp_lightning.methods.base.SSLMethod`.
 
     What HVP scores: ``(B, N(N-1)/2)``, the per-sample MoCo v3 loss of every pair of the N
     candidate views with all ranks' candidate keys (:func:`mocov3_pair_table`).
-
-    Args:
-        cfg: The run config (``DictConfig`` or plain dict): ``method``, ``backbone``, ``hvp``, ...
     """
 
+    settings_type = MoCoV3Settings
+    settings: MoCoV3Settings
     momentum_lag = 0  # the official update happens at the start of the step, with that step's momentum
 
-    def __init__(self, cfg: DictConfig | dict) -> None:
-        super().__init__(cfg)
-        self.temperature = float(self.cfg.method.temperature)
+    def build(self) -> None:
+        super().build()
+        self.temperature = self.settings.temperature
 
     def pair_loss(self, p1: torch.Tensor, p2: torch.Tensor, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         return mocov3_loss(p1, p2, z1, z2, self.temperature, gather=True)

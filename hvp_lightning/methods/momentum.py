@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
 from ..nn.heads import mlp
@@ -26,14 +25,14 @@ from .base import SSLMethod
 
 class OnlineTargetMethod(MomentumTargetMixin, HardViewMixin, SSLMethod):
     """Online/target pair with HVP. Subclasses provide :meth:`pair_loss` (per sample) and
-    :meth:`pair_table` (every candidate pair); the step and the selection pass are here."""
+    :meth:`pair_table` (every candidate pair); the step and the selection pass are here. Settings:
+    :class:`~hvp_lightning.settings.method.MomentumPairSettings`."""
 
     momentum_key = "base_momentum"
     momentum_log = "train/target_momentum"
 
-    def __init__(self, cfg: DictConfig | dict) -> None:
-        super().__init__(cfg)
-        m = self.cfg.method
+    def build(self) -> None:
+        m = self.settings
         # A last BatchNorm (MoCo v3's projectors, its ViT predictor) has no affine parameters,
         # as in the MoCo v3 code; BYOL's MLPs end in a Linear layer.
         self.projector = mlp(
@@ -41,11 +40,11 @@ class OnlineTargetMethod(MomentumTargetMixin, HardViewMixin, SSLMethod):
             m.proj_hidden_dim,
             m.proj_dim,
             m.proj_layers,
-            last_bn=bool(m.proj_last_bn),
+            last_bn=m.proj_last_bn,
             last_bn_affine=False,
         )
         self.predictor = mlp(
-            m.proj_dim, m.pred_hidden_dim, m.proj_dim, m.pred_layers, last_bn=bool(m.pred_last_bn), last_bn_affine=False
+            m.proj_dim, m.pred_hidden_dim, m.proj_dim, m.pred_layers, last_bn=m.pred_last_bn, last_bn_affine=False
         )
         # Target initialised as a copy of the online network (both papers).
         self.target = nn.ModuleDict(

@@ -19,6 +19,7 @@ import torch
 from ..losses.simclr import gather_with_grad, nt_xent_loss, simclr_pair_table
 from ..nn.heads import mlp
 from ..selection import HardViewMixin
+from ..settings.simclr import SimCLRSettings
 from .base import SSLMethod
 
 
@@ -26,23 +27,23 @@ class SimCLR(HardViewMixin, SSLMethod):
     """SimCLR as a LightningModule: backbone -> projector, NT-Xent with negatives from the
     global batch (all DDP ranks); with HVP off it is the original method.
 
-    Config keys read (``method.*``): ``temperature``, ``proj_hidden_dim``, ``proj_dim``,
-    ``proj_layers``, plus :class:`SSLMethod`'s (``batch_size``, ``optimizer``).
+    Settings: :class:`~hvp_lightning.settings.simclr.SimCLRSettings` (``temperature``, the
+    projector's widths and layers, ``batch_size``, ``optimizer``); construction:
+    :class:`~hvp_lightning.methods.base.SSLMethod`.
 
     What HVP scores: :meth:`candidate_scores` returns ``(B, N(N-1)/2)``, the per-sample NT-Xent
     of every pair of the N candidate views with all ranks' candidates as keys
     (:func:`simclr_pair_table`); the mixin's default ``select_views`` gathers the chosen pair.
-
-    Args:
-        cfg: The run config (``DictConfig`` or plain dict): ``method``, ``backbone``, ``hvp``, ...
     """
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        m = self.cfg.method
-        self.temperature = float(m.temperature)
+    settings_type = SimCLRSettings
+    settings: SimCLRSettings
+
+    def build(self) -> None:
+        s = self.settings
+        self.temperature = s.temperature
         # SimCLR head with BN (paper table: use-bn-in-head): Linear-BN-ReLU-...-Linear-BN.
-        self.projector = mlp(self.backbone.feature_dim, m.proj_hidden_dim, m.proj_dim, m.proj_layers, last_bn=True)
+        self.projector = mlp(self.backbone.feature_dim, s.proj_hidden_dim, s.proj_dim, s.proj_layers, last_bn=True)
 
     def forward_view(self, x: torch.Tensor) -> torch.Tensor:
         return self.projector(self.backbone(x))

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from ..losses.simsiam import simsiam_loss, simsiam_pair_table
 from ..nn.heads import mlp
 from ..selection import HardViewMixin
+from ..settings.simsiam import SimSiamSettings
 from .base import SSLMethod
 
 
@@ -20,25 +21,24 @@ class SimSiam(HardViewMixin, SSLMethod):
     """SimSiam as a LightningModule: backbone -> projector -> predictor, symmetric negative
     cosine with stop-gradient; with HVP off it is the original method.
 
-    Config keys read (``method.*``): ``proj_hidden_dim``, ``proj_dim``, ``proj_layers``,
-    ``pred_hidden_dim``, ``fix_pred_lr`` (predictor at a constant learning rate, as the paper),
-    plus :class:`SSLMethod`'s (``batch_size``, ``optimizer``).
+    Settings: :class:`~hvp_lightning.settings.simsiam.SimSiamSettings` (the projector's and
+    predictor's widths, ``fix_pred_lr``: the predictor at a constant learning rate, as the paper;
+    ``batch_size``, ``optimizer``); construction: :class:`~hvp_lightning.methods.base.SSLMethod`.
 
     What HVP scores: :meth:`candidate_scores` returns ``(B, N(N-1)/2)``, the per-sample SimSiam
     loss of every pair of the N candidate views (:func:`simsiam_pair_table`); the mixin's
     default ``select_views`` gathers the chosen pair.
-
-    Args:
-        cfg: The run config (``DictConfig`` or plain dict): ``method``, ``backbone``, ``hvp``, ...
     """
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        m = self.cfg.method
+    settings_type = SimSiamSettings
+    settings: SimSiamSettings
+
+    def build(self) -> None:
+        s = self.settings
         self.projector = mlp(
-            self.backbone.feature_dim, m.proj_hidden_dim, m.proj_dim, m.proj_layers, last_bn=True, last_bn_affine=False
+            self.backbone.feature_dim, s.proj_hidden_dim, s.proj_dim, s.proj_layers, last_bn=True, last_bn_affine=False
         )
-        self.predictor = mlp(m.proj_dim, m.pred_hidden_dim, m.proj_dim, 2, last_bn=False)
+        self.predictor = mlp(s.proj_dim, s.pred_hidden_dim, s.proj_dim, 2, last_bn=False)
 
     def forward_view(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         z = self.projector(self.backbone(x))
@@ -69,4 +69,4 @@ class SimSiam(HardViewMixin, SSLMethod):
     def param_groups(self) -> list[dict[str, Any]]:
         pred = list(self.predictor.parameters())
         rest = [p for n, p in self.named_parameters() if not n.startswith("predictor.")]
-        return [{"params": rest}, {"params": pred, "fixed_lr": bool(self.cfg.method.fix_pred_lr)}]
+        return [{"params": rest}, {"params": pred, "fixed_lr": self.settings.fix_pred_lr}]

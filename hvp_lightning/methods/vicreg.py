@@ -10,24 +10,25 @@ from __future__ import annotations
 import torch
 
 from ..losses.vicreg import vicreg_loss_terms, vicreg_pair_table
+from ..settings.vicreg import VICRegSettings
 from .batch_stats import BatchLossMethod
 
 
 class VICReg(BatchLossMethod):
     """VICReg: backbone + 3-layer expander, trained with :func:`~hvp_lightning.losses.vicreg.vicreg_loss`
-    over the global batch. Reads ``method.sim_coeff``, ``std_coeff``, ``cov_coeff`` besides the
-    projector and optimiser keys of :class:`~hvp_lightning.methods.batch_stats.BatchLossMethod`.
+    over the global batch. Settings: :class:`~hvp_lightning.settings.vicreg.VICRegSettings`
+    (``sim_coeff``, ``std_coeff``, ``cov_coeff``, the projector, ``batch_size``, ``optimizer``).
     HVP scores each candidate pair by the leave-one-out increase of the batch loss
     (:func:`~hvp_lightning.losses.vicreg.vicreg_pair_table`).
-
-    Args:
-        cfg: the run's config (``method``, ``backbone``, ``hvp``, ``data`` groups).
     """
 
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        m = self.cfg.method
-        self.coeffs = (float(m.sim_coeff), float(m.std_coeff), float(m.cov_coeff))
+    settings_type = VICRegSettings
+    settings: VICRegSettings
+
+    def build(self) -> None:
+        super().build()
+        m = self.settings
+        self.coeffs = (m.sim_coeff, m.std_coeff, m.cov_coeff)
 
     def batch_loss(self, z1: torch.Tensor, z2: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         terms = vicreg_loss_terms(z1, z2, gather=True)

@@ -6,8 +6,8 @@ Why: SimCLR trains with batches of 4096 and linearly scaled learning rates (0.3 
 As in the SimCLR code, biases and BatchNorm parameters (every parameter with ``ndim <= 1``)
 get neither weight decay nor the trust ratio: their norms say nothing about a layer's scale.
 
-Also the optimisers by name and the warm-up + cosine schedule that pretraining (learning rate,
-DINO's weight decay) and the evaluation heads share.
+Also the optimisers by name (their settings: :mod:`hvp_lightning.settings.optim`) and the warm-up +
+cosine schedule that pretraining (learning rate, DINO's weight decay) and the evaluation heads share.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..schema import OPTIMIZERS
+from ..settings.optim import OPTIMIZERS
 
 
 class LARS(torch.optim.Optimizer):

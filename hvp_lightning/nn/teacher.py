@@ -28,7 +28,6 @@ from typing import Any
 import lightning as L
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.profiler import record_function
@@ -155,7 +154,7 @@ def clip_gradients_per_parameter(params: Sequence[nn.Parameter], clip: float) ->
 
 class MomentumTargetMixin(L.LightningModule):
     """Momentum (EMA) targets moved once per optimiser step: ``target <- m target + (1 - m) online``
-    for each pair of :meth:`momentum_pairs`, ``m`` rising from ``method.<momentum_key>`` to 1
+    for each pair of :meth:`momentum_pairs`, ``m`` rising from ``settings.<momentum_key>`` to 1
     on a cosine over training (:func:`cosine_momentum`; DINO sec. 3.1, BYOL sec. 3.2, MoCo v3
     ``--moco-m-cos``).
 
@@ -165,8 +164,8 @@ class MomentumTargetMixin(L.LightningModule):
     moves it (only this hook does). Put the mixin before ``HardViewMixin, SSLMethod``.
     """
 
-    cfg: DictConfig
-    momentum_key = "momentum_teacher"  # method.<key>: the base momentum
+    settings: Any  # the method's settings (hvp_lightning/settings/)
+    momentum_key = "momentum_teacher"  # settings.<key>: the base momentum
     momentum_log = "train/teacher_momentum"
     # Which step's momentum the update after optimiser step s (0-based) uses: that step's own
     # (lag 1: DINO, BYOL update the target after the online step with tau of that step), or the
@@ -180,7 +179,7 @@ class MomentumTargetMixin(L.LightningModule):
     def momentum_at(self, step: int) -> float:
         """EMA momentum of the update made once ``step`` optimiser steps are done."""
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        return cosine_momentum(step - self.momentum_lag, total, float(self.cfg.method[self.momentum_key]))
+        return cosine_momentum(step - self.momentum_lag, total, float(getattr(self.settings, self.momentum_key)))
 
     def on_optimizer_step_done(self, step: int) -> None:
         """Once per optimiser step, ``step`` = steps done: move every target."""
@@ -205,9 +204,10 @@ class MomentumTargetMixin(L.LightningModule):
 class TeacherStudentMixin(MomentumTargetMixin):
     """Self-distillation around a method's loss, written once for DINO and iBOT.
 
-    The host has a student ``backbone`` and ``head`` and a ``cfg`` with DINO's ``method``
-    keys (``momentum_teacher``, ``teacher_temp``, ``warmup_teacher_temp(_epochs)``,
-    ``teacher_reuse``, ``clip_grad(_kind)``, ``freeze_last_layer``, ``optimizer.weight_decay(_end)``),
+    The host has a student ``backbone`` and ``head`` and ``settings`` with DINO's keys
+    (:class:`~hvp_lightning.settings.dino.TeacherStudentSettings`: ``momentum_teacher``, ``teacher_temp``,
+    ``warmup_teacher_temp(_epochs)``, ``teacher_reuse``, ``clip_grad(_kind)``, ``freeze_last_layer``,
+    ``optimizer.weight_decay(_end)``),
     calls :meth:`init_teacher` once its head exists, and feeds its :class:`Centering` modules
     with :meth:`Centering.accumulate` after each loss. Put the mixin first:
     ``class DINO(TeacherStudentMixin, HardViewMixin, SSLMethod)``.
@@ -222,7 +222,6 @@ class TeacherStudentMixin(MomentumTargetMixin):
     step, after ``GradScaler.unscale_``.
     """
 
-    cfg: DictConfig
     backbone: nn.Module
     head: nn.Module
     teacher: nn.ModuleDict
@@ -232,10 +231,10 @@ class TeacherStudentMixin(MomentumTargetMixin):
         reused from HVP's selection pass: only without BatchNorm, whose outputs depend on the
         batch they were normalised with."""
         self.teacher = nn.ModuleDict({"backbone": make_teacher(self.backbone), "head": make_teacher(self.head)})
-        self.teacher_reuse = bool(self.cfg.method.get("teacher_reuse", True)) and not has_batchnorm(self.teacher)
+        self.teacher_reuse = self.settings.teacher_reuse and not has_batchnorm(self.teacher)
 
     def teacher_temp(self) -> float:
-        m = self.cfg.method
+        m = self.settings
         return teacher_temperature(
             self.current_epoch, m.teacher_temp, m.warmup_teacher_temp, int(m.warmup_teacher_temp_epochs)
         )
@@ -248,12 +247,12 @@ class TeacherStudentMixin(MomentumTargetMixin):
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """Cosine weight-decay schedule ``weight_decay -> weight_decay_end`` (DINO), per step."""
-        opt_cfg = self.cfg.method.optimizer
-        end = opt_cfg.get("weight_decay_end")
-        if end is None or not opt_cfg.weight_decay:
+        opt = self.settings.optimizer
+        end = getattr(opt, "weight_decay_end", None)
+        if end is None or not opt.weight_decay:
             return
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        wd = opt_cfg.weight_decay * warmup_cosine(self.trainer.global_step, total, 0, end / opt_cfg.weight_decay)
+        wd = opt.weight_decay * warmup_cosine(self.trainer.global_step, total, 0, end / opt.weight_decay)
         for group in self.optimizers().param_groups:  # type: ignore[union-attr]
             if group.get("wd_schedule"):
                 group["weight_decay"] = wd
@@ -269,18 +268,18 @@ class TeacherStudentMixin(MomentumTargetMixin):
         self.clip_and_freeze_gradients()
 
     def clip_and_freeze_gradients(self) -> None:
-        """Clipping (``method.clip_grad``, 0 = off; ``method.clip_grad_kind``: one norm over all
-        trained parameters, or each on its own; configs from before the key clipped per
-        parameter), then the head's last layer gets no update during the first
-        ``method.freeze_last_layer`` epochs (DINO's stabiliser; its gradients are dropped after
+        """Clipping (``clip_grad``, 0 = off; ``clip_grad_kind``: one norm over all trained
+        parameters, or each on its own), then the head's last layer gets no update during the first
+        ``freeze_last_layer`` epochs (DINO's stabiliser; its gradients are dropped after
         the clipping, as both official codes do, so AdamW skips it, weight decay included)."""
-        clip = float(self.cfg.method.get("clip_grad") or 0.0)
+        s = self.settings
+        clip = float(s.clip_grad or 0.0)
         params = [p for p in self.parameters() if p.requires_grad and p.grad is not None]
-        if clip > 0 and self.cfg.method.get("clip_grad_kind", "per_parameter") == "global":
+        if clip > 0 and s.clip_grad_kind == "global":
             nn.utils.clip_grad_norm_(params, clip)
         elif clip > 0:
             clip_gradients_per_parameter(params, clip)
-        if self.current_epoch < int(self.cfg.method.get("freeze_last_layer", 0)):
+        if self.current_epoch < s.freeze_last_layer:
             for name, p in self.head.named_parameters():  # every output layer (iBOT: last_layer2 too)
                 if name.startswith("last_layer"):
                     p.grad = None

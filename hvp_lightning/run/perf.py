@@ -60,7 +60,7 @@ DENSE_PEAKS: dict[str, dict[torch.dtype | str, float]] = {
 @dataclass(frozen=True)
 class StepFlops:
     """Model FLOPs per image of a run's training steps (the convention of
-    :mod:`hvp_lightning.nn.flops`: submodule forwards, 3x where a gradient flows back).
+    :mod:`hvp_lightning.training.flops`: submodule forwards, 3x where a gradient flows back).
 
     Attributes:
         train: the training step of a selecting step: forward and backward of the views

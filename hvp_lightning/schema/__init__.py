@@ -27,9 +27,10 @@ from omegaconf import DictConfig, OmegaConf
 from . import nodes
 from .backbone import BACKBONE_FAMILIES, INIT_HUBS, TIMM_FAMILY, backbone_family, is_hub_init
 from .base import MISSING, Section, checked, describe
+from .core import section_of, to_settings
 from .data import BLUR_KINDS, DATASETS, INTERPOLATIONS, AugSettings, DataConfig, IoUPolicySettings
 from .evaluate import TRANSFER_DATASETS, TRANSFER_PROTOCOLS, EvalConfig, TransferConfig
-from .hvp import GLOBAL_PAIRS, HVP_COLOURS, HVP_OFF, LOSS_MODES, MODES, PRECISIONS, HVPConfig
+from .hvp import GLOBAL_PAIRS, HVP, HVP_COLOURS, HVP_OFF, LOSS_MODES, MODES, PRECISIONS, HVPSection
 from .listing import listing
 from .method import CLIP_GRAD_KINDS, METHOD_NAMES, MULTI_CROP, OPTIMIZERS
 from .run import (
@@ -84,10 +85,11 @@ def train_settings(cfg: DictConfig | Mapping[str, Any]) -> TrainConfig:
     return settings(TrainConfig, cfg)
 
 
-def hvp_config(cfg: DictConfig | Mapping[str, Any]) -> HVPConfig:
-    """The run's HVP settings: ``cfg.hvp`` validated, or HVP off where the config has none."""
+def hvp_config(cfg: DictConfig | Mapping[str, Any]) -> HVP:
+    """The run's HVP settings (:class:`~hvp_lightning.settings.HVP`): ``cfg.hvp`` validated, or
+    HVP off where the config has none."""
     node = cfg.get("hvp")
-    return HVP_OFF if node is None else settings(HVPConfig, node, "hvp.")
+    return HVP_OFF if node is None else to_settings(settings(HVPSection, node, "hvp."), HVP, tagged=False)
 
 
 def as_config(validated: Section) -> DictConfig:
@@ -103,7 +105,7 @@ def help_listing(command: str, root: Mapping[str, Any]) -> str:
     values = {k: v for k, v in root.items() if k != "hydra"}
     sections = [(f"{command} (run with key=value)", model, values, "")]
     if command == "train" and values.get("hvp") is None:
-        sections.append(("hvp (with +hvp=on)", HVPConfig, None, "hvp."))
+        sections.append(("hvp (with +hvp=on)", HVPSection, None, "hvp."))
     return listing(sections)
 
 
@@ -135,7 +137,8 @@ __all__ = [
     "AugSettings",
     "DataConfig",
     "EvalConfig",
-    "HVPConfig",
+    "HVP",
+    "HVPSection",
     "IoUPolicySettings",
     "LimitsSettings",
     "Section",
@@ -150,6 +153,8 @@ __all__ = [
     "describe",
     "help_listing",
     "hvp_config",
+    "section_of",
+    "to_settings",
     "is_hub_init",
     "settings",
     "train_settings",

@@ -19,7 +19,7 @@ BACKBONE_FAMILIES = {
     "vit_base": "vit",
 }
 TIMM_FAMILY = "timm"
-# backbone.init=<scheme>:<name> fetches released weights from a hub (hvp_lightning/nn/weights.py)
+# backbone.init=<scheme>:<name> fetches released weights from a hub (hvp_lightning/training/weights.py)
 INIT_HUBS = ("timm", "torchvision")
 
 

@@ -23,6 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field
 from pydantic.fields import FieldInfo
 
 from ..errors import ConfigError
+from ..settings import SettingError
 
 MISSING = "???"  # OmegaConf's mark for a key a preset must set
 
@@ -165,7 +166,13 @@ def messages(model: type[BaseModel], err: ValidationError, data: Any = None, pre
         path = prefix + ".".join(key)
         if path in lines:
             continue
-        if e["type"] == "extra_forbidden":
+        rule = (e.get("ctx") or {}).get("error")
+        if e["type"] == "value_error" and isinstance(rule, (SettingError, ConfigError)):
+            # a section's rule over several keys: its own message, with the section's place
+            where = prefix + "".join(f"{k}." for k in key)
+            said = [str(rule.at(where))] if isinstance(rule, SettingError) else str(rule).splitlines()
+            lines.update({line: line for line in said})
+        elif e["type"] == "extra_forbidden":
             lines[path] = unknown_key(path, parent, unknown or key[-1])
         elif e["type"] in ("union_tag_invalid", "union_tag_not_found"):
             tag = e.get("ctx", {}).get("tag", e["input"].get("name") if isinstance(e["input"], Mapping) else e["input"])

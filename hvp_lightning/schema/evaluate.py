@@ -8,7 +8,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from ..settings import LinearRecipe, method_settings
 from .base import COUNT, NON_NEGATIVE, POSITIVE, SEED, UNIT_RANGE, Section, distinct, integer, number
+from .core import section_of
 from .data import INTERPOLATIONS, DataSettings
 from .method import METHOD_NAMES, OPTIMIZERS
 from .run import ACCELERATORS, TRAINER_PRECISIONS, LoggerSettings
@@ -30,17 +32,9 @@ class KnnProtocol(Section):
     """feature extraction batch"""
 
 
-class LinearRecipe(Section):
-    """One method's linear-probe recipe (its official evaluation)."""
-
-    optimizer: Literal[OPTIMIZERS]
-    base_lr: POSITIVE
-    batch_size: COUNT
-    epochs: COUNT
-    weight_decay: NON_NEGATIVE
-    momentum: number(0, 1, open_high=True)
-    n_last_blocks: COUNT
-    avgpool_patchtokens: bool
+# each method's linear-probe recipe, from its settings in the library (their linear_recipe)
+LinearRecipeSection = section_of(LinearRecipe)
+LINEAR_RECIPES = {name: cls.linear_recipe.to_dict() for name, cls in method_settings().items()}
 
 
 class ClassifierProtocol(Section):
@@ -78,8 +72,8 @@ class LinearProtocol(ClassifierProtocol):
     """null: the recipe's"""
     augment: bool | Literal["auto"] = "auto"
     """train on augmented crops (the official scripts); auto: false on CPU (cached features)"""
-    recipes: dict[str, LinearRecipe]
-    """each method's official linear-evaluation recipe"""
+    recipes: dict[str, LinearRecipeSection] = LINEAR_RECIPES  # type: ignore[valid-type]
+    """each method's official linear-evaluation recipe (the methods' own, hvp_lightning/settings/<method>.py)"""
 
 
 class FinetuneTable(Section):

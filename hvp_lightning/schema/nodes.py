@@ -20,7 +20,7 @@ from .backbone import ResNetSettings, TimmSettings, ViTSettings
 from .base import MISSING, Section, model_choices, unwrap
 from .data import DATA_SCHEMAS, IoUPolicySettings
 from .evaluate import EvalConfig, FinetuneProtocol, KnnProtocol, LinearProtocol, TransferConfig
-from .hvp import HVPConfig
+from .hvp import HVPSection
 from .method import METHOD_SCHEMAS
 from .run import CSVLoggerSettings, TrainConfig, WandbLoggerSettings
 
@@ -39,8 +39,8 @@ def node(model: type[BaseModel], **values: Any) -> dict[str, Any]:
             out[name] = extra["compose"]
         elif len(choices) > 1 or (choices and not field.is_required() and field.default is None):
             continue  # chosen by a group in the defaults list, or absent unless added
-        elif choices and _is_single_section(field.annotation):
-            out[name] = node(choices[0][1])
+        elif choices and _is_single_section(field.annotation):  # a nested section: its default, or its keys'
+            out[name] = field.default.model_dump() if isinstance(field.default, BaseModel) else node(choices[0][1])
         elif field.is_required() and typing.get_origin(unwrap(field.annotation)[0]) is dict:
             continue  # a table a preset sets whole (protocol recipes, transfer data sets)
         elif field.is_required():
@@ -78,7 +78,7 @@ def register() -> None:
         for name in kind(model):
             cs.store(group="data", name=f"_{name}", node=node(model, name=name))
     cs.store(group="data/iou_policy", name="on", node=node(IoUPolicySettings))
-    cs.store(group="hvp", name="on", node=node(HVPConfig))
+    cs.store(group="hvp", name="on", node=node(HVPSection))
     cs.store(group="logger", name="csv", node=node(CSVLoggerSettings))
     cs.store(group="logger", name="wandb", node=node(WandbLoggerSettings))
     cs.store(group="protocol", name="knn", node=node(KnnProtocol))

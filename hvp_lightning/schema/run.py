@@ -10,8 +10,8 @@ from pydantic import ConfigDict, Field
 from .backbone import BackboneSettings
 from .base import COUNT, COUNT_OR_ZERO, POSITIVE, SEED, Section, integer
 from .data import DataSettings
-from .hvp import HVPConfig
-from .method import MethodSettings
+from .hvp import HVPSection
+from .method import MethodSection
 
 # trainer.accelerator and eval.py's accelerator: Lightning's but XLA's and Gaudi's (tpu, hpu: packages we lack)
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
@@ -143,12 +143,12 @@ class TrainConfig(Section):
     """the run's seed (views, initialisation, selection's random choices)"""
     resume: str | None = None
     """a run dir to continue with its own config (key=value overrides such as trainer.max_epochs still apply); a run dir holding checkpoints/last.ckpt is resumed automatically"""
-    method: MethodSettings
+    method: MethodSection
     backbone: BackboneSettings
     data: DataSettings
     trainer: TrainerSettings
     logger: LoggerSettings
-    hvp: HVPConfig | None = None
+    hvp: HVPSection | None = None
     eval: KnnMonitorSettings = KnnMonitorSettings()
     checkpoint: CheckpointSettings = CheckpointSettings()
     limits: LimitsSettings = LimitsSettings()

@@ -4,7 +4,7 @@ One HVP step (docs/DESIGN.md sections 1-2): score every candidate combination wi
 method's own per-sample loss in a pass that changes no state, choose per sample, gather the
 chosen views, run the method's unchanged step on them. By concern:
 
-* :class:`HVPConfig` -- the settings, declared with the ``hvp`` config group (:mod:`hvp_lightning.schema.hvp`);
+* :class:`HVP` -- the settings (:mod:`.settings`; the ``hvp`` config group is derived from them);
 * :mod:`.pairs` -- candidate pairs (:func:`pair_index`, :func:`global_pair_index`) and the
   gathers from a choice to views and their augmentation parameters;
 * :mod:`.multicrop` -- DINO/iBOT: combinations of 2 globals + L locals, searched exactly
@@ -21,16 +21,15 @@ chosen views, run the method's unchanged step on them. By concern:
 
 The per-sample losses and candidate tables themselves (network outputs -> loss values) live
 in :mod:`hvp_lightning.losses`, which this package imports; the methods import both. Imports
-only ``losses/``, ``nn/``, the leaf of the settings' declarations (``schema/``) and libraries
-(torch, Lightning, omegaconf): no loader, cluster, run or config code, so that a user's own
+only ``losses/``, ``nn/``, :mod:`hvp_lightning.declare` and torch and Lightning: no loader,
+cluster, run or config code, so that a user's own
 LightningModule with its own loader is a complete host (docs/DESIGN.md section 9 lists this,
 tests/test_package.py checks it). What the host provides: docs/methods.md.
 """
 
-from ..schema import MODES, HVPConfig, hvp_config
+from ..settings.hvp import GLOBAL_PAIRS, HVP, HVP_OFF, LOSS_MODES, MODES, PRECISIONS, hvp_settings, selection_side
 from .choice import choose, stable_seed
 from .forward_pass import (
-    PRECISIONS,
     STEP_DTYPES,
     ambient_autocast_dtype,
     frozen_state,
@@ -48,8 +47,8 @@ from .multicrop import (
     dino_exact_selection,
     gather_combination_views,
 )
-from .pairs import GLOBAL_PAIRS, gather_pair_params, gather_pairs, gather_view_params, global_pair_index, pair_index
-from .scale import fit_mask, scale_views, selection_side
+from .pairs import gather_pair_params, gather_pairs, gather_view_params, global_pair_index, pair_index
+from .scale import fit_mask, scale_views
 from .totals import TOTALS, hvp_summary, summarise_totals
 
 __all__ = [
@@ -61,7 +60,10 @@ __all__ = [
     "CandidateScores",
     "CombinationTable",
     "DinoSelection",
+    "HVP",
+    "HVP_OFF",
     "HVPConfig",
+    "LOSS_MODES",
     "HardViewMixin",
     "ambient_autocast_dtype",
     "choose",
@@ -84,7 +86,7 @@ __all__ = [
     "gather_pairs",
     "gather_view_params",
     "global_pair_index",
-    "hvp_config",
+    "hvp_settings",
     "hvp_summary",
     "pair_index",
     "resolve_selection_dtype",
@@ -92,3 +94,5 @@ __all__ = [
     "step_autocast_dtype",
     "summarise_totals",
 ]
+
+HVPConfig = HVP  # an alias: code that imports HVPConfig keeps working

@@ -7,7 +7,7 @@ import hashlib
 import torch
 
 from ..nn.sync_free import host_to_device
-from ..schema import LOSS_MODES
+from ..settings.hvp import LOSS_MODES
 
 
 def choose(table: torch.Tensor, mode: str, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..schema import PRECISIONS
+from ..settings.hvp import PRECISIONS
 
 # Autocast dtype Lightning runs a training step under, per trainer.precision (the ones
 # config.py allows); None = no autocast.

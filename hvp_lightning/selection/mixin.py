@@ -47,7 +47,7 @@ import lightning as L
 import torch
 from torch.profiler import record_function
 
-from ..schema import HVPConfig
+from ..settings.hvp import HVP
 from .choice import choose, stable_seed
 from .forward_pass import ambient_autocast_dtype, frozen_state, outputs_reusable, resolve_selection_dtype
 from .fraction import merge_samples, sample_subset, scored_samples
@@ -76,7 +76,7 @@ class HardViewMixin(L.LightningModule):
     """Overrides ``training_step`` with HVP's select-then-train step (see module docstring).
 
     Put it before the host's LightningModule base: ``class SimSiam(HardViewMixin, SSLMethod)``.
-    The host sets ``self.hvp`` (an :class:`HVPConfig`) in ``__init__`` and provides the hooks
+    The host sets ``self.hvp`` (an :class:`~hvp_lightning.selection.HVP`) in ``__init__`` and provides the hooks
     below. What the mixin needs of the host beyond them is LightningModule's own
     (``global_step``, ``global_rank``, ``device``, ``log``, ``trainer``, ``all_gather``), hence
     that base: a type checker sees every member the mixin uses, and a host written ``class
@@ -117,7 +117,7 @@ class HardViewMixin(L.LightningModule):
         **kwargs: Likewise.
     """
 
-    hvp: HVPConfig
+    hvp: HVP
     hvp_batch_idx: int = 0  # micro-batch being selected: part of the private generators' seeds
     hvp_sample_keys: tuple[str, ...] = ()  # per-sample batch entries beyond views and params
     # hvp.colour=static only; declared, not defined here, so that a base class of the host

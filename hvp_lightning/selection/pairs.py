@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..losses.pairs import pair_index
-from ..schema import GLOBAL_PAIRS
+from ..settings.hvp import GLOBAL_PAIRS
 
 
 def global_pair_index(g: int, rule: str, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..schema.hvp import selection_side
+from ..settings.hvp import selection_side
 
 
 def scale_views(views: list[torch.Tensor], scale: float, multiple: int = 1, minimum: int = 1) -> list[torch.Tensor]:

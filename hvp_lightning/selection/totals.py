@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..schema import HVPConfig
+from ..settings.hvp import HVP
 
 # Layout of ``HardViewMixin.hvp_totals`` (sums over all HVP steps, all micro-batches).
 TOTALS = (
@@ -90,7 +90,7 @@ def summarise_totals(totals: torch.Tensor | None) -> dict[str, float | int | Non
     }
 
 
-def hvp_summary(hvp: HVPConfig, totals: torch.Tensor | None) -> dict[str, object]:
+def hvp_summary(hvp: HVP, totals: torch.Tensor | None) -> dict[str, object]:
     """``summary.json``'s ``hvp`` entry: the settings that matter for comparing runs, then
     :func:`summarise_totals`."""
     return {

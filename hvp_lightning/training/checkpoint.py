@@ -16,6 +16,8 @@
   State that differs between DDP ranks (these RNG streams, HVP's run totals, skipped files)
   is saved with one entry per rank and each rank takes back its own on resume
   (:func:`hvp_lightning.cluster.distributed.gather_per_rank` / ``rank_entries``).
+* :class:`RunConfig` -- the run's config in every checkpoint (``checkpoint["hvp_lightning"]["config"]``,
+  a plain dict): what a resume, an evaluation and an export rebuild the run from.
 * :func:`load_checkpoint` -- ``torch.load(weights_only=True)``: our checkpoints hold only
   tensors and plain containers (the config is stored as a plain dict), so the unpickler
   never has to run arbitrary code. Missing, truncated or foreign files raise
@@ -40,7 +42,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.callbacks import Callback, Checkpoint
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..cluster.distributed import gather_per_rank, rank_and_world
@@ -88,7 +90,7 @@ def load_checkpoint(
 
     Raises :class:`CheckpointError` (naming ``key`` and the path) when the file is missing,
     truncated / not a PyTorch file, holds objects ``weights_only`` refuses, or is not an
-    hvp-lightning checkpoint (no ``state_dict`` and ``hyper_parameters.cfg``)."""
+    hvp-lightning checkpoint (no ``state_dict`` and stored config: :func:`stored_run_config`)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{key}={str(path)!r} is not allowed: no such checkpoint file")
@@ -96,14 +98,32 @@ def load_checkpoint(
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as err:  # noqa: BLE001 -- every failure mode gets the same one-line answer
         raise CheckpointError(f"{key}={str(path)!r} is not allowed: {load_failure(err)}") from None
-    cfg = ckpt.get("hyper_parameters", {}).get("cfg") if isinstance(ckpt, dict) else None
+    cfg = stored_run_config(ckpt) if isinstance(ckpt, dict) else None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or not isinstance(cfg, dict) or "method" not in cfg:
         found = sorted(ckpt)[:8] if isinstance(ckpt, dict) else type(ckpt).__name__
         raise CheckpointError(
             f"{key}={str(path)!r} is not allowed: not an hvp-lightning training checkpoint "
-            f"(expected 'state_dict' and 'hyper_parameters.cfg'; found {found})"
+            f"(expected 'state_dict' and 'hvp_lightning.config'; found {found})"
         )
     return ckpt
+
+
+def stored_run_config(ckpt: dict[str, Any]) -> Any:
+    """The run config a checkpoint holds as written: ``hvp_lightning.config`` (:class:`RunConfig`),
+    or in checkpoints whose method took the whole config, ``hyper_parameters.cfg``; None if neither."""
+    stored = (ckpt.get("hvp_lightning") or {}).get("config")
+    return stored if stored is not None else (ckpt.get("hyper_parameters") or {}).get("cfg")
+
+
+class RunConfig(Callback):
+    """The run's config in every checkpoint (``checkpoint["hvp_lightning"]["config"]``, resolved,
+    plain values): the method keeps its own settings as its hyperparameters, the run the rest."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        self.config = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        checkpoint.setdefault("hvp_lightning", {})["config"] = self.config
 
 
 def load_failure(err: BaseException) -> str:
@@ -135,7 +155,7 @@ def load_failure(err: BaseException) -> str:
 def checkpoint_config(ckpt: dict[str, Any]) -> DictConfig:
     """The training config stored in a checkpoint (resolved, with ``data.num_classes``), as this
     version reads it (:func:`~hvp_lightning.config.stored_config`)."""
-    return stored_config(ckpt["hyper_parameters"]["cfg"])
+    return stored_config(stored_run_config(ckpt))
 
 
 def pretrained_for(ckpt: dict[str, Any]) -> dict[str, int | None]:
@@ -155,17 +175,14 @@ def pretrained_for(ckpt: dict[str, Any]) -> dict[str, int | None]:
 
 def build_method(ckpt: dict[str, Any], key: str = "ckpt"):
     """The LightningModule of a loaded checkpoint, weights restored (strict), in eval mode."""
-    from ..methods import METHODS
+    from .build import build_method as build
 
     cfg = checkpoint_config(ckpt)
-    name = cfg.method.get("name")
-    if name not in METHODS:
-        raise CheckpointError(f"{key}: method.name={name!r} in the checkpoint is not one of {', '.join(METHODS)}")
-    model = METHODS[name](cfg)
+    model = build(cfg)
     missing, unexpected = model.load_state_dict(ckpt["state_dict"], strict=False)
     if missing or unexpected:
         raise CheckpointError(
-            f"{key}: the checkpoint's weights do not fit its own config ({name}, "
+            f"{key}: the checkpoint's weights do not fit its own config ({cfg.method.name}, "
             f"{cfg.backbone.name}): missing {missing[:4]}, unexpected {unexpected[:4]}"
         )
     model.on_load_checkpoint(ckpt)

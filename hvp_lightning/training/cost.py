@@ -2,7 +2,7 @@
 
 :func:`count_step_flops` builds the configured method on the ``meta`` device (no memory, no
 initialisation), hands its ``training_step`` a batch of the loader's view sizes, and counts the
-model FLOPs of what the step runs (:class:`~hvp_lightning.nn.flops.FlopMeter`): with HVP on,
+model FLOPs of what the step runs (:class:`~hvp_lightning.training.flops.FlopMeter`): with HVP on,
 what runs inside the selection pass (the mixin's ``selection_phase``) is the selection, the rest
 the training step; the same method without HVP gives the baseline step. So the count follows
 the code: DINO/iBOT's multi-crop views at their two sizes, HVP's candidates, heads, predictors,
@@ -21,14 +21,16 @@ import warnings
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from ..data.datamodule import view_augs
 from ..device import auto_precision, runs_on_cpu
-from ..methods import METHODS
-from ..nn.flops import FlopMeter
+from ..methods import method_class
 from ..run.perf import StepFlops
 from ..schema.hvp import LOSS_MODES
 from ..selection import resolve_selection_dtype, step_autocast_dtype
 from ..selection.forward_pass import outputs_reusable as same_outputs
 from ..selection.geometry import CROP_KEYS
+from .build import build_method
+from .flops import FlopMeter
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +41,11 @@ def _per_image(cfg: DictConfig) -> dict[str, int]:
     """Model FLOPs per image of one training step of ``cfg``'s method, by phase
     (``selection``, ``step``). With ``hvp.selection_fraction`` < 1 the batch is the run's own:
     the share of samples a selection scores depends on the batch size."""
-    method_cls = METHODS[cfg.method.name]
     with torch.device("meta"):
-        model = method_cls(cfg).train()
+        model = build_method(cfg).train()
     hvp = cfg.get("hvp") or {}
     images = int(cfg.method.batch_size) if hvp.get("enabled") and hvp.get("selection_fraction", 1) < 1 else IMAGES
-    augs = method_cls.view_augs(cfg)
+    augs = view_augs(model.views(), cfg.data)
     views = [torch.zeros(images, 3, aug.size, aug.size, device="meta") for aug in augs]
     batch = {
         "views": views,
@@ -130,7 +131,7 @@ def run_step_flops(cfg: DictConfig) -> StepFlops | None:
     except Exception as err:  # noqa: BLE001 -- a count that fails must not stop the run
         log.warning("model FLOPs not counted (the run reports no FLOPs): %s: %s", type(err).__name__, err)
         return None
-    h, work = cfg.get("hvp") or {}, METHODS[cfg.method.name].uncounted_selection_work
+    h, work = cfg.get("hvp") or {}, method_class(cfg.method.name).uncounted_selection_work
     if h.get("enabled") and h.get("mode") in LOSS_MODES and work:
         log.warning(
             "model FLOPs leave out %s's selection work outside its networks, %s: the run's FLOPs, and "

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ..analysis.callback import analysis_callbacks
 from ..analysis.live import live_gallery_callbacks
-from ..cluster.distributed import gather_per_rank, sync_batchnorm_plugins
+from ..cluster.distributed import sync_batchnorm_plugins
 from ..cluster.slurm import use_slurm_threads
 from ..cluster.waits import (
     StopWatch,
@@ -24,25 +24,36 @@ from ..cluster.waits import (
     end_descendants,
 )
 from ..config import check_options, has_budget, processes, validate
-from ..data.datamodule import SSLDataModule
+from ..data.datamodule import SSLDataModule, StaticColour, eval_roles, view_aug, view_augs
 from ..data.iou_policy import iou_policy
 from ..device import check_accelerator, device_line, local_processes, set_matmul_precision
 from ..errors import ConfigError
-from ..methods import METHODS, SSLMethod
-from ..nn.health import collapse_reason
+from ..methods import SSLMethod
+from ..monitors.health import collapse_reason
+from ..monitors.online import OnlineMonitors
 from ..run.atomic import atomic_write_text
 from ..run.directory import RunDir
 from ..run.epoch_metrics import EpochAggregates
 from ..run.perf import PerfMonitor
 from ..run.process_rank import env_rank
-from ..run.records import MonitorRecord, RunRecord, continue_csv_log, wandb_resume
+from ..run.records import RunRecord, continue_csv_log, wandb_resume
 from ..run.wandb_logging import WandbCharts, current_sweep_dir, run_names, wandb_logged_in
-from ..selection import hvp_config, hvp_summary
+from ..selection import hvp_summary
+from ..settings import HVP_OFF
 from ..warning_filters import quiet_console
 from .backbone_init import init_backbone
 from .budget import apply_budget
-from .checkpoint import AtomicCheckpointIO, RunCheckpoint, checkpoint_config, load_checkpoint, resume_checkpoint
+from .build import build_method, hvp_of, method_settings_of
+from .checkpoint import (
+    AtomicCheckpointIO,
+    RunCheckpoint,
+    RunConfig,
+    checkpoint_config,
+    load_checkpoint,
+    resume_checkpoint,
+)
 from .cost import run_step_flops
+from .counters import RunCounters
 from .preemption import StopOnSignal, cluster_plugins
 
 log = logging.getLogger(__name__)
@@ -122,8 +133,10 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]
     budget = apply_budget(cfg, step_flops, len(dm.train_set), stored)  # trainer.max_epochs from the FLOPs
     if budget is not None and iou_policy(cfg) != dm.iou_policy:  # its schedule spans the budget's epochs
         dm = data_module(cfg, wait_s)
-    model: SSLMethod = METHODS[cfg.method.name](cfg)
-    if (init_line := init_backbone(model, resuming=ckpt_path is not None)) and env_rank() == 0:
+    model = build_method(cfg)
+    if cfg.get("hvp") is not None and cfg.hvp.enabled and cfg.hvp.colour == "static":
+        model.static_colour = StaticColour(view_aug(cfg.data))  # the training step colours the chosen pair
+    if (init_line := init_backbone(model, cfg.backbone, resuming=ckpt_path is not None)) and env_rank() == 0:
         (log.warning if ckpt_path is not None else log.info)(init_line)
     trainer_kwargs: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
     sync_bn = sync_batchnorm_plugins(trainer_kwargs.pop("sync_batchnorm", "auto"), model)  # DDP only
@@ -135,6 +148,11 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]
         record.note_checkpoint_step,
     )
     perf = PerfMonitor(step_flops)
+    counters = RunCounters(dm.iou_policy)
+    roles = eval_roles(cfg.data)
+    monitors = OnlineMonitors(
+        roles, dm.num_classes, cfg.eval.knn_k, cfg.eval.knn_temperature, run_dir, lambda: counters.images_seen
+    )
     trainer = L.Trainer(
         **trainer_kwargs,
         default_root_dir=str(run_dir),
@@ -145,33 +163,34 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]
             EpochAggregates(),  # *_epoch values that survive a mid-epoch resume (run/epoch_metrics.py)
             checkpointer,
             record,
-            MonitorRecord(run_dir),
+            counters,
+            monitors,
+            RunConfig(cfg),
             StopOnSignal(checkpointer, record),
             *analysis_callbacks(cfg, run_dir),
             *live_gallery_callbacks(cfg),
             WandbCharts(),
         ],
         # without a labelled set the pass is the small held-out sample's alone: at every epoch's end
-        check_val_every_n_epoch=cfg.eval.every_n_epochs if "test" in model.eval_roles else 1,
+        check_val_every_n_epoch=cfg.eval.every_n_epochs if "test" in roles else 1,
         num_sanity_val_steps=0,
     )
     if trainer.is_global_zero:
         print(device_line(trainer.strategy.root_device, str(trainer.precision), trainer.world_size), flush=True)
     if cfg.eval.at_start and ckpt_path is None:  # the random-init reference: how far did pretraining move the features?
         trainer.validate(model, datamodule=dm, verbose=False)
-        model.knn_init = model.knn_result.get("top1")
-        model.monitor_init = {k: model.monitor_result[k] for k in MONITORS}
+        monitors.note_init()
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
-    if model.evaluated_step != trainer.global_step:  # the monitors always run on the final weights
+    if monitors.evaluated_step != trainer.global_step:  # the monitors always run on the final weights
         trainer.validate(model, datamodule=dm, verbose=False)
     # The last epoch's loss, mean over ranks: this session's, or the checkpoint's when a finished
     # run is resumed and trains nothing more.
     train_loss = checkpointer.train_loss
     record.beat(trainer, force=True)
-    summary = _summary(cfg, model, trainer, run_dir, record.total_seconds(), train_loss)
+    summary = _summary(cfg, model, monitors, counters, trainer, run_dir, record.total_seconds(), train_loss)
     summary["cost"] = perf.summary(summary["images_seen"], (summary.get("hvp") or {}).get("selected_samples", 0))
     summary["budget"] = budget.summary() if budget is not None else None
-    summary["knn_top1_init"] = model.knn_init
+    summary["knn_top1_init"] = monitors.knn_init
     summary["sync_batchnorm_layers"] = sync_bn[0].converted if sync_bn else 0
     if trainer.is_global_zero:
         atomic_write_text(run_dir.summary, json.dumps(summary, indent=2) + "\n")  # sweeps read it live
@@ -182,15 +201,15 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]
 
 def data_module(cfg: DictConfig, wait_s: float) -> SSLDataModule:
     """The run's data, set up for training."""
-    method_cls, hvp = METHODS[cfg.method.name], hvp_config(cfg)
+    hvp = hvp_of(cfg)
     dm = SSLDataModule(
         cfg.data,
-        method_cls.view_augs(cfg),
+        view_augs(method_settings_of(cfg).views(hvp or HVP_OFF), cfg.data),
         cfg.method.batch_size,
         cfg.data.num_workers,
         cfg.seed,
         iou_policy=iou_policy(cfg),
-        defer_colour=hvp.enabled and hvp.colour == "static",  # the training step colours the chosen pair
+        defer_colour=hvp is not None and hvp.enabled and hvp.colour == "static",  # the step colours the chosen pair
         wait_s=wait_s,
         processes=local_processes(cfg.trainer),  # data.num_workers: auto shares the machine's cores among them
     )
@@ -198,7 +217,7 @@ def data_module(cfg: DictConfig, wait_s: float) -> SSLDataModule:
     return dm
 
 
-MONITORS = ("rankme", "feature_std")  # the label-free monitors (hvp_lightning/nn/health.py)
+MONITORS = ("rankme", "feature_std")  # the label-free monitors (hvp_lightning/monitors/health.py)
 
 
 def final_line(summary: dict[str, Any]) -> str:
@@ -297,35 +316,42 @@ def monitor_summary(last: dict[str, Any], init: dict[str, float], history: list[
 
 
 def _summary(
-    cfg: DictConfig, model: SSLMethod, trainer: L.Trainer, run_dir: RunDir, seconds: float, train_loss: float | None
+    cfg: DictConfig,
+    model: SSLMethod,
+    monitors: OnlineMonitors,
+    counters: RunCounters,
+    trainer: L.Trainer,
+    run_dir: RunDir,
+    seconds: float,
+    train_loss: float | None,
 ) -> dict[str, Any]:
-    skipped = sorted(set().union(*gather_per_rank(sorted(model.skipped_files))))  # every rank's
+    skipped = counters.skipped()  # every rank's
+    num_classes = int(cfg.data.num_classes or 0)
     out: dict[str, Any] = {
         "method": cfg.method.name,
         "backbone": cfg.backbone.name,
         "dataset": cfg.data.name,
         "hvp_enabled": model.hvp.enabled,
-        "num_classes": model.num_classes,
-        "knn_top1": model.knn_result.get("top1"),
-        "knn_top5": model.knn_result.get("top5"),
-        "knn_queries": model.knn_result.get("queries"),  # distinct test images scored (all ranks')
-        "knn_chance": 1 / model.num_classes if model.num_classes else None,
-        "knn_history": model.knn_history,
-        **monitor_summary(model.monitor_result, model.monitor_init, model.monitor_history),
+        "num_classes": num_classes,
+        "knn_top1": monitors.knn_result.get("top1"),
+        "knn_top5": monitors.knn_result.get("top5"),
+        "knn_queries": monitors.knn_result.get("queries"),  # distinct test images scored (all ranks')
+        "knn_chance": 1 / num_classes if num_classes else None,
+        "knn_history": monitors.knn_history,
+        **monitor_summary(monitors.monitor_result, monitors.monitor_init, monitors.monitor_history),
         "train_loss": train_loss,
         "epochs": trainer.current_epoch,
         "steps": trainer.global_step,
-        "images_seen": model.images_seen,
+        "images_seen": counters.images_seen,
         "skipped_images": len(skipped),
         "skipped_files": skipped[:100],
         "seed": cfg.seed,
         "wall_time_s": round(seconds, 1),
         "run_dir": str(run_dir),
     }
-    if model.iou_policy is not None:  # fallback pairs of all ranks, over the whole run
-        fallbacks = trainer.strategy.reduce(model.iou_fallbacks.to(trainer.strategy.root_device).clone(), "sum")
-        last = model.iou_policy.threshold(max(0, trainer.current_epoch - 1))
-        out["iou_policy"] = {"fallback_pairs": int(fallbacks), "last_threshold": last}
+    if counters.iou_policy is not None:  # fallback pairs of all ranks, over the whole run
+        last = counters.iou_policy.threshold(max(0, trainer.current_epoch - 1))
+        out["iou_policy"] = {"fallback_pairs": counters.fallback_pairs(trainer), "last_threshold": last}
     totals = getattr(model, "hvp_totals", None)
     if model.hvp.enabled:
         if totals is not None:

@@ -70,16 +70,16 @@ def exported_backbone(model: Any, student: bool = False) -> tuple[Any, str]:
 
 def backbone_state_dict(ckpt: dict, student: bool = False) -> tuple[dict[str, torch.Tensor], dict]:
     """(trunk state_dict with the ``<module>.trunk.`` prefix stripped, description)."""
-    from .checkpoint import build_method
+    from .checkpoint import build_method, checkpoint_config
 
-    model = build_method(ckpt)
+    model, cfg = build_method(ckpt), checkpoint_config(ckpt)
     backbone, name = exported_backbone(model, student)
     prefix = name + ".trunk."
     state = {
         k[len(prefix) :]: v.detach().contiguous().clone() for k, v in ckpt["state_dict"].items() if k.startswith(prefix)
     }
-    cfg = model.cfg
     info = {
+        "config": cfg,
         "method": cfg.method.name,
         "backbone": cfg.backbone.name,
         "source_prefix": prefix,
@@ -170,11 +170,12 @@ def export_folder(
     from . import model_card as mc
 
     state, info = backbone_state_dict(ckpt, student)
-    model, backbone = info["model"], info["module"]
+    backbone = info["module"]
     weights = info["source_prefix"].removesuffix(".trunk.")
-    target = mc.timm_target(model.cfg.backbone, backbone.trunk)
-    record = mc.run_record(model.cfg, ckpt, summary, weights)
-    config = mc.export_config(target, backbone.feature_dim, model.cfg.data, record)
+    cfg = info["config"]
+    target = mc.timm_target(cfg.backbone, backbone.trunk)
+    record = mc.run_record(cfg, ckpt, summary, weights)
+    config = mc.export_config(target, backbone.feature_dim, cfg.data, record)
     # written beside OUT_DIR and checked there first: a folder that loads into other features is
     # never left behind, and a failed check leaves an earlier export in OUT_DIR as it was
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from hvp_lightning.data.masks import block_mask, ibot_masks
+from hvp_lightning.nn.masks import block_mask, ibot_masks
 
 
 def test_block_masks() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hvp_lightning.data.textures import TEXTURES, generate_textures, save_grid
-from hvp_lightning.nn.knn import knn_accuracy
+from hvp_lightning.monitors.knn import knn_accuracy
 
 
 def test_generation_is_deterministic_per_seed_and_balanced():

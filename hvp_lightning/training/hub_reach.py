@@ -1,6 +1,6 @@
 """Whether a hub's released weights can be had here, torch-free: start-up asks it before the heavy
 imports, so that ``backbone.init=timm:<name>`` without a network fails in seconds, not after the
-imports, the data scan and the hub clients' minute of retries (hvp_lightning/nn/weights.py
+imports, the data scan and the hub clients' minute of retries (hvp_lightning/training/weights.py
 downloads; this only asks)."""
 
 from __future__ import annotations

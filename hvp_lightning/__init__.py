@@ -1,25 +1,26 @@
 """hvp-lightning: Hard View Pretraining (Ferreira et al., ICLR 2025) for PyTorch Lightning.
 
-The public API, importable from the top level::
+The library, importable from the top level::
 
-    from hvp_lightning import HardViewMixin, SimSiam, SimCLR, DINO, IBOT
-    from hvp_lightning import simsiam_pair_table, choose, pair_index
+    from hvp_lightning import HVP, SimCLR, DINO
+    model = SimCLR(backbone, temperature=0.2, hvp=HVP(num_views=4))  # a LightningModule
 
-Methods (LightningModules, equal to the original methods with HVP off): :class:`SimSiam`,
-:class:`SimCLR`, :class:`DINO`, :class:`IBOT`, :class:`BYOL`, :class:`MoCoV3`, :class:`VICReg`,
-:class:`BarlowTwins`. Selection:
-:class:`HardViewMixin` (a host provides ``candidate_scores``, ``ssl_step`` and, for non-pair batches, ``select_views``;
-the whole list: docs/methods.md), :class:`CandidateScores` (a table and what ``select_views`` needs of its pass),
-:class:`HVPConfig`, :func:`choose`, :func:`pair_index`, :func:`global_pair_index`,
-:func:`gather_pairs`, :func:`frozen_state`, :func:`dino_combination_table` (the multi-crop
-search over a DINO cross-entropy table); all in :mod:`hvp_lightning.selection`. Per-sample
-losses and candidate tables (pure functions of torch tensors, :mod:`hvp_lightning.losses`):
-:func:`simsiam_loss`, :func:`simsiam_pair_table`, :func:`nt_xent_loss`,
-:func:`simclr_pair_table`, :func:`dino_loss`, :func:`dino_ce_table`, :func:`ibot_loss`,
-:func:`ibot_pair_table`, :func:`byol_loss`, :func:`byol_pair_table`, :func:`mocov3_loss`,
-:func:`mocov3_pair_table`, :func:`vicreg_loss`, :func:`vicreg_pair_table`, :func:`barlow_twins_loss`,
-:func:`barlow_twins_pair_table` (batch losses: leave-one-out tables, docs/DESIGN.md). Errors:
-:class:`ConfigError`. See ``examples/custom_method.py`` for the mixin on your own module.
+Methods (LightningModules, equal to the original methods with HVP off, built from any backbone
+and their typed settings): :class:`SimSiam`, :class:`SimCLR`, :class:`DINO`, :class:`IBOT`,
+:class:`BYOL`, :class:`MoCoV3`, :class:`VICReg`, :class:`BarlowTwins`, each with its settings
+class (:class:`SimCLRSettings`, ...: every key's type, range, default and doc). Settings:
+:class:`HVP`, :class:`Optimizer`, :class:`ViewSpec` (what a method asks its loader for),
+:class:`Settings` and :class:`SettingError`. Selection: :class:`HardViewMixin` (a host provides
+``candidate_scores``, ``ssl_step`` and, for non-pair batches, ``select_views``; the whole list:
+docs/methods.md), :class:`CandidateScores`, :func:`choose`, :func:`pair_index`,
+:func:`global_pair_index`, :func:`gather_pairs`, :func:`frozen_state`,
+:func:`dino_combination_table`. Per-sample losses and candidate tables (pure functions of torch
+tensors, :mod:`hvp_lightning.losses`): :func:`simsiam_loss`, :func:`simsiam_pair_table`,
+:func:`nt_xent_loss`, :func:`simclr_pair_table`, :func:`dino_loss`, :func:`dino_ce_table`,
+:func:`ibot_loss`, :func:`ibot_pair_table`, :func:`byol_loss`, :func:`byol_pair_table`,
+:func:`mocov3_loss`, :func:`mocov3_pair_table`, :func:`vicreg_loss`, :func:`vicreg_pair_table`,
+:func:`barlow_twins_loss`, :func:`barlow_twins_pair_table`. See ``examples/`` for the library with
+a plain ``lightning.Trainer``.
 
 Names are imported on first use, so ``import hvp_lightning`` stays cheap (no torch import).
 """
@@ -29,22 +30,23 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .settings import method_settings
+
 __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "SimSiam": "hvp_lightning.methods.simsiam",
-    "SimCLR": "hvp_lightning.methods.simclr",
-    "DINO": "hvp_lightning.methods.dino",
-    "IBOT": "hvp_lightning.methods.ibot",
-    "BYOL": "hvp_lightning.methods.byol",
-    "MoCoV3": "hvp_lightning.methods.mocov3",
-    "VICReg": "hvp_lightning.methods.vicreg",
-    "BarlowTwins": "hvp_lightning.methods.barlow_twins",
     "SSLMethod": "hvp_lightning.methods.base",
     "METHODS": "hvp_lightning.methods",
-    "HardViewMixin": "hvp_lightning.selection",
+    "method_class": "hvp_lightning.methods",
+    "HVP": "hvp_lightning.settings",
     "HVPConfig": "hvp_lightning.selection",
+    "Optimizer": "hvp_lightning.settings",
+    "ViewSpec": "hvp_lightning.settings",
+    "Settings": "hvp_lightning.settings",
+    "SettingError": "hvp_lightning.settings",
+    "Backbone": "hvp_lightning.nn.backbones",
+    "HardViewMixin": "hvp_lightning.selection",
     "CandidateScores": "hvp_lightning.selection",
     "choose": "hvp_lightning.selection",
     "pair_index": "hvp_lightning.selection",
@@ -70,16 +72,25 @@ _EXPORTS = {
     "barlow_twins_pair_table": "hvp_lightning.losses",
     "ConfigError": "hvp_lightning.errors",
 }
+# every method's LightningModule and settings class, by their names (SimCLR, SimCLRSettings): from
+# the registry, which reads the torch-free settings only
+_SETTINGS = {cls.__name__: cls for cls in method_settings().values()}
+_METHODS = {name.removesuffix("Settings"): cls.name for name, cls in _SETTINGS.items()}
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = ["__version__", *_EXPORTS, *_METHODS, *_SETTINGS]
 
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value  # cache: later lookups skip this function
-        return value
-    raise AttributeError(f"module 'hvp_lightning' has no attribute {name!r}")
+    elif name in _SETTINGS:
+        value = _SETTINGS[name]
+    elif name in _METHODS:
+        value = importlib.import_module("hvp_lightning.methods").method_class(_METHODS[name])
+    else:
+        raise AttributeError(f"module 'hvp_lightning' has no attribute {name!r}")
+    globals()[name] = value  # cache: later lookups skip this function
+    return value
 
 
 def __dir__() -> list[str]:

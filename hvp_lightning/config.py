@@ -40,6 +40,7 @@ from .data.layout import (
     training_images,
 )
 from .errors import ConfigError
+from .hub_reach import hub_out_of_reach
 from .run.directory import RunDir, resolve_checkpoint
 from .schema import (
     AUTO_PRECISIONS,
@@ -60,7 +61,6 @@ from .schema import (
 )
 from .schema.base import strip_unknown
 from .settings import HVP, SettingError, method_settings, selection_side
-from .training.hub_reach import hub_out_of_reach
 
 log = logging.getLogger(__name__)
 
@@ -580,8 +580,8 @@ def check_timm_backbone(cfg: DictConfig) -> None:
     need for a ViT with a class token, and the model run at every crop size of the run (a ViT's
     patch size, a fixed input size, kernels larger than the image; a pooled ``[batch, features]``
     output). The model is built and run on the meta device: no memory, no initialisation, no compute."""
+    from .backbone_checks import meta_output_shape, meta_timm, runs_on_meta, timm_layout, timm_size_fix
     from .nn.backbones import check_timm_name
-    from .training.backbones import meta_output_shape, meta_timm, runs_on_meta, timm_layout, timm_size_fix
 
     b, m = cfg.backbone, cfg.method
     try:
@@ -720,7 +720,7 @@ def nondeterministic_cuda_backward(cfg: DictConfig) -> str | None:
     b, m = cfg.backbone, cfg.method
     family, img_size = backbone_family(b), b.get("img_size")
     if family == TIMM_FAMILY:
-        from .training.backbones import timm_layout
+        from .backbone_checks import timm_layout
 
         layout = timm_layout(b)
         if layout.patch_size is None:

@@ -465,3 +465,28 @@ def hub_weights_cached(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     for name in ("vit_small_patch16_224.dino",):
         (cache / f"models--timm--{name}").mkdir()
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+
+
+def build(cfg: DictConfig):
+    """The method of a (composed) training config, as train.py builds it: its settings, HVP's
+    and its backbone from the config (hvp_lightning/training/build.py)."""
+    from hvp_lightning.training.build import build_method
+
+    return build_method(cfg)
+
+
+def augs_of(cfg: DictConfig) -> tuple:
+    """The view augmentation of each view the config's method asks its loader for."""
+    from hvp_lightning.data.datamodule import view_augs
+    from hvp_lightning.settings import HVP_OFF
+    from hvp_lightning.training.build import hvp_of, method_settings_of
+
+    return view_augs(method_settings_of(cfg).views(hvp_of(cfg) or HVP_OFF), cfg.data)
+
+
+def counts_of(cfg: DictConfig) -> tuple[int, int]:
+    """(G global, L local) views per image of a multi-crop method's config."""
+    from hvp_lightning.settings import HVP_OFF
+    from hvp_lightning.training.build import hvp_of, method_settings_of
+
+    return method_settings_of(cfg).candidate_counts(hvp_of(cfg) or HVP_OFF)

@@ -24,14 +24,12 @@ from torch.utils.data import DataLoader, Dataset
 from hvp_lightning.config import ConfigError, validate
 from hvp_lightning.losses import nt_xent_loss
 from hvp_lightning.methods import METHODS, SSLMethod
-from hvp_lightning.methods.dino import DINO
-from hvp_lightning.methods.simsiam import SimSiam
 from hvp_lightning.nn import teacher as teacher_module
 from hvp_lightning.nn.optim import warmup_cosine
 from hvp_lightning.nn.teacher import cosine_momentum, teacher_temperature
 from hvp_lightning.training.driver import run
 
-from .conftest import make_cfg
+from .conftest import augs_of, build, counts_of, make_cfg
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:.*(does not have many workers|smaller than the logging interval|but have no `val_dataloader`).*"
@@ -67,12 +65,12 @@ class FixedViews(Dataset):
     iBOT, fixed masks per global view: the same data in the same order for every run."""
 
     def __init__(self, cfg: DictConfig, n: int, seed: int = 0) -> None:
-        method, g = METHODS[cfg.method.name], torch.Generator().manual_seed(seed)
-        self.views = [torch.randn(n, 3, a.size, a.size, generator=g) for a in method.view_augs(cfg)]
+        g = torch.Generator().manual_seed(seed)
+        self.views = [torch.randn(n, 3, a.size, a.size, generator=g) for a in augs_of(cfg)]
         self.masks: list[torch.Tensor] = []
         if cfg.method.name == "ibot":
             side = cfg.data.crop_size // cfg.backbone.patch_size
-            self.masks = [torch.rand(n, side, side, generator=g) < 0.5 for _ in range(method.view_counts(cfg)[0])]
+            self.masks = [torch.rand(n, side, side, generator=g) < 0.5 for _ in range(counts_of(cfg)[0])]
 
     def __len__(self) -> int:
         return self.views[0].shape[0]
@@ -103,11 +101,11 @@ def fit(
     return trainer
 
 
-def twin_models(cls: type[SSLMethod], overrides: list[str], batch: int, k: int) -> tuple[SSLMethod, SSLMethod]:
+def twin_models(overrides: list[str], batch: int, k: int) -> tuple[SSLMethod, SSLMethod]:
     """(accumulating model at batch ``batch``, reference at ``k * batch``), identical weights."""
     torch.manual_seed(0)
-    acc = cls(make_cfg(*overrides, f"method.batch_size={batch}", tiny=False))
-    ref = cls(make_cfg(*overrides, f"method.batch_size={k * batch}", tiny=False))
+    acc = build(make_cfg(*overrides, f"method.batch_size={batch}", tiny=False))
+    ref = build(make_cfg(*overrides, f"method.batch_size={k * batch}", tiny=False))
     ref.load_state_dict(acc.state_dict())
     return acc, ref
 
@@ -144,9 +142,9 @@ def test_dino_accumulation_equals_large_batch(method: str, hvp: bool) -> None:
     per step. With HVP the hard choice of micro-batch 2 saw the same centre as micro-batch 1.
     (iBOT gets fixed masks from the data: its own are seeded per micro-batch.)"""
     overrides = [f"method={method}_cifar", *DINO_TINY[1:]] + (["+hvp=on"] if hvp else [])
-    acc, ref = twin_models(METHODS[method], overrides, batch=4, k=2)
+    acc, ref = twin_models(overrides, batch=4, k=2)
     start = {k: v.clone() for k, v in acc.state_dict().items()}
-    data = FixedViews(acc.cfg, 16)
+    data = FixedViews(make_cfg(*overrides, tiny=False), 16)
     acc_losses, ref_losses = record_losses(acc), record_losses(ref)
     t_acc, t_ref = fit(acc, data, batch=4, k=2), fit(ref, data, batch=8, k=1)
     assert t_acc.global_step == t_ref.global_step == 2
@@ -200,12 +198,12 @@ def test_batchnorm_methods_accumulate_like_ghost_batches(name: str) -> None:
         n = batch["label"].shape[0] // 2
         return sum(cls.training_step(self, _half(batch, i, n), batch_idx) for i in range(2)) / 2
 
-    acc, _ = twin_models(cls, overrides, batch=4, k=2)
-    ghost_cls = type("Ghost", (cls,), {"training_step": ghost_step})
-    ghost = ghost_cls(make_cfg(*overrides, "method.batch_size=8", tiny=False))
+    acc, _ = twin_models(overrides, batch=4, k=2)
+    ghost = build(make_cfg(*overrides, "method.batch_size=8", tiny=False))
+    ghost.__class__ = type("Ghost", (cls,), {"training_step": ghost_step})  # the same module, its step in halves
     ghost.load_state_dict(acc.state_dict())
     start = {k: v.clone() for k, v in acc.state_dict().items()}
-    data = FixedViews(acc.cfg, 16)
+    data = FixedViews(make_cfg(*overrides, tiny=False), 16)
     fit(acc, data, batch=4, k=2)
     fit(ghost, data, batch=8, k=1)
     assert_same_state(acc, ghost, start)
@@ -255,7 +253,7 @@ def test_schedules_advance_per_optimizer_step(monkeypatch: pytest.MonkeyPatch) -
         tiny=False,
     )
     torch.manual_seed(0)
-    model = DINO(cfg)
+    model = build(cfg)
     recorder = StepRecorder()
     trainer = fit(model, FixedViews(cfg, 16), batch=2, k=2, epochs=2, callbacks=(recorder,))
     total, opt = 8, cfg.method.optimizer
@@ -280,7 +278,7 @@ def test_schedules_advance_per_optimizer_step(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_micro_batches_of_one_step_draw_different_random_choices() -> None:
-    model = DINO(make_cfg(*DINO_TINY, "+hvp=on", "hvp.mode=random", tiny=False))
+    model = build(make_cfg(*DINO_TINY, "+hvp=on", "hvp.mode=random", tiny=False))
     draws = []
     for batch_idx in (0, 1):  # same global_step, two micro-batches
         model.hvp_batch_idx = batch_idx
@@ -338,9 +336,9 @@ def test_fp16_grad_scaler_clips_unscaled_gradients() -> None:
     there): DINO's per-parameter clipping runs after ``unscale_``, so one accumulated step
     moves the weights as the fp32 step does (scaled gradients would have been clipped to the
     same norm and then divided by the scale: a 256x smaller step)."""
-    fp16, fp32 = twin_models(DINO, DINO_TINY, batch=4, k=1)
+    fp16, fp32 = twin_models(DINO_TINY, batch=4, k=1)
     start = {k: v.clone() for k, v in fp16.state_dict().items()}
-    data = FixedViews(fp16.cfg, 8)
+    data = FixedViews(make_cfg(*DINO_TINY, tiny=False), 8)
     scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
     t16 = fit(fp16, data, batch=4, k=2, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
     fit(fp32, data, batch=4, k=2)
@@ -356,13 +354,13 @@ def test_fp32_selection_and_losses_under_autocast() -> None:
     """hvp.selection_precision=fp32 means fp32 inside a bf16-mixed training step too, and the
     losses the methods optimise come out in fp32."""
     cfg = make_cfg(*DINO_TINY, "+hvp=on", tiny=False)
-    model = DINO(cfg).train()
+    model = build(cfg).train()
     batch = next(iter(DataLoader(FixedViews(cfg, 3), batch_size=3)))
     ref = model.score_candidates(batch)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(model.score_candidates(batch).table, ref.table)
         assert model.ssl_step(model.select_views(batch, ref.table.argmax(1), ref.context), 0).dtype == torch.float32
-    simsiam = SimSiam(make_cfg("backbone.width=4")).train()
+    simsiam = build(make_cfg("backbone.width=4")).train()
     views = [torch.randn(4, 3, 16, 16) for _ in range(2)]
     z1, z2 = torch.randn(2, 6, 8).unbind()
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from hvp_lightning.config import ConfigError, validate
-from hvp_lightning.methods import METHODS
+
+from .conftest import augs_of, build
 
 VIT_TINY = [
     "backbone=vit_tiny",
@@ -31,7 +32,7 @@ VIT_TINY = [
 def random_batch(model: torch.nn.Module, cfg, n: int = 4) -> dict:
     """A seeded batch of random views at ``model``'s crop sizes."""
     gen = torch.Generator().manual_seed(0)
-    views = [torch.randn(n, 3, a.size, a.size, generator=gen) for a in type(model).view_augs(cfg)]
+    views = [torch.randn(n, 3, a.size, a.size, generator=gen) for a in augs_of(cfg)]
     return {"views": views, "label": torch.zeros(n, dtype=torch.long)}
 
 
@@ -50,7 +51,7 @@ def test_compiled_hvp_step_equals_eager_and_compiles_two_graphs(cfg_factory) -> 
     counters.clear()
     cfg = cfg_factory("+hvp=on", "hvp.num_views=4", "method.compile=true", "method.batch_size=8")
     torch.manual_seed(0)
-    eager = METHODS["simsiam"](cfg)
+    eager = build(cfg)
     compiled = copy.deepcopy(eager)
     compiled.configure_model()
     assert compiled.compiled_modules == ["backbone"]
@@ -102,7 +103,7 @@ def test_ibot_global_crops_run_compiled_blocks(cfg_factory, monkeypatch, backend
     def build(*extra: str) -> tuple[torch.nn.Module, torch.nn.Module, dict]:
         cfg = cfg_factory("method=ibot_cifar", *VIT_TINY, "+hvp=on", "backbone.depth=2", *extra, tiny=False)
         torch.manual_seed(0)
-        eager = METHODS["ibot"](cfg)
+        eager = build(cfg)
         compiled = copy.deepcopy(eager)
         compiled.configure_model()
         for model, m in (("eager", eager), ("compiled", compiled)):
@@ -152,7 +153,7 @@ def test_multicrop_compiles_stay_under_the_recompile_limit(cfg_factory, monkeypa
     cfg = cfg_factory(
         f"method={method}_cifar", *VIT_TINY, "+hvp=on", "backbone.depth=3", "backbone.drop_path_rate=0.3", tiny=False
     )
-    model = METHODS[method](cfg)
+    model = build(cfg)
     model.configure_model()
     batch = random_batch(model, cfg)
     with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):

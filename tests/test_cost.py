@@ -13,11 +13,11 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from hvp_lightning.data.datamodule import SSLDataModule
-from hvp_lightning.training.flops import FlopMeter, model_flops
 from hvp_lightning.run.perf import PHASES, PerfMonitor, StepFlops, Timeline, batch_images, peak_flops
 from hvp_lightning.training.cost import count_step_flops, run_step_flops
+from hvp_lightning.training.flops import FlopMeter, model_flops
 
-from .conftest import make_cfg
+from .conftest import build, make_cfg
 from .test_device_guard import VIT
 
 
@@ -72,10 +72,9 @@ def test_dino_step_flops_by_hand() -> None:
     global candidates and the student on them and the Lc local candidates: 2 G g + Lc l."""
     cfg = make_cfg("method=dino_cifar", *VIT, "+hvp=on", "hvp.num_views=4")
     counted = count_step_flops(cfg)
-    from hvp_lightning.methods import METHODS
 
     with torch.device("meta"):
-        dino = METHODS["dino"](cfg)
+        dino = build(cfg)
     per_view = {}
     for name, size in (("global", 16), ("local", 8)):
         x = torch.zeros(2, 3, size, size, device="meta")

@@ -26,11 +26,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hvp_lightning.cluster.distributed import CpuSyncBatchNorm, SyncBatchNormPlugin, sync_batchnorm_plugins
 from hvp_lightning.config import ConfigError, validate
-from hvp_lightning.methods import METHODS
 from hvp_lightning.nn.teacher import Centering
 
 from ._ddp import run_ranks
-from .conftest import REPO, images_run, make_cfg, score_and_assert_stateless, write_images
+from .conftest import REPO, augs_of, build, images_run, make_cfg, score_and_assert_stateless, write_images
 
 pytestmark = (
     pytest.mark.serial
@@ -79,7 +78,7 @@ def _one_step(
     """One training step (selection + loss + backward + DINO's centre step) of this rank's
     share; with world > 1 the model has synchronised BatchNorm (as train.py's plugin converts
     it) and DDP averages the gradients."""
-    model = METHODS[cfg.method.name](cfg).to(batch["views"][0].dtype)  # fp64 cases: see CASES
+    model = build(cfg).to(batch["views"][0].dtype)  # fp64 cases: see CASES
     model.load_state_dict(state)
     model.train()
     if world > 1:
@@ -111,9 +110,9 @@ def _case(
     cfg: DictConfig, b: int, seed: int, dtype: torch.dtype = torch.float32
 ) -> tuple[DictConfig, dict[str, torch.Tensor], dict[str, Any]]:
     torch.manual_seed(seed)
-    model = METHODS[cfg.method.name](cfg).to(dtype)
+    model = build(cfg).to(dtype)
     g = torch.Generator().manual_seed(seed)
-    views = [torch.randn(b, 3, a.size, a.size, generator=g).to(dtype) for a in type(model).view_augs(cfg)]
+    views = [torch.randn(b, 3, a.size, a.size, generator=g).to(dtype) for a in augs_of(cfg)]
     batch = {"views": views, "label": torch.zeros(b, dtype=torch.long), "index": torch.arange(b)}
     return cfg, model.state_dict(), batch
 
@@ -186,7 +185,7 @@ def test_ddp_step_equals_single_process_with_global_batch(ddp_vs_single, case: s
         assert ranks[0]["sync_bn"] == 0
     else:
         cfg = make_cfg(f"method={case}_cifar", *RESNET)
-        assert ranks[0]["sync_bn"] == sum(isinstance(m, _BatchNorm) for m in METHODS[case](cfg).modules()) > 0
+        assert ranks[0]["sync_bn"] == sum(isinstance(m, _BatchNorm) for m in build(cfg).modules()) > 0
 
 
 # --- SyncBatchNorm conversion -----------------------------------------------------------------
@@ -197,7 +196,7 @@ def test_sync_batchnorm_auto_converts_resnet_and_bn_heads_not_vit() -> None:
     backbone and heads, become :class:`CpuSyncBatchNorm` -- DDP refuses torch's SyncBatchNorm
     there; revert restores plain BatchNorm with the same tensors), none for a BN-free ViT;
     ``true``/``false`` force it."""
-    resnet = METHODS["simsiam"](make_cfg(*RESNET))
+    resnet = build(make_cfg(*RESNET))
     n_bn = sum(isinstance(m, _BatchNorm) for m in resnet.modules())
     assert n_bn > sum(isinstance(m, _BatchNorm) for m in resnet.backbone.modules()) > 0  # heads have BN too
     (plugin,) = sync_batchnorm_plugins("auto", resnet)
@@ -209,11 +208,11 @@ def test_sync_batchnorm_auto_converts_resnet_and_bn_heads_not_vit() -> None:
     reverted = plugin.revert(converted)
     assert not any(isinstance(m, (nn.SyncBatchNorm, CpuSyncBatchNorm)) for m in reverted.modules())
     assert sum(isinstance(m, _BatchNorm) for m in reverted.modules()) == n_bn
-    on_gpu = METHODS["simsiam"](make_cfg(*RESNET))  # a GPU strategy gets torch's SyncBatchNorm kernel
+    on_gpu = build(make_cfg(*RESNET))  # a GPU strategy gets torch's SyncBatchNorm kernel
     on_gpu.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 0)))  # type: ignore[assignment]
     converted = plugin.apply(on_gpu)
     assert plugin.converted == n_bn == sum(type(m) is nn.SyncBatchNorm for m in converted.modules())
-    vit = METHODS["dino"](make_cfg("method=dino_cifar", *VIT, tiny=False))
+    vit = build(make_cfg("method=dino_cifar", *VIT, tiny=False))
     assert sync_batchnorm_plugins("auto", vit) == [] and sync_batchnorm_plugins(False, resnet) == []
     assert isinstance(sync_batchnorm_plugins(True, vit)[0], SyncBatchNormPlugin)
 
@@ -271,7 +270,7 @@ def test_lr_scales_with_global_batch(preset: str) -> None:
     for every parameter group (the papers' linear rule); the cosine ends at the absolute
     min_lr for DINO/iBOT (their min_lr=1e-6 at any batch) and at final_lr_ratio x peak else."""
     cfg = validate(make_cfg(f"method={preset}", *_small(preset), "data.train_size=4096", tiny=False))
-    model = METHODS[cfg.method.name](cfg)
+    model = build(cfg)
     model.trainer = SimpleNamespace(
         world_size=8, accumulate_grad_batches=2, estimated_stepping_batches=1000, max_epochs=100
     )  # type: ignore[assignment]
@@ -329,7 +328,7 @@ def _method_in_ddp(rank: int, world: int, cfg: DictConfig) -> Any:
     """The method attached, as ``fit`` attaches it, to a DDP trainer of ``world`` CPU processes
     in which it is rank ``rank`` (run_ranks' process group): the mixin gathers its run totals
     through Lightning. One process: no trainer (a checkpoint read for evaluation)."""
-    model = METHODS[cfg.method.name](cfg)
+    model = build(cfg)
     if world > 1:
         os.environ["LOCAL_RANK"] = str(rank)  # this forked process's rank, as torchrun would say
         model.trainer = L.Trainer(
@@ -461,7 +460,7 @@ def _check_world_size_two(method: str, summary: dict[str, Any], stdout: str) -> 
 
 def _bn_layers(method: str) -> int:
     cfg = make_cfg(*(o for o in METHOD_OVERRIDES[method]), "+hvp=on", tiny=False)
-    return sum(isinstance(m, _BatchNorm) for m in METHODS[cfg.method.name](cfg).modules())
+    return sum(isinstance(m, _BatchNorm) for m in build(cfg).modules())
 
 
 @pytest.mark.slow  # train.py on 2 processes: ~25 s on 2 cores

@@ -13,7 +13,7 @@ from hvp_lightning.device import auto_precision, device_line
 from hvp_lightning.errors import ConfigError
 from hvp_lightning.training.driver import final_line, monitor_summary
 
-from .conftest import make_cfg
+from .conftest import augs_of, build, make_cfg
 
 VIT = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=16"]
 
@@ -127,7 +127,6 @@ def test_deterministic_rule_matches_the_ops_the_network_runs(overrides):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from hvp_lightning.config import nondeterministic_cuda_backward
-    from hvp_lightning.methods import METHODS
 
     class Ops(TorchDispatchMode):
         def __init__(self) -> None:
@@ -139,9 +138,9 @@ def test_deterministic_rule_matches_the_ops_the_network_runs(overrides):
             return func(*args, **(kwargs or {}))
 
     cfg = make_cfg(*overrides)
-    model = METHODS[cfg.method.name](cfg)
+    model = build(cfg)
     with Ops() as ops:
-        for aug in type(model).view_augs(cfg):
+        for aug in augs_of(cfg):
             model.backbone(torch.randn(2, 3, aug.size, aug.size)).float().sum().backward()
     hits = sorted(ops.names & set(CUDA_NONDETERMINISTIC_BACKWARD))
     assert bool(hits) == (nondeterministic_cuda_backward(cfg) is not None), hits

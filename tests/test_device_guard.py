@@ -24,11 +24,10 @@ from torch.utils._pytree import tree_flatten
 from hvp_lightning.analysis.callback import head_views, pair_table, step_statistics
 from hvp_lightning.data.datamodule import SSLDataModule
 from hvp_lightning.evaluation.probe import Classifier
-from hvp_lightning.methods import METHODS
 from hvp_lightning.monitors.knn import knn_scores
 from hvp_lightning.selection import pair_index
 
-from .conftest import make_cfg
+from .conftest import augs_of, build, make_cfg
 
 aten = torch.ops.aten
 COPIES = {aten._to_copy.default, aten.copy_.default, aten._copy_from.default, aten._copy_from_and_resize.default}
@@ -124,8 +123,7 @@ def test_guard_applies_cuda_rules(fake_gpu: DeviceMixGuard) -> None:
 
 def one_batch(cfg) -> dict[str, Any]:
     """A real training batch (views, augmentation params, labels, indices) from the data module."""
-    cls = METHODS[cfg.method.name]
-    dm = SSLDataModule(cfg.data, cls.view_augs(cfg), cfg.method.batch_size, 0, cfg.seed)
+    dm = SSLDataModule(cfg.data, augs_of(cfg), cfg.method.batch_size, 0, cfg.seed)
     dm.setup("fit")
     return next(iter(dm.train_dataloader()))
 
@@ -141,7 +139,7 @@ def test_training_step_keeps_tensors_on_the_data_device(
     cfg = make_cfg(
         *METHOD_OVERRIDES[method], *HVP[hvp], "method.batch_size=4", "data.train_size=8", "data.crop_size=16"
     )
-    model = METHODS[method](cfg).to(FAKE).train()
+    model = build(cfg).to(FAKE).train()
     batch = move_data_to_device(one_batch(cfg), FAKE)
     if hvp == "off_step":  # global_step is 0 without a Trainer: force the step between HVP steps
         monkeypatch.setattr(model, "hvp_active", lambda: False)

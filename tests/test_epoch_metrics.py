@@ -15,7 +15,7 @@ from torch.utils.data import Dataset
 
 from hvp_lightning.data.sampler import EpochSampler, ResumableLoader
 from hvp_lightning.run.directory import RunDir
-from hvp_lightning.run.epoch_metrics import EpochAggregates, log_epoch_value
+from hvp_lightning.run.epoch_metrics import EpochAggregates, epoch_aggregates
 from hvp_lightning.training.checkpoint import RunCheckpoint
 
 STEPS = 6  # batches an epoch
@@ -50,7 +50,8 @@ class Logs(L.LightningModule):
 
     def log(self, name: str, value, **kwargs) -> None:
         """As a host does it (SSLMethod.log): the trainer's EpochAggregates takes what it keeps."""
-        if not log_epoch_value(self, name, value, kwargs):
+        aggregates = epoch_aggregates(self.trainer)
+        if aggregates is None or not aggregates.take_log(self, name, value, kwargs):
             super().log(name, value, **kwargs)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:

@@ -23,14 +23,14 @@ from hvp_lightning.errors import CheckpointError
 from hvp_lightning.evaluation import evaluate
 from hvp_lightning.evaluation.features import FeatureNet, eval_precision
 from hvp_lightning.evaluation.probe import Classifier, fit_classifier, lars_growth_bound, warn_if_lars_cannot_fit
-from hvp_lightning.nn.backbones import build_resnet, build_vit
 from hvp_lightning.monitors.knn import knn_accuracies, knn_accuracy
+from hvp_lightning.nn.backbones import build_resnet, build_vit
 from hvp_lightning.run.directory import eval_variant
 from hvp_lightning.training import export
 from hvp_lightning.training.checkpoint import pretrained_for
 from hvp_lightning.training.driver import run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, eval_cfg, help_groups, make_cfg, run_cli, write_images
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, build, eval_cfg, help_groups, make_cfg, run_cli, write_images
 
 DINO = [
     "method=dino_cifar",
@@ -563,14 +563,13 @@ def test_checkpoint_paths_with_equals_parse_as_typed(tmp_path, script, key, refu
 @pytest.fixture(scope="module")
 def resnet18_checkpoint(tmp_path_factory):
     """A width-64 ImageNet-stem SimSiam checkpoint with non-trivial BatchNorm statistics: (model, file)."""
-    from hvp_lightning.methods import SimSiam
 
     tmp_path = tmp_path_factory.mktemp("resnet18")
 
     cfg = make_cfg("backbone=resnet18", "backbone.width=64", "data.crop_size=32")
     with open_dict(cfg):
         cfg.data.num_classes = 10
-    model = SimSiam(cfg)
+    model = build(cfg)
     for name, buf in model.named_buffers():
         if name.endswith(("running_mean", "running_var")):
             buf.copy_(torch.rand_like(buf) + 0.5)
@@ -642,7 +641,10 @@ def test_export_folder_loads_strictly_in_timm_with_the_runs_features(resnet18_ch
     import yaml
     from safetensors.torch import load_file
 
+    from hvp_lightning.training.checkpoint import checkpoint_config, load_checkpoint
+
     model, ckpt = resnet18_checkpoint
+    run_cfg = checkpoint_config(load_checkpoint(ckpt))
     out = tmp_path / "export"
     assert export.main([str(ckpt), str(out)]) == 0
     printed = capsys.readouterr().out
@@ -665,9 +667,9 @@ def test_export_folder_loads_strictly_in_timm_with_the_runs_features(resnet18_ch
     assert {k: tuple(v) if isinstance(v, list | tuple) else v for k, v in data.items()} == {
         "input_size": (3, 32, 32),
         "interpolation": "bilinear",
-        "mean": tuple(model.cfg.data.mean),
-        "std": tuple(model.cfg.data.std),
-        "crop_pct": model.cfg.data.eval_crop_ratio,
+        "mean": tuple(run_cfg.data.mean),
+        "std": tuple(run_cfg.data.std),
+        "crop_pct": run_cfg.data.eval_crop_ratio,
         "crop_mode": "center",
     }
     card = (out / "README.md").read_text()
@@ -685,9 +687,10 @@ def test_export_folder_vit_teacher_student_and_narrow_resnet(dino_run, simsiam_r
     import timm
     from safetensors.torch import load_file
 
-    from hvp_lightning.training.checkpoint import build_method, load_checkpoint
+    from hvp_lightning.training.checkpoint import build_method, checkpoint_config, load_checkpoint
 
     model = build_method(load_checkpoint(dino_run / "checkpoints" / "last.ckpt"))
+    run_cfg = checkpoint_config(load_checkpoint(dino_run / "checkpoints" / "last.ckpt"))
     x = _fixed_batch(32)
     for flag, reference in (([], model.eval_backbone), (["--student"], model.backbone)):
         out = tmp_path / f"vit{flag}"
@@ -703,7 +706,7 @@ def test_export_folder_vit_teacher_student_and_narrow_resnet(dino_run, simsiam_r
         summary = json.loads((dino_run / "summary.json").read_text())
         assert config["hvp"]["knn"]["top1"] == summary["knn_top1"]
         assert config["hvp"]["images_seen"] == summary["images_seen"] and config["hvp"]["epochs"] == summary["epochs"]
-        hvp = model.cfg.get("hvp")  # this run: HVP off, no hvp block
+        hvp = run_cfg.get("hvp")  # this run: HVP off, no hvp block
         assert config["hvp"]["hvp_settings"] == (None if hvp is None else OmegaConf.to_container(hvp))
 
     run_dir, _ = simsiam_run
@@ -792,12 +795,11 @@ def test_export_of_a_timm_backbone_run(overrides, tmp_path):
     features (a ViT whose default grid is not 224 px too: config.json records its img_size)."""
     import timm
 
-    from hvp_lightning.methods import SimSiam
 
     cfg = make_cfg("backbone=timm", *overrides, "data.crop_size=16")
     with open_dict(cfg):
         cfg.data.num_classes = 10
-    model = SimSiam(cfg).eval()
+    model = build(cfg).eval()
     ckpt = tmp_path / "last.ckpt"
     torch.save(
         {"state_dict": model.state_dict(), "hyper_parameters": {"cfg": OmegaConf.to_container(cfg, resolve=True)}}, ckpt
@@ -817,7 +819,7 @@ def test_full_size_presets_are_timm_architectures(name, tmp_path):
     import timm
     from safetensors.torch import save_file
 
-    from hvp_lightning.nn.backbones import build_backbone
+    from hvp_lightning.training.build import build_backbone
     from hvp_lightning.training.model_card import timm_target
 
     keys = dict(width=64, cifar_stem=False, channels_last=True) if name.startswith("resnet") else {}

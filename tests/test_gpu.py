@@ -28,13 +28,12 @@ from omegaconf import OmegaConf
 
 from hvp_lightning.data.datamodule import SSLDataModule
 from hvp_lightning.evaluation import evaluate
-from hvp_lightning.methods import METHODS
 from hvp_lightning.selection import step_autocast_dtype
 from hvp_lightning.training import export
 from hvp_lightning.training.checkpoint import resume_config
 from hvp_lightning.training.driver import run
 
-from .conftest import REPO, TINY, eval_cfg, make_cfg
+from .conftest import REPO, TINY, augs_of, build, eval_cfg, make_cfg
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -140,7 +139,7 @@ def check_run(
 
 def cuda_batch(model, cfg) -> dict:
     """One real training batch of ``model``'s views on the GPU (views, params, label, index)."""
-    dm = SSLDataModule(cfg.data, type(model).view_augs(cfg), cfg.method.batch_size, 0, cfg.seed)
+    dm = SSLDataModule(cfg.data, augs_of(cfg), cfg.method.batch_size, 0, cfg.seed)
     dm.setup("fit")
     return move_data_to_device(next(iter(dm.train_dataloader())), torch.device("cuda"))
 
@@ -154,7 +153,7 @@ def test_auto_selection_runs_at_the_step_precision(method: str, precision: str, 
     the candidate table is fp32 either way."""
     for selection, want in (("auto", expected), ("fp32", torch.float32)):
         cfg = gpu_cfg(method, precision, True, selection)
-        model = METHODS[method](cfg).cuda().train()
+        model = build(cfg).cuda().train()
         batch = cuda_batch(model, cfg)
         seen: list[torch.dtype] = []
         stem = next(m for m in model.backbone.modules() if isinstance(m, torch.nn.Conv2d))  # conv1 / patch_embed
@@ -174,7 +173,7 @@ def test_teacher_reuse_at_the_step_precision(method: str, precision: str) -> Non
     outputs are reused; the step's loss equals the one with a second teacher forward."""
     torch.manual_seed(0)
     cfg = gpu_cfg(method, precision, True, "auto", "backbone.drop_path_rate=0.0")
-    model = METHODS[method](cfg).cuda().train()
+    model = build(cfg).cuda().train()
     batch = cuda_batch(model, cfg)
     step, reused, losses = model.ssl_step, [], []
 
@@ -333,8 +332,8 @@ def test_compiled_hvp_steps_on_gpu(method: str) -> None:
     extra = ["backbone.drop_path_rate=0.0"] if method in ("dino", "ibot") else []
     cfg = gpu_cfg(method, "bf16-mixed", True, "auto", "method.compile=true", *extra)
     torch.manual_seed(0)
-    eager = METHODS[method](cfg).cuda().train()
-    compiled = METHODS[method](cfg).cuda().train()
+    eager = build(cfg).cuda().train()
+    compiled = build(cfg).cuda().train()
     compiled.load_state_dict(eager.state_dict())
     compiled.configure_model()
     batch = cuda_batch(eager, cfg)

@@ -34,11 +34,10 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hvp_lightning.analysis.callback import HardViewAnalysis
-from hvp_lightning.methods import METHODS
 from hvp_lightning.nn.sync_free import host_to_device
 from hvp_lightning.run.epoch_metrics import EpochAggregates
 
-from .conftest import make_cfg
+from .conftest import build, make_cfg
 from .test_device_guard import FAKE, METHOD_OVERRIDES, one_batch
 
 aten = torch.ops.aten
@@ -175,7 +174,7 @@ def test_a_training_step_syncs_only_where_stated(
     a new one fails here with its site."""
     method, hvp = CASES[case]
     cfg = make_cfg(*METHOD_OVERRIDES[method], *hvp, "method.batch_size=4", "data.train_size=8", "data.crop_size=16")
-    model = METHODS[method](cfg).to(FAKE).train()
+    model = build(cfg).to(FAKE).train()
     batch = move_data_to_device(one_batch(cfg), FAKE)
     aggregates = EpochAggregates()  # a run's: the epoch values of the step's logs go through it
     trainer = SimpleNamespace(

@@ -35,22 +35,24 @@ def _heavy(modules) -> list[str]:
 
 def test_registries_hold_exactly_the_option_names():
     import torch
-    from omegaconf import OmegaConf
+    from pydantic import TypeAdapter
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
     from hvp_lightning.methods import METHODS
-    from hvp_lightning.nn.backbones import build_backbone
     from hvp_lightning.nn.optim import make_optimizer
+    from hvp_lightning.training.build import build_backbone
 
     assert set(METHODS) == set(schema.METHOD_NAMES)
     assert set(image_files.IMAGE_EXTENSIONS) == {*IMG_EXTENSIONS, ".gif"}
     for name, family in schema.BACKBONE_FAMILIES.items():  # every name builds (tiny: width 8, one block)
         keys = (
-            {"width": 8, "cifar_stem": True, "channels_last": False}
+            {"width": 8, "cifar_stem": True, "channels_last": False, "zero_init_residual": False}
             if family == "resnet"
             else {"img_size": 16, "patch_size": 8, "drop_path_rate": 0.0, "depth": 1}
         )
-        assert build_backbone(OmegaConf.create({"name": name, **keys}))(torch.zeros(2, 3, 16, 16)).shape[0] == 2
+        backbone = TypeAdapter(schema.TrainConfig.model_fields["backbone"].annotation)
+        section = backbone.validate_python({"name": name, **keys})
+        assert build_backbone(section)(torch.zeros(2, 3, 16, 16)).shape[0] == 2
     for name in schema.OPTIMIZERS:
         make_optimizer(name, [{"params": [torch.nn.Parameter(torch.zeros(2, 2))]}], lr=0.1, weight_decay=0.0)
 

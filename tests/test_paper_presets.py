@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hvp_lightning.config import check_options
 
+from .conftest import augs_of
 from .test_experiments import EXPERIMENTS, composed, experiment_cfg, global_batch
 
 pytestmark = pytest.mark.usefixtures("hub_weights_cached")  # backbone.init=timm:... needs no network
@@ -282,11 +283,10 @@ def test_the_command_line_still_wins_over_the_papers_hvp_setting(tmp_path: Path)
 def test_the_views_and_network_are_built_from_the_presets_keys(name: str, tmp_path: Path) -> None:
     """The keys reach the code: every view of the run has its preset's crop scale, jitter, blur
     kind and resize; a zero-init-residual ResNet starts with every residual branch's last BN at 0."""
-    from hvp_lightning.methods import METHODS
-    from hvp_lightning.nn.backbones import build_backbone
+    from hvp_lightning.training.build import build_backbone
 
     cfg = check_options(experiment_cfg(name, tmp_path, "+hvp=on"))
-    augs = METHODS[cfg.method.name].view_augs(cfg)
+    augs = augs_of(cfg)
     a = cfg.data.aug
     assert {(v.blur_kind, v.interpolation) for v in augs} == {(a.blur_kind, a.interpolation)}
     if cfg.method.name == "dino":

@@ -199,7 +199,8 @@ def tiny_ckpt(simsiam_run) -> Path:
 
 def test_checkpoints_load_with_weights_only(tiny_ckpt):
     ckpt = load_checkpoint(tiny_ckpt)  # torch.load(weights_only=True) inside
-    assert ckpt["hyper_parameters"]["cfg"]["method"]["name"] == "simsiam"
+    assert ckpt["hvp_lightning"]["config"]["method"]["name"] == "simsiam"  # the run's config
+    assert ckpt["hyper_parameters"]["settings"]["proj_dim"] == 32  # the method's own settings
     assert set(ckpt["hvp_lightning"]) >= {"images_seen", "skipped_files", "knn_result", "hvp_totals"}
     assert "RunCheckpoint" in ckpt["callbacks"] and ckpt["optimizer_states"] and ckpt["lr_schedulers"]
 

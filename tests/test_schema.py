@@ -285,18 +285,17 @@ def test_own_images_fit_a_held_out_sample_and_name_a_batch_that_fits(tmp_path: P
 
 
 def test_a_key_added_in_one_place_is_validated_listed_and_read(tmp_path: Path) -> None:
-    """One line added to hvp_lightning/schema/hvp.py (in a copy of the package): the key then takes
-    ``key=value`` without ``+``, a bad value is refused naming its range, ``--help``'s listing
-    shows it with its doc, and the settings HardViewMixin's host builds (``hvp_config``) carry it."""
+    """One line added to hvp_lightning/settings/hvp.py, the library's HVP settings (in a copy of the
+    package): the key then takes ``key=value`` without ``+``, a bad value is refused naming its
+    range, ``--help``'s listing shows it with its doc, and the settings HardViewMixin's host builds
+    (``hvp_config``) carry it."""
     copy = tmp_path / "pkg"
     shutil.copytree(REPO / "hvp_lightning", copy / "hvp_lightning", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(REPO / "conf", copy / "conf")
-    schema = copy / "hvp_lightning" / "schema" / "hvp.py"
-    text = schema.read_text()
-    anchor = "    @property\n    def views_per_image"
-    schema.write_text(
-        text.replace(anchor, '    probe_k: integer(1) = 3\n    """candidates probed first"""\n\n' + anchor)
-    )
+    declared = copy / "hvp_lightning" / "settings" / "hvp.py"
+    text = declared.read_text()
+    anchor = "    def rules(self) -> None:"
+    declared.write_text(text.replace(anchor, '    probe_k: int = setting(3, "candidates probed first", ge=1)\n\n' + anchor))
     code = (
         "from hvp_lightning.schema import compose, hvp_config, help_listing, train_settings\n"
         "from hvp_lightning.errors import ConfigError\n"
@@ -329,7 +328,7 @@ def test_a_key_declared_since_takes_its_old_plus() -> None:
 
 
 def test_an_offline_hub_name_fails_in_one_line_before_the_heavy_imports(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hvp_lightning.training import hub_reach
+    from hvp_lightning import hub_reach
 
     monkeypatch.setattr(hub_reach, "maybe_cached", lambda source: False)
     monkeypatch.setattr(hub_reach, "unreachable", lambda url, timeout_s=None: "huggingface.co:443: down")

@@ -13,7 +13,7 @@ from hvp_lightning.cli import train
 from hvp_lightning.config import ConfigError, validate
 from hvp_lightning.training.driver import final_line, run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, help_groups, run_cli, wandb_records, write_images
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, build, help_groups, run_cli, wandb_records, write_images
 
 SUMMARY_KEYS = {"method", "hvp_enabled", "num_classes", "knn_top1", "train_loss", "epochs", "images_seen"}
 
@@ -118,13 +118,12 @@ def test_config_errors_name_key_value_and_allowed(cfg_factory, override, key):
 def test_declared_hvp_defaults_are_accepted_by_every_method(cfg_factory, method):
     """The schema declares every HVP key (no ``+`` needed); its defaults, including the
     multi-crop-only ones, must not stop any method from starting."""
-    from hvp_lightning.methods import METHODS
 
     backbone = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.depth=1"] if method == "ibot" else []
     cfg = cfg_factory(f"method={method}_cifar", *backbone, "+hvp=on", "data.crop_size=16")
     assert {"global_pairs", "num_global_candidates", "num_local_candidates", "max_combinations"} <= cfg.hvp.keys()
     validate(cfg)
-    assert METHODS[method](cfg).hvp.global_pairs == "cross"
+    assert build(cfg).hvp.global_pairs == "cross"
 
 
 def test_empty_imagefolder_root_is_rejected(cfg_factory, tmp_path):

@@ -20,6 +20,7 @@ library's data pipeline makes them). Nothing else: no labels.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 from collections.abc import Mapping
@@ -34,6 +35,7 @@ from ..nn.optim import make_optimizer, warmup_cosine
 from ..nn.sync_free import device_number
 from ..nn.teacher import MomentumTargetMixin
 from ..settings import HVP, MethodSettings, SettingError, ViewSpec, hvp_settings
+from ..settings.declare import shown
 
 log = logging.getLogger(__name__)
 
@@ -90,17 +92,32 @@ class SSLMethod(L.LightningModule):
         self.build()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A method's signature lists its settings' keys (``help(SimCLR)``, tab completion)."""
+        """A method's signature and docstring list its settings' keys (``help(SimCLR)``, tab
+        completion), each with its doc and default, from the settings' declarations."""
         super().__init_subclass__(**kwargs)
         settings_type = cls.__dict__.get("settings_type")
         if settings_type is None:
             return
         params = list(inspect.signature(SSLMethod.__init__).parameters.values())[:-1]  # without **keys
-        extra = [
-            inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=settings_type.__dataclass_fields__[k].default)
-            for k in settings_type.keys()
-        ]
+        fields = {f.name: f for f in dataclasses.fields(settings_type)}
+        extra = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=f.default) for k, f in fields.items()]
         cls.__signature__ = inspect.Signature([p for p in params if p.name != "self"] + extra)  # type: ignore[attr-defined]
+        keys = "\n".join(
+            f"        {k}: {f.metadata.get('doc', '')} (default: {shown(f.default)!r})" for k, f in fields.items()
+        )
+        cls.__doc__ = f"""{inspect.cleandoc(cls.__doc__ or "")}
+
+Args:
+    backbone: Any module giving ``[B, D]`` features (a timm model built with ``num_classes=0``, a
+        torchvision ResNet whose ``fc`` is ``nn.Identity()``), or a timm model's name.
+    settings: A :class:`~{settings_type.__module__}.{settings_type.__name__}` (or a mapping of its
+        keys); None: its defaults, the paper's recipe.
+    hvp: HVP's settings (:class:`~hvp_lightning.settings.HVP`); None: HVP off, the method as published.
+    feature_dim: D, where the backbone does not say it.
+    seed: Part of the seeds of HVP's private random draws.
+    **keys: The settings' keys, on top of ``settings``:
+{keys}
+"""
 
     # --- hooks for methods ---------------------------------------------------------------
     def build(self) -> None:

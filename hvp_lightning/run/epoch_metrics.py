@@ -8,8 +8,8 @@ pre-emption) would log, and report in ``summary.json``, that epoch's aggregate o
 session's steps only. So the project aggregates these values itself:
 
 * a module hands each training-time ``self.log(name, value, on_step=..., on_epoch=True, ...)``
-  to :func:`log_epoch_value` (:class:`~hvp_lightning.methods.base.SSLMethod`'s ``log`` does);
-  with an :class:`EpochAggregates` callback on the trainer, the step value goes to Lightning as
+  to the trainer's callbacks that have a ``take_log`` method (:class:`~hvp_lightning.methods.base.SSLMethod`'s
+  ``log`` does); with an :class:`EpochAggregates` callback on the trainer, the step value goes to Lightning as
   ``name_step`` (``on_step=True`` only) and the callback adds it to its running value, exactly as
   Lightning would have (the same operations in the same order: a mean is a sum of
   ``value * batch_size`` over the summed batch sizes);
@@ -61,7 +61,7 @@ def _start(reduction: str, device: torch.device) -> torch.Tensor:
 
 
 class EpochAggregates(L.Callback):
-    """This rank's running epoch aggregates of the values :func:`log_epoch_value` hands it, and
+    """This rank's running epoch aggregates of the values a module's ``log`` hands it (:meth:`take_log`), and
     their epoch values at the epoch's end (module docstring). Put it before callbacks that read
     ``trainer.callback_metrics`` in ``on_train_epoch_end`` (checkpoint callbacks run last anyway)."""
 
@@ -84,6 +84,16 @@ class EpochAggregates(L.Callback):
             and (reduction != "mean" or kwargs.get("batch_size") is not None)
             and kwargs.get("sync_dist_group") is None
         )
+
+    def take_log(self, module: L.LightningModule, name: str, value: Any, kwargs: dict[str, Any]) -> bool:
+        """A module's ``self.log(name, value, **kwargs)``: True if this callback takes it (it logged
+        the step value), False if the module logs it through Lightning as usual. hvp-lightning's
+        methods ask every trainer callback with this method (``SSLMethod.log``); a module of
+        your own calls it from its ``log`` likewise."""
+        if not self.takes(module.trainer, value, kwargs):
+            return False
+        self.add(module, name, value, kwargs)
+        return True
 
     def add(self, module: L.LightningModule, name: str, value: torch.Tensor | float, kwargs: dict[str, Any]) -> None:
         """Log the step value (if ``on_step``) through Lightning and add it to the epoch's."""
@@ -176,18 +186,3 @@ class EpochAggregates(L.Callback):
 def epoch_aggregates(trainer: L.Trainer) -> EpochAggregates | None:
     """The trainer's :class:`EpochAggregates` callback, if it has one."""
     return next((cb for cb in trainer.callbacks if isinstance(cb, EpochAggregates)), None)  # type: ignore[attr-defined]
-
-
-def log_epoch_value(module: L.LightningModule, name: str, value: Any, kwargs: dict[str, Any]) -> bool:
-    """Hand a ``self.log`` call (``name``, ``value``, its keyword arguments) to the trainer's
-    :class:`EpochAggregates` if it takes it (module docstring): True if it did (it logged the
-    step value), False if the caller logs it through Lightning as usual."""
-    try:
-        trainer = module.trainer
-    except RuntimeError:  # not attached to a Trainer
-        return False
-    aggregates = epoch_aggregates(trainer)
-    if aggregates is None or not aggregates.takes(trainer, value, kwargs):
-        return False
-    aggregates.add(module, name, value, kwargs)
-    return True

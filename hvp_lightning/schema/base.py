@@ -81,7 +81,11 @@ def _ordered(values: list[float]) -> list[float]:
 def numbers(n: int, low: float | None = None, high: float | None = None, *, open_low: bool = False,
             ordered: bool = False) -> Any:  # fmt: skip
     """A list of exactly ``n`` numbers, each in the range; ``ordered``: a range [min, max]."""
-    item = number(low, high, open_low=open_low)
+    return fixed_list(number(low, high, open_low=open_low), n, ordered)
+
+
+def fixed_list(item: Any, n: int, ordered: bool = False) -> Any:
+    """A list of exactly ``n`` ``item`` values; ``ordered``: two numbers forming a range [min, max]."""
     extra: tuple[Any, ...] = (Ordered(), AfterValidator(_ordered)) if ordered else ()
     return Annotated[list[item], Field(min_length=n, max_length=n), *extra]  # type: ignore[valid-type]
 

@@ -18,11 +18,11 @@ import types
 import typing
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, Field, create_model, model_validator
+from pydantic import Field, create_model, model_validator
 
 from ..settings import Settings
 from ..settings.declare import NO_BOUNDS, UNSET, Bounds, bounds_of, field_type, is_settings
-from .base import Ordered, Section, _ordered
+from .base import Section, fixed_list
 
 S = TypeVar("S", bound=Settings)
 
@@ -45,8 +45,7 @@ def annotation(tp: Any, bounds: Bounds = NO_BOUNDS, ordered: bool = False) -> An
         item = annotation(args[0], bounds)
         if len(args) == 2 and args[1] is Ellipsis:
             return list[item]  # type: ignore[valid-type]
-        extra: tuple[Any, ...] = (Ordered(), AfterValidator(_ordered)) if ordered else ()
-        return Annotated[list[item], Field(min_length=len(args), max_length=len(args)), *extra]  # type: ignore[valid-type]
+        return fixed_list(item, len(args), ordered)
     if origin is dict or tp is dict:
         return dict[str, Any]
     if is_settings(tp):

@@ -3,15 +3,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import ClassVar
 
-from .declare import setting
+from .declare import declared, setting
 from .method import LinearRecipe, PairHeadSettings
 from .optim import BarlowTwinsOptimizer
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@declared
 class BarlowTwinsSettings(PairHeadSettings):
     """Barlow Twins (Zbontar et al., 2021)."""
 

@@ -3,15 +3,14 @@ defaults the paper's ImageNet recipe."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import ClassVar
 
-from .declare import setting
+from .declare import declared, setting
 from .method import LinearRecipe, MomentumPairSettings
 from .optim import Optimizer
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@declared
 class BYOLSettings(MomentumPairSettings):
     """BYOL (Grill et al., 2020)."""
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 import re
 import types
@@ -130,15 +131,34 @@ def shown(value: Any) -> Any:
 
 
 S = TypeVar("S", bound="Settings")
+T = TypeVar("T", bound=type)
+
+
+@typing.dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(dataclasses.field, setting))
+def declared(cls: T) -> T:
+    """Make ``cls`` (a :class:`Settings` subclass) a frozen, keyword-only dataclass whose docstring
+    lists its keys (``Args:``), each with its doc and default, from their declarations."""
+    cls = dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+    keys = "\n".join(
+        f"    {f.name}: {f.metadata.get('doc') or describe_field(cls, f.name)}"
+        + ("" if f.default is UNSET else f" (default: {shown(f.default)!r})")
+        for f in dataclasses.fields(cls)
+    )
+    cls.__doc__ = f"{inspect.cleandoc(cls.__doc__ or '')}\n\nArgs:\n{keys}\n"
+    return cls
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Settings:
     """Base of the library's typed settings: keyword-only, immutable, checked when made.
 
-    Every field is declared with :func:`setting`. Values are taken strictly (``"5"`` is not a
-    number, ``1`` is not ``true``; an integer is a valid number and lists are taken for tuples),
-    NaN and infinities are refused; a nested settings field takes an instance or a mapping.
+    Every field is declared with :func:`setting`, the class made with :func:`declared`. Values
+    are taken strictly (``"5"`` is not a number, ``1`` is not ``true``; an integer is a valid
+    number and lists are taken for tuples), NaN and infinities are refused; a nested settings
+    field takes an instance or a mapping.
+
+    Args:
+        **keys: The subclass's keys (its own ``Args:`` list them).
     """
 
     def __post_init__(self) -> None:

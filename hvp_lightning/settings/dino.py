@@ -4,11 +4,10 @@ keys iBOT shares (:class:`TeacherStudentSettings`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import ClassVar, Literal
 
-from .declare import SettingError, setting
+from .declare import SettingError, declared, setting
 from .hvp import HVP
 from .method import LinearRecipe, MethodSettings, ViewSpec
 from .optim import CosineDecayOptimizer
@@ -18,7 +17,7 @@ from .optim import CosineDecayOptimizer
 CLIP_GRAD_KINDS = ("global", "per_parameter")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@declared
 class TeacherStudentSettings(MethodSettings):
     """DINO's and iBOT's EMA teacher, head, centring and multi-crop views."""
 
@@ -130,7 +129,7 @@ class TeacherStudentSettings(MethodSettings):
             )
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@declared
 class DINOSettings(TeacherStudentSettings):
     """DINO (Caron et al., 2021)."""
 

@@ -3,11 +3,10 @@ its selection with (``self.hvp``), declared once (the ``hvp`` config group is de
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Literal
 
-from .declare import SettingError, Settings, setting
+from .declare import SettingError, Settings, declared, setting
 
 # The choices made from a table of the method's losses (a selection forward); ``min_iou`` is made
 # from the crop boxes alone (no forward).
@@ -22,7 +21,7 @@ GLOBAL_PAIRS = ("cross", "all")
 HVP_COLOURS = ("per_view", "static")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@declared
 class HVP(Settings):
     """Hard View Pretraining's settings: ``HVP(num_views=8, mode="random")``; the rest keep their
     defaults. ``HVP(enabled=False)`` (or no HVP at all) is the method as published: 2 views per image.

@@ -3,15 +3,14 @@ teacher-student keys and its masked-patch ones), their defaults the official ViT
 
 from __future__ import annotations
 
-import dataclasses
 from typing import ClassVar, Literal
 
-from .declare import SettingError, setting
+from .declare import SettingError, declared, setting
 from .dino import CLIP_GRAD_KINDS, TeacherStudentSettings
 from .hvp import HVP
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@declared
 class IBOTSettings(TeacherStudentSettings):
     """iBOT (Zhou et al., 2022): DINO's [CLS] loss plus masked-patch prediction."""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Literal
 
-from .declare import SettingError, Settings, setting
+from .declare import SettingError, Settings, declared, setting
 from .hvp import HVP
 from .optim import OPTIMIZERS, Optimizer
 
@@ -23,7 +23,15 @@ class ViewSpec:
     """One view per image that a method asks its loader for: the data's augmentation (its crop
     size, crop scale, blur, solarize and jitter saturation) with the changes set here (None: the
     data's). Pair methods ask for N plain views; DINO for its asymmetric global pipelines and
-    smaller local crops."""
+    smaller local crops.
+
+    Args:
+        size: The crop's side in px (None: the data's crop size).
+        scale: The random-resized-crop's area range (None: the data's).
+        blur_p: The blur's probability (None: the data's).
+        solarize_p: The solarize probability (None: the data's).
+        saturation: The colour jitter's saturation strength (None: the data's).
+    """
 
     size: int | None = None
     scale: tuple[float, float] | None = None
@@ -32,7 +40,7 @@ class ViewSpec:
     saturation: float | None = None
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@declared
 class LinearRecipe(Settings):
     """A method's official linear-evaluation recipe (``protocol=linear`` takes it for the method's checkpoints)."""
 
@@ -46,7 +54,7 @@ class LinearRecipe(Settings):
     avgpool_patchtokens: bool = setting(False, "ViTs: also the mean patch token of the last block")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@declared
 class MethodSettings(Settings):
     """What every method has: its batch, its optimiser, whether its backbones are compiled.
 
@@ -109,7 +117,7 @@ class MethodSettings(Settings):
                     )
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@declared
 class PairHeadSettings(MethodSettings):
     """Two-view methods' projection head."""
 
@@ -118,7 +126,7 @@ class PairHeadSettings(MethodSettings):
     proj_layers: int = setting(2, "projector linear layers", ge=1)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@declared
 class MomentumPairSettings(PairHeadSettings):
     """BYOL's and MoCo v3's online predictor and EMA target."""
 

@@ -3,15 +3,14 @@ their defaults the paper's ResNet-50 recipe."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import ClassVar
 
-from .declare import setting
+from .declare import declared, setting
 from .method import LinearRecipe, MomentumPairSettings
 from .optim import Optimizer
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@declared
 class MoCoV3Settings(MomentumPairSettings):
     """MoCo v3 (Chen, Xie and He, 2021)."""
 

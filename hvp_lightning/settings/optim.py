@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Literal
 
-from .declare import SettingError, Settings, setting
+from .declare import SettingError, Settings, declared, setting
 
 OPTIMIZERS = ("sgd", "adamw", "lars")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@declared
 class Optimizer(Settings):
     """A method's optimiser and its warm-up + cosine schedule:
     ``Optimizer(name="lars", base_lr=0.3, weight_decay=1e-4, warmup_epochs=10, final_lr_ratio=0.0)``."""
@@ -39,14 +38,14 @@ class Optimizer(Settings):
             )
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@declared
 class CosineDecayOptimizer(Optimizer):
     """DINO's and iBOT's optimiser: the weight decay follows its own cosine."""
 
     weight_decay_end: float = setting(doc="weight decay at the end of the cosine weight-decay schedule", ge=0)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@declared
 class BarlowTwinsOptimizer(Optimizer):
     """Barlow Twins' optimiser: biases and BN parameters at their own learning rate."""
 

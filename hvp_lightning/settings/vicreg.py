@@ -3,15 +3,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import ClassVar
 
-from .declare import setting
+from .declare import declared, setting
 from .method import LinearRecipe, PairHeadSettings
 from .optim import Optimizer
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@declared
 class VICRegSettings(PairHeadSettings):
     """VICReg (Bardes, Ponce and LeCun, 2022)."""
 

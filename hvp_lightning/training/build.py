@@ -1,14 +1,17 @@
 """The run's method, built from its validated config: the config's ``method`` section as the
 method's typed settings, its ``hvp`` section as HVP's, its ``backbone`` section as the network
-(:func:`~hvp_lightning.training.backbones.build_backbone`) -- the application building a core object."""
+(:func:`build_backbone`) -- the application building a core object."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..data.datamodule import StaticColour, view_aug
+from ..errors import ConfigError
 from ..methods import SSLMethod, method_class
-from ..settings import HVP, MethodSettings, method_settings
-from .backbones import build_backbone
+from ..nn.backbones import Backbone, build_resnet, build_timm, build_vit
+from ..schema import TIMM_FAMILY, backbone_family
+from ..settings import HVP, MethodSettings, SettingError, method_settings
 
 
 def plain(section: Any) -> dict[str, Any]:
@@ -22,6 +25,21 @@ def plain(section: Any) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(section, resolve=True)  # type: ignore[return-value]
+
+
+def build_backbone(cfg) -> Backbone:
+    """The backbone of a validated ``backbone`` config section (a built-in name with its family's
+    keys, or ``backbone=timm``), randomly initialised. A timm model's refusal of a key is said
+    with the key's place in the config (``backbone.img_size=...``)."""
+    family = backbone_family(cfg)
+    if family == TIMM_FAMILY:
+        try:
+            return build_timm(cfg.name, cfg.img_size, cfg.drop_path_rate, dict(cfg.model_args or {}), cfg.channels_last)
+        except SettingError as err:
+            raise ConfigError(str(err.at("backbone."))) from None
+    if family == "resnet":
+        return build_resnet(cfg.name, cfg.width, cfg.cifar_stem, cfg.channels_last, cfg.zero_init_residual)
+    return build_vit(cfg.name, cfg.img_size, cfg.patch_size, cfg.drop_path_rate, cfg.depth)
 
 
 def method_settings_of(cfg: Any) -> MethodSettings:
@@ -38,7 +56,12 @@ def hvp_of(cfg: Any) -> HVP | None:
 
 
 def build_method(cfg: Any) -> SSLMethod:
-    """The method of a validated training config, around its backbone (randomly initialised)."""
-    return method_class(cfg.method.name)(
-        build_backbone(cfg.backbone), method_settings_of(cfg), hvp=hvp_of(cfg), seed=int(cfg.seed)
+    """The method of a validated training config, around its backbone (randomly initialised);
+    with ``hvp.colour=static``, the data pipeline's colour step attached (its ``static_colour``)."""
+    hvp = hvp_of(cfg)
+    model = method_class(cfg.method.name)(
+        build_backbone(cfg.backbone), method_settings_of(cfg), hvp=hvp, seed=int(cfg.seed)
     )
+    if hvp is not None and hvp.enabled and hvp.colour == "static":
+        model.static_colour = StaticColour(view_aug(cfg.data))
+    return model

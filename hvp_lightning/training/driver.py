@@ -24,7 +24,7 @@ from ..cluster.waits import (
     end_descendants,
 )
 from ..config import check_options, has_budget, processes, validate
-from ..data.datamodule import SSLDataModule, StaticColour, eval_roles, view_aug, view_augs
+from ..data.datamodule import SSLDataModule, eval_roles, view_augs
 from ..data.iou_policy import iou_policy
 from ..device import check_accelerator, device_line, local_processes, set_matmul_precision
 from ..errors import ConfigError
@@ -134,8 +134,6 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]
     if budget is not None and iou_policy(cfg) != dm.iou_policy:  # its schedule spans the budget's epochs
         dm = data_module(cfg, wait_s)
     model = build_method(cfg)
-    if cfg.get("hvp") is not None and cfg.hvp.enabled and cfg.hvp.colour == "static":
-        model.static_colour = StaticColour(view_aug(cfg.data))  # the training step colours the chosen pair
     if (init_line := init_backbone(model, cfg.backbone, resuming=ckpt_path is not None)) and env_rank() == 0:
         (log.warning if ckpt_path is not None else log.info)(init_line)
     trainer_kwargs: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]

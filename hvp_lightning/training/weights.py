@@ -38,8 +38,8 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..hub_reach import first_words, offline, unreachable
 from ..schema import is_hub_init
-from .hub_reach import first_words, offline, unreachable
 
 # Unexpected keys under these prefixes are heads the trunk does not have: dropped, said so.
 HEAD_PREFIXES = ("fc.", "head.", "classifier.")

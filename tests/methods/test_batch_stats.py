@@ -11,7 +11,7 @@ from torch import nn
 from hvp_lightning.losses.barlow_twins import barlow_twins_pair_table
 from hvp_lightning.losses.vicreg import vicreg_pair_table
 
-from ..conftest import make_cfg, score_and_assert_stateless
+from ..conftest import build, make_cfg, score_and_assert_stateless
 from ..losses.test_barlow_twins import official_barlow
 from ..losses.test_vicreg import loop_vicreg
 
@@ -21,11 +21,10 @@ TINY = {"vicreg": ["method=vicreg_cifar"], "barlow_twins": ["method=barlow_twins
 
 
 def _model_and_batch(method: str, *extra: str, b: int = 8):
-    from hvp_lightning.methods import METHODS
 
     cfg = make_cfg(*TINY[method], *extra)
     torch.manual_seed(0)
-    model = METHODS[method](cfg)
+    model = build(cfg)
     model.train()
     g = torch.Generator().manual_seed(1)
     n = model.hvp.views_per_image
@@ -73,7 +72,6 @@ def test_presets_build(preset: str) -> None:
     from types import SimpleNamespace
 
     from hvp_lightning.config import validate
-    from hvp_lightning.methods import METHODS
 
     cfg = make_cfg(
         f"method={preset}",
@@ -84,7 +82,7 @@ def test_presets_build(preset: str) -> None:
         tiny=False,
     )
     validate(cfg)
-    model = METHODS[cfg.method.name](cfg)
+    model = build(cfg)
     linears = [m for m in model.projector if isinstance(m, nn.Linear)]
     dim = PRESETS[preset]
     assert [m.out_features for m in linears] == [dim] * 3 and linears[-1].bias is None

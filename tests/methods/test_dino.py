@@ -12,7 +12,7 @@ from torch import nn
 
 from hvp_lightning.losses import dino_loss
 from hvp_lightning.methods import METHODS
-from hvp_lightning.methods.dino import DINO, candidate_counts
+from hvp_lightning.methods.dino import DINO
 from hvp_lightning.nn.heads import DINOHead
 from hvp_lightning.nn.teacher import (
     Centering,
@@ -24,8 +24,8 @@ from hvp_lightning.nn.teacher import (
 )
 from hvp_lightning.selection import choose
 
+from ..conftest import augs_of, build, counts_of, official_pairs, score_and_assert_stateless, tiny_vit_run
 from ..conftest import make_cfg as compose_cfg
-from ..conftest import official_pairs, score_and_assert_stateless, tiny_vit_run
 from ..losses.test_dino import reference_dino_loss
 from ..selection.test_multicrop import _brute_force
 
@@ -51,7 +51,7 @@ def make_cfg(*overrides: str, backbone: tuple[str, ...] = tuple(VIT)) -> DictCon
 
 
 def make_batch(cfg: DictConfig, b: int = 3, seed: int = 0) -> dict:
-    augs = DINO.view_augs(cfg)
+    augs = augs_of(cfg)
     g = torch.Generator().manual_seed(seed)
     views = [torch.randn(b, 3, a.size, a.size, generator=g) for a in augs]
     # crop_x encodes (sample, view position) so tests can check that parameters travel along.
@@ -70,22 +70,22 @@ def make_batch(cfg: DictConfig, b: int = 3, seed: int = 0) -> dict:
 def test_registered_and_view_layout() -> None:
     assert METHODS["dino"] is DINO
     cfg = make_cfg()
-    augs = DINO.view_augs(cfg)
+    augs = augs_of(cfg)
     assert [a.size for a in augs] == [32, 32, 16, 16]
     assert [a.blur_p for a in augs] == [1.0, 0.1, 0.5, 0.5]
     assert [a.solarize_p for a in augs] == [0.0, 0.2, 0.0, 0.0]
     assert augs[0].scale == (0.4, 1.0) and augs[2].scale == (0.05, 0.4)
     hvp = make_cfg("+hvp=on")
-    assert candidate_counts(hvp) == (4, 4)
-    augs = DINO.view_augs(hvp)
+    assert counts_of(hvp) == (4, 4)
+    augs = augs_of(hvp)
     assert [a.blur_p for a in augs] == [1.0, 0.1, 1.0, 0.1, 0.5, 0.5, 0.5, 0.5]
-    assert candidate_counts(make_cfg("+hvp=on", "hvp.num_global_candidates=3", "hvp.num_local_candidates=5")) == (3, 5)
+    assert counts_of(make_cfg("+hvp=on", "hvp.num_global_candidates=3", "hvp.num_local_candidates=5")) == (3, 5)
 
 
 def test_model_selection_equals_brute_force_and_gathers_views() -> None:
     torch.manual_seed(0)
     cfg = make_cfg("+hvp=on")
-    model = DINO(cfg).train()
+    model = build(cfg).train()
     batch = make_batch(cfg, b=3)
     G, L = model.num_globals, model.num_local
     scores = model.score_candidates(batch)
@@ -126,7 +126,7 @@ def test_selection_pass_leaves_state_unchanged() -> None:
         "data.crop_size=16",
         backbone=resnet,
     )
-    model = DINO(cfg).train()
+    model = build(cfg).train()
     assert not model.teacher_reuse  # BatchNorm teacher: the training step forwards again
     batch = make_batch(cfg, b=4)
     model.centering.center.normal_()  # a non-trivial centre
@@ -140,7 +140,7 @@ def test_selection_pass_leaves_state_unchanged() -> None:
 def test_teacher_reuse_equals_second_teacher_forward() -> None:
     torch.manual_seed(0)
     cfg = make_cfg("+hvp=on", "backbone.drop_path_rate=0.1")
-    model = DINO(cfg).train()
+    model = build(cfg).train()
     model.centering.center.normal_()
     assert model.teacher_reuse
     batch = make_batch(cfg, b=3)
@@ -163,7 +163,7 @@ def test_teacher_reuse_equals_second_teacher_forward() -> None:
 def test_hvp_off_equals_baseline_step() -> None:
     torch.manual_seed(0)
     cfg = make_cfg()
-    base = DINO(cfg).train()
+    base = build(cfg).train()
     batch = make_batch(cfg, b=3)
     c, tau_t, tau_s = base.centering.center.clone(), base.teacher_temp(), cfg.method.student_temp
     loss = base.training_step(batch, 0)
@@ -174,7 +174,7 @@ def test_hvp_off_equals_baseline_step() -> None:
     expected = reference_dino_loss(s, t, c, tau_t, tau_s, len(batch["views"]))
     torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-6)
     # HVP enabled on an off-step (every_n_steps): the first combination, i.e. the baseline.
-    hvp = DINO(make_cfg("+hvp=on", "hvp.every_n_steps=2"))
+    hvp = build(make_cfg("+hvp=on", "hvp.every_n_steps=2"))
     hvp.load_state_dict(base.state_dict())
     hvp.centering.center.copy_(c)
     hvp.hvp_active = lambda: False  # type: ignore[method-assign]
@@ -223,8 +223,8 @@ def test_freeze_last_layer_and_clipping(kind: str) -> None:
     ``global``: all of them times ``min(1, clip / (total norm + 1e-6))`` (the HVP code's DINO,
     ``clip_grad_norm_(student.parameters(), clip)``), the frozen last layer's gradient counted in
     the norm and then dropped, as there."""
-    model = DINO(make_cfg("method.clip_grad=0.5", f"method.clip_grad_kind={kind}"))
-    assert model.cfg.method.clip_grad_kind == kind
+    model = build(make_cfg("method.clip_grad=0.5", f"method.clip_grad_kind={kind}"))
+    assert model.settings.clip_grad_kind == kind
     trained = [p for p in model.parameters() if p.requires_grad]
     for i, p in enumerate(trained):
         p.grad = torch.full_like(p, 10.0 + i)

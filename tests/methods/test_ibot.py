@@ -20,8 +20,8 @@ from hvp_lightning.nn.heads import IBOTHead
 from hvp_lightning.nn.teacher import ema_update
 from hvp_lightning.selection import choose
 
+from ..conftest import augs_of, build, counts_of, official_pairs, score_and_assert_stateless, tiny_vit_run
 from ..conftest import make_cfg as compose_cfg
-from ..conftest import official_pairs, score_and_assert_stateless, tiny_vit_run
 from ..losses.test_ibot import reference_ibot_loss
 
 VIT = [
@@ -47,7 +47,7 @@ def make_cfg(*overrides: str, backbone: tuple[str, ...] = tuple(VIT)) -> DictCon
 
 
 def make_batch(cfg: DictConfig, b: int = 3, seed: int = 0) -> dict:
-    augs = IBOT.view_augs(cfg)
+    augs = augs_of(cfg)
     g = torch.Generator().manual_seed(seed)
     views = [torch.randn(b, 3, a.size, a.size, generator=g) for a in augs]
     # crop_x encodes (sample, view position) so tests can check that parameters travel along.
@@ -76,7 +76,7 @@ def with_masks(model: IBOT, batch: dict, seed: int = 0) -> dict:
 
 def test_module_masks_one_per_global_view_recomputable() -> None:
     # The module's masks: one per global view on the patch grid, recomputable, RNG untouched.
-    model = IBOT(make_cfg("+hvp=on"))
+    model = build(make_cfg("+hvp=on"))
     batch = make_batch(make_cfg("+hvp=on"), b=4)
     state = torch.get_rng_state()
     a, b = model.make_masks(batch, 3), model.make_masks(batch, 3)
@@ -87,7 +87,7 @@ def test_module_masks_one_per_global_view_recomputable() -> None:
 
 def test_vit_tokens_mask_token() -> None:
     torch.manual_seed(0)
-    model = IBOT(make_cfg())
+    model = build(make_cfg())
     x = torch.randn(2, 3, 32, 32)
     cls, patches = vit_tokens(model.backbone, x)
     assert patches.shape == (2, 16, 192)
@@ -118,7 +118,7 @@ def _model_loss(model: IBOT, views: list, masks: list, teacher_out=None) -> torc
             teacher_out = model._token_forward(model.teacher.backbone, model.teacher.head, views[:2])
         sc, sp = model._token_forward(model.backbone, model.head, views[:2], masks)
         sc += [model.head(model.backbone(v)) for v in views[2:]]
-        m = model.cfg.method
+        m = model.settings
         return ibot_loss(
             teacher_out[0],
             sc,
@@ -140,7 +140,7 @@ def test_model_selection_equals_brute_force_and_masks_travel(rule: str, locals_:
     """With 2 locals and with none (the paper's iBOT preset: global views only)."""
     torch.manual_seed(0)
     cfg = make_cfg("+hvp=on", "method.lambda2=1.5", f"hvp.global_pairs={rule}", f"method.num_local_crops={locals_}")
-    model = IBOT(cfg).train()
+    model = build(cfg).train()
     model.centering.center.normal_()
     model.patch_centering.center.normal_()
     batch = with_masks(model, make_batch(cfg, b=3))
@@ -180,7 +180,7 @@ def test_model_selection_equals_brute_force_and_masks_travel(rule: str, locals_:
 def test_selection_pass_leaves_state_unchanged() -> None:
     torch.manual_seed(0)
     cfg = make_cfg("+hvp=on", "hvp.mode=random", "method.use_bn_in_head=true", "backbone.drop_path_rate=0.1")
-    model = IBOT(cfg).train()
+    model = build(cfg).train()
     assert not model.teacher_reuse  # BatchNorm teacher head: the training step forwards again
     batch = with_masks(model, make_batch(cfg, b=4))
     model.centering.center.normal_()
@@ -196,7 +196,7 @@ def test_selection_pass_leaves_state_unchanged() -> None:
 def test_teacher_reuse_equals_second_teacher_forward() -> None:
     torch.manual_seed(0)
     cfg = make_cfg("+hvp=on", "backbone.depth=2", "backbone.drop_path_rate=0.1")
-    model = IBOT(cfg).train()
+    model = build(cfg).train()
     assert model.teacher_reuse and len(model.backbone.trunk.blocks) == 2
     model.centering.center.normal_()
     model.patch_centering.center.normal_()
@@ -222,7 +222,7 @@ def test_teacher_reuse_equals_second_teacher_forward() -> None:
 def test_hvp_off_equals_baseline_step() -> None:
     torch.manual_seed(0)
     cfg = make_cfg()
-    base = IBOT(cfg).train()
+    base = build(cfg).train()
     base.mask_token.data.normal_()
     batch = make_batch(cfg, b=3)
     c, c2 = base.centering.center.clone(), base.patch_centering.center.clone()
@@ -255,7 +255,7 @@ def test_hvp_off_equals_baseline_step() -> None:
     torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-6)
     # HVP enabled on an off-step (every_n_steps): globals 0, 1 with their masks, i.e. the baseline.
     hvp_cfg = make_cfg("+hvp=on", "hvp.every_n_steps=2")
-    hvp = IBOT(hvp_cfg)
+    hvp = build(hvp_cfg)
     hvp.load_state_dict(base.state_dict())
     hvp.centering.center.copy_(c)
     hvp.patch_centering.center.copy_(c2)
@@ -275,11 +275,11 @@ def test_hvp_off_equals_baseline_step() -> None:
 def test_registered_view_layout_and_config_errors() -> None:
     assert METHODS["ibot"] is IBOT and issubclass(IBOT, DINO)
     cfg = make_cfg()
-    assert [a.size for a in IBOT.view_augs(cfg)] == [32, 32, 16, 16]
+    assert [a.size for a in augs_of(cfg)] == [32, 32, 16, 16]
     hvp = make_cfg("+hvp=on")
-    augs = IBOT.view_augs(hvp)
+    augs = augs_of(hvp)
     assert [a.blur_p for a in augs] == [1.0, 0.1, 1.0, 0.1, 0.5, 0.5]  # G=4 global candidates, L=2 locals
-    assert IBOT.view_counts(make_cfg("+hvp=on", "hvp.num_global_candidates=6")) == (6, 2)
+    assert counts_of(make_cfg("+hvp=on", "hvp.num_global_candidates=6")) == (6, 2)
     # iBOT's settings are checked at start-up (hvp_lightning/config.py), not by the method
     with pytest.raises(ConfigError, match="global views only"):
         check_options(make_cfg("+hvp=on", "hvp.num_local_candidates=4"))
@@ -291,16 +291,16 @@ def test_registered_view_layout_and_config_errors() -> None:
         check_options(make_cfg("+hvp=on", "hvp.max_combinations=4"))
     full = compose_cfg(*["method=ibot", "backbone=vit_small", "data/aug=imagenet"], tiny=False)
     assert full.method.out_dim == 8192 and full.method.shared_head and full.method.num_local_crops == 10
-    assert IBOT.view_counts(full) == (2, 10)
+    assert counts_of(full) == (2, 10)
 
 
 def test_separate_patch_head_freeze_and_ema() -> None:
-    model = IBOT(make_cfg("method.shared_head=false", "method.patch_out_dim=24"))
+    model = build(make_cfg("method.shared_head=false", "method.patch_out_dim=24"))
     assert isinstance(model.head, IBOTHead) and model.head.last_layer2 is not None
     assert model.patch_centering.center.shape == (1, 24)
     c, p = model.head.forward_tokens(torch.randn(2, 192), torch.randn(2, 5, 192))
     assert c.shape == (2, 64) and p.shape == (2, 5, 24)
-    shared = IBOT(make_cfg())
+    shared = build(make_cfg())
     assert shared.head.last_layer2 is None and shared.patch_centering.center.shape == (1, 64)
     for p in model.parameters():
         if p.requires_grad:

@@ -14,9 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hvp_lightning.methods import METHODS
-
-from ..conftest import make_cfg, score_and_assert_stateless
+from ..conftest import build, make_cfg, score_and_assert_stateless
 
 # Tiny networks: ResNet-18 CIFAR stem at width 8, 16 px crops, small heads.
 SMALL = [
@@ -31,7 +29,7 @@ SMALL = [
 def _model(method: str, *extra: str) -> tuple[nn.Module, dict]:
     cfg = make_cfg(f"method={method}_cifar", *SMALL, *extra)
     torch.manual_seed(0)
-    model = METHODS[method](cfg)
+    model = build(cfg)
     g = torch.Generator().manual_seed(1)
     n = cfg.hvp.num_views if cfg.get("hvp") else 2
     views = [torch.randn(8, 3, 16, 16, generator=g) for _ in range(n)]
@@ -117,11 +115,11 @@ def test_baseline_step_equals_hand_written_official_step(method: str) -> None:
 
         loss = ctr(p1, z2) + ctr(p2, z1)
     loss.backward()
-    lr = 0.5 * model.cfg.method.batch_size / 256  # the linear rule uses the configured batch
+    lr = 0.5 * model.settings.batch_size / 256  # the linear rule uses the configured batch
     with torch.no_grad():
         for p in online.parameters():
             p -= lr * p.grad
-        base, total = model.cfg.method.base_momentum, 4
+        base, total = model.settings.base_momentum, 4
         m = (
             1 - (1 - base) * (math.cos(0) + 1) / 2
             if method == "byol"
@@ -166,7 +164,7 @@ def build_preset(preset: str) -> nn.Module:
     )
     cfg = make_cfg(f"method={preset}", "logger=csv", "data.num_workers=0", "data.train_size=4096", *vit, tiny=False)
     validate(cfg)
-    return METHODS[cfg.method.name](cfg)
+    return build(cfg)
 
 
 def out_features(head: nn.Module) -> list[int]:

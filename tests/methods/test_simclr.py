@@ -12,13 +12,13 @@ from torch import nn
 from hvp_lightning.losses.simclr import simclr_pair_table
 from hvp_lightning.methods.simclr import SimCLR
 
-from ..conftest import make_cfg, score_and_assert_stateless
+from ..conftest import build, make_cfg, score_and_assert_stateless
 from ..losses.test_simclr import reference_nt_xent
 
 
 def _model_and_batch(*overrides: str, views: int = 2) -> tuple[SimCLR, dict]:
     torch.manual_seed(0)
-    model = SimCLR(make_cfg("method=simclr_cifar", "data.crop_size=16", *overrides)).train()
+    model = build(make_cfg("method=simclr_cifar", "data.crop_size=16", *overrides)).train()
     g = torch.Generator().manual_seed(1)
     batch = {"views": [torch.randn(8, 3, 16, 16, generator=g) for _ in range(views)], "label": torch.zeros(8)}
     return model, batch
@@ -68,10 +68,9 @@ def test_tiny_train_with_hvp(tmp_path: Path) -> None:
 def test_presets_build(preset: str) -> None:
     """Both presets compose, validate and build the paper's head (2048 -> 128, BN) and LARS."""
     from hvp_lightning.config import validate
-    from hvp_lightning.methods import METHODS
 
     cfg = validate(make_cfg(f"method={preset}", "logger=csv", "data.num_workers=0", "data.train_size=4096", tiny=False))
-    model = METHODS[cfg.method.name](cfg)
+    model = build(cfg)
     linears = [m for m in model.projector if isinstance(m, nn.Linear)]
     assert [m.out_features for m in linears] == [2048, 128]
     assert isinstance(model.projector[-1], nn.BatchNorm1d)

@@ -13,14 +13,16 @@ from hvp_lightning.losses import simsiam_loss
 from hvp_lightning.methods.base import SSLMethod
 from hvp_lightning.methods.simsiam import SimSiam
 
+from ..conftest import build
+
 
 def test_architecture_follows_official_simsiam(cfg_factory):
-    model = SimSiam(cfg_factory("method=simsiam", "method.proj_hidden_dim=64", "method.proj_dim=32"))
+    model = build(cfg_factory("method=simsiam", "method.proj_hidden_dim=64", "method.proj_dim=32"))
     proj, pred = model.projector, model.predictor
     assert sum(isinstance(m, torch.nn.Linear) for m in proj) == 3  # ImageNet preset: 3 layers
     assert isinstance(proj[-1], torch.nn.BatchNorm1d) and not proj[-1].affine
     assert [type(m).__name__ for m in pred] == ["Linear", "BatchNorm1d", "ReLU", "Linear"]
-    assert model.cfg.method.optimizer.weight_decay == 1e-4 and model.cfg.method.fix_pred_lr
+    assert model.settings.optimizer.weight_decay == 1e-4 and model.settings.fix_pred_lr
     groups = model.param_groups()
     assert groups[1]["fixed_lr"] and groups[1]["params"] == list(model.predictor.parameters())
 
@@ -37,7 +39,7 @@ def test_hvp_off_is_the_baseline(cfg_factory):
     with the bare method step (the base class's training_step)."""
     cfg = cfg_factory()
     torch.manual_seed(0)
-    model = SimSiam(cfg).train()
+    model = build(cfg).train()
     batch = {"views": [torch.randn(8, 3, 16, 16) for _ in range(2)], "label": torch.zeros(8, dtype=torch.long)}
     state = {k: v.clone() for k, v in model.state_dict().items()}
     loss_mixin, g_mixin = _loss_and_grads(model, batch)
@@ -55,7 +57,7 @@ def test_selected_loss_equals_own_loss_on_chosen_views(cfg_factory):
     """With BatchNorm in eval mode (no coupling between samples) the selected entry of the
     candidate table equals SimSiam's own per-sample loss on the gathered views."""
     torch.manual_seed(2)
-    model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=4")).eval()
+    model = build(cfg_factory("+hvp=on", "hvp.num_views=4")).eval()
     batch = {"views": [torch.randn(8, 3, 16, 16) for _ in range(4)], "label": torch.zeros(8, dtype=torch.long)}
     table = model.score_candidates(batch).table
     for mode in ("hard", "easy"):
@@ -69,7 +71,7 @@ def test_selected_loss_equals_own_loss_on_chosen_views(cfg_factory):
 
 def test_hvp_step_is_the_baseline_step_on_the_selected_pair(cfg_factory):
     torch.manual_seed(1)
-    model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=4")).train()
+    model = build(cfg_factory("+hvp=on", "hvp.num_views=4")).train()
     batch = {"views": [torch.randn(8, 3, 16, 16) for _ in range(4)], "label": torch.zeros(8, dtype=torch.long)}
     state = {k: v.clone() for k, v in model.state_dict().items()}
     choice = model.score_candidates(batch).table.argmax(1)
@@ -83,7 +85,7 @@ def test_hvp_step_is_the_baseline_step_on_the_selected_pair(cfg_factory):
 
 @pytest.mark.parametrize("every", [1, 2, 3])
 def test_every_n_steps_selects_only_on_those_steps(cfg_factory, every):
-    model = SimSiam(cfg_factory("+hvp=on", f"hvp.every_n_steps={every}")).train()
+    model = build(cfg_factory("+hvp=on", f"hvp.every_n_steps={every}")).train()
     batch = {"views": [torch.randn(4, 3, 16, 16) for _ in range(4)], "label": torch.zeros(4, dtype=torch.long)}
     calls = []
     original = model.score_candidates

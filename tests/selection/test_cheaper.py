@@ -15,9 +15,6 @@ from hvp_lightning.config import ConfigError, check_options
 from hvp_lightning.data.batched import finish_views
 from hvp_lightning.data.datamodule import view_aug
 from hvp_lightning.data.static_colour import share_colour
-from hvp_lightning.methods.dino import DINO
-from hvp_lightning.methods.ibot import IBOT
-from hvp_lightning.methods.simsiam import SimSiam
 from hvp_lightning.selection import (
     HVPConfig,
     choose,
@@ -38,6 +35,7 @@ from hvp_lightning.selection import mixin as mixin_module
 from hvp_lightning.selection import scale as scale_module
 from hvp_lightning.training.cost import count_step_flops
 
+from ..conftest import build
 from ..methods import test_dino, test_ibot
 from .test_static_colour import _batch as static_batch
 
@@ -123,7 +121,7 @@ def test_fit_mask_keeps_blocks_on_a_smaller_grid():
 
 def test_scaled_selection_scores_resized_copies_and_trains_at_full_size(cfg_factory):
     torch.manual_seed(0)
-    model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=3", "hvp.selection_scale=0.5")).train()
+    model = build(cfg_factory("+hvp=on", "hvp.num_views=3", "hvp.selection_scale=0.5")).train()
     _quiet(model)
     batch = {"views": [torch.randn(6, 3, 16, 16) for _ in range(3)]}
     state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -148,7 +146,7 @@ def test_defaults_take_todays_path(cfg_factory, monkeypatch):
 
     monkeypatch.setattr(mixin_module, "scale_views", boom)
     monkeypatch.setattr(mixin_module, "scored_samples", boom)
-    model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=3")).train()
+    model = build(cfg_factory("+hvp=on", "hvp.num_views=3")).train()
     _quiet(model)
     model.training_step({"views": [torch.randn(4, 3, 16, 16) for _ in range(3)]}, 0)
 
@@ -156,14 +154,14 @@ def test_defaults_take_todays_path(cfg_factory, monkeypatch):
 def test_dino_scales_globals_and_locals_and_forwards_the_teacher_again():
     torch.manual_seed(0)
     cfg = test_dino.make_cfg("+hvp=on", "hvp.selection_scale=0.5")
-    model = DINO(cfg).train()
+    model = build(cfg).train()
     _quiet(model)
     batch = test_dino.make_batch(cfg, b=3)
     assert model.selection_size_rule() == (8, 8)  # the ViT's patch
     scores = model.score_candidates(batch)
     assert scores.context.teacher is None  # outputs of small views are not the step's
     full = model.hvp
-    model.hvp = full.model_copy(update={"selection_scale": 1.0})
+    model.hvp = full.replace(selection_scale=1.0)
     small = _resized(batch["views"], 2)  # globals 32 -> 16 px, locals 16 -> 8 px: a 2x2 and a 1x1 grid
     reference = model.score_candidates(dict(batch, views=small))
     assert reference.context.teacher is not None  # at full scale the teacher is reused
@@ -181,11 +179,11 @@ def test_dino_scales_globals_and_locals_and_forwards_the_teacher_again():
 def test_ibot_reads_its_masks_on_the_smaller_grid():
     torch.manual_seed(0)
     cfg = test_ibot.make_cfg("+hvp=on", "hvp.selection_scale=0.5")
-    model = IBOT(cfg).train()
+    model = build(cfg).train()
     batch = test_ibot.with_masks(model, test_ibot.make_batch(cfg, b=3))
     scores = model.score_candidates(batch)
     assert scores.context is None  # no teacher reuse
-    model.hvp = model.hvp.model_copy(update={"selection_scale": 1.0})
+    model.hvp = model.hvp.replace(selection_scale=1.0)
     small = dict(batch, views=_resized(batch["views"], 2), masks=[fit_mask(m, (2, 2)) for m in batch["masks"]])
     torch.testing.assert_close(scores.table, model.score_candidates(small).table, rtol=1e-5, atol=1e-6)
 
@@ -207,7 +205,7 @@ def _scored(model, b: int, batch_idx: int = 0) -> torch.Tensor:
 
 def test_fraction_scores_a_seeded_part_and_trains_the_others_on_their_first_pair(cfg_factory):
     torch.manual_seed(0)
-    model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=3", "hvp.selection_fraction=0.5")).train()
+    model = build(cfg_factory("+hvp=on", "hvp.num_views=3", "hvp.selection_fraction=0.5")).train()
     logged = _quiet(model)
     batch = {"views": [torch.randn(8, 3, 16, 16) for _ in range(3)]}
     state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -235,7 +233,7 @@ def test_fraction_scores_a_seeded_part_and_trains_the_others_on_their_first_pair
 def test_dino_fraction_unscored_samples_keep_the_first_combination():
     torch.manual_seed(0)
     cfg = test_dino.make_cfg("+hvp=on", "hvp.selection_fraction=0.5")
-    model = DINO(cfg).train()
+    model = build(cfg).train()
     seen = _capture_step(model)
     batch = test_dino.make_batch(cfg, b=6)
     model.training_step(batch, 0)
@@ -258,7 +256,7 @@ def test_dino_fraction_unscored_samples_keep_the_first_combination():
 def test_ibot_fraction_masks_travel_with_their_views():
     torch.manual_seed(0)
     cfg = test_ibot.make_cfg("+hvp=on", "hvp.selection_fraction=0.5")
-    model = IBOT(cfg).train()
+    model = build(cfg).train()
     seen = _capture_step(model)
     batch = test_ibot.with_masks(model, test_ibot.make_batch(cfg, b=4))
     model.training_step(batch, 0)
@@ -306,7 +304,7 @@ def test_least_overlap_equals_brute_force_first_column_on_ties():
 
 def test_min_iou_runs_no_forward_and_trains_the_least_overlapping_pair(cfg_factory, monkeypatch):
     torch.manual_seed(0)
-    model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=4", "hvp.mode=min_iou")).train()
+    model = build(cfg_factory("+hvp=on", "hvp.num_views=4", "hvp.mode=min_iou")).train()
     logged = _quiet(model)
 
     def no_forward(batch):
@@ -332,7 +330,7 @@ def test_min_iou_runs_no_forward_and_trains_the_least_overlapping_pair(cfg_facto
 
 
 def test_min_iou_needs_crop_boxes(cfg_factory):
-    model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=3", "hvp.mode=min_iou"))
+    model = build(cfg_factory("+hvp=on", "hvp.num_views=3", "hvp.mode=min_iou"))
     with pytest.raises(KeyError, match="hvp.mode=min_iou: SimSiam's batch has no crop boxes"):
         model.training_step({"views": [torch.randn(2, 3, 16, 16)] * 3}, 0)
 
@@ -340,7 +338,7 @@ def test_min_iou_needs_crop_boxes(cfg_factory):
 @pytest.mark.parametrize("rule", ["cross", "all"])
 def test_dino_min_iou_least_overlapping_globals_then_locals(rule):
     cfg = test_dino.make_cfg("+hvp=on", "hvp.mode=min_iou", f"hvp.global_pairs={rule}", "method.num_local_crops=2")
-    model = DINO(cfg).train()
+    model = build(cfg).train()
     seen = _capture_step(model)
     g, lc, n_loc, b = model.num_globals, model.num_locals_cand, model.num_local, 12
     assert (g, lc, n_loc) == (4, 4, 2)
@@ -367,7 +365,7 @@ def test_least_overlapping_locals_without_locals():
 
 def test_ibot_min_iou_chooses_globals_and_keeps_the_locals():
     cfg = test_ibot.make_cfg("+hvp=on", "hvp.mode=min_iou")
-    model = IBOT(cfg).train()
+    model = build(cfg).train()
     seen = _capture_step(model)
     batch = test_ibot.with_masks(model, test_ibot.make_batch(cfg, b=5))
     g = model.num_globals
@@ -390,7 +388,7 @@ def test_ibot_min_iou_chooses_globals_and_keeps_the_locals():
 def test_static_colour_colours_the_chosen_full_size_crops(cfg_factory, keys):
     torch.manual_seed(0)
     cfg = cfg_factory("+hvp=on", "hvp.colour=static", "data.crop_size=16", *keys)
-    model = SimSiam(cfg).train()
+    model = build(cfg).train()
     seen = _capture_step(model)
     batch = static_batch(cfg)
     crops, drawn, aug = list(batch["views"]), dict(batch["params"]), view_aug(cfg.data)
@@ -404,7 +402,7 @@ def test_static_colour_colours_the_chosen_full_size_crops(cfg_factory, keys):
 
 
 def test_min_iou_off_steps_train_the_first_pair(cfg_factory, monkeypatch):
-    model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=3", "hvp.mode=min_iou", "hvp.every_n_steps=2"))
+    model = build(cfg_factory("+hvp=on", "hvp.num_views=3", "hvp.mode=min_iou", "hvp.every_n_steps=2"))
     seen: dict = {}
     model.ssl_step = lambda b, i: seen.setdefault("step", b) and torch.zeros(())  # type: ignore[method-assign]
     monkeypatch.setattr(model, "hvp_active", lambda: False)

@@ -12,11 +12,13 @@ import torch
 from hvp_lightning.methods.simsiam import SimSiam
 from hvp_lightning.selection import HardViewMixin, HVPConfig, pair_index
 
+from ..conftest import build
+
 
 @pytest.mark.parametrize("step", [0, 1])  # every_n_steps=2: a selection step, then an off-step
 def test_a_batch_without_labels_trains(cfg_factory, step):
     torch.manual_seed(0)
-    model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=3", "hvp.every_n_steps=2")).train()
+    model = build(cfg_factory("+hvp=on", "hvp.num_views=3", "hvp.every_n_steps=2")).train()
     model.log = lambda *a, **k: None  # type: ignore[method-assign]
     batch = {"views": [torch.randn(4, 3, 16, 16) for _ in range(3)]}
     state = {k: v.clone() for k, v in model.state_dict().items()}

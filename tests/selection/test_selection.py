@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from hvp_lightning.losses import simsiam_loss, simsiam_pair_table
-from hvp_lightning.methods.simsiam import SimSiam
 from hvp_lightning.selection import (
     ambient_autocast_dtype,
     choose,
@@ -21,7 +20,7 @@ from hvp_lightning.selection import (
     summarise_totals,
 )
 
-from ..conftest import official_pairs, precision_flags
+from ..conftest import build, official_pairs, precision_flags
 
 
 def test_pair_index_order_and_baseline_pair():
@@ -105,7 +104,7 @@ def test_logged_losses_say_which_pass_they_come_from(cfg_factory):
     the training step returns. With BatchNorm in train mode they differ (issue 16), so a
     chart of the selection value must not be read as the trained loss."""
     torch.manual_seed(0)
-    model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=4")).train()
+    model = build(cfg_factory("+hvp=on", "hvp.num_views=4")).train()
     batch = {"views": [torch.randn(8, 3, 16, 16) for _ in range(4)], "label": torch.zeros(8, dtype=torch.long)}
     table = model.score_candidates(batch).table
     logged = _logged(model)
@@ -125,7 +124,7 @@ def test_logged_losses_say_which_pass_they_come_from(cfg_factory):
 
 def test_nonfinite_candidates_are_masked_counted_and_fatal_when_all(cfg_factory):
     torch.manual_seed(0)
-    model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=3")).train()
+    model = build(cfg_factory("+hvp=on", "hvp.num_views=3")).train()
     batch = {"views": [torch.randn(4, 3, 16, 16) for _ in range(3)], "label": torch.zeros(4, dtype=torch.long)}
     clean = model.score_candidates(batch).table
     poisoned = clean.clone()
@@ -195,7 +194,7 @@ def _snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def test_selection_pass_leaves_buffers_params_and_rng_untouched(cfg_factory):
-    model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=4"))
+    model = build(cfg_factory("+hvp=on", "hvp.num_views=4"))
     model.train()
     batch = {"views": [torch.randn(8, 3, 16, 16) for _ in range(4)], "label": torch.zeros(8, dtype=torch.long)}
     before, rng = _snapshot(model), torch.get_rng_state()
@@ -224,7 +223,7 @@ def test_bf16_selection_runs_sync_batchnorm_as_cuda_allows(cfg_factory, monkeypa
         return super(torch.nn.SyncBatchNorm, self).forward(x)  # then plain BatchNorm (one process)
 
     monkeypatch.setattr(torch.nn.SyncBatchNorm, "forward", cuda_rule)
-    model = SimSiam(cfg_factory("+hvp=on", "hvp.num_views=3", "hvp.selection_precision=bf16")).train()
+    model = build(cfg_factory("+hvp=on", "hvp.num_views=3", "hvp.selection_precision=bf16")).train()
     model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     monkeypatch.setattr(model, "_selection_dtype", lambda device_type: torch.bfloat16)  # CPU would select in fp32
     batch = {"views": [torch.randn(4, 3, 16, 16) for _ in range(3)], "label": torch.zeros(4, dtype=torch.long)}

@@ -11,8 +11,9 @@ from hvp_lightning.data.augment import MultiViewTransform, normalize
 from hvp_lightning.data.batched import finish_views
 from hvp_lightning.data.datamodule import view_aug
 from hvp_lightning.data.static_colour import COLOUR_KEYS, share_colour
-from hvp_lightning.methods.simsiam import SimSiam
 from hvp_lightning.selection import pair_index
+
+from ..conftest import build
 
 
 def _batch(cfg, b: int = 6, n: int = 4) -> dict:
@@ -39,7 +40,7 @@ def test_share_colour_gives_every_candidate_view_0s_colour(cfg_factory):
 def test_selection_sees_uncoloured_candidates_and_the_step_the_coloured_pair(cfg_factory):
     torch.manual_seed(0)
     cfg = cfg_factory("+hvp=on", "hvp.colour=static", "data.crop_size=16")
-    model = SimSiam(cfg).train()
+    model = build(cfg).train()
     batch = _batch(cfg)
     crops, drawn, aug = list(batch["views"]), dict(batch["params"]), view_aug(cfg.data)
     seen: dict = {}

@@ -1,18 +1,18 @@
-"""The run's backbone, built from its ``backbone`` config section (the built-in ResNets and ViTs, or
-any timm model), and the start-up checks that try a timm model on the meta device: its patch size,
-the crop sizes it takes, its pooled output."""
+"""What start-up validation learns of a ``backbone=timm`` model by building it on the meta device
+(no memory, no initialisation, no compute): its patch size, the crop sizes it takes, its pooled
+output. torch and timm are imported by the functions here, when a timm backbone is checked."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from .errors import ConfigError
+from .settings import SettingError
 
-from ..errors import ConfigError
-from ..nn.backbones import Backbone, build_resnet, build_timm, build_vit, has_vit_tokens, timm_is_vit
-from ..schema import TIMM_FAMILY, backbone_family
-from ..settings import SettingError
+if TYPE_CHECKING:
+    from .nn.backbones import Backbone
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,10 @@ class TimmLayout:
 def meta_timm(cfg, img_size: int | None = None, model_args: dict | None = None) -> Backbone:
     """The ``backbone=timm`` model of ``cfg`` built on the meta device (no memory, no random
     init); ``img_size`` / ``model_args`` replace ``cfg``'s where given."""
+    import torch
+
+    from .nn.backbones import build_timm
+
     args = dict(cfg.get("model_args") or {}) if model_args is None else model_args
     try:
         with torch.device("meta"):
@@ -40,6 +44,8 @@ def meta_timm(cfg, img_size: int | None = None, model_args: dict | None = None) 
 def timm_layout(cfg) -> TimmLayout:
     """The model of ``cfg`` built on the meta device, read for its patch size and whether iBOT
     can use its tokens."""
+    from .nn.backbones import has_vit_tokens, timm_is_vit
+
     trunk = meta_timm(cfg).trunk
     embed = getattr(trunk, "patch_embed", None)
     return TimmLayout(
@@ -55,6 +61,8 @@ def meta_output_shape(backbone: Backbone, size: int) -> tuple[int, ...]:
     """The shape of ``backbone``'s output for two ``size`` px images, run on the meta device
     (no compute); the model's own error where it cannot take them (a fixed input size, too
     small an image for its kernels)."""
+    import torch
+
     return tuple(backbone(torch.empty(2, 3, size, size, device="meta")).shape)
 
 
@@ -89,16 +97,3 @@ def timm_size_fix(cfg, sizes: list[int]) -> str | None:
     return None
 
 
-def build_backbone(cfg) -> Backbone:
-    """The backbone of a validated ``backbone`` config section (a built-in name with its family's
-    keys, or ``backbone=timm``), randomly initialised. A timm model's refusal of a key is said
-    with the key's place in the config (``backbone.img_size=...``)."""
-    family = backbone_family(cfg)
-    if family == TIMM_FAMILY:
-        try:
-            return build_timm(cfg.name, cfg.img_size, cfg.drop_path_rate, dict(cfg.model_args or {}), cfg.channels_last)
-        except SettingError as err:
-            raise ConfigError(str(err.at("backbone."))) from None
-    if family == "resnet":
-        return build_resnet(cfg.name, cfg.width, cfg.cifar_stem, cfg.channels_last, cfg.zero_init_residual)
-    return build_vit(cfg.name, cfg.img_size, cfg.patch_size, cfg.drop_path_rate, cfg.depth)

@@ -1,7 +1,7 @@
 """View-pipeline throughput, measured by hand (a benchmark, not a test).
 
 Builds the training views of a method preset exactly as ``train.py`` does (Hydra config,
-``method_cls.view_augs``, :class:`SSLDataModule`) over an ImageNet-layout JPEG folder and
+``run_view_augs``, :class:`SSLDataModule`) over an ImageNet-layout JPEG folder and
 times, in interleaved rounds so that machine noise hits all alike:
 
 * ``pipeline``: the views as training gets them, end to end: loader workers (decode, crop,
@@ -68,7 +68,7 @@ from hvp_lightning.data.datasets import SafeImageFolder, load_image  # noqa: E40
 from hvp_lightning.data.items import MultiViewDataset  # noqa: E402
 from hvp_lightning.data.make_shards import main as make_shards  # noqa: E402
 from hvp_lightning.data.seeds import view_key  # noqa: E402
-from hvp_lightning.methods import METHODS  # noqa: E402
+from hvp_lightning.training.build import build_method, run_view_augs  # noqa: E402
 
 METHOD_PRESETS = sorted(p.stem for p in (REPO / "conf" / "method").glob("*.yaml"))  # simsiam, simsiam_cifar, ...
 
@@ -333,7 +333,7 @@ def datamodule(
             data.update(name="shards", urls=shards, manifest=None, storage_options={}, monitor_size=0)
     dm = SSLDataModule(
         data,
-        METHODS[cfg.method.name].view_augs(cfg),
+        run_view_augs(cfg),
         args.batch_size,
         args.workers,
         cfg.seed,
@@ -386,7 +386,7 @@ def step_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.device)
             L.seed_everything(cfg.seed + r, workers=True, verbose=False)
             dm = step_datamodule(args, cfg, on_device)
             check_images(args, dm)
-            model = METHODS[cfg.method.name](cfg)
+            model = build_method(cfg)
             clock = StepClock(args.warmup, device)
             trainer = step_trainer(cfg, device, args.warmup + args.batches, [clock])
             trainer.fit(model, datamodule=dm)

@@ -65,12 +65,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from hvp_lightning.data.augment import PARAM_NAMES  # noqa: E402
-from hvp_lightning.methods import METHODS, SSLMethod  # noqa: E402
+from hvp_lightning.methods import SSLMethod, method_class  # noqa: E402
 from hvp_lightning.methods.dino import DINO  # noqa: E402
 from hvp_lightning.nn.teacher import ema_update  # noqa: E402
 from hvp_lightning.run.perf import compute_dtype, peak_flops  # noqa: E402
 from hvp_lightning.schema import PRECISIONS  # noqa: E402
 from hvp_lightning.selection import STEP_DTYPES, frozen_state, step_autocast_dtype  # noqa: E402
+from hvp_lightning.settings import method_names  # noqa: E402
+from hvp_lightning.training.build import build_method, run_view_augs  # noqa: E402
 from hvp_lightning.training.cost import count_step_flops  # noqa: E402
 
 Batch = dict[str, Any]
@@ -83,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--method", choices=sorted(METHODS), default="simsiam")
+    p.add_argument("--method", choices=sorted(method_names()), default="simsiam")
     p.add_argument(
         "--preset", default=None, help="conf/method file (default: <method>_cifar if it exists, else <method>)"
     )
@@ -138,7 +140,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if not name.isidentifier() or name in ("baseline", "hvp", "hvp_noreuse") or name in args.variants or not keys:
             p.error(f"--variant {v!r}: NAME:KEY=VALUE[,KEY=VALUE...] with a new name (a Python identifier)")
         args.variants[name] = keys.split(",")
-    if not issubclass(METHODS[args.method], DINO) and (
+    if not issubclass(method_class(args.method), DINO) and (
         args.max_combinations or args.no_teacher_reuse or args.compare_reuse
     ):
         p.error("--max-combinations / --no-teacher-reuse / --compare-reuse are DINO/iBOT options")
@@ -178,7 +180,7 @@ def compose_cfg(
     if args.local_crop is not None:
         ov.append(f"method.local_crop_size={args.local_crop}")
     ov += args.override
-    if issubclass(METHODS[args.method], DINO) and not teacher_reuse:
+    if issubclass(method_class(args.method), DINO) and not teacher_reuse:
         ov.append("method.teacher_reuse=false")
     if hvp:
         ov += ["+hvp=on", f"hvp.num_views={args.num_views}", f"hvp.selection_precision={args.selection_precision}"]
@@ -210,7 +212,7 @@ class Runner:
         self.model.log = lambda *a, **k: None  # type: ignore[method-assign]  # no Trainer attached
         # Plain SGD for every method: the optimiser costs the same with and without HVP.
         self.opt = torch.optim.SGD(self.model.param_groups(), lr=1e-3, momentum=0.9, weight_decay=1e-4)
-        self.view_sizes = [a.size for a in type(self.model).view_augs(self.cfg)]
+        self.view_sizes = [a.size for a in run_view_augs(self.cfg)]
         self._phase: dict[str, float] = {}
         if self.model.hvp.enabled:  # time the selection (pass, choice, gather) inside the real HVP step
             self.model.selection_phase = self.timed_selection  # type: ignore[method-assign]
@@ -466,7 +468,6 @@ def main(argv: list[str] | None = None) -> None:
     n, b = args.num_views, args.batch_size
 
     torch.manual_seed(args.seed)
-    cls = METHODS[args.method]
     base_cfg = compose_cfg(args, hvp=False)
     variants: list[tuple[str, DictConfig]] = [
         ("baseline", base_cfg),
@@ -478,7 +479,7 @@ def main(argv: list[str] | None = None) -> None:
         variants.append((name, compose_cfg(args, True, not args.no_teacher_reuse, keys)))
     runners: list[Runner] = []
     for name, cfg in variants:
-        model = cls(cfg)
+        model = build_method(cfg)
         if runners:  # same initial weights for every variant
             model.load_state_dict(runners[0].model.state_dict())
         runners.append(Runner(name, model, cfg, device, args.precision))

@@ -68,7 +68,7 @@ from loader import (  # noqa: E402  (benchmarks/loader.py; it puts the repositor
     step_trainer,
 )
 
-from hvp_lightning.methods import METHODS  # noqa: E402
+from hvp_lightning.training.build import build_method  # noqa: E402
 
 RANGES = ("hvp/colour", "hvp/selection", "hvp/train_forward", "hvp/ema")
 # Hook boundaries of one step, in Lightning's order; a segment runs from its mark to the next.
@@ -189,12 +189,12 @@ def fit(
     trainer = step_trainer(cfg, device, total, [clock, *callbacks])
     if fixed:
         data = FixedBatches(args, cfg, device, total)
-        model = METHODS[cfg.method.name](cfg)
+        model = build_method(cfg)
         trainer.fit(model, train_dataloaders=data)
     else:
         dm = step_datamodule(args, cfg)
         check_images(args, dm)
-        model = METHODS[cfg.method.name](cfg)
+        model = build_method(cfg)
         trainer.fit(model, datamodule=dm)
     if device.type == "cuda":
         torch.cuda.synchronize()

@@ -57,7 +57,7 @@ from hvp_lightning.data.augment import UNIFORMS, ViewAug, draw_params, pil_gauss
 from hvp_lightning.data.datamodule import SSLDataModule  # noqa: E402
 from hvp_lightning.data.datasets import load_image  # noqa: E402
 from hvp_lightning.data.items import MultiViewDataset  # noqa: E402
-from hvp_lightning.methods import METHODS  # noqa: E402
+from hvp_lightning.training.build import run_view_augs  # noqa: E402
 
 BLUR_KINDS = ("pil", "torchvision9", "simclr")
 
@@ -118,7 +118,7 @@ def item_cost(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     largs = args.loader
     root = largs.root or loader.make_jpeg_folder(loader.REPO / "benchmarks" / ".cache" / "jpeg", largs.images)
     cfg = loader.build_cfg(largs, root)
-    augs = METHODS[cfg.method.name].view_augs(cfg)
+    augs = run_view_augs(cfg)
     dm = SSLDataModule(cfg.data, augs, largs.batch_size, 0, cfg.seed, colour_in_workers=False)
     dm.setup("fit")
     raw = copy.copy(dm.train_raw)

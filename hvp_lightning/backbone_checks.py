@@ -95,5 +95,3 @@ def timm_size_fix(cfg, sizes: list[int]) -> str | None:
             continue
         return hint
     return None
-
-

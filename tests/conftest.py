@@ -477,11 +477,9 @@ def build(cfg: DictConfig):
 
 def augs_of(cfg: DictConfig) -> tuple:
     """The view augmentation of each view the config's method asks its loader for."""
-    from hvp_lightning.data.datamodule import view_augs
-    from hvp_lightning.settings import HVP_OFF
-    from hvp_lightning.training.build import hvp_of, method_settings_of
+    from hvp_lightning.training.build import run_view_augs
 
-    return view_augs(method_settings_of(cfg).views(hvp_of(cfg) or HVP_OFF), cfg.data)
+    return run_view_augs(cfg)
 
 
 def counts_of(cfg: DictConfig) -> tuple[int, int]:

@@ -12,12 +12,12 @@ import torch
 import torchvision
 from omegaconf import open_dict
 
+from hvp_lightning import hub_reach
 from hvp_lightning.config import check_options, validate
 from hvp_lightning.errors import ConfigError
 from hvp_lightning.nn.backbones import vit_tokens
 from hvp_lightning.nn.teacher import has_batchnorm
 from hvp_lightning.selection import frozen_state
-from hvp_lightning import hub_reach
 from hvp_lightning.training.backbone_init import init_backbone
 from hvp_lightning.training.build import build_backbone
 from hvp_lightning.training.weights import read_state

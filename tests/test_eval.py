@@ -795,7 +795,6 @@ def test_export_of_a_timm_backbone_run(overrides, tmp_path):
     features (a ViT whose default grid is not 224 px too: config.json records its img_size)."""
     import timm
 
-
     cfg = make_cfg("backbone=timm", *overrides, "data.crop_size=16")
     with open_dict(cfg):
         cfg.data.num_classes = 10

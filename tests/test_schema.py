@@ -295,7 +295,8 @@ def test_a_key_added_in_one_place_is_validated_listed_and_read(tmp_path: Path) -
     declared = copy / "hvp_lightning" / "settings" / "hvp.py"
     text = declared.read_text()
     anchor = "    def rules(self) -> None:"
-    declared.write_text(text.replace(anchor, '    probe_k: int = setting(3, "candidates probed first", ge=1)\n\n' + anchor))
+    line = '    probe_k: int = setting(3, "candidates probed first", ge=1)\n\n'
+    declared.write_text(text.replace(anchor, line + anchor))
     code = (
         "from hvp_lightning.schema import compose, hvp_config, help_listing, train_settings\n"
         "from hvp_lightning.errors import ConfigError\n"

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..data.datamodule import StaticColour, view_aug
+from ..data.augment import ViewAug
+from ..data.datamodule import StaticColour, view_aug, view_augs
 from ..errors import ConfigError
 from ..methods import SSLMethod, method_class
 from ..nn.backbones import Backbone, build_resnet, build_timm, build_vit
 from ..schema import TIMM_FAMILY, backbone_family
-from ..settings import HVP, MethodSettings, SettingError, method_settings
+from ..settings import HVP, HVP_OFF, MethodSettings, SettingError, method_settings
 
 
 def plain(section: Any) -> dict[str, Any]:
@@ -53,6 +54,12 @@ def hvp_of(cfg: Any) -> HVP | None:
     """HVP's settings of ``cfg`` (None: HVP off: no ``hvp`` section)."""
     node = cfg.get("hvp") if hasattr(cfg, "get") else getattr(cfg, "hvp", None)
     return None if node is None else HVP.from_dict(plain(node))
+
+
+def run_view_augs(cfg: Any) -> tuple[ViewAug, ...]:
+    """The augmentation of each view per image the config's method asks its loader for (its
+    settings' :meth:`~hvp_lightning.settings.MethodSettings.views`, on the config's data)."""
+    return view_augs(method_settings_of(cfg).views(hvp_of(cfg) or HVP_OFF), cfg.data)
 
 
 def build_method(cfg: Any) -> SSLMethod:

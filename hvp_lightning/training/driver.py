@@ -24,7 +24,7 @@ from ..cluster.waits import (
     end_descendants,
 )
 from ..config import check_options, has_budget, processes, validate
-from ..data.datamodule import SSLDataModule, eval_roles, view_augs
+from ..data.datamodule import SSLDataModule, eval_roles
 from ..data.iou_policy import iou_policy
 from ..device import check_accelerator, device_line, local_processes, set_matmul_precision
 from ..errors import ConfigError
@@ -39,11 +39,10 @@ from ..run.process_rank import env_rank
 from ..run.records import RunRecord, continue_csv_log, wandb_resume
 from ..run.wandb_logging import WandbCharts, current_sweep_dir, run_names, wandb_logged_in
 from ..selection import hvp_summary
-from ..settings import HVP_OFF
 from ..warning_filters import quiet_console
 from .backbone_init import init_backbone
 from .budget import apply_budget
-from .build import build_method, hvp_of, method_settings_of
+from .build import build_method, hvp_of, run_view_augs
 from .checkpoint import (
     AtomicCheckpointIO,
     RunCheckpoint,
@@ -202,7 +201,7 @@ def data_module(cfg: DictConfig, wait_s: float) -> SSLDataModule:
     hvp = hvp_of(cfg)
     dm = SSLDataModule(
         cfg.data,
-        view_augs(method_settings_of(cfg).views(hvp or HVP_OFF), cfg.data),
+        run_view_augs(cfg),
         cfg.method.batch_size,
         cfg.data.num_workers,
         cfg.seed,

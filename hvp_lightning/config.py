@@ -59,7 +59,8 @@ from .schema import (
     settings,
     to_settings,
 )
-from .schema.base import strip_unknown
+from .schema.base import chosen_model, discriminator, model_choices, strip_unknown
+from .schema.stored import with_earlier_values
 from .settings import HVP, SettingError, method_settings, selection_side
 
 log = logging.getLogger(__name__)
@@ -120,10 +121,19 @@ def check_options(cfg: DictConfig) -> DictConfig:
 
 def stored_config(raw: dict[str, Any] | DictConfig) -> DictConfig:
     """A run's config as its checkpoint stores it, read by this version: keys it no longer
-    declares left out, keys added since at their defaults, every value of its declared type."""
+    declares left out, keys added since at the value the run's version used
+    (:mod:`hvp_lightning.schema.stored`) or else their defaults, every value of its declared type."""
     data = container(raw)
     strip_unknown(TrainConfig, data)
+    with_earlier_values(data, declares)
     return as_config(settings(TrainConfig, data))
+
+
+def declares(section: str, values: dict[str, Any], key: str) -> bool:
+    """Whether the section ``section`` of a training config with ``values`` declares ``key``."""
+    field = TrainConfig.model_fields[section]
+    model = chosen_model(field.annotation, values, discriminator(field)) if model_choices(field.annotation) else None
+    return model is not None and key in model.model_fields
 
 
 # optional groups added whole by a command-line group (the key, its option)

@@ -21,7 +21,7 @@ from hvp_lightning.training.checkpoint import build_method, load_checkpoint, res
 from hvp_lightning.training.driver import run
 from hvp_lightning.training.export import main as export_main
 
-from .conftest import make_cfg
+from .conftest import make_cfg, run_cli
 
 OLD_RUN = Path(__file__).parent / "fixtures" / "run-0.1.0"
 # the overrides (on top of conftest's tiny config) that wrote the fixture
@@ -96,3 +96,71 @@ def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> Non
     assert a.keys() == b.keys()
     for name in a:
         assert torch.allclose(a[name].float(), b[name].float(), rtol=1e-4, atol=1e-6), name
+
+
+# Two more run dirs, each with what its own code gave on resuming it for one more epoch and on a
+# k-NN evaluation (<run dir>.expected.json): DINO + HVP around a small timm ViT, written before the
+# methods became the library's typed LightningModules (main at c496d71); SimCLR + HVP written on
+# 2026-11-25 (main at 8218df3), before backbone.zero_init_residual and other keys existed.
+DINO_RUN = Path(__file__).parent / "fixtures" / "run-dino-c496d71"
+EARLY_RUN = Path(__file__).parent / "fixtures" / "run-simclr-8218df3"
+
+
+def _expected(run_dir: Path) -> dict:
+    return json.loads(run_dir.with_name(run_dir.name + ".expected.json").read_text())
+
+
+def test_the_run_dirs_of_earlier_versions_build_their_methods_and_read_their_keys() -> None:
+    """Both load: the method built from the stored config holds the checkpoint's weights, the
+    DINO run's settings are its config's, and the early run's missing keys take the values its
+    code used (zero_init_residual off), not today's defaults."""
+    from hvp_lightning.training.checkpoint import checkpoint_config
+
+    for run_dir, name in ((DINO_RUN, "DINO"), (EARLY_RUN, "SimCLR")):
+        ckpt = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+        method = build_method(ckpt)
+        assert type(method).__name__ == name and method.hvp.enabled
+        for key, value in method.state_dict().items():
+            assert torch.equal(value, ckpt["state_dict"][key]), key
+    dino = build_method(load_checkpoint(DINO_RUN / "checkpoints" / "last.ckpt"))
+    assert (dino.settings.out_dim, dino.settings.num_local_crops, dino.hvp.max_combinations) == (64, 2, None)
+    early = checkpoint_config(load_checkpoint(EARLY_RUN / "checkpoints" / "last.ckpt"))
+    assert (
+        early.backbone.zero_init_residual is False
+        and "zero_init_residual"
+        not in (load_checkpoint(EARLY_RUN / "checkpoints" / "last.ckpt")["hyper_parameters"]["cfg"]["backbone"])
+    )
+
+
+@pytest.mark.slow  # two runs resumed for an epoch each, and their k-NN evaluations
+@pytest.mark.parametrize("run_dir", [DINO_RUN, EARLY_RUN], ids=["dino-c496d71", "simclr-8218df3"])
+def test_a_run_dir_of_an_earlier_version_resumes_and_evaluates(run_dir: Path, tmp_path: Path) -> None:
+    """``train.py resume=<run dir> trainer.max_epochs=2`` continues it for its second epoch, and
+    ``eval.py protocol=knn`` evaluates it. The DINO run continues as its own code continued it
+    (weights and loss; equal on one machine and thread count, within float noise else); the early
+    run, whose views have changed since (counter-based seeds, the blur kinds), continues from its
+    checkpoint with its first session's k-NN history, step and images kept."""
+    from hvp_lightning.cli import evaluate_main, train
+
+    expected = _expected(run_dir)
+    old = tmp_path / "run"
+    shutil.copytree(run_dir, old)
+    stored = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["hvp_lightning"]
+    code, out, err = run_cli(train, f"resume={old}", "trainer.max_epochs=2", "data.num_workers=0", cwd=tmp_path)
+    assert code == 0, err[-2000:]
+    summary = json.loads((old / "summary.json").read_text())
+    assert (summary["steps"], summary["epochs"]) == (expected["global_step"], 2)
+    assert summary["knn_history"][: len(stored["knn_history"])] == stored["knn_history"]
+    assert summary["images_seen"] == 2 * stored["images_seen"]
+    if run_dir == DINO_RUN:  # the same code path as its own version's
+        assert summary["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-5)
+        state = load_checkpoint(old / "checkpoints" / "last.ckpt")["state_dict"]
+        for key, (_, absolute) in expected["tensor_sums"].items():
+            assert float(state[key].double().abs().sum()) == pytest.approx(absolute, rel=1e-5, abs=1e-8), key
+    code, out, err = run_cli(
+        evaluate_main, "protocol=knn", f"ckpt={run_dir}", f"out_dir={tmp_path / 'eval'}", cwd=tmp_path
+    )
+    assert code == 0, err[-2000:]
+    metrics = json.loads((tmp_path / "eval" / "eval_summary.json").read_text())["metrics"]
+    knn = expected["eval_knn_of_fixture"]
+    assert (metrics["top1"], metrics["top5"], metrics["k10"]["top1"]) == (knn["top1"], knn["top5"], knn["k10_top1"])

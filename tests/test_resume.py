@@ -217,7 +217,7 @@ def test_missing_truncated_and_foreign_checkpoints(tiny_ckpt, tmp_path):
     with pytest.raises(CheckpointError) as err:
         load_checkpoint(garbage)
     # torch's own reason, not its advice half-quoted ("Re-running torch.load with weights_only set to False")
-    assert "truncated or not a PyTorch checkpoint (UnpicklingError: Unsupported operand" in str(err.value)
+    assert "truncated or not a PyTorch checkpoint (UnpicklingError)" in str(err.value)
     assert "weights_only" not in str(err.value)
     foreign = tmp_path / "foreign.pth"
     torch.save({"conv1.weight": torch.zeros(1)}, foreign)
@@ -233,13 +233,14 @@ class _RunsCode:
 @pytest.mark.parametrize(
     ("obj", "why"),
     [
-        (Path("x"), "Unsupported global: GLOBAL pathlib.PosixPath was not an allowed global"),  # not on the allowlist
-        (_RunsCode(), "unsupported GLOBAL posix.system whose module posix is blocked"),  # a blocked module
+        (Path("x"), "(pathlib.PosixPath)"),  # not on torch's allowlist
+        (_RunsCode(), "(posix.system)"),  # a blocked module
     ],
 )
 def test_a_refused_pickle_is_named_as_such_with_torchs_warning(tmp_path, obj, why):
-    """torch words the two refusals differently; both are refusals (not "truncated"), and the
-    message keeps torch's warning that weights_only=False can run arbitrary code."""
+    """Both refusals (an object not on torch's allowlist, a blocked module) are said as such with
+    the objects named (not "truncated"), and with torch's warning that weights_only=False can run
+    arbitrary code."""
     path = tmp_path / "pickled.ckpt"
     torch.save({"state_dict": {}, "obj": obj}, path)
     with pytest.raises(CheckpointError) as err:

@@ -52,7 +52,7 @@ HVP4 = ["+hvp=on", "hvp.num_views=4"]
 ARMS: dict[str, list[str]] = {
     "baseline": [],
     "hard": [*HVP4, "hvp.mode=hard"],
-    # The cheaper selections (issue 48): candidates scored at half size, a quarter of each batch
+    # The cheaper selections: candidates scored at half size, a quarter of each batch
     # scored, both halved (the cheapest), and the crops' geometry alone (no selection forward).
     "scale50": [*HVP4, "hvp.mode=hard", "hvp.selection_scale=0.5"],
     "fraction25": [*HVP4, "hvp.mode=hard", "hvp.selection_fraction=0.25"],
@@ -69,7 +69,7 @@ ALL_ARMS = [*ARMS, *(f"{BASE}{AT}{a}" for a in ARMS if a != BASE)]
 SELECTIONS = ["hard", "scale50", "fraction25", "scale50_fraction50"]  # the arms whose selection costs FLOPs
 DEFAULT_ARMS = [BASE, *SELECTIONS, "min_iou", *(f"{BASE}{AT}{a}" for a in SELECTIONS)]
 PAPER_ARMS = [BASE, "hard", "random", "hard_every2", "easy"]
-TARGET_RATIO = 1.2  # issue 48: a selection at <= 1.2x the baseline's model FLOPs per image ...
+TARGET_RATIO = 1.2  # the target: a selection at <= 1.2x the baseline's model FLOPs per image ...
 MIN_BASELINE_GAIN = 0.02  # a method is reported only if its baseline's k-NN gains this much over init
 NO_FIGURE = "Figure: none (no method reported)"
 HVP_KEYS = ("hvp",)  # the only top-level config key allowed to differ between arms ...

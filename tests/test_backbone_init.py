@@ -1,4 +1,4 @@
-"""``backbone=timm`` and ``backbone.init`` (issue 38, items 2, 3 and 7): any timm model as the
+"""``backbone=timm`` and ``backbone.init``: any timm model as the
 trunk, released weights as its start -- loaded strictly, equal to the file before the first
 step, the teacher equal to the student -- and every bad input in one line naming the key."""
 
@@ -59,7 +59,7 @@ def loaded(cfg):
     return model, line
 
 
-# --- item 2: any timm model ----------------------------------------------------------------------
+# --- any timm model -----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "name,args",
     [("resnet10t", {}), ("convnext_atto", {}), ("efficientnet_b0", {}), ("vit_tiny_patch16_224", {"depth": 1})],
@@ -158,7 +158,7 @@ def test_the_selection_pass_freezes_running_statistics_beyond_batchnorm():
     assert not torch.equal(norm.running_var, torch.ones(4))
 
 
-# --- item 7: bad input, one line naming the key and value -----------------------------------------
+# --- bad input, one line naming the key and value ------------------------------------------------
 def test_an_unknown_timm_name_names_the_closest_ones():
     with pytest.raises(ConfigError, match=r"backbone.name='convnext_tinny' .*closest: convnext_tiny") as err:
         validate(make_cfg("backbone=timm", "backbone.name=convnext_tinny", "data.crop_size=32"))
@@ -232,7 +232,7 @@ def test_init_student_on_a_plain_state_dict_is_refused(tmp_path):
         loaded(make_cfg(f"backbone.init={weights}", "backbone.init_student=true"))
 
 
-# --- item 3: released weights as the start ---------------------------------------------------------
+# --- released weights as the start ----------------------------------------------------------------
 @pytest.mark.parametrize(
     "backbone", [["backbone=resnet18", "backbone.width=64"], ["backbone=timm", "backbone.name=resnet18"]]
 )

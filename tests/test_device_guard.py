@@ -1,4 +1,4 @@
-"""CPU-only guard against tensors made on the wrong device (issue 12: HVP crashed on its first
+"""CPU-only guard against tensors made on the wrong device (HVP crashed on its first
 GPU step because ``pair_index`` built its index on the CPU while the choice was on the GPU).
 
 The model and the batch go to the ``meta`` device, which stands in for a GPU: a tensor the

@@ -633,7 +633,7 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_export_folder_loads_strictly_in_timm_with_the_runs_features(resnet18_checkpoint, tmp_path, capsys):
-    """Issue 38's check: timm.create_model(arch, pretrained=True, pretrained_cfg_overlay=dict(file=...),
+    """The documented load: timm.create_model(arch, pretrained=True, pretrained_cfg_overlay=dict(file=...),
     num_classes=0) takes every tensor of model.safetensors (timm loads non-strictly there, since
     0 classes differ from its 1000: so the key sets are compared here) and gives the run's
     evaluation features; the folder's own config.json (local-dir:) loads strictly too."""

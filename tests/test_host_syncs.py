@@ -1,4 +1,4 @@
-"""Host syncs of one training step, counted on the CPU (issue 13's DINO step ran at 173 images/s
+"""Host syncs of one training step, counted on the CPU (the DINO step ran at 173 images/s
 on an H200 where its loader gave 745-820).
 
 A host sync makes the Python process wait until the GPU has run everything queued before it,

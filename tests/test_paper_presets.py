@@ -38,7 +38,7 @@ OFFICIAL_SIMSIAM = "official SimSiam code (main_simsiam.py)"
 OFFICIAL_SIMCLR = "official SimCLR code (data_util.py, color_jitter_strength 1.0)"
 PAPER_IBOT = TEXT + ': "For iBOT, we use the original objective as defined by the authors with global views only"'
 # The HVP code that made the paper's numbers (github.com/automl/hvp, branch:file:line): where the paper
-# is silent it comes before the upstream code (issue 40's rule).
+# is silent it comes before the upstream code.
 HVP_BLUR = "automl/hvp main:custom_transform.py:28, dino:data/custom_transform.py:30: GaussianBlur(9, (0.1, 2.0))"
 HVP_DINO_CLIP = "automl/hvp dino:pretrain.py:437,445: clip_grad_norm_(student.parameters(), 3.0)"
 HVP_IBOT_CLIP = "automl/hvp ibot:main_ibot.py:454,462: utils.clip_gradients (per parameter)"

@@ -92,7 +92,7 @@ def test_plan_and_commands_differ_only_in_hvp_keys_and_seed(tmp_path: Path) -> N
     }
     assert set(q.DEFAULT_ARMS) == {"baseline", "hard", "scale50", "fraction25", "scale50_fraction50", "min_iou"} | {
         f"baseline@{a}" for a in ("hard", "scale50", "fraction25", "scale50_fraction50")
-    }  # issue 48: every cheaper selection, and each one that costs FLOPs at equal FLOPs too
+    }  # every cheaper selection, and each one that costs FLOPs at equal FLOPs too
 
 
 def test_t_interval_matches_scipy() -> None:
@@ -128,7 +128,7 @@ def test_report_table_curves_and_config_check(tmp_path: Path) -> None:
 
 def test_methods_whose_baseline_does_not_learn_are_left_out(tmp_path: Path) -> None:
     """A method whose baseline ends at or below its random-init k-NN has nothing to compare: the
-    report names it and why, and has no table row for it (the CPU scale's SimSiam, issue 14)."""
+    report names it and why, and has no table row for it (the CPU scale's SimSiam)."""
     scale = q.SCALES["cpu"]
     arms = ["baseline", "hard"]
     jobs = q.plan(scale, ["simclr", "simsiam"], arms, [0, 1], tmp_path)

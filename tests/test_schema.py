@@ -128,7 +128,7 @@ def test_a_misspelt_key_names_the_key_meant_with_or_without_plus() -> None:
 # Every method preset passes the start-up checks with and without +hvp=on: tests/test_experiments.py.
 
 
-# Defaults changed on purpose since the fixture (issue 46): the held-out monitor sample fits the data,
+# Defaults changed on purpose since the fixture: the held-out monitor sample fits the data,
 # loader workers are the machine's (eval.py and transfer.py: theirs too).
 CHANGED = {"monitor_size": "auto", "num_workers": "auto"}
 

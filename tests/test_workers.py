@@ -124,7 +124,7 @@ def loader_starts_that_hung(n: int, stop_at_first: bool = False, **options) -> i
 @pytest.mark.slow  # 40 fresh loaders, 80 workers started: ~14 s on 2 cores
 def test_project_loaders_never_hang_beside_a_native_thread(native_churn):
     """The package's loader options (fork server) start 40 fresh 2-worker loaders beside the
-    churning thread without one hang. With the fork start (the code before the fix), 6 of 20 hung
+    churning thread without one hang. With the fork start, 6 of 20 hung
     on Python 3.11.7 (benchmarks/RESULTS.md)."""
     assert loader_starts_that_hung(40, **workers.worker_options(2, wait_s=20)) == 0
 

@@ -1,4 +1,4 @@
-"""The cheaper selections of issue 48: hvp.selection_scale (downscaled candidates),
+"""The cheaper selections: hvp.selection_scale (downscaled candidates),
 hvp.selection_fraction (part of the samples) and hvp.mode=min_iou (no forward), each against a
 brute force of its own definition, and the defaults on today's path."""
 

@@ -99,7 +99,7 @@ def test_the_command_line_still_wins_over_an_experiment(tmp_path):
 def test_every_method_preset_alone_passes_the_start_up_checks(preset, hvp):
     """``method=ibot`` alone used to stop on a config error (iBOT needs a ViT): each preset brings a
     backbone it runs with, with and without +hvp=on. (On textures enough for its batch: the ImageNet
-    presets' 4096 do not fit the demo's 3072, which start-up says.)"""
+    presets' 4096 do not fit the demo's 2048, which start-up says.)"""
     check_options(composed(f"method={preset}", "logger=csv", "data.train_size=4096", *hvp))
 
 

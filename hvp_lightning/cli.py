@@ -309,7 +309,7 @@ def checked_command_line(config_name: str, args: list[str]) -> list[str]:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
+    from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
 
     if any(a in HELP_FLAGS or a.startswith(("--help", "--cfg=", "--info=")) for a in args):
         return args
@@ -325,31 +325,29 @@ def checked_command_line(config_name: str, args: list[str]) -> list[str]:
     search = [f"file://{Path(d).resolve()}" for d in config_dirs(args)]
     hydra_keys = [f"hydra.searchpath=[{','.join(search)}]"] if search else []
     prefix = {}  # override index -> "+" (an unknown key) or "+" (a known key given with +: now ++)
+    chosen = [i for i, ov in enumerate(overrides) if not ov.key_or_group.startswith("hydra")]
+    groups = {i for i in chosen if is_group(overrides[i].key_or_group, search)}
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         try:
-            hydra_app = GlobalHydra.instance().hydra
-            assert hydra_app is not None  # set inside initialize_config_dir
-            loader = hydra_app.config_loader
-            groups = set(hydra_app.list_all_config_groups())
-            groups |= {ov.key_or_group for ov in overrides if "/" in ov.key_or_group}  # a --config-dir's groups
-            chosen = [i for i, ov in enumerate(overrides) if not ov.key_or_group.startswith("hydra")]
-            for i in chosen:  # a group option that does not exist: said with the group's options
-                ov = overrides[i]
-                if ov.key_or_group in groups and not ov.is_delete():
-                    check_options_exist(ov, loader.get_group_options(ov.key_or_group))
-            # the groups chosen, then each key's + from whether that config has the key
-            base = compose(
-                config_name, overrides=[single[i] for i in chosen if overrides[i].key_or_group in groups] + hydra_keys
-            )
-            for i in chosen:
-                ov = overrides[i]
-                if ov.key_or_group in groups or ov.is_delete() or ov.is_force_add():
-                    continue
-                there = OmegaConf.select(base, ov.key_or_group, default=ABSENT) is not ABSENT
-                if there == ov.is_add():  # key=value for a key it lacks, +key=value for one it has
-                    prefix[i] = "+"
-                    single[i] = f"+{single[i]}"
-            cfg = compose(config_name, overrides=[single[i] for i in chosen] + hydra_keys)
+            try:
+                cfg = compose(config_name, overrides=[single[i] for i in chosen] + hydra_keys)
+            except MissingConfigException:  # a group option that does not exist: said with the group's options
+                loader = GlobalHydra.instance().hydra.config_loader  # type: ignore[union-attr]
+                for i in sorted(groups):
+                    if not overrides[i].is_delete():
+                        check_options_exist(overrides[i], loader.get_group_options(overrides[i].key_or_group))
+                raise
+            except ConfigCompositionException:  # a key's +: from whether the config of the groups chosen has it
+                base = compose(config_name, overrides=[single[i] for i in sorted(groups)] + hydra_keys)
+                for i in chosen:
+                    ov = overrides[i]
+                    if i in groups or ov.is_delete() or ov.is_force_add():
+                        continue
+                    there = OmegaConf.select(base, ov.key_or_group, default=ABSENT) is not ABSENT
+                    if there == ov.is_add():  # key=value for a key it lacks, +key=value for one it has
+                        prefix[i] = "+"
+                        single[i] = f"+{single[i]}"
+                cfg = compose(config_name, overrides=[single[i] for i in chosen] + hydra_keys)
         except ConfigError:
             raise
         except Exception:  # noqa: BLE001 -- anything else is Hydra's to report, as without this check
@@ -388,6 +386,20 @@ def command_line_or_exit(config_name: str, args: list[str]) -> list[str]:
 
 
 ABSENT = object()  # OmegaConf.select's answer for a key a config lacks
+
+
+def is_group(key: str, search: list[str]) -> bool:
+    """Whether an override's ``key`` names a config group (``method``, ``data/aug``, ``+hvp``), not a
+    key: a folder of the config dirs (ours, a ``--config-dir``'s) or a group of the schema's nodes."""
+    from hydra.core.config_store import ConfigStore
+
+    folders = [Path(CONFIG_DIR), *(Path(s.removeprefix("file://")) for s in search)]
+    if any((folder / key).is_dir() for folder in folders):
+        return True
+    try:
+        return bool(ConfigStore.instance().list(key))
+    except OSError:  # ConfigStore: no such group
+        return False
 
 
 def check_options_exist(ov: Any, options: list[str]) -> None:

@@ -4,7 +4,7 @@ and at equal model FLOPs.
     uv run python benchmarks/quality.py --scale cpu --methods simclr   # 50 runs: 10 arms x 5 seeds
     uv run python benchmarks/quality.py --scale gpu --methods simclr   # the same on one GPU: full CIFAR-10, 100 epochs
     uv run python benchmarks/quality.py --scale cpu --methods simclr --report-only --results benchmarks/RESULTS.md
-    uv run python benchmarks/quality.py --scale saturation --jobs 1    # 30 runs out to saturation (issue 54)
+    uv run python benchmarks/quality.py --scale saturation --jobs 1    # 30 runs out to saturation
     uv run python benchmarks/quality.py --scale saturation --data DIR --sizes 2000:100   # on your own image folder
 
 Every run is ``train.py`` with the scale's common overrides, the method, the seed and the
@@ -265,7 +265,7 @@ SCALES: dict[str, Scale] = {
         jobs=2,
         linear=["protocol.epochs=100", "protocol.batch_size=256"],
     ),
-    # Out to saturation (issue 54): does HVP pay where training longer stops paying? The cpu scale's
+    # Out to saturation: does HVP pay where training longer stops paying? The cpu scale's
     # network and SimCLR on a fixed 2k-image subset (the few thousand images of a user pretraining on
     # their own data), batch 64 (31 steps an epoch), for E epochs, E from a pilot (benchmarks/README.md):
     # the baseline's last quarter adds less than 1 k-NN point. Arms: the baseline at E and at 2E (the

@@ -423,7 +423,7 @@ def test_a_tiny_scale_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert (tmp_path / "simclr" / "hard" / "seed0" / "benchmark.log").read_text() == log  # nothing ran again
 
 
-# --- issue 54: out to saturation, the baseline trained longer, --data ------------------------------------
+# --- out to saturation, the baseline trained longer, --data -----------------------------------------------
 
 
 def test_saturation_scale_plans_the_ceiling_and_the_equal_flops_baselines(tmp_path: Path) -> None:

@@ -297,6 +297,7 @@ def test_position_embeddings_are_resized_to_the_runs_grid(tmp_path):
         loaded(cfg)
 
 
+@pytest.mark.slow  # an export, then a run started from it
 def test_an_export_folder_and_a_run_dir_are_sources(tmp_path):
     from safetensors.torch import save_file
 
@@ -521,6 +522,7 @@ def test_img_size_is_refused_for_a_model_that_takes_none():
         validate(make_cfg("backbone=timm", "backbone.name=resnet10t", "backbone.img_size=64", "data.crop_size=32"))
 
 
+@pytest.mark.slow  # timm models built on the meta device at several sizes
 def test_a_model_built_for_one_input_size_is_refused_at_start_up_with_what_fits():
     """Swin and LeViT take their img_size only: the start-up check runs them (meta device) at the
     run's crop sizes and names the setting that fits, instead of an assertion at the first step."""
@@ -537,6 +539,7 @@ def test_a_model_built_for_one_input_size_is_refused_at_start_up_with_what_fits(
         validate(make_cfg(*dino, *levit))
 
 
+@pytest.mark.slow  # timm models built on the meta device
 def test_a_cheaper_selection_the_model_cannot_score_is_refused_at_start_up():
     """hvp.selection_scale=0.5 scores 224 px crops at 112 px: a Swin built for 224 px fails there
     (an assertion at the first HVP step); with dynamic sizes it takes them."""

@@ -84,6 +84,7 @@ def test_loader_times_every_arm_and_appends_its_report(tmp_path: Path, capsys: p
     ],
     ids=["pair", "batch_loss", "multicrop"],
 )
+@pytest.mark.slow  # overhead.py's rounds
 def test_overhead_times_both_models_and_the_bound(tmp_path: Path, argv: list[str]) -> None:
     out = tmp_path / "results.md"
     load_script("overhead").main([*argv, "--num-views", "3", "--iters", "1", "--warmup", "0", "--out", str(out)])

@@ -225,6 +225,7 @@ def test_vit_features_concatenate_cls_of_last_blocks():
         ),
     ],
 )
+@pytest.mark.slow  # an evaluation end to end on a run
 def test_eval_protocols_end_to_end(simsiam_run, protocol, caplog):
     run_dir, train_summary = simsiam_run
     with caplog.at_level("INFO", logger="hvp_lightning.evaluation.run"):
@@ -632,6 +633,7 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
 
+@pytest.mark.slow  # an export checked in timm
 def test_export_folder_loads_strictly_in_timm_with_the_runs_features(resnet18_checkpoint, tmp_path, capsys):
     """The documented load: timm.create_model(arch, pretrained=True, pretrained_cfg_overlay=dict(file=...),
     num_classes=0) takes every tensor of model.safetensors (timm loads non-strictly there, since
@@ -921,6 +923,7 @@ def test_eval_loader_workers_are_capped_with_one_warning(simsiam_run, tmp_path, 
     assert not [w for w in caught if "worker" in str(w.message)]
 
 
+@pytest.mark.slow  # exports checked in timm
 def test_a_failed_export_check_leaves_an_earlier_export_as_it_was(resnet18_checkpoint, tmp_path, monkeypatch, capsys):
     """The folder is written beside OUT_DIR and checked there: a failed check must not replace
     (or delete) a good export already in OUT_DIR, nor leave the staging folder."""
@@ -938,6 +941,7 @@ def test_a_failed_export_check_leaves_an_earlier_export_as_it_was(resnet18_check
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
 
 
+@pytest.mark.slow  # exports checked in timm
 def test_an_export_into_a_folder_that_holds_files_is_refused_unless_asked(resnet18_checkpoint, tmp_path, capsys):
     """As hvp-make-shards refuses an OUT that holds shards: an earlier export (or anything else)
     is not replaced without --overwrite, and the refusal comes before the checkpoint is read."""

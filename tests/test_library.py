@@ -88,7 +88,8 @@ def test_a_ninth_method_is_its_own_files_and_every_registry_takes_it(tmp_path) -
     copy = tmp_path / "pkg"
     shutil.copytree(REPO / "hvp_lightning", copy / "hvp_lightning", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(REPO / "conf", copy / "conf")
-    (copy / "hvp_lightning" / "settings" / "toy.py").write_text(textwrap.dedent('''
+    (copy / "hvp_lightning" / "settings" / "toy.py").write_text(
+        textwrap.dedent('''
         from __future__ import annotations
         from typing import ClassVar
         from .declare import declared, setting
@@ -102,10 +103,13 @@ def test_a_ninth_method_is_its_own_files_and_every_registry_takes_it(tmp_path) -
             linear_recipe: ClassVar[LinearRecipe] = LinearRecipe(optimizer="sgd", base_lr=0.5, batch_size=64, epochs=7)
             scale: float = setting(1.0, "the loss's scale", gt=0)
             optimizer: Optimizer = setting(
-                Optimizer(name="sgd", base_lr=0.05, weight_decay=0.0, warmup_epochs=0, final_lr_ratio=0.0), "the optimiser"
+                Optimizer(name="sgd", base_lr=0.05, weight_decay=0.0, warmup_epochs=0, final_lr_ratio=0.0),
+                "the optimiser",
             )
-    '''))
-    (copy / "hvp_lightning" / "methods" / "toy.py").write_text(textwrap.dedent('''
+    ''')
+    )
+    (copy / "hvp_lightning" / "methods" / "toy.py").write_text(
+        textwrap.dedent('''
         from __future__ import annotations
         import torch
         import torch.nn.functional as F
@@ -130,9 +134,10 @@ def test_a_ninth_method_is_its_own_files_and_every_registry_takes_it(tmp_path) -
                 z = [self.projector(self.backbone(v)) for v in batch["views"]]
                 pairs = pair_index(len(z), device=z[0].device).tolist()
                 return torch.stack([toy_loss(z[k], z[l], self.settings.scale) for k, l in pairs], 1)
-    '''))
+    ''')
+    )
     (copy / "conf" / "method" / "toy.yaml").write_text("defaults:\n  - _toy\n  - _self_\nbatch_size: 16\nscale: 2.0\n")
-    code = textwrap.dedent('''
+    code = textwrap.dedent("""
         import torch
         import hvp_lightning
         from hvp_lightning import schema
@@ -147,7 +152,7 @@ def test_a_ninth_method_is_its_own_files_and_every_registry_takes_it(tmp_path) -
         linear = schema.compose("eval", ["protocol=linear", "ckpt=x"]).protocol.recipes.toy
         print(type(model).__name__, model.settings.scale, len(views), loss.ndim, "toy" in schema.METHOD_NAMES)
         print(hvp_lightning.Toy is type(model), hvp_lightning.ToySettings.name, FINETUNE_TABLE["toy"], linear.epochs)
-    ''')
+    """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=copy, capture_output=True, text=True,
                           timeout=SUBPROCESS_TIMEOUT_S, env={"PYTHONPATH": str(copy), "PATH": "/usr/bin"})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

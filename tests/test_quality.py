@@ -164,6 +164,7 @@ def test_unfinished_runs_are_left_out(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("scale_name", sorted(q.SCALES))
+@pytest.mark.slow  # every run of a scale composed and validated: seconds a scale
 def test_every_run_config_composes_and_validates(scale_name: str, tmp_path: Path) -> None:
     """A typo in a scale's overrides would only show after hours of other runs: compose them all.
     ``baseline@<arm>`` is the baseline with ``budget.match`` at <arm>'s run of its seed."""

@@ -19,6 +19,7 @@ SUMMARY_KEYS = {"method", "hvp_enabled", "num_classes", "knn_top1", "train_loss"
 
 
 @pytest.mark.parametrize("hvp", [False, True])
+@pytest.mark.slow  # whole runs
 def test_tiny_train_run(cfg_factory, tmp_path, hvp, capsys):
     overrides = ["+hvp=on", "hvp.num_views=3"] if hvp else ["eval.at_start=true"]
     summary = run(cfg_factory(*overrides, "trainer.max_epochs=2", "eval.every_n_epochs=1"), tmp_path)

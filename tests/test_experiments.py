@@ -94,7 +94,10 @@ def test_the_command_line_still_wins_over_an_experiment(tmp_path):
     assert (cfg.backbone.name, cfg.trainer.max_epochs, global_batch(cfg)) == ("vit_base", 300, 1024)
 
 
-@pytest.mark.parametrize("hvp", [(), ("+hvp=on",)], ids=["baseline", "hvp_on"])
+@pytest.mark.parametrize(
+    "hvp",
+    [pytest.param((), id="baseline"), pytest.param(("+hvp=on",), id="hvp_on", marks=pytest.mark.slow)],
+)  # with +hvp=on every preset again (slow); HVP's defaults on four methods: tests/test_train.py
 @pytest.mark.parametrize("preset", METHOD_PRESETS)
 def test_every_method_preset_alone_passes_the_start_up_checks(preset, hvp):
     """``method=ibot`` alone used to stop on a config error (iBOT needs a ViT): each preset brings a

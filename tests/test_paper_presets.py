@@ -249,7 +249,9 @@ def test_every_table_1_run_has_its_table() -> None:
     assert table_1 <= set(PAPER) <= set(EXPERIMENTS)
 
 
-@pytest.mark.parametrize("hvp", [False, True], ids=["baseline", "hvp_on"])
+@pytest.mark.parametrize(
+    "hvp", [pytest.param(False, id="baseline"), pytest.param(True, id="hvp_on", marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_preset_is_the_papers_run(name: str, hvp: bool, tmp_path: Path) -> None:
     """With and without +hvp=on: the preset passes the start-up checks (which also resolve

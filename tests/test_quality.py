@@ -329,6 +329,7 @@ def test_verdict_says_plainly_when_no_cheap_selection_beats_the_baseline(tmp_pat
     assert any(line.startswith("**Verdict, simclr, Linear probe at equal FLOPs") for line in text.splitlines())
 
 
+@pytest.mark.slow  # FLOPs counted for every arm of a scale
 def test_planned_flops_are_what_a_run_reports(monkeypatch: pytest.MonkeyPatch) -> None:
     """--dry-run's FLOPs: a baseline run's total is its images times the baseline step's FLOPs per
     image; SimCLR's N=4 selection adds 4 forwards to the step's 6 (2 views, forward and backward)."""

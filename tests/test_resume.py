@@ -111,6 +111,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     assert kept == ["epoch=001.ckpt", "epoch=002.ckpt", "epoch=003.ckpt", "last.ckpt"]
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_resume_config_is_the_runs_own_config_with_the_command_lines_changes(simsiam_run, tmp_path):
     """train.py resume=<run_dir>: the stored config, plus key=value overrides of existing keys;
     a run dir is not continued with another method, nor a path that holds no run."""
@@ -136,6 +137,7 @@ def test_resume_cli_uses_the_runs_own_config(tmp_path):
     assert summary["epochs"] == 2 and summary["steps"] == 8 and summary["images_seen"] == 2 * 4 * 16
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_run_dir_of_another_run_is_not_continued(simsiam_run, tmp_path):
     with pytest.raises(
         CheckpointError, match=r"holds last.ckpt of a run whose config differs in .*method.name \('simsiam' there"
@@ -197,6 +199,7 @@ def tiny_ckpt(simsiam_run) -> Path:
     return simsiam_run[0] / "checkpoints" / "last.ckpt"
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_checkpoints_load_with_weights_only(tiny_ckpt):
     ckpt = load_checkpoint(tiny_ckpt)  # torch.load(weights_only=True) inside
     assert ckpt["hvp_lightning"]["config"]["method"]["name"] == "simsiam"  # the run's config
@@ -205,6 +208,7 @@ def test_checkpoints_load_with_weights_only(tiny_ckpt):
     assert "RunCheckpoint" in ckpt["callbacks"] and ckpt["optimizer_states"] and ckpt["lr_schedulers"]
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_missing_truncated_and_foreign_checkpoints(tiny_ckpt, tmp_path):
     with pytest.raises(CheckpointError, match=r"ckpt='.*nothere.ckpt' is not allowed: no such checkpoint file"):
         load_checkpoint(tmp_path / "nothere.ckpt")
@@ -266,6 +270,7 @@ def _files(folder: Path) -> dict[Path, bytes]:
 
 
 @pytest.mark.parametrize("main", [evaluate_main, train], ids=["eval.py", "train.py"])
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_a_truncated_checkpoint_is_one_line_exit_2_and_its_run_dir_untouched(tiny_ckpt, tmp_path, main):
     bad = _truncated_run(tiny_ckpt, tmp_path)
     before = _files(bad)

@@ -127,6 +127,7 @@ def test_finished_run_resumed_with_its_own_command_reports_the_same_run(straight
     assert summary["wall_time_s"] >= 0.8 * before["wall_time_s"]
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_another_seed_does_not_continue_a_finished_run(simsiam_run):
     """The same command with seed=1 in a seed-0 run dir: refused in one line naming seed
     (it resumed the seed-0 weights and reported them as seed 1)."""

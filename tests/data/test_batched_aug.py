@@ -425,6 +425,7 @@ def test_datamodule_colours_views_after_transfer_or_in_the_workers(cfg_factory) 
     assert cpu.on_after_batch_transfer(in_workers, 0)["views"] is in_workers["views"]
 
 
+@pytest.mark.slow  # two loader worker processes started per blur kind
 @pytest.mark.parametrize("aug", BLURS.values(), ids=BLURS.keys())
 def test_worker_made_batches_equal_the_colour_step_after_transfer(cfg_factory, aug: ViewAug) -> None:
     """CPU training: two loader workers write every image's coloured views straight into the

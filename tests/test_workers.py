@@ -159,6 +159,7 @@ def _status(pid: int, field: str) -> str:
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the fork server's state from /proc")
+@pytest.mark.slow  # the loader workers' fork server started
 def test_the_fork_server_is_single_threaded_and_ignores_the_job_signals():
     """What makes its forks safe: one thread when it forks, and the job signals ignored from its
     start (a SLURM USR2 or a VM's SIGTERM to every process must not end it, or its workers

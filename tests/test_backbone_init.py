@@ -22,7 +22,7 @@ from hvp_lightning.training.backbone_init import init_backbone
 from hvp_lightning.training.build import build_backbone
 from hvp_lightning.training.weights import read_state
 
-from .conftest import build, make_cfg
+from .conftest import build, make_cfg, tiered
 
 TINY_VIT = ["backbone=timm", "backbone.name=vit_tiny_patch16_224", "+backbone.model_args.depth=1"]
 
@@ -77,18 +77,21 @@ def test_a_timm_trunk_is_timms_own_model_without_classifier(name, args):
 
 @pytest.mark.parametrize(
     "name",
-    [
-        "mobilenetv3_small_050",
-        "mobilenetv4_conv_small",
-        "ghostnet_050",
-        "repghostnet_050",
-        "hgnetv2_b0",
-        "lcnet_050",
-        "fbnetv3_b",
-        "resnet10t",
-        "convnext_atto",
-        "vit_tiny_patch16_224",
-    ],
+    tiered(
+        [
+            "mobilenetv3_small_050",
+            "mobilenetv4_conv_small",
+            "ghostnet_050",
+            "repghostnet_050",
+            "hgnetv2_b0",
+            "lcnet_050",
+            "fbnetv3_b",
+            "resnet10t",
+            "convnext_atto",
+            "vit_tiny_patch16_224",
+        ],
+        3,
+    ),
 )
 def test_feature_dim_is_the_width_of_timms_pooled_output(name):
     """Mobile-family models put a head conv after the pooling: their output has

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hvp_lightning.config import check_options
 
-from .conftest import augs_of
+from .conftest import augs_of, tiered
 from .test_experiments import EXPERIMENTS, composed, experiment_cfg, global_batch
 
 pytestmark = pytest.mark.usefixtures("hub_weights_cached")  # backbone.init=timm:... needs no network
@@ -252,7 +252,7 @@ def test_every_table_1_run_has_its_table() -> None:
 @pytest.mark.parametrize(
     "hvp", [pytest.param(False, id="baseline"), pytest.param(True, id="hvp_on", marks=pytest.mark.slow)]
 )
-@pytest.mark.parametrize("name", EXPERIMENTS)
+@pytest.mark.parametrize("name", tiered(EXPERIMENTS, 4))
 def test_every_preset_is_the_papers_run(name: str, hvp: bool, tmp_path: Path) -> None:
     """With and without +hvp=on: the preset passes the start-up checks (which also resolve
     data.crop_size: auto) and each value the paper (or, where it is silent, the official code)

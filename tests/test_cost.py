@@ -90,14 +90,20 @@ def test_dino_step_flops_by_hand() -> None:
 
 @pytest.mark.parametrize(
     ("settings", "reused"),
-    [
-        (["trainer.accelerator=cpu", "hvp.selection_precision=bf16"], True),  # bf16 falls back to fp32 on the CPU
-        (["trainer.accelerator=gpu", "trainer.precision=bf16-mixed", "hvp.selection_precision=bf16"], True),
-        (["trainer.accelerator=gpu", "trainer.precision=bf16-mixed", "hvp.selection_precision=fp16"], False),
-        (["trainer.accelerator=gpu", "trainer.precision=32-true", "hvp.selection_precision=bf16"], False),
-        (["trainer.accelerator=cpu", "hvp.selection_scale=0.5"], False),
-        (["trainer.accelerator=cpu", "trainer.precision=auto", "hvp.selection_precision=bf16"], True),  # auto: 32-true
-    ],
+    tiered(
+        [
+            (["trainer.accelerator=cpu", "hvp.selection_precision=bf16"], True),  # bf16 falls back to fp32 on the CPU
+            (["trainer.accelerator=gpu", "trainer.precision=bf16-mixed", "hvp.selection_precision=bf16"], True),
+            (["trainer.accelerator=gpu", "trainer.precision=bf16-mixed", "hvp.selection_precision=fp16"], False),
+            (["trainer.accelerator=gpu", "trainer.precision=32-true", "hvp.selection_precision=bf16"], False),
+            (["trainer.accelerator=cpu", "hvp.selection_scale=0.5"], False),
+            (
+                ["trainer.accelerator=cpu", "trainer.precision=auto", "hvp.selection_precision=bf16"],
+                True,
+            ),  # auto: 32-true
+        ],
+        3,
+    ),
 )
 def test_dino_teacher_reuse_is_counted_as_the_runs_device_and_precision_give_it(settings, reused) -> None:
     """The meta device has no autocast: the count answers ``selection_outputs_reusable`` as the run

@@ -30,7 +30,7 @@ from hvp_lightning.training import export
 from hvp_lightning.training.checkpoint import pretrained_for
 from hvp_lightning.training.driver import run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, build, eval_cfg, help_groups, make_cfg, run_cli, write_images
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, build, eval_cfg, help_groups, make_cfg, run_cli, tiered, write_images
 
 DINO = [
     "method=dino_cifar",
@@ -538,7 +538,7 @@ PATHS_WITH_EQUALS = [
 ]
 
 
-@pytest.mark.parametrize(("script", "key", "refusal", "rest"), PATHS_WITH_EQUALS)
+@pytest.mark.parametrize(("script", "key", "refusal", "rest"), tiered(PATHS_WITH_EQUALS, 2))
 def test_checkpoint_paths_with_equals_reach_the_checks(tmp_path, script, key, refusal, rest):
     """Kept checkpoints are named epoch=NNN.ckpt: the documented unquoted ``ckpt=.../epoch=100.ckpt``
     reaches our checks (here: no such file) instead of failing in Hydra's override parser."""
@@ -827,14 +827,20 @@ def test_full_size_presets_are_timm_architectures(name, tmp_path):
     strict keys and equal features, and the short create_model form (no model_args) gets every
     tensor of the file."""
     import timm
+    from pydantic import TypeAdapter
     from safetensors.torch import save_file
 
+    from hvp_lightning import schema
     from hvp_lightning.training.build import build_backbone
     from hvp_lightning.training.model_card import timm_target
 
-    keys = dict(width=64, cifar_stem=False, channels_last=True) if name.startswith("resnet") else {}
+    resnet = dict(width=64, cifar_stem=False, channels_last=True, zero_init_residual=False)
+    keys = resnet if name.startswith("resnet") else {}
     keys = keys or dict(img_size=224, patch_size=16, drop_path_rate=0.1)
-    cfg = OmegaConf.create(dict(name=name, **keys))
+    section = TypeAdapter(schema.TrainConfig.model_fields["backbone"].annotation).validate_python(
+        dict(name=name, **keys)
+    )
+    cfg = OmegaConf.create(section.model_dump())  # the section as a run's config holds it: every key, defaults filled
     torch.manual_seed(0)
     backbone = build_backbone(cfg).eval()
     for buf_name, buf in backbone.named_buffers():

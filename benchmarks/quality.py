@@ -44,6 +44,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from collections import defaultdict
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -1155,10 +1156,17 @@ def plot_flops(res: Results, methods: list[str], arms: list[str], path: Path, ti
             ax.legend(fontsize=7)
         ax_c.set_title(f"{m}: k-NN during training (mean over seeds)")
         ax_f.set_title(f"{m}: final k-NN per run; mean and 95% t-interval per arm")
-    fig.suptitle(f"{title}\ndashed, open: the baseline trained for that arm's FLOPs (budget.match)", fontsize=10)
+    legend = "dashed, open: the baseline trained for that arm's FLOPs (budget.match)"
+    fig.suptitle(f"{textwrap.fill(title, suptitle_chars(fig, 10))}\n{legend}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def suptitle_chars(fig: Any, fontsize: float) -> int:
+    """How many characters of a ``fontsize`` title fit the figure's width (an average glyph is about
+    0.55 em): a longer title is wrapped, not cut at the figure's edges."""
+    return max(40, int(fig.get_figwidth() * 72 / (0.55 * fontsize)) - 4)
 
 
 def band_curve(runs: dict[int, dict[str, Any]]) -> list[tuple[float, float, float, float]]:
@@ -1207,11 +1215,8 @@ def plot_bands(panels: list[tuple[str, Results]], methods: list[str], arms: list
             ax.set_title(f"{m}, {label}")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7, loc="lower right")
-    import textwrap
-
-    width = 90 * len(panels)
     legend = "line: mean over seeds; band: min to max over seeds; marker: the run's end"
-    fig.suptitle(f"{textwrap.fill(title, width)}\n{legend}", fontsize=9)
+    fig.suptitle(f"{textwrap.fill(title, suptitle_chars(fig, 9))}\n{legend}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -950,9 +950,9 @@ def planned_flops(scale: Scale, job: Job) -> tuple[float, float]:
         cfg = check_options(cfg)  # resolves data.crop_size=auto from the images
     flops: StepFlops = count_step_flops(cfg)
     d = cfg.data  # the scales' training sets: a subset, the built-in textures, or CIFAR-10's train split
-    images = d.get("train_subset") or (d.train_size if d.name == "synthetic" else CIFAR10_TRAIN)
-    epoch = epoch_of(int(images), int(cfg.method.batch_size), 1)
-    every = int(cfg.hvp.every_n_steps) if cfg.get("hvp") else 1
+    images = d.train_subset or (d.train_size if d.name == "synthetic" else CIFAR10_TRAIN)
+    epoch = epoch_of(images, cfg.method.batch_size, 1)
+    every = cfg.hvp.every_n_steps if cfg.hvp is not None else 1
     total = run_flops(scale.epochs, flops, epoch, every)
     return total / (scale.epochs * epoch.steps * epoch.step_images) / flops.baseline, float(total)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of issue 13 on the device machine (no uv, no network), one stage per call so
+# The GPU checks on the device machine (no uv, no network), one stage per call so
 # that each stays under a call's 10-minute limit; logs and results go to $OUT.
 #
 # Here, once (the wheels the machine lacks, uv.lock's versions, and the CIFAR-10 JPEG folder, ~20 MB packed;
@@ -10,7 +10,7 @@
 #       pydantic-core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
 #   python3 -m pip wheel --no-deps -w .whl antlr4-python3-runtime==4.9.3
 #   tar czf cifar10.tar.gz -C ../shared/datasets cifar10
-#   git show 0cfef3a^:hvp_lightning/data/batched.py > .whl/batched_before_item5.py  # blur: before issue 48 item 5
+#   git show 0cfef3a^:hvp_lightning/data/batched.py > .whl/batched_every_op.py  # blur: every op on every view
 # There, one call per stage, carrying .whl (and cifar10.tar.gz for the cifar stage):
 #   bash benchmarks/gpu_session.sh tests-parallel  # all of the below at once (pytest-xdist, 12 workers)
 #   bash benchmarks/gpu_session.sh tests-runs   # test_run_on_one_gpu: the paper's methods x precision x HVP
@@ -20,12 +20,12 @@
 #   bash benchmarks/gpu_session.sh tests-rest-more  # the rest for BYOL, MoCo v3, VICReg, Barlow Twins
 #   bash benchmarks/gpu_session.sh simsiam      # SimSiam R50 224 px HVP N=4 bf16 compiled: >= 1,300 images/s
 #   bash benchmarks/gpu_session.sh dino         # DINO ViT-S/16 HVP 4+16 crops bf16: >= 500 images/s
-#   bash benchmarks/gpu_session.sh steady       # issue 48 item 6 (~3-5 min): baseline, HVP and the cheaper selections'
+#   bash benchmarks/gpu_session.sh steady       # the steps alone (~3-5 min): baseline, HVP and the cheaper selections'
 #                                               # steps, 100 timed rounds interleaved (benchmarks/overhead.py: no loader,
 #                                               # no teardown), images/s, MFU, step time against FLOPs; DINO ViT-S/16
 #                                               # and SimSiam R50 at 224 px, bf16
 #   bash benchmarks/gpu_session.sh blur         # the colour step and its blur per batch (benchmarks/view_cost.py batch),
-#                                               # and the step before issue 48 item 5 where .whl has it (above)
+#                                               # and the step that ran every op on every view, where .whl has it (above)
 #   bash benchmarks/gpu_session.sh profile      # that DINO step taken apart (benchmarks/step_profile.py, ~2-3 min):
 #                                               # images/s with/without HVP and loader, time per hook and range,
 #                                               # top ops by GPU and CPU time, host syncs by source line
@@ -44,9 +44,9 @@ torchvision.__version__, lightning.__version__)"; git log --oneline -1 2>/dev/nu
 more="byol or mocov3 or vicreg or barlow_twins"  # the methods beyond the paper's: stages of their own
 
 # Generated JPEGs (benchmarks/.cache, made once per machine, ~15 ms each): a fit runs one epoch,
-# so a round's (2 + 20) batches must fit in them (session 13 had 512: 6 DINO steps of 64 and 2 SimSiam
-# steps of 128 were timed, with the fit's teardown).
-loader() {  # benchmarks/loader.py with the issue's loader settings; table appended to results.md
+# so a round's (2 + 20) batches must fit in them (of 512, only 6 DINO steps of 64 and 2 SimSiam
+# steps of 128 would be timed, with the fit's teardown).
+loader() {  # benchmarks/loader.py with the GPU targets' loader settings; table appended to results.md
     timeout -k 10 "$limit" python3 benchmarks/loader.py --crop 224 --views 4 --workers 14 --batches 20 --device cuda \
         --step --out "$out/results.md" "$@" 2>&1 | tee "$out/$stage.txt"
 }
@@ -81,7 +81,7 @@ case "$stage" in
         steady --method simsiam --preset simsiam --backbone resnet50 --batch-size 128 \
             --variant scale50:hvp.selection_scale=0.5 fraction25:hvp.selection_fraction=0.25 \
             scale50_fraction50:hvp.selection_scale=0.5,hvp.selection_fraction=0.5 min_iou:hvp.mode=min_iou ;;
-    blur) before=(); [ -f .whl/batched_before_item5.py ] && before=(--baseline .whl/batched_before_item5.py)
+    blur) before=(); [ -f .whl/batched_every_op.py ] && before=(--baseline .whl/batched_every_op.py)
           timeout -k 10 "$limit" python3 benchmarks/view_cost.py batch --device cuda "${before[@]}" --out "$out/results.md" \
               2>&1 | tee "$out/$stage.txt" ;;
     cifar)

@@ -233,7 +233,7 @@ def _sync(device: torch.device) -> None:
 def check_images(args: argparse.Namespace, dm: SSLDataModule) -> None:
     """A round's batches must fit in one pass over the training images: a fit runs one epoch
     (``--step``), and a shorter one would time fewer batches than asked, its end-of-epoch work
-    and teardown included (so did session 13's GPU stages: 512 images, 8 batches of 64)."""
+    and teardown included (512 images are 8 batches of 64: of 2 + 20 asked, 6 would be timed)."""
     need = (args.warmup + args.batches) * args.batch_size
     if len(dm.train_set) < need:
         raise SystemExit(f"--images: {len(dm.train_set)} training images, a round needs {need}")
@@ -372,7 +372,7 @@ def step_trainer(cfg: TrainConfig, device: torch.device, batches: int, callbacks
 
 def step_rounds(args: argparse.Namespace, cfg: TrainConfig, device: torch.device) -> dict[str, list[float]]:
     """Whole Lightning steps fed by the real loader: images/s between batch ``warmup`` and the
-    fit's return (its teardown included, as measured since session 13)."""
+    fit's return (its teardown included)."""
     variants = {"step": bool(args.on_device)}
     if args.on_device:  # the worker path on the same data, interleaved
         variants["step_loader"] = False

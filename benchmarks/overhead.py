@@ -23,7 +23,7 @@ step against the baseline's and against HVP's, paired by round. Every model's FL
 its images/s (batch over median step: the step alone, no loader or teardown), the FLOP/s that
 makes, on a GPU the model FLOP utilisation against the device's dense peak at ``--precision``
 (``hvp_lightning.run.perf.peak_flops``, as a run's ``perf/mfu``), and each HVP model's step-time
-ratio over its FLOPs ratio (1: the step's time follows its FLOPs; issue 48 asks for HVP within 10%).
+ratio over its FLOPs ratio (1: the step's time follows its FLOPs; the GPU target is HVP within 10%).
 
 ``--precision`` imitates ``trainer.precision``: the forward (``training_step``, selection
 included) under the autocast Lightning uses, backward outside it, and for ``16-mixed`` a
@@ -554,7 +554,7 @@ def main(argv: list[str] | None = None) -> None:
         achieved = per_image * rate
         mfu = f"; MFU {achieved / peak:.1%} of {peak / 1e12:.0f} TFLOP/s" if peak else ""
         rows.append((f"{r.name}: images/s", f"{rate:.1f}", "", f"B / median step; {achieved / 1e12:.3g} TFLOP/s{mfu}"))
-        if r is not base:  # the step's time against its FLOPs (issue 48's target: within 10%)
+        if r is not base:  # the step's time against its FLOPs (the target: within 10%)
             time_ratio = med([h / a for h, a in zip(r.times["step"], a_step)])
             rows.append(
                 (

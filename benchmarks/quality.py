@@ -4,6 +4,8 @@ and at equal model FLOPs.
     uv run python benchmarks/quality.py --scale cpu --methods simclr   # 50 runs: 10 arms x 5 seeds
     uv run python benchmarks/quality.py --scale gpu --methods simclr   # the same on one GPU: full CIFAR-10, 100 epochs
     uv run python benchmarks/quality.py --scale cpu --methods simclr --report-only --results benchmarks/RESULTS.md
+    uv run python benchmarks/quality.py --scale saturation --jobs 1    # 30 runs out to saturation
+    uv run python benchmarks/quality.py --scale saturation --data DIR --sizes 2000:100   # on your own image folder
 
 Every run is ``train.py`` with the scale's common overrides, the method, the seed and the
 arm's keys, nothing else (the report checks the saved configs for that). An arm is either a set of
@@ -17,6 +19,11 @@ run waits for the run it matches; one whose budget comes to the epochs of a fini
 of its seed is that run (a link to its directory: the same config but for the budget keys, so
 the same training). Each finished run then gets a linear probe on frozen features
 (``eval.py protocol=linear protocol.augment=false``).
+
+``baseline_x<k>`` is the baseline trained for k times the scale's epochs (its own schedule): the
+ceiling of training longer, which the saturation scale compares every HVP arm with. ``--sizes N[:E]``
+runs the scale on N training images (E epochs) each, under ``<out>/n<N>/``; ``--data DIR`` on your own
+ImageNet-layout image folder instead of CIFAR-10; ``--set KEY=VALUE`` overrides any of the scale's keys.
 
 The report (``<out>/report.md``, ``quality.json``, ``knn_flops.png``) gives per arm its model
 FLOPs (summary.json ``cost``) against the baseline's, the mean and standard deviation over seeds
@@ -40,7 +47,7 @@ import sys
 import time
 from collections import defaultdict
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +59,7 @@ HVP4 = ["+hvp=on", "hvp.num_views=4"]
 ARMS: dict[str, list[str]] = {
     "baseline": [],
     "hard": [*HVP4, "hvp.mode=hard"],
-    # The cheaper selections (issue 48): candidates scored at half size, a quarter of each batch
+    # The cheaper selections: candidates scored at half size, a quarter of each batch
     # scored, both halved (the cheapest), and the crops' geometry alone (no selection forward).
     "scale50": [*HVP4, "hvp.mode=hard", "hvp.selection_scale=0.5"],
     "fraction25": [*HVP4, "hvp.mode=hard", "hvp.selection_fraction=0.25"],
@@ -65,11 +72,12 @@ ARMS: dict[str, list[str]] = {
 }
 BASE = "baseline"
 AT = "@"  # baseline@<arm>: the baseline trained for <arm>'s model FLOPs (budget.match)
+TIMES = "_x"  # baseline_x<k>: the baseline trained for k times the scale's epochs (the ceiling of training longer)
 ALL_ARMS = [*ARMS, *(f"{BASE}{AT}{a}" for a in ARMS if a != BASE)]
 SELECTIONS = ["hard", "scale50", "fraction25", "scale50_fraction50"]  # the arms whose selection costs FLOPs
 DEFAULT_ARMS = [BASE, *SELECTIONS, "min_iou", *(f"{BASE}{AT}{a}" for a in SELECTIONS)]
 PAPER_ARMS = [BASE, "hard", "random", "hard_every2", "easy"]
-TARGET_RATIO = 1.2  # issue 48: a selection at <= 1.2x the baseline's model FLOPs per image ...
+TARGET_RATIO = 1.2  # the target: a selection at <= 1.2x the baseline's model FLOPs per image ...
 MIN_BASELINE_GAIN = 0.02  # a method is reported only if its baseline's k-NN gains this much over init
 NO_FIGURE = "Figure: none (no method reported)"
 HVP_KEYS = ("hvp",)  # the only top-level config key allowed to differ between arms ...
@@ -81,8 +89,36 @@ def matched(arm: str) -> str | None:
     return arm.split(AT, 1)[1] if AT in arm else None
 
 
+def longer(arm: str) -> float | None:
+    """The multiple of the scale's epochs ``baseline_x<k>`` trains for (``baseline_x2`` -> 2.0);
+    None for any other arm."""
+    if not arm.startswith(BASE + TIMES):
+        return None
+    try:
+        k = float(arm[len(BASE + TIMES) :])
+    except ValueError:
+        return None
+    return k if k > 0 and math.isfinite(k) else None
+
+
+def longer_epochs(arm: str, epochs: int) -> int:
+    """``baseline_x<k>``'s epochs at a scale of ``epochs``: the closest whole number, at least 1."""
+    k = longer(arm)
+    assert k is not None, arm
+    return max(1, round(k * epochs))
+
+
 def baseline_family(arm: str) -> bool:
-    return arm == BASE or arm.startswith(BASE + AT)
+    return arm == BASE or arm.startswith(BASE + AT) or longer(arm) is not None
+
+
+def known_arm(arm: str) -> str:
+    """argparse type of ``--arms``: an arm of keys, ``baseline@<arm of keys>`` or ``baseline_x<k>``."""
+    if arm in ALL_ARMS or longer(arm) is not None:
+        return arm
+    raise argparse.ArgumentTypeError(
+        f"unknown arm {arm!r}: one of {', '.join(ALL_ARMS)}, or baseline_x<k> (the baseline at k times the epochs)"
+    )
 
 
 @dataclass(frozen=True)
@@ -95,12 +131,71 @@ class Scale:
     threads_per_job: int
     jobs: int
     linear: list[str]
+    arms: tuple[str, ...] = ()  # the scale's default --arms (empty: DEFAULT_ARMS)
+    # (training images, epochs) per data size (--sizes): each runs under <out>/n<images>/, a figure panel each
+    sizes: tuple[tuple[int, int], ...] = ()
 
     @property
     def epochs(self) -> int:
-        """The epochs of every arm but ``baseline@<arm>`` (whose budget sets its own)."""
-        return int(next(o for o in self.common if o.startswith("trainer.max_epochs=")).split("=")[1])
+        """The epochs of every arm but ``baseline@<arm>`` and ``baseline_x<k>`` (which set their own)."""
+        return int(option(self.common, "trainer.max_epochs"))  # type: ignore[arg-type]
 
+    @property
+    def train_images(self) -> int | None:
+        value = option(self.common, "data.train_subset")
+        return None if value in (None, "null") else int(value)  # type: ignore[arg-type]
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def option(overrides: list[str], key: str) -> str | None:
+    """The value ``overrides`` give ``key`` (the last one), or None."""
+    values = [o.split("=", 1)[1] for o in overrides if "=" in o and _key(o) == key]
+    return values[-1] if values else None
+
+
+def set_options(overrides: list[str], *changes: str) -> list[str]:
+    """``overrides`` with each ``key=value`` of ``changes`` in place of the key's own (appended where
+    the key has none): Hydra refuses a key given twice."""
+    out = list(overrides)
+    for change in changes:
+        at = [i for i, o in enumerate(out) if _key(o) == _key(change)]
+        if at:
+            out[at[0]] = change
+            out = [o for i, o in enumerate(out) if i not in at[1:]]
+        else:
+            out.append(change)
+    return out
+
+
+def derive(
+    scale: Scale, data: Path | None = None, size: int | None = None, epochs: int | None = None, extra: tuple = ()
+) -> Scale:
+    """The scale on other data (``--data``: an ImageNet-layout folder, with the folder's own defaults
+    for normalisation and views instead of CIFAR-10's), another training-set size or epochs, and
+    ``--set`` overrides (last, in place of the same keys)."""
+    common, notes = list(scale.common), []
+    if data is not None:
+        cifar_keys = {_key(o) for o in CIFAR}
+        common = set_options([o for o in common if _key(o) not in cifar_keys], f"data.root={data}")
+        notes.append(f"data {data} (its own normalisation and views: data=imagefolder's defaults)")
+    if size is not None:
+        common = set_options(common, f"data.train_subset={size}")
+        notes.append(f"{size} training images")
+    if epochs is not None:
+        common = set_options(common, f"trainer.max_epochs={epochs}")
+        notes.append(f"{epochs} epochs")
+    if extra:
+        common = set_options(common, *extra)
+        notes.append("overrides " + " ".join(extra))
+    if not notes:
+        return scale
+    return replace(scale, common=common, description=f"{scale.description}; here: {', '.join(notes)}")
+
+
+SATURATION_EPOCHS = 80  # the saturation scale's E at 2k images, batch 64: the pilot (benchmarks/README.md)
 
 SCALES: dict[str, Scale] = {
     # 75 runs on 2 cores (5 methods x 5 arms x 3 seeds; SimSiam left out below): fixed 5k-image subset,
@@ -170,6 +265,54 @@ SCALES: dict[str, Scale] = {
         jobs=2,
         linear=["protocol.epochs=100", "protocol.batch_size=256"],
     ),
+    # Out to saturation: does HVP pay where training longer stops paying? The cpu scale's
+    # network and SimCLR on a fixed 2k-image subset (the few thousand images of a user pretraining on
+    # their own data), batch 64 (31 steps an epoch), for E epochs, E from a pilot (benchmarks/README.md):
+    # the baseline's last quarter adds less than 1 k-NN point. Arms: the baseline at E and at 2E (the
+    # ceiling of training longer), HVP at E against the baseline at its FLOPs, and the cheapest
+    # selection within 1.2x the baseline's FLOPs against its own. k-NN every 5 epochs.
+    "saturation": Scale(
+        description=f"CIFAR-10 2k-image train subset, 2k test subset, ResNet-18 CIFAR stem width 8, "
+        f"batch 64, {SATURATION_EPOCHS} epochs (the pilot's baseline: its last quarter adds < 1 k-NN point), "
+        "k-NN every 5 epochs, 1 thread per run",
+        common=[
+            "backbone=resnet18_narrow",
+            "backbone.width=8",
+            "data=imagefolder",
+            "data.root=../shared/datasets/cifar10",
+            *CIFAR,
+            "data.train_subset=2000",
+            "data.test_subset=2000",
+            "data.num_workers=1",
+            "method.batch_size=64",
+            "trainer=cpu",
+            f"trainer.max_epochs={SATURATION_EPOCHS}",
+            "eval.every_n_epochs=5",
+            "logger=csv",
+            "checkpoint.every_n_epochs=null",
+            "+trainer.enable_progress_bar=false",
+        ],
+        per_method={
+            "simclr": [
+                "method=simclr_cifar",
+                "method.proj_hidden_dim=512",
+                "method.proj_dim=128",
+                "method.optimizer.warmup_epochs=10",
+            ],
+        },
+        threads_per_job=1,
+        jobs=1,
+        linear=["protocol.epochs=100", "protocol.batch_size=256"],
+        arms=(
+            BASE,
+            "hard",
+            "scale50_fraction50",
+            f"{BASE}{TIMES}2",
+            f"{BASE}{AT}hard",
+            f"{BASE}{AT}scale50_fraction50",
+        ),
+        sizes=((2000, SATURATION_EPOCHS),),
+    ),
     # The paper-like scale for one GPU: full CIFAR-10 train split, ResNet-18 CIFAR stem at full
     # width, 100 epochs, k-NN every 5 epochs on the full test split, bf16. The training images are
     # held on the GPU and the views cut and coloured there (data.on_device): 4 candidate views of
@@ -233,11 +376,17 @@ def plan(scale: Scale, methods: list[str], arms: list[str], seeds: list[int], ou
 
 
 def train_command(scale: Scale, job: Job) -> list[str]:
-    keys = ARMS[job.arm] if job.matched_dir is None else [f"budget.match={job.matched_dir}"]
+    common = scale.common
+    if job.matched_dir is not None:
+        keys = [f"budget.match={job.matched_dir}"]
+    elif longer(job.arm) is not None:  # the baseline's command with its own epochs
+        keys, common = [], set_options(common, f"trainer.max_epochs={longer_epochs(job.arm, scale.epochs)}")
+    else:
+        keys = ARMS[job.arm]
     return [
         sys.executable,
         "train.py",
-        *scale.common,
+        *common,
         *scale.per_method[job.method],
         f"seed={job.seed}",
         *keys,
@@ -258,20 +407,53 @@ def linear_command(scale: Scale, job: Job) -> list[str]:
     ]
 
 
-def _run(cmd: list[str], log: Path, threads: int, deadline: float | None) -> int:
+def _descendants_cpu(root: int, seen: dict[tuple[int, int], float]) -> None:
+    """Records in ``seen`` ((pid, start time) -> CPU seconds) the user + system time so far of each
+    live process below ``root`` (Linux ``/proc``; elsewhere nothing): the loader workers and their
+    fork server, which ``root`` never waits for, so ``wait4`` does not count them."""
+    if not Path("/proc/self/stat").is_file():
+        return
+    tick, children, stats = os.sysconf("SC_CLK_TCK"), defaultdict(list), {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        children[int(fields[1])].append(int(name))
+        stats[int(name)] = (int(fields[19]), (int(fields[11]) + int(fields[12])) / tick)
+    stack = list(children[root])
+    while stack:
+        pid = stack.pop()
+        stack += children[pid]
+        start, cpu = stats[pid]
+        seen[(pid, start)] = cpu
+
+
+def _run(cmd: list[str], log: Path, threads: int, deadline: float | None) -> tuple[int, float]:
+    """Runs ``cmd`` (its output to ``log``) until it ends or ``deadline``; returns its exit status
+    (-15: stopped at the deadline) and the CPU seconds it took: its own and those of the processes
+    it waited for (``wait4``), plus every other process below it as last seen, sampled every second
+    (:func:`_descendants_cpu`; a process's last second before it ends can be missed)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as fh:
         fh.write(f"\n$ {' '.join(cmd)}\n")
         fh.flush()
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, env=env)
-        while proc.poll() is None:
-            if deadline is not None and time.time() > deadline:
+        stopped, below = False, {}
+        while True:
+            _descendants_cpu(proc.pid, below)
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if not stopped and deadline is not None and time.time() > deadline:
                 proc.terminate()  # last.ckpt of the last finished epoch stays; the next call resumes
-                proc.wait(60)
-                return -15
-            time.sleep(2)
-        return proc.returncode
+                stopped = True
+            time.sleep(1)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        return (-15 if stopped else proc.returncode), usage.ru_utime + usage.ru_stime + sum(below.values())
 
 
 def run_job(scale: Scale, job: Job, deadline: float | None, linear: bool) -> dict[str, Any]:
@@ -285,12 +467,21 @@ def run_job(scale: Scale, job: Job, deadline: float | None, linear: bool) -> dic
         if result.is_file():
             continue
         t = time.time()
-        rc = _run(cmd, log, scale.threads_per_job, deadline)
+        rc, cpu = _run(cmd, log, scale.threads_per_job, deadline)
         out[f"{name}_s"] = time.time() - t
+        with (job.run_dir / TIMES_FILE).open("a") as fh:  # every session of the run: the sweep's CPU-hours
+            line = {"step": name, "wall_s": round(out[f"{name}_s"], 2), "cpu_s": round(cpu, 2),
+                    "threads": scale.threads_per_job, "exit": rc, "end": round(time.time())}  # fmt: skip
+            fh.write(json.dumps(line) + "\n")
         if rc != 0:
             out["status"] = "stopped" if rc == -15 else f"{name} failed (exit {rc}, see {log})"
             break
     return out
+
+
+# Per run, one line per train.py or eval.py session this script ran: wall and CPU seconds (the
+# process and those it waited for), threads, exit status. The report's CPU-hours add them up.
+TIMES_FILE = "benchmark_times.jsonl"
 
 
 def _done(job: Job, linear: bool) -> bool:
@@ -320,6 +511,8 @@ def _slot(scale: Scale, job: Job) -> Slot | None:
     whose matched run is not finished (it waits)."""
     if job.arm == BASE:
         return job.method, job.seed, scale.epochs
+    if longer(job.arm) is not None:
+        return job.method, job.seed, longer_epochs(job.arm, scale.epochs)
     if job.matched_dir is None or not (job.matched_dir / "summary.json").is_file():
         return None
     return job.method, job.seed, budget_epochs(job.matched_dir)
@@ -455,13 +648,30 @@ def load_results(jobs: list[Job]) -> Results:
             "selection_per_image": cost.get("selection_flops_per_image"),
             "images_per_s": cost.get("images_per_s"),
             "linked": j.run_dir.is_symlink(),
+            "times": _times(j.run_dir),
         }
     return res
 
 
+def _times(run_dir: Path) -> dict[str, float] | None:
+    """Wall and CPU seconds of the sessions this script ran for a run (:data:`TIMES_FILE`), per step
+    (``pretrain_wall``, ``pretrain_cpu``, ``linear_wall``, ``linear_cpu``); None without that file
+    (a run trained before it was written)."""
+    f = run_dir / TIMES_FILE
+    if not f.is_file():
+        return None
+    out = {f"{step}_{kind}": 0.0 for step in ("pretrain", "linear") for kind in ("wall", "cpu")}
+    for line in f.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            out[f"{r['step']}_wall"] += r["wall_s"]
+            out[f"{r['step']}_cpu"] += r["cpu_s"]
+    return out
+
+
 def config_differences(jobs: list[Job]) -> list[str]:
-    """Keys, other than hvp, seed and (for ``baseline@<arm>``) the budget's, whose values differ
-    between the runs of one method."""
+    """Keys, other than hvp, seed and (for ``baseline@<arm>`` and ``baseline_x<k>``) the budget's and
+    the epochs, whose values differ between the runs of one method."""
     import yaml
 
     from hvp_lightning.evaluation.loggers import flatten
@@ -485,7 +695,8 @@ def config_differences(jobs: list[Job]) -> list[str]:
     for method, runs in by_method.items():
         ref_job, ref = runs[0]
         for j, c in runs[1:]:
-            allowed = BUDGET_KEYS if matched(j.arm) or matched(ref_job.arm) else set()
+            own_epochs = [a for a in (j.arm, ref_job.arm) if matched(a) or longer(a) is not None]
+            allowed = BUDGET_KEYS if own_epochs else set()
             for k in sorted((set(ref) | set(c)) - allowed):
                 if ref.get(k) != c.get(k):
                     problems.append(f"{method}: {k} differs ({ref_job.name}: {ref.get(k)!r}, {j.name}: {c.get(k)!r})")
@@ -715,16 +926,192 @@ def _mean_curve(runs: dict[int, dict[str, Any]]) -> dict[float, float]:
     return {e: sum(v) / len(v) for e, v in by_epoch.items() if len(v) == n}
 
 
+def last_quarter(run: dict[str, Any]) -> float | None:
+    """The k-NN a run gained in its last quarter: at its end minus at the evaluated epoch closest to
+    3/4 of its epochs (the pilot's criterion for saturation: under 1 point). None without that pass."""
+    curve = dict(run["curve"])
+    if not run["epochs"] or not curve:
+        return None
+    end = max(curve)
+    target = 0.75 * run["epochs"]
+    near = min((e for e in curve if 0 < e < end), key=lambda e: abs(e - target), default=None)
+    if near is None or abs(near - target) > 0.1 * run["epochs"]:
+        return None
+    return curve[end] - curve[near]
+
+
+def _baselines(res: Results, m: str, arms: list[str]) -> list[str]:
+    """The baseline-family arms of ``m`` with finished runs, by their runs' mean epochs."""
+    have = [a for a in arms if baseline_family(a) and res.get((m, a))]
+    return sorted(have, key=lambda a: (_mean(res, m, a, "epochs"), a))
+
+
+def length_table(res: Results, methods: list[str], arms: list[str], metric: str) -> tuple[list[str], dict]:
+    """The baseline at each length measured (E, the budgets of the HVP arms, ``baseline_x<k>``):
+    its epochs, FLOPs against the baseline's, the metric, its difference to the baseline at E paired
+    by seed, and (k-NN) what its own last quarter added."""
+    rows = [
+        f"| method | baseline | seeds | epochs | x baseline FLOPs | {metric} top-1 % (mean ± sd) | "
+        "diff to baseline, pp (95% CI) | last quarter adds, pp (95% CI) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    numbers: dict[str, Any] = {}
+    for m in methods:
+        base_total = _mean(res, m, BASE, "flops")
+        for a in _baselines(res, m, arms):
+            vals = _values(res, m, a, metric)
+            if not vals:
+                continue
+            mean, sd = mean_std([vals[s] for s in sorted(vals)])
+            pair = paired(res, m, a, BASE, metric) if a != BASE else None
+            quarters = [q for q in map(last_quarter, res[(m, a)].values()) if q is not None]
+            quarter = t_interval(quarters) if quarters and metric == "knn" else None
+            epochs = sorted({r["epochs"] for r in res[(m, a)].values()})
+            rows.append(
+                f"| {m} | {a} | {len(vals)} | {', '.join(map(str, epochs))} | "
+                f"{_mean(res, m, a, 'flops') / base_total:.3f} | {_pct(mean)} ± {_pct(sd)} | "
+                f"{_diff(pair['diff'], *pair['ci'], pair['n']) if pair else '—'} | "
+                f"{_diff(*quarter, len(quarters)) if quarter else '—'} |"
+            )
+            numbers[f"{m}/{a}"] = {
+                "epochs": epochs,
+                "flops_ratio": _mean(res, m, a, "flops") / base_total,
+                "mean": mean,
+                "sd": sd,
+                "diff": pair["diff"] if pair else math.nan,
+                "ci": pair["ci"] if pair else [math.nan, math.nan],
+                "last_quarter": quarter[0] if quarter else None,
+                "last_quarter_ci": list(quarter[1:]) if quarter else None,
+            }
+    return rows, numbers
+
+
+def ceiling_table(res: Results, methods: list[str], arms: list[str], metric: str) -> tuple[list[str], dict]:
+    """Each HVP arm against the ceiling: the baseline of any length measured with the highest mean
+    (chosen after the fact, so the test is against the luckiest baseline), paired by seed."""
+    rows = [
+        f"| method | arm | x baseline FLOPs | ceiling | its epochs | its x baseline FLOPs | arm {metric} % | "
+        f"ceiling {metric} % | diff, pp (95% CI) | per-seed diff, pp |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    numbers: dict[str, Any] = {}
+    for m in methods:
+        base_total = _mean(res, m, BASE, "flops")
+        means = {a: statistics.fmean(v.values()) for a in _baselines(res, m, arms) if (v := _values(res, m, a, metric))}
+        if len(means) < 2:
+            continue
+        top = max(means, key=lambda a: means[a])
+        for a in arms:
+            pair = None if baseline_family(a) else paired(res, m, a, top, metric)
+            if pair is None:
+                continue
+            seeds = list(pair["per_seed"])
+            arm_v, top_v = _values(res, m, a, metric), _values(res, m, top, metric)
+            arm_mean, arm_sd = mean_std([arm_v[s] for s in seeds])
+            top_mean, top_sd = mean_std([top_v[s] for s in seeds])
+            epochs = sorted({r["epochs"] for r in res[(m, top)].values()})
+            rows.append(
+                f"| {m} | {a} | {_mean(res, m, a, 'flops') / base_total:.3f} | {top} | {', '.join(map(str, epochs))} | "
+                f"{_mean(res, m, top, 'flops') / base_total:.3f} | {_pct(arm_mean)} ± {_pct(arm_sd)} | "
+                f"{_pct(top_mean)} ± {_pct(top_sd)} | {_diff(pair['diff'], *pair['ci'], pair['n'])} | "
+                f"{', '.join(f'{100 * d:+.2f}' for d in pair['per_seed'].values())} |"
+            )
+            numbers[f"{m}/{a}"] = {**pair, "ceiling": top, "ceiling_epochs": epochs}
+    return rows, numbers
+
+
+def ceiling_verdict(numbers: dict[str, Any], method: str, label: str = "k-NN") -> str | None:
+    """One line: does any HVP arm end above the best baseline of any length (95% interval above 0)?"""
+    rows = {k.split("/", 1)[1]: v for k, v in numbers.items() if k.split("/", 1)[0] == method}
+    if not rows:
+        return None
+    top = next(iter(rows.values()))["ceiling"]
+    head = f"Ceiling, {method}, {label}: against the best baseline of any length measured ({top})"
+    wins = [a for a, v in rows.items() if v["n"] > 1 and v["ci"][0] > 0]
+    if wins:
+        return (
+            f"{head}, above it (95% CI above 0): "
+            + "; ".join(f"{a} {_diff(rows[a]['diff'], *rows[a]['ci'], rows[a]['n'])} pp" for a in wins)
+            + "."
+        )
+    best = max(rows, key=lambda a: rows[a]["diff"])
+    v = rows[best]
+    best_diff = _diff(v["diff"], *v["ci"], v["n"])
+    return f"{head}, no HVP arm is above it (none has its 95% CI above 0); best: {best} {best_diff} pp."
+
+
+def saturation_line(res: Results, methods: list[str]) -> list[str]:
+    """The pilot's criterion on the baseline at the scale's epochs: what its last quarter added."""
+    lines = []
+    for m in methods:
+        quarters = [q for q in map(last_quarter, res.get((m, BASE), {}).values()) if q is not None]
+        if not quarters:
+            continue
+        d, lo, hi = t_interval(quarters)
+        epochs = max(r["epochs"] for r in res[(m, BASE)].values())
+        ok = "under 1 point: saturated by the criterion" if d < 0.01 else "1 point or more: NOT saturated, train longer"
+        lines.append(
+            f"- {m}: the baseline's last quarter (epochs {round(0.75 * epochs)}-{epochs}) adds "
+            f"{_diff(d, lo, hi, len(quarters))} pp k-NN over {len(quarters)} seed(s): {ok}"
+        )
+    return lines
+
+
+def hours_table(res: Results, methods: list[str], arms: list[str], threads: int) -> tuple[list[str], dict]:
+    """What the runs took: per arm the runs trained (links take none), wall hours of pretraining and
+    linear probes, thread-hours (wall x threads per run) and the CPU hours measured (the processes'
+    own and those they waited for: :data:`TIMES_FILE`)."""
+    rows = [
+        "| method | arm | runs trained | pretraining h | linear probe h | thread-h | CPU h (measured) | wall min/run |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    numbers: dict[str, Any] = {}
+    total = defaultdict(float)
+    for m in methods:
+        for a in arms:
+            own = [r for r in res.get((m, a), {}).values() if not r["linked"]]
+            if not own:
+                continue
+            t = {"pretrain_wall": 0.0, "linear_wall": 0.0, "cpu": 0.0}
+            measured = all(r["times"] for r in own)
+            for r in own:
+                times = r["times"] or {}
+                t["pretrain_wall"] += times.get("pretrain_wall") or r["wall_s"]
+                t["linear_wall"] += times.get("linear_wall", 0.0)
+                t["cpu"] += times.get("pretrain_cpu", 0.0) + times.get("linear_cpu", 0.0)
+            wall = t["pretrain_wall"] + t["linear_wall"]
+            for k, v in (*t.items(), ("runs", len(own)), ("wall", wall)):
+                total[k] += v
+            total["unmeasured"] += not measured
+            rows.append(
+                f"| {m} | {a} | {len(own)} | {t['pretrain_wall'] / 3600:.2f} | {t['linear_wall'] / 3600:.2f} | "
+                f"{wall * threads / 3600:.2f} | {'%.2f' % (t['cpu'] / 3600) if measured else 'n/a'} | "
+                f"{wall / len(own) / 60:.1f} |"
+            )
+            numbers[f"{m}/{a}"] = {"runs": len(own), **t, "wall": wall, "cpu_measured": measured}
+    if total["runs"]:
+        rows.append(
+            f"| all | | {total['runs']:.0f} | {total['pretrain_wall'] / 3600:.2f} | "
+            f"{total['linear_wall'] / 3600:.2f} | {total['wall'] * threads / 3600:.2f} | "
+            f"{total['cpu'] / 3600:.2f}{' (some n/a)' if total['unmeasured'] else ''} | "
+            f"{total['wall'] / total['runs'] / 60:.1f} |"
+        )
+    numbers["all"] = dict(total)
+    return rows, numbers
+
+
 def arm_styles(arms: list[str]) -> dict[str, dict[str, Any]]:
     """A colour per arm of keys (the baseline black); ``baseline@<arm>`` takes its arm's colour,
     dashed, with open markers."""
-    keyed = [a for a in arms if matched(a) is None and a != BASE]
+    keyed = [a for a in arms if not baseline_family(a)]
     colour = {BASE: "black", **{a: f"C{i % 10}" for i, a in enumerate(keyed)}}
     styles = {}
     for a in arms:
         other = matched(a)
         c = colour.get(other or a, "gray")
         styles[a] = {"color": c, "ls": "--" if other else "-", "marker": "s" if other else "o", "open": bool(other)}
+        if longer(a) is not None:  # the baseline trained longer: black, dotted
+            styles[a] = {"color": "black", "ls": ":", "marker": "^", "open": True}
     return styles
 
 
@@ -774,6 +1161,62 @@ def plot_flops(res: Results, methods: list[str], arms: list[str], path: Path, ti
     plt.close(fig)
 
 
+def band_curve(runs: dict[int, dict[str, Any]]) -> list[tuple[float, float, float, float]]:
+    """(model FLOPs, mean, min, max of k-NN over seeds) at each evaluated epoch that every seed's run
+    has, and at the runs' ends (whose epochs may differ by one between seeds: ``budget.match``); an
+    epoch's FLOPs are its share of its run's total."""
+    runs = {s: r for s, r in runs.items() if r["flops"] and r["curve"] and r["epochs"]}
+    if not runs:
+        return []
+    per_seed = {s: {round(e, 2): (r["flops"] * e / r["epochs"], v) for e, v in r["curve"]} for s, r in runs.items()}
+    ends = {s: max(c) for s, c in per_seed.items()}
+    common = set.intersection(*(set(c) for c in per_seed.values()))
+    points = []
+    for key in [*sorted(e for e in common if all(e < end for end in ends.values())), None]:
+        at = [per_seed[s][ends[s] if key is None else key] for s in per_seed]
+        ys = [v for _, v in at]
+        points.append((statistics.fmean(x for x, _ in at), statistics.fmean(ys), min(ys), max(ys)))
+    return points
+
+
+def plot_bands(panels: list[tuple[str, Results]], methods: list[str], arms: list[str], path: Path, title: str) -> None:
+    """k-NN against model FLOPs: a panel per data size (column) and method (row), a line per arm
+    (its seed mean) with its seed band (min to max over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    styles = arm_styles(arms)
+    fig, axes = plt.subplots(len(methods), len(panels), figsize=(7 * len(panels), 5 * len(methods)), squeeze=False)
+    for row, m in zip(axes, methods):
+        for ax, (label, res) in zip(row, panels):
+            for a in arms:
+                points = band_curve(res.get((m, a), {}))
+                if not points:
+                    continue
+                st, n = styles[a], len(res[(m, a)])
+                xs, mean, lo, hi = zip(*points)
+                lw = 1.8 if a in (BASE, "hard") else 1.3
+                ax.plot(xs, [100 * y for y in mean], color=st["color"], ls=st["ls"], lw=lw, label=f"{a} (n={n})")
+                ax.fill_between(xs, [100 * y for y in lo], [100 * y for y in hi], color=st["color"], alpha=0.12, lw=0)
+                ax.plot(xs[-1:], [100 * mean[-1]], marker=st["marker"], color=st["color"],
+                        mfc="none" if st["open"] else st["color"], ms=6)  # fmt: skip
+            ax.set_xlabel("model FLOPs trained (summary.json cost.total_flops)")
+            ax.set_ylabel("k-NN top-1 % (k=20, T=0.07)")
+            ax.set_title(f"{m}, {label}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7, loc="lower right")
+    import textwrap
+
+    width = 90 * len(panels)
+    legend = "line: mean over seeds; band: min to max over seeds; marker: the run's end"
+    fig.suptitle(f"{textwrap.fill(title, width)}\n{legend}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def machine() -> str:
     """CPU model, cores, GPU (if any) and versions: what the wall times were measured on."""
     import torch
@@ -812,13 +1255,14 @@ def report(
     out: Path,
     command: str,
     png: Path | None = None,
+    heading: str = "",
 ) -> str:
     """Write report.md, quality.json and the figure (to ``png``, default ``<out>/knn_flops.png``)
-    and return the report's markdown."""
+    and return the report's markdown (``heading``: after the scale in its title, e.g. the data size)."""
     res = load_results(jobs)
     done = sum(len(v) for v in res.values())
     methods, left_out = learning_methods(res, methods)
-    keyed = [a for a in arms if not matched(a)]
+    keyed = [a for a in arms if not matched(a) and longer(a) is None]
     cost_rows, cost_num = cost_table(res, methods, arms)
     sections: list[str] = []
     numbers: dict[str, Any] = {"cost": cost_num}
@@ -842,6 +1286,29 @@ def report(
                 "",
             ]
             verdicts += [verdict(fnum, m, label) for m in methods]
+        if any(longer(a) is not None for a in arms):  # the baseline trained longer: the ceiling
+            lrows, lnum = length_table(res, methods, arms, metric)
+            crows, cnum = ceiling_table(res, methods, arms, metric)
+            numbers[f"{metric}_lengths"], numbers[f"{metric}_ceiling"] = lnum, cnum
+            sections += [
+                f"{label}, the baseline at each length measured (its own schedule over its epochs; differences "
+                "to the baseline at the scale's epochs, paired by seed):",
+                "",
+                *lrows,
+                "",
+            ]
+            if len(crows) > 2:
+                sections += [
+                    f"{label}, each arm against the ceiling: the baseline of any length with the highest mean "
+                    "(paired by seed):",
+                    "",
+                    *crows,
+                    "",
+                ]
+                verdicts += [v for m in methods if (v := ceiling_verdict(cnum, m, label))]
+    hrows, hnum = hours_table(res, methods, arms, scale.threads_per_job)
+    numbers["hours"] = hnum
+    saturation = saturation_line(res, methods)
     diffs = config_differences(jobs)
     checked = "checked: saved configs agree on every other key"
     if diffs:
@@ -856,12 +1323,12 @@ def report(
     inits = [r["knn_init"] for r in own if r["knn_init"] is not None]
     linked = [f"{m}/{a}/seed{s}" for (m, a), v in res.items() for s, r in v.items() if r["linked"]]
     lines = [
-        f"### Quality benchmark, {scale_name} scale ({time.strftime('%Y-%m-%d')})",
+        f"### Quality benchmark, {scale_name} scale{heading} ({time.strftime('%Y-%m-%d')})",
         "",
         f"Command: {command}  ",
         f"Machine: {machine()}  ",
         f"Setup: {scale.description}. Arms differ only in the HVP keys, `baseline@<arm>` only in "
-        f"`budget.match` and the epochs it sets ({checked}).  ",
+        f"`budget.match` and the epochs it sets, `baseline_x<k>` only in its epochs ({checked}).  ",
         f"Runs finished: {done}/{len(jobs)}"
         + (f", {len(linked)} of them a link to a baseline run of the same epochs" if linked else "")
         + f"; pretraining wall time {sum(walls) / 60:.0f} min in all (per run, including the k-NN passes: "
@@ -877,6 +1344,20 @@ def report(
         *cost_rows,
         "",
         *sections,
+        *(
+            [
+                "Saturation (the pilot's criterion: under 1 k-NN point in the baseline's last quarter):",
+                "",
+                *saturation,
+                "",
+            ]
+            if saturation
+            else []
+        ),  # fmt: skip
+        f"Time (wall: one run's own sessions of train.py and eval.py; {scale.threads_per_job} thread(s) per run):",
+        "",
+        *hrows,
+        "",
         "Curves (seed-mean k-NN of each arm vs the baseline's, per epoch, at equal images):",
         "",
         *crossings(res, methods, keyed),
@@ -893,6 +1374,18 @@ def report(
     return text
 
 
+def size_arg(text: str) -> tuple[int, int | None]:
+    """``--sizes``' ``N`` or ``N:E``: training images, and their epochs if given."""
+    try:
+        n, _, e = text.partition(":")
+        size, epochs = int(n), (int(e) if e else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size is N or N:E (training images, epochs)") from None
+    if size < 1 or (epochs is not None and epochs < 1):
+        raise argparse.ArgumentTypeError(f"{text!r}: images and epochs are at least 1")
+    return size, epochs
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", choices=sorted(SCALES), default="cpu")
@@ -900,14 +1393,40 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--arms",
         nargs="+",
-        default=DEFAULT_ARMS,
-        choices=ALL_ARMS,
+        default=None,
+        type=known_arm,
         metavar="ARM",
-        help=f"default: {' '.join(DEFAULT_ARMS)}; the paper's controls: {' '.join(PAPER_ARMS)}; "
-        f"baseline@<arm>: the baseline for <arm>'s FLOPs. Arms: {', '.join(ARMS)}",
+        help=f"default: the scale's (saturation: {' '.join(SCALES['saturation'].arms)}), else "
+        f"{' '.join(DEFAULT_ARMS)}; the paper's controls: {' '.join(PAPER_ARMS)}; baseline@<arm>: the baseline "
+        f"for <arm>'s FLOPs; baseline_x<k>: the baseline for k times the epochs. Arms: {', '.join(ARMS)}",
     )
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
-    p.add_argument("--out", type=Path, default=None, help="default: runs/quality-<scale>")
+    p.add_argument("--out", type=Path, default=None, help="default: runs/quality-<scale>[-<data folder name>]")
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="your own labelled image folder (ImageNet layout: train/<class>/*, test/<class>/* or val/) in place "
+        "of CIFAR-10, with the folder defaults' normalisation and views (data=imagefolder)",
+    )
+    p.add_argument(
+        "--sizes",
+        nargs="+",
+        type=size_arg,
+        default=None,
+        metavar="N[:E]",
+        help="training-set sizes (data.train_subset), each with its epochs E (default: the scale's for that size, "
+        "or --epochs, or the scale's epochs); runs under <out>/n<N>/, a figure panel each "
+        "(default: the scale's sizes, saturation: 2000)",
+    )
+    p.add_argument("--epochs", type=int, default=None, help="the scale's epochs (E) instead of its own")
+    p.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="train.py overrides in place of the scale's (e.g. data.crop_size=64 data/aug=cifar)",  # fmt: skip
+    )
     p.add_argument("--jobs", type=int, default=None, help="parallel runs (default: the scale's)")
     p.add_argument("--no-linear", action="store_true", help="skip the linear probes")
     p.add_argument(
@@ -927,6 +1446,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     unknown = [m for m in args.methods if m not in scale.per_method]
     if unknown:
         p.error(f"--methods {unknown} not in this scale; allowed: {sorted(scale.per_method)}")
+    args.arms = args.arms or list(scale.arms or DEFAULT_ARMS)
+    if any("=" not in o for o in args.set):
+        p.error(f"--set takes KEY=VALUE overrides, not {[o for o in args.set if '=' not in o]}")
     if BASE not in args.arms and (args.report_only or args.results):
         p.error("a report needs the baseline arm in --arms (differences are taken to it)")
     return args
@@ -951,13 +1473,26 @@ def planned_flops(scale: Scale, job: Job) -> tuple[float, float]:
     flops: StepFlops = count_step_flops(cfg)
     d = cfg.data  # the scales' training sets: a subset, the built-in textures, or CIFAR-10's train split
     images = d.train_subset or (d.train_size if d.name == "synthetic" else CIFAR10_TRAIN)
-    epoch = epoch_of(images, cfg.method.batch_size, 1)
+    found = folder_images(d.root) if d.name == "imagefolder" else None
+    if found is not None:  # --data: a subset of at most what is there
+        images = min(int(images), found)
+    epoch = epoch_of(int(images), cfg.method.batch_size, 1)
     every = cfg.hvp.every_n_steps if cfg.hvp is not None else 1
-    total = run_flops(scale.epochs, flops, epoch, every)
-    return total / (scale.epochs * epoch.steps * epoch.step_images) / flops.baseline, float(total)
+    epochs = cfg.trainer.max_epochs  # the scale's, or baseline_x<k>'s own
+    total = run_flops(epochs, flops, epoch, every)
+    return total / (epochs * epoch.steps * epoch.step_images) / flops.baseline, float(total)
 
 
 CIFAR10_TRAIN = 50_000  # the train split's images, where a scale trains on all of them
+
+
+def folder_images(root: str) -> int | None:
+    """The files under an image folder's ``train/`` (a folder other than the shared CIFAR-10 copy:
+    ``--data``), None for that copy (the scales' subsets are smaller than its train split)."""
+    path = (REPO / root).resolve()
+    if path == (REPO / "../shared/datasets/cifar10").resolve() or not (path / "train").is_dir():
+        return None
+    return sum(1 for f in (path / "train").rglob("*") if f.is_file())
 
 
 def dry_run(scale: Scale, jobs: list[Job]) -> None:
@@ -988,17 +1523,99 @@ def dry_run(scale: Scale, jobs: list[Job]) -> None:
     print(f"all {len(jobs)} runs: {total:.4g} model FLOPs (k-NN passes and linear probes not counted)")
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One data size of a call: its scale (``derive``d), run folder and label."""
+
+    size: int | None
+    scale: Scale
+    out: Path
+
+    @property
+    def label(self) -> str:
+        images = self.size or self.scale.train_images
+        return f"{images} training images, {self.scale.epochs} epochs" if images else f"{self.scale.epochs} epochs"
+
+
+def settings(args: argparse.Namespace) -> tuple[Path, list[Setting]]:
+    """The call's run folder and its settings: one per ``--sizes`` entry (or the scale's sizes), each
+    in ``<out>/n<N>/``; without sizes the scale itself in ``<out>``."""
+    scale = SCALES[args.scale]
+    data = args.data.resolve() if args.data else None
+    name = f"quality-{args.scale}" + (f"-{data.name}" if data else "")
+    out = (args.out or REPO / "runs" / name).resolve()
+    own = dict(scale.sizes)
+    sizes = args.sizes or [(n, None) for n in own]
+    extra = tuple(args.set)
+    if not sizes:
+        return out, [Setting(None, derive(scale, data, None, args.epochs, extra), out)]
+    return out, [
+        Setting(n, derive(scale, data, n, e or args.epochs or own.get(n) or scale.epochs, extra), out / f"n{n}")
+        for n, e in sizes
+    ]
+
+
+def sizes_report(
+    scale_name: str, parts: list[tuple[Setting, str]], methods: list[str], arms: list[str], seeds: list[int],
+    out: Path, command: str, png: Path | None = None,
+) -> str:  # fmt: skip
+    """Each size's report under one heading, the figure with a panel per size (``<out>/knn_flops.png``
+    or ``png``) and the CPU-hours of all of them; written to ``<out>/report.md``."""
+    results = [(st, load_results(plan(st.scale, methods, arms, seeds, st.out))) for st, _ in parts]
+    learning = [m for m in methods if all(m in learning_methods(res, [m])[0] for _, res in results)]
+    png = png or out / "knn_flops.png"
+    figure = NO_FIGURE
+    if learning and any(r["flops"] for _, res in results for v in res.values() for r in v.values()):
+        title = f"{scale_name} scale: {parts[0][0].scale.description}"
+        plot_bands([(st.label, res) for st, res in results], learning, arms, png, title)
+        figure = f"Figure (a panel per data size): `{png.relative_to(REPO) if png.is_relative_to(REPO) else png}`"
+    threads = parts[0][0].scale.threads_per_job
+    hours = [(st, hours_table(res, methods, arms, threads)[1]["all"]) for st, res in results]
+    rows = ["| data size | runs trained | wall h | thread-h | CPU h (measured) |", "|---|---|---|---|---|"]
+    rows += [
+        f"| {st.label} | {h.get('runs', 0):.0f} | {h.get('wall', 0) / 3600:.2f} | "
+        f"{h.get('wall', 0) * threads / 3600:.2f} | {h.get('cpu', 0) / 3600:.2f} |"
+        for st, h in hours
+    ]
+    wall = sum(h.get("wall", 0) for _, h in hours)
+    rows.append(f"| all | {sum(h.get('runs', 0) for _, h in hours):.0f} | {wall / 3600:.2f} | "
+                f"{wall * threads / 3600:.2f} | {sum(h.get('cpu', 0) for _, h in hours) / 3600:.2f} |")  # fmt: skip
+    lines = [
+        f"## Quality benchmark, {scale_name} scale, {len(parts)} data size(s) ({time.strftime('%Y-%m-%d')})",
+        "",
+        f"Command: {command}",
+        "",
+        "CPU-hours of the whole call (every size):",
+        "",
+        *rows,
+        "",
+        figure,
+        "",
+        *(text for _, text in parts),
+    ]
+    text = "\n".join(lines)
+    (out / "report.md").write_text(text)
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    scale = SCALES[args.scale]
-    out = (args.out or REPO / "runs" / f"quality-{args.scale}").resolve()
-    jobs = plan(scale, args.methods, args.arms, args.seeds, out)
+    out, parts = settings(args)
+    if args.data is not None and not args.data.is_dir():
+        raise SystemExit(f"--data {args.data}: not a folder (an ImageNet-layout one: train/<class>/*, test/ or val/)")
+    plans = [(st, plan(st.scale, args.methods, args.arms, args.seeds, st.out)) for st in parts]
     if args.dry_run:
-        dry_run(scale, jobs)
+        for st, jobs in plans:
+            dry_run(st.scale, jobs)
         return
     if not args.report_only:
-        run_all(scale, jobs, args.jobs or scale.jobs, args.time_budget_min, not args.no_linear, out)
+        start = time.time()
+        for st, jobs in plans:
+            left = None if args.time_budget_min is None else args.time_budget_min - (time.time() - start) / 60
+            if left is not None and left <= 0:
+                break
+            run_all(st.scale, jobs, args.jobs or st.scale.jobs, left, not args.no_linear, st.out)
     if BASE not in args.arms:  # e.g. more arms beside a running benchmark
         print("no baseline arm: runs only; build the report with all arms and --report-only")
         return
@@ -1007,13 +1624,21 @@ def main(argv: list[str] | None = None) -> None:
         command += " (builds this report from finished runs, which the same command trains without --report-only)"
     # With --results the figure goes beside that file (committed with it), not only into runs/.
     png = args.results.parent / f"quality_{args.scale}_knn_flops.png" if args.results else None
-    text = report(args.scale, scale, jobs, args.methods, args.arms, out, command, png)
+    if parts[0].size is None:
+        st, jobs = plans[0]
+        text = report(args.scale, st.scale, jobs, args.methods, args.arms, st.out, command, png)
+    else:
+        texts = [
+            (st, report(args.scale, st.scale, jobs, args.methods, args.arms, st.out, command, heading=f", {st.label}"))
+            for st, jobs in plans
+        ]
+        text = sizes_report(args.scale, texts, args.methods, args.arms, args.seeds, out, command, png)
     print(text)
     if args.results:
         with args.results.open("a") as fh:
             fh.write(f"\n{text}\n")
             if NO_FIGURE not in text:
-                fh.write(f"![k-NN against model FLOPs, {args.scale} scale]({png.name})\n")
+                fh.write(f"![k-NN against model FLOPs, {args.scale} scale]({png.name})\n")  # type: ignore[union-attr]
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ Each part is its own ``trainer.fit`` of ``--warmup`` + ``--batches`` batches on 
 
 Any ``loader.py`` option is taken (``--method``, ``--backbone``, ``--batch-size``, ``--views``,
 ``--override`` ...); ``--out FILE`` appends the report. The GPU stage (benchmarks/gpu_session.sh
-``profile``), DINO ViT-S/16 HVP 4+16 crops bf16 as issue 13's target:
+``profile``), DINO ViT-S/16 HVP 4+16 crops bf16 as the GPU target's:
 
     python3 benchmarks/step_profile.py --method dino --backbone vit_small --batch-size 64 --crop 224 \\
         --views 4 --workers 14 --warmup 5 --batches 10 --device cuda --override trainer.precision=bf16-mixed

@@ -17,8 +17,8 @@
   and the blur alone as that step calls it, per blur kind and batch shape (views x side; SimSiam's
   128 images x 4 candidates at 224 px and DINO's 64 x 16 local crops at 96 px by default), device
   times (the clock starts and stops after a ``synchronize``), the kinds alternated within each
-  round; with ``--baseline FILE`` also that ``batched.py``'s colour step on the same views (issue 48
-  item 5's before and after: ``git show 0cfef3a^:hvp_lightning/data/batched.py``). The GPU
+  round; with ``--baseline FILE`` also that ``batched.py``'s colour step on the same views (the
+  colour step that ran every op on every view: ``git show 0cfef3a^:hvp_lightning/data/batched.py``). The GPU
   session's ``blur`` stage.
 
     uv run python benchmarks/view_cost.py item --method simsiam --crop 224 --views 4 --baseline /tmp/old_batched.py

@@ -304,6 +304,7 @@ def checked_command_line(config_name: str, args: list[str]) -> list[str]:
     ``lightning.Trainer`` argument; ``+key=value`` for a key the schema declares sets it
     (``++key=value``: before the schema, some keys needed the ``+``). Returns ``args`` so changed."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import ConfigCompositionException, HydraException, MissingConfigException
 
@@ -319,24 +320,35 @@ def checked_command_line(config_name: str, args: list[str]) -> list[str]:
         value = next(iter(ov.sweep_string_iterator())) if ov.is_sweep_override() else None
         single.append(f"{ov.get_key_element()}={value}" if value is not None else ov.input_line)
     search = [f"file://{Path(d).resolve()}" for d in config_dirs(args)]
+    hydra_keys = [f"hydra.searchpath=[{','.join(search)}]"] if search else []
     prefix = {}  # override index -> "+" (an unknown key) or "+" (a known key given with +: now ++)
+    chosen = [i for i, ov in enumerate(overrides) if not ov.key_or_group.startswith("hydra")]
+    groups = {i for i in chosen if is_group(overrides[i].key_or_group, search)}
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        while True:
-            hydra_keys = [f"hydra.searchpath=[{','.join(search)}]"] if search else []
-            chosen = [o for o, ov in zip(single, overrides) if not ov.key_or_group.startswith("hydra")]
+        try:
             try:
-                cfg = compose(config_name, overrides=[*chosen, *hydra_keys])
-                break
-            except MissingConfigException as err:
-                raise ConfigError(missing_option(err)) from None
-            except ConfigCompositionException as err:
-                at = _override_at(str(err), overrides, prefix)
-                if at is None:
-                    return args  # not a key's problem: Hydra says it
-                prefix[at] = "+"
-                single[at] = f"+{single[at]}"
-            except Exception:  # noqa: BLE001 -- anything else is Hydra's to report, as without this check
-                return args
+                cfg = compose(config_name, overrides=[single[i] for i in chosen] + hydra_keys)
+            except MissingConfigException:  # a group option that does not exist: said with the group's options
+                loader = GlobalHydra.instance().hydra.config_loader  # type: ignore[union-attr]
+                for i in sorted(groups):
+                    if not overrides[i].is_delete():
+                        check_options_exist(overrides[i], loader.get_group_options(overrides[i].key_or_group))
+                raise
+            except ConfigCompositionException:  # a key's +: from whether the config of the groups chosen has it
+                base = compose(config_name, overrides=[single[i] for i in sorted(groups)] + hydra_keys)
+                for i in chosen:
+                    ov = overrides[i]
+                    if i in groups or ov.is_delete() or ov.is_force_add():
+                        continue
+                    there = OmegaConf.select(base, ov.key_or_group, default=ABSENT) is not ABSENT
+                    if there == ov.is_add():  # key=value for a key it lacks, +key=value for one it has
+                        prefix[i] = "+"
+                        single[i] = f"+{single[i]}"
+                cfg = compose(config_name, overrides=[single[i] for i in chosen] + hydra_keys)
+        except ConfigError:
+            raise
+        except Exception:  # noqa: BLE001 -- anything else is Hydra's to report, as without this check
+            return args
     if config_name == "config":
         from .config import refuse_group_keys_without_group
 
@@ -361,17 +373,6 @@ def config_dirs(args: list[str]) -> list[str]:
     return out
 
 
-def _override_at(error: str, overrides: list[Any], tried: dict[int, str]) -> int | None:
-    """The override Hydra refused to compose, for a reason a ``+`` mends: a key the config lacks
-    (``key=value``: Hydra wants ``+key=value``) or one it has (``+key=value``: ``++key=value`` sets it)."""
-    first = error.splitlines()[0]
-    m = re.match(r"Could not override '([^']+)'", first) or re.search(r"An item is already at '([^']+)'", error)
-    if not m:
-        return None
-    untried = (i for i, ov in enumerate(overrides) if ov.key_or_group == m[1] and i not in tried)
-    return next(untried, None)
-
-
 def command_line_or_exit(config_name: str, args: list[str]) -> list[str]:
     """:func:`checked_command_line`, or its problems said (one line each) and exit status 2."""
     try:
@@ -381,16 +382,33 @@ def command_line_or_exit(config_name: str, args: list[str]) -> list[str]:
         sys.exit(2)
 
 
-def missing_option(err: Exception) -> str:
-    """Hydra's "Could not find 'method/simclrr'" (a group option that does not exist) in one line."""
-    m = re.search(r"Could not find '([^']+)/([^'/]+)'", str(err))
-    options = [o for o in getattr(err, "options", None) or [] if not o.startswith("_")]
-    if not m:
-        return str(err).splitlines()[0]
-    group, option = m[1], m[2]
-    close = difflib.get_close_matches(option, options, n=1)
-    hint = f" (did you mean {group}={close[0]}?)" if close else ""
-    return f"{group}={option} is not allowed: one of {', '.join(options)}{hint}"
+ABSENT = object()  # OmegaConf.select's answer for a key a config lacks
+
+
+def is_group(key: str, search: list[str]) -> bool:
+    """Whether an override's ``key`` names a config group (``method``, ``data/aug``, ``+hvp``), not a
+    key: a folder of the config dirs (ours, a ``--config-dir``'s) or a group of the schema's nodes."""
+    from hydra.core.config_store import ConfigStore
+
+    folders = [Path(CONFIG_DIR), *(Path(s.removeprefix("file://")) for s in search)]
+    if any((folder / key).is_dir() for folder in folders):
+        return True
+    try:
+        return bool(ConfigStore.instance().list(key))
+    except OSError:  # ConfigStore: no such group
+        return False
+
+
+def check_options_exist(ov: Any, options: list[str]) -> None:
+    """A group override's option (each of a sweep's) is one of the group's, or one line naming
+    them (the schema's own nodes, ``_simclr`` ..., are not options to choose)."""
+    shown = [o for o in options if not o.startswith("_")]
+    values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.value()]
+    for option in values:
+        if isinstance(option, str) and option not in options:
+            close = difflib.get_close_matches(option, shown, n=1)
+            hint = f" (did you mean {ov.key_or_group}={close[0]}?)" if close else ""
+            raise ConfigError(f"{ov.key_or_group}={option} is not allowed: one of {', '.join(shown)}{hint}")
 
 
 def train() -> None:

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ import torch
 import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf, open_dict
+from pytest import ParameterSet
 
 from hvp_lightning.selection import CandidateScores
 
@@ -53,6 +54,37 @@ REPO = Path(__file__).resolve().parents[1]
 # its own here), so it is set far above it rather than near it.
 SUBPROCESS_TIMEOUT_S = 600
 SHARED_CIFAR = REPO.parent / "shared" / "datasets" / "cifar10"
+
+
+def tiered(
+    cases: Iterable, keep: int | Collection[str], ids: Sequence[str] | None = None, *, single: bool = False
+) -> list[ParameterSet]:
+    """``cases`` for ``parametrize``, all of them in the slow tier and some in the default tier:
+    ``keep`` cases spread evenly over the list, or the cases with those ids. The default tier then
+    meets each kind of case and stays fast; the slow tier (``.ci/run``) checks every one. A tuple
+    case fills several arguments unless ``single``; ``ids``: one per case (else its own or pytest's)."""
+    cases = list(cases)
+    n = len(cases)
+    if isinstance(keep, int):
+        chosen = set(range(n)) if keep >= n else {round(i * (n - 1) / max(keep - 1, 1)) for i in range(keep)}
+    out: list[ParameterSet] = []
+    for i, case in enumerate(cases):
+        if isinstance(case, ParameterSet):
+            values, marks, case_id = case.values, list(case.marks), case.id
+        else:
+            values, marks, case_id = (case if isinstance(case, tuple) and not single else (case,)), [], None
+        case_id = ids[i] if ids is not None else case_id
+        if not isinstance(keep, int):
+            if case_id is None:
+                raise ValueError(f"tiered: case {i} has no id to match against {sorted(keep)}")
+            selected = case_id in keep
+        else:
+            selected = i in chosen
+        if not selected:
+            marks.append(pytest.mark.slow)
+        out.append(pytest.param(*values, marks=marks, id=case_id))
+    return out
+
 
 # Small enough for a few seconds on 2 CPU cores.
 # Tests were written against SimSiam on CPU in fp32 (the demo default is SimCLR, trainer auto):

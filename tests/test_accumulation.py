@@ -29,7 +29,7 @@ from hvp_lightning.nn.optim import warmup_cosine
 from hvp_lightning.nn.teacher import cosine_momentum, teacher_temperature
 from hvp_lightning.training.driver import run
 
-from .conftest import augs_of, build, counts_of, make_cfg
+from .conftest import augs_of, build, counts_of, make_cfg, tiered
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:.*(does not have many workers|smaller than the logging interval|but have no `val_dataloader`).*"
@@ -135,7 +135,12 @@ def assert_same_state(a: torch.nn.Module, b: torch.nn.Module, start: dict[str, t
 # --- (b, c) DINO/iBOT: k x B == one batch of kB, through Lightning --------------------------------
 
 
-@pytest.mark.parametrize(("method", "hvp"), [("dino", False), ("dino", True), ("ibot", True)])
+@pytest.mark.parametrize(
+    ("method", "hvp"),
+    tiered(
+        [("dino", False), ("dino", True), ("ibot", True)], {"dino-True"}, ids=["dino-False", "dino-True", "ibot-True"]
+    ),
+)
 def test_dino_accumulation_equals_large_batch(method: str, hvp: bool) -> None:
     """2 optimiser steps of 2 x 4 images vs 2 of 8: student, EMA teacher and centre(s) agree,
     so clipping saw the accumulated gradient and EMA, centres, lr and weight decay moved once
@@ -169,7 +174,7 @@ def _half(batch: dict[str, Any], i: int, n: int) -> dict[str, Any]:
     return dict(batch, views=[v[sl] for v in batch["views"]], label=batch["label"][sl], index=batch["index"][sl])
 
 
-@pytest.mark.parametrize("name", ["simsiam", "simclr"])
+@pytest.mark.parametrize("name", tiered(["simsiam", "simclr"], 1))
 def test_batchnorm_methods_accumulate_like_ghost_batches(name: str) -> None:
     """SimSiam/SimCLR have BatchNorm in their heads (always: ``heads.mlp``), so no BN-free kB
     reference exists: BN statistics (and SimCLR's negatives) are per micro-batch. The exact

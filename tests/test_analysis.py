@@ -211,6 +211,7 @@ def test_replay_matches_augment() -> None:
             torch.testing.assert_close(normalize(replay_view(img, row, a), a.mean, a.std), out)
 
 
+@pytest.mark.slow  # a permutation-importance fit
 def test_importance_recovers_a_planted_dependence() -> None:
     from hvp_lightning.analysis.callback import PAIR_FEATURES
     from hvp_lightning.analysis.importance import importance

@@ -1,4 +1,4 @@
-"""``backbone=timm`` and ``backbone.init`` (issue 38, items 2, 3 and 7): any timm model as the
+"""``backbone=timm`` and ``backbone.init``: any timm model as the
 trunk, released weights as its start -- loaded strictly, equal to the file before the first
 step, the teacher equal to the student -- and every bad input in one line naming the key."""
 
@@ -22,7 +22,7 @@ from hvp_lightning.training.backbone_init import init_backbone
 from hvp_lightning.training.build import build_backbone
 from hvp_lightning.training.weights import read_state
 
-from .conftest import build, make_cfg
+from .conftest import build, make_cfg, tiered
 
 TINY_VIT = ["backbone=timm", "backbone.name=vit_tiny_patch16_224", "+backbone.model_args.depth=1"]
 
@@ -59,7 +59,7 @@ def loaded(cfg):
     return model, line
 
 
-# --- item 2: any timm model ----------------------------------------------------------------------
+# --- any timm model -----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "name,args",
     [("resnet10t", {}), ("convnext_atto", {}), ("efficientnet_b0", {}), ("vit_tiny_patch16_224", {"depth": 1})],
@@ -77,18 +77,21 @@ def test_a_timm_trunk_is_timms_own_model_without_classifier(name, args):
 
 @pytest.mark.parametrize(
     "name",
-    [
-        "mobilenetv3_small_050",
-        "mobilenetv4_conv_small",
-        "ghostnet_050",
-        "repghostnet_050",
-        "hgnetv2_b0",
-        "lcnet_050",
-        "fbnetv3_b",
-        "resnet10t",
-        "convnext_atto",
-        "vit_tiny_patch16_224",
-    ],
+    tiered(
+        [
+            "mobilenetv3_small_050",
+            "mobilenetv4_conv_small",
+            "ghostnet_050",
+            "repghostnet_050",
+            "hgnetv2_b0",
+            "lcnet_050",
+            "fbnetv3_b",
+            "resnet10t",
+            "convnext_atto",
+            "vit_tiny_patch16_224",
+        ],
+        3,
+    ),
 )
 def test_feature_dim_is_the_width_of_timms_pooled_output(name):
     """Mobile-family models put a head conv after the pooling: their output has
@@ -158,7 +161,7 @@ def test_the_selection_pass_freezes_running_statistics_beyond_batchnorm():
     assert not torch.equal(norm.running_var, torch.ones(4))
 
 
-# --- item 7: bad input, one line naming the key and value -----------------------------------------
+# --- bad input, one line naming the key and value ------------------------------------------------
 def test_an_unknown_timm_name_names_the_closest_ones():
     with pytest.raises(ConfigError, match=r"backbone.name='convnext_tinny' .*closest: convnext_tiny") as err:
         validate(make_cfg("backbone=timm", "backbone.name=convnext_tinny", "data.crop_size=32"))
@@ -232,7 +235,7 @@ def test_init_student_on_a_plain_state_dict_is_refused(tmp_path):
         loaded(make_cfg(f"backbone.init={weights}", "backbone.init_student=true"))
 
 
-# --- item 3: released weights as the start ---------------------------------------------------------
+# --- released weights as the start ----------------------------------------------------------------
 @pytest.mark.parametrize(
     "backbone", [["backbone=resnet18", "backbone.width=64"], ["backbone=timm", "backbone.name=resnet18"]]
 )
@@ -297,6 +300,7 @@ def test_position_embeddings_are_resized_to_the_runs_grid(tmp_path):
         loaded(cfg)
 
 
+@pytest.mark.slow  # an export, then a run started from it
 def test_an_export_folder_and_a_run_dir_are_sources(tmp_path):
     from safetensors.torch import save_file
 
@@ -521,6 +525,7 @@ def test_img_size_is_refused_for_a_model_that_takes_none():
         validate(make_cfg("backbone=timm", "backbone.name=resnet10t", "backbone.img_size=64", "data.crop_size=32"))
 
 
+@pytest.mark.slow  # timm models built on the meta device at several sizes
 def test_a_model_built_for_one_input_size_is_refused_at_start_up_with_what_fits():
     """Swin and LeViT take their img_size only: the start-up check runs them (meta device) at the
     run's crop sizes and names the setting that fits, instead of an assertion at the first step."""
@@ -537,6 +542,7 @@ def test_a_model_built_for_one_input_size_is_refused_at_start_up_with_what_fits(
         validate(make_cfg(*dino, *levit))
 
 
+@pytest.mark.slow  # timm models built on the meta device
 def test_a_cheaper_selection_the_model_cannot_score_is_refused_at_start_up():
     """hvp.selection_scale=0.5 scores 224 px crops at 112 px: a Swin built for 224 px fails there
     (an assertion at the first HVP step); with dynamic sizes it takes them."""

@@ -1,8 +1,8 @@
 """benchmarks/ as a suite: every maintained script runs (smoke tests at the tiniest size, in-process
 where that takes a second or two, else in the slow tier), the GPU session's stages name scripts and
 options that exist, benchmarks/README.md lists exactly the scripts there with commands their parsers
-take, and each figure the README and RESULTS.md's table of current figures give is in the dated entry
-they link to.
+take, and each figure the README and RESULTS.md's table of current figures give is in the dated
+section they link to, which gives its command.
 
 The device machine is lent for minutes a session: a benchmark that ignores its time limit, or fails at
 the end after its rounds ran, or a stage whose command line its script rejects, costs the whole stage.
@@ -33,7 +33,7 @@ from .test_docs import FENCE, slug
 
 BENCH = REPO / "benchmarks"
 SCRIPTS = sorted(p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh"))
-MAX_SCRIPTS = 8  # issue 47: a suite a maintainer keeps working, not a lab notebook
+MAX_SCRIPTS = 8  # a suite a maintainer keeps working, not a lab notebook
 
 
 def load_script(name: str) -> ModuleType:
@@ -84,6 +84,7 @@ def test_loader_times_every_arm_and_appends_its_report(tmp_path: Path, capsys: p
     ],
     ids=["pair", "batch_loss", "multicrop"],
 )
+@pytest.mark.slow  # overhead.py's rounds
 def test_overhead_times_both_models_and_the_bound(tmp_path: Path, argv: list[str]) -> None:
     out = tmp_path / "results.md"
     load_script("overhead").main([*argv, "--num-views", "3", "--iters", "1", "--warmup", "0", "--out", str(out)])
@@ -487,19 +488,28 @@ def table_rows(text: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")]
 
 
-def test_results_opens_with_one_table_of_current_figures_from_the_entries() -> None:
-    """RESULTS.md's first section is the table of current figures; each row's figure and date are
-    in the dated entry below that the row links to."""
+def test_results_opens_with_one_table_of_current_figures_from_the_sections() -> None:
+    """RESULTS.md's first section is the table of current figures; each row's setting, figure and
+    date are in the section below that the row links to, and that section gives a command."""
     text = RESULTS.read_text()
     first = re.search(r"^## (.*)$", text, re.MULTILINE)
     assert first and first.group(1) == "Current figures"
     current = sections(RESULTS)["current-figures"]
     rows = table_rows(current)
-    assert rows[0] == ["what", "figure", "machine", "date", "entry"] and len(rows) > 10
+    assert rows[0] == ["what", "setting", "figure", "machine", "date", "section"] and len(rows) > 10
     assert current.count("\n| what |") == 1  # one table
-    for what, figure, _, date, entry in rows[2:]:
+    for what, setting, figure, _, date, link in rows[2:]:
         assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", date), what
-        assert missing_figures(f"{figure} {date} {entry}") == [], what
+        assert missing_figures(f"{setting} {figure} {date} {link}") == [], what
+        source = "\n".join(sections(RESULTS)[a] for a in ENTRY_LINK.findall(link))
+        assert re.search(r"`(uv run |python|bash |LIMIT=)[^`]*`|^```", source, re.MULTILINE), f"no command: {what}"
+
+
+def test_results_headings_name_what_was_measured_not_work_labels() -> None:
+    """A heading says what was measured and when; no issue, session or work-item label."""
+    heads = [line for line in RESULTS.read_text().splitlines() if re.match(r"#{1,6} ", line)]
+    labels = re.compile(r"\b(issues?|sessions?|items?|stop)\s+\d|\bi\d\d-", re.IGNORECASE)
+    assert [h for h in heads if labels.search(h)] == []
 
 
 def test_readme_latest_results_are_in_the_entries_they_link_to() -> None:

@@ -112,6 +112,7 @@ def test_a_budget_sets_the_epochs_and_says_so(caplog) -> None:
     assert apply_budget(check_options(make_cfg()), f, 64) is None  # no budget: the epochs decide
 
 
+@pytest.mark.slow  # DINO's FLOPs counted for a budget
 def test_dino_budget_with_every_n_steps_and_accumulation(tmp_path, caplog) -> None:
     """DINO + HVP selecting every 3rd optimiser step, 2 batches a step (32 images), 2 steps an
     epoch: steps 0, 3, 6, 9 cost train + selection per image, the others the baseline's (less:

@@ -100,7 +100,7 @@ def test_ibot_global_crops_run_compiled_blocks(cfg_factory, monkeypatch, backend
         if not torch.compiler.is_compiling():
             eager_calls.add((model, net, args[0].shape[1], torch.is_grad_enabled()))
 
-    def build(*extra: str) -> tuple[torch.nn.Module, torch.nn.Module, dict]:
+    def models(*extra: str) -> tuple[torch.nn.Module, torch.nn.Module, dict]:
         cfg = cfg_factory("method=ibot_cifar", *VIT_TINY, "+hvp=on", "backbone.depth=2", *extra, tiny=False)
         torch.manual_seed(0)
         eager = build(cfg)
@@ -114,7 +114,7 @@ def test_ibot_global_crops_run_compiled_blocks(cfg_factory, monkeypatch, backend
                     )
         return eager, compiled, random_batch(eager, cfg)
 
-    eager, compiled, batch = build()
+    eager, compiled, batch = models()
     assert compiled.state_dict().keys() == eager.state_dict().keys()  # checkpoints unchanged
     assert compiled.compiled_modules == ["backbone", "teacher.backbone", "vit_tokens"]
     losses = [model.training_step(batch, 0) for model in (eager, compiled)]
@@ -134,7 +134,7 @@ def test_ibot_global_crops_run_compiled_blocks(cfg_factory, monkeypatch, backend
     # default limit of 8 at depth 12, and past 3 here), after which Dynamo runs blocks eagerly
     # inside the compiled call, where no hook sees it: here reaching the limit raises instead.
     torch._dynamo.reset()  # a run has one model: no graphs of the one above
-    _, compiled, batch = build("backbone.depth=3", "backbone.drop_path_rate=0.3")
+    _, compiled, batch = models("backbone.depth=3", "backbone.drop_path_rate=0.3")
     with torch._dynamo.config.patch(recompile_limit=3, fail_on_recompile_limit_hit=True):
         for step in range(3):
             compiled.training_step(batch, step).backward()

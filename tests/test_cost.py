@@ -17,7 +17,7 @@ from hvp_lightning.run.perf import PHASES, PerfMonitor, StepFlops, Timeline, bat
 from hvp_lightning.training.cost import count_step_flops, run_step_flops
 from hvp_lightning.training.flops import FlopMeter, model_flops
 
-from .conftest import build, make_settings
+from .conftest import build, make_settings, tiered
 from .test_device_guard import VIT
 
 
@@ -90,14 +90,20 @@ def test_dino_step_flops_by_hand() -> None:
 
 @pytest.mark.parametrize(
     ("settings", "reused"),
-    [
-        (["trainer.accelerator=cpu", "hvp.selection_precision=bf16"], True),  # bf16 falls back to fp32 on the CPU
-        (["trainer.accelerator=gpu", "trainer.precision=bf16-mixed", "hvp.selection_precision=bf16"], True),
-        (["trainer.accelerator=gpu", "trainer.precision=bf16-mixed", "hvp.selection_precision=fp16"], False),
-        (["trainer.accelerator=gpu", "trainer.precision=32-true", "hvp.selection_precision=bf16"], False),
-        (["trainer.accelerator=cpu", "hvp.selection_scale=0.5"], False),
-        (["trainer.accelerator=cpu", "trainer.precision=auto", "hvp.selection_precision=bf16"], True),  # auto: 32-true
-    ],
+    tiered(
+        [
+            (["trainer.accelerator=cpu", "hvp.selection_precision=bf16"], True),  # bf16 falls back to fp32 on the CPU
+            (["trainer.accelerator=gpu", "trainer.precision=bf16-mixed", "hvp.selection_precision=bf16"], True),
+            (["trainer.accelerator=gpu", "trainer.precision=bf16-mixed", "hvp.selection_precision=fp16"], False),
+            (["trainer.accelerator=gpu", "trainer.precision=32-true", "hvp.selection_precision=bf16"], False),
+            (["trainer.accelerator=cpu", "hvp.selection_scale=0.5"], False),
+            (
+                ["trainer.accelerator=cpu", "trainer.precision=auto", "hvp.selection_precision=bf16"],
+                True,
+            ),  # auto: 32-true
+        ],
+        3,
+    ),
 )
 def test_dino_teacher_reuse_is_counted_as_the_runs_device_and_precision_give_it(settings, reused) -> None:
     """The meta device has no autocast: the count answers ``selection_outputs_reusable`` as the run
@@ -258,13 +264,16 @@ def test_peak_flops_are_dense_and_know_the_h200(monkeypatch, name, dtype, peak) 
 
 @pytest.mark.parametrize(
     ("overrides", "warned"),
-    [
-        (("method=vicreg_cifar", "+hvp=on", "hvp.num_views=3"), True),  # the leave-one-out table
-        (("method=barlow_twins_cifar", "+hvp=on", "hvp.num_views=3", "hvp.mode=random"), True),
-        (("method=vicreg_cifar", "+hvp=on", "hvp.num_views=3", "hvp.mode=min_iou"), False),  # no table
-        (("method=vicreg_cifar",), False),
-        (("+hvp=on", "hvp.num_views=3"), False),  # SimCLR's per-sample losses: small
-    ],
+    tiered(
+        [
+            (("method=vicreg_cifar", "+hvp=on", "hvp.num_views=3"), True),  # the leave-one-out table
+            (("method=barlow_twins_cifar", "+hvp=on", "hvp.num_views=3", "hvp.mode=random"), True),
+            (("method=vicreg_cifar", "+hvp=on", "hvp.num_views=3", "hvp.mode=min_iou"), False),  # no table
+            (("method=vicreg_cifar",), False),
+            (("+hvp=on", "hvp.num_views=3"), False),  # SimCLR's per-sample losses: small
+        ],
+        2,
+    ),
 )
 def test_a_run_says_when_its_flops_leave_out_heavy_selection_work(caplog, overrides, warned) -> None:
     """VICReg's and Barlow Twins' selection computes a leave-one-out loss table outside the

@@ -1,4 +1,4 @@
-"""Augmentation randomness is not process state (issue 25, item 1): a view is a function of
+"""Augmentation randomness is not process state: a view is a function of
 (seed, epoch, image index, slot) on every path, so a run ends with the same weights whatever
 ``data.num_workers``, and a run killed (SIGKILL) mid-epoch and resumed from its step checkpoint
 ends bit for bit where the uninterrupted run does."""

@@ -1,4 +1,4 @@
-"""CPU-only guard against tensors made on the wrong device (issue 12: HVP crashed on its first
+"""CPU-only guard against tensors made on the wrong device (HVP crashed on its first
 GPU step because ``pair_index`` built its index on the CPU while the choice was on the GPU).
 
 The model and the batch go to the ``meta`` device, which stands in for a GPU: a tensor the
@@ -27,7 +27,7 @@ from hvp_lightning.evaluation.probe import Classifier
 from hvp_lightning.monitors.knn import knn_scores
 from hvp_lightning.selection import pair_index
 
-from .conftest import augs_of, build, make_cfg
+from .conftest import augs_of, build, make_cfg, tiered
 
 aten = torch.ops.aten
 COPIES = {aten._to_copy.default, aten.copy_.default, aten._copy_from.default, aten._copy_from_and_resize.default}
@@ -61,14 +61,17 @@ HVP = {
 }
 HVP["sampled"] = ["+hvp=on", "hvp.num_views=3", "+hvp.max_combinations=2"]  # DINO's max_combinations
 # Every selection setting on both view layouts (SimSiam: two views; DINO: multi-crop) and DINO's
-# sampled search; the other methods' own steps and candidate tables (off, hard) in the default suite,
-# their other settings (the mixin's code, met above) slow.
-CASES = [
-    (m, h) if m in ("simsiam", "dino") or h in ("off", "hard") else pytest.param(m, h, marks=pytest.mark.slow)
-    for m in METHOD_OVERRIDES
-    for h in HVP
-    if h != "sampled" or m == "dino"
-]
+# sampled search, all in the slow tier; the default tier: each method's HVP step (its candidate
+# table, then its own step on the chosen views), the cheaper selection and DINO's sampled search.
+DEFAULT_CASES = {
+    *(f"{m}-hard" for m in METHOD_OVERRIDES),
+    *("simsiam-cheaper", "dino-sampled"),
+}
+CASES = tiered(
+    [(m, h) for m in METHOD_OVERRIDES for h in HVP if h != "sampled" or m == "dino"],
+    DEFAULT_CASES,
+    ids=[f"{m}-{h}" for m in METHOD_OVERRIDES for h in HVP if h != "sampled" or m == "dino"],
+)
 
 
 class DeviceMixGuard(TorchDispatchMode):

@@ -95,5 +95,5 @@ def test_checker_finds_broken_links(tmp_path: Path) -> None:
 
 
 def test_readme_is_a_map() -> None:
-    """Issue 27: the README stays a short map; details belong on the docs pages."""
+    """The README stays a short map; details belong on the docs pages."""
     assert len((REPO / "README.md").read_text().splitlines()) <= 200

@@ -73,6 +73,7 @@ def test_gpu_devices_are_not_counted_against_cpu_cores(monkeypatch, caplog):
     assert not [r for r in caplog.records if "trainer.devices" in r.getMessage()]
 
 
+@pytest.mark.slow  # a process per console command
 def test_console_commands_show_their_own_name_in_usage():
     """``hvp-export --help`` says hvp-export (the console script), ``python -m`` says that; both
     answer before torch is imported."""

@@ -40,6 +40,7 @@ from .conftest import (
     make_cfg,
     make_settings,
     run_cli,
+    tiered,
     write_images,
 )
 
@@ -65,6 +66,7 @@ def dino_run(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_evaluation_runs_at_the_training_matmul_precision(simsiam_run, monkeypatch, matmul_precision_restored):
     """eval.py computes features under train.py's float32 matmul precision (TF32 on GPUs), so
     its k-NN repeats the run's monitor there too; a fresh eval process starts at "highest"."""
@@ -236,6 +238,7 @@ def test_vit_features_concatenate_cls_of_last_blocks():
         ),
     ],
 )
+@pytest.mark.slow  # an evaluation end to end on a run
 def test_eval_protocols_end_to_end(simsiam_run, protocol, caplog):
     run_dir, train_summary = simsiam_run
     with caplog.at_level("INFO", logger="hvp_lightning.evaluation.run"):
@@ -284,6 +287,7 @@ def test_eval_protocols_end_to_end(simsiam_run, protocol, caplog):
             assert s["augment"] is False  # CPU: cached features
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_data_keys_without_a_data_set_change_the_checkpoints_data(simsiam_run, tmp_path):
     """``+data.test_subset=N`` (conf/eval.yaml has no ``data`` without ``data=<name>``) subsamples
     the pretraining data; it used to be taken for a whole data preset and fail validation."""
@@ -293,6 +297,7 @@ def test_data_keys_without_a_data_set_change_the_checkpoints_data(simsiam_run, t
     assert summary["dataset"]["name"] == "synthetic" and summary["dataset"]["test_images"] == 5
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_other_checkpoint_files_and_data_sets_keep_their_own_eval_folder(simsiam_run, tmp_path):
     """An evaluation of another checkpoint file, or on another data set, used to replace the run's
     own ``eval/<protocol>/eval_summary.json``; each now has its ``eval/<variant>/<protocol>/``."""
@@ -394,6 +399,7 @@ def test_eval_dino_uses_the_teacher_and_last_blocks(dino_run):
         evaluate(eval_cfg(f"ckpt={dino_run}", "protocol=linear", "protocol.batch_size=32", "protocol.epochs=1"))
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_eval_config_errors(simsiam_run, tmp_path):
     run_dir, _ = simsiam_run
     write_images(tmp_path / "images", 3)
@@ -451,6 +457,7 @@ def test_eval_takes_data_eval_root_as_the_docs_write_it(tmp_path):
     assert eval_data_cfg(eval_settings("ckpt=RUN", "data=synthetic"), unlabelled).name == "synthetic"
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_eval_command_prints_its_line_and_writes_its_summary(simsiam_run, tmp_path):
     """``eval.py protocol=knn ckpt=<run>/checkpoints/last.ckpt``, in this process: exit 0, the last
     line (k-NN top-1 and where the summary is) and the summary's k's."""
@@ -491,6 +498,7 @@ def test_eval_cli(simsiam_run):
     assert set(json.loads((run_dir / "eval" / "knn" / "eval_summary.json").read_text())["metrics"]) >= {"k5", "k20"}
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_knn_with_k_above_the_bank_says_the_k_that_voted(simsiam_run):
     """protocol.ks=[1000] on a 64-image bank: all 64 vote, and the summary and line say so
     (the line used to read k=1000)."""
@@ -542,7 +550,7 @@ PATHS_WITH_EQUALS = [
 ]
 
 
-@pytest.mark.parametrize(("script", "key", "refusal", "rest"), PATHS_WITH_EQUALS)
+@pytest.mark.parametrize(("script", "key", "refusal", "rest"), tiered(PATHS_WITH_EQUALS, 2))
 def test_checkpoint_paths_with_equals_reach_the_checks(tmp_path, script, key, refusal, rest):
     """Kept checkpoints are named epoch=NNN.ckpt: the documented unquoted ``ckpt=.../epoch=100.ckpt``
     reaches our checks (here: no such file) instead of failing in Hydra's override parser."""
@@ -591,6 +599,7 @@ def resnet18_checkpoint(tmp_path_factory):
     return model.eval(), ckpt
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_export_resnet18_loads_into_torchvision(resnet18_checkpoint, tmp_path, capsys):
     """Width 64 with the ImageNet stem: the exported file is a torchvision resnet18 state_dict
     without the classifier."""
@@ -610,6 +619,7 @@ def test_export_resnet18_loads_into_torchvision(resnet18_checkpoint, tmp_path, c
     torch.testing.assert_close(tv.eval()(x), model.backbone.eval()(x))
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_export_narrow_resnet_and_vit_teacher(simsiam_run, dino_run, tmp_path):
     import timm.models.vision_transformer as tvit
 
@@ -643,8 +653,9 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
 
+@pytest.mark.slow  # an export checked in timm
 def test_export_folder_loads_strictly_in_timm_with_the_runs_features(resnet18_checkpoint, tmp_path, capsys):
-    """Issue 38's check: timm.create_model(arch, pretrained=True, pretrained_cfg_overlay=dict(file=...),
+    """The documented load: timm.create_model(arch, pretrained=True, pretrained_cfg_overlay=dict(file=...),
     num_classes=0) takes every tensor of model.safetensors (timm loads non-strictly there, since
     0 classes differ from its 1000: so the key sets are compared here) and gives the run's
     evaluation features; the folder's own config.json (local-dir:) loads strictly too."""
@@ -691,6 +702,7 @@ def test_export_folder_loads_strictly_in_timm_with_the_runs_features(resnet18_ch
     assert all(f"{a['family-names']}, {a['given-names']}" in card for a in cff["authors"])
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_export_folder_vit_teacher_student_and_narrow_resnet(dino_run, simsiam_run, tmp_path, capsys):
     """A ViT whose size differs from timm's default: the printed create_model lines (model_args
     spelled out) load strictly and give the teacher's features, --student the student's; a
@@ -861,6 +873,7 @@ def test_full_size_presets_are_timm_architectures(name, tmp_path):
         assert _max_diff(tm(x), backbone(x)) <= 1e-5
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_export_push_uploads_the_folder_only_when_asked(dino_run, tmp_path, monkeypatch, capsys):
     """--push: create_repo(exist_ok=True) then upload_folder of OUT_DIR (HfApi recorded, never
     reached); a failed upload is one line and exit 1, with the folder kept; .pth refuses --push."""
@@ -908,6 +921,7 @@ def test_export_reports_bad_checkpoint(tmp_path, capsys):
     assert not (tmp_path / "out.pth").exists()
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_eval_loader_workers_are_capped_with_one_warning(simsiam_run, tmp_path, caplog, monkeypatch):
     """num_workers beyond the usable cores: capped for every loader, one warning of ours and
     none of torch's (as in training)."""
@@ -935,6 +949,7 @@ def test_eval_loader_workers_are_capped_with_one_warning(simsiam_run, tmp_path, 
     assert not [w for w in caught if "worker" in str(w.message)]
 
 
+@pytest.mark.slow  # exports checked in timm
 def test_a_failed_export_check_leaves_an_earlier_export_as_it_was(resnet18_checkpoint, tmp_path, monkeypatch, capsys):
     """The folder is written beside OUT_DIR and checked there: a failed check must not replace
     (or delete) a good export already in OUT_DIR, nor leave the staging folder."""
@@ -952,6 +967,7 @@ def test_a_failed_export_check_leaves_an_earlier_export_as_it_was(resnet18_check
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
 
 
+@pytest.mark.slow  # exports checked in timm
 def test_an_export_into_a_folder_that_holds_files_is_refused_unless_asked(resnet18_checkpoint, tmp_path, capsys):
     """As hvp-make-shards refuses an OUT that holds shards: an earlier export (or anything else)
     is not replaced without --overwrite, and the refusal comes before the checkpoint is read."""

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from hvp_lightning.config import check_options
 from hvp_lightning.schema import TrainConfig
 
-from .conftest import REPO, compose_conf
+from .conftest import REPO, compose_conf, tiered
 
 pytestmark = pytest.mark.usefixtures("hub_weights_cached")  # backbone.init=timm:... needs no network
 
@@ -95,12 +95,15 @@ def test_the_command_line_still_wins_over_an_experiment(tmp_path):
     assert (cfg.backbone.name, cfg.trainer.max_epochs, global_batch(cfg)) == ("vit_base", 300, 1024)
 
 
-@pytest.mark.parametrize("hvp", [(), ("+hvp=on",)], ids=["baseline", "hvp_on"])
-@pytest.mark.parametrize("preset", METHOD_PRESETS)
+@pytest.mark.parametrize(
+    "hvp",
+    [pytest.param((), id="baseline"), pytest.param(("+hvp=on",), id="hvp_on", marks=pytest.mark.slow)],
+)  # with +hvp=on every preset again (slow); HVP's defaults on four methods: tests/test_train.py
+@pytest.mark.parametrize("preset", tiered(METHOD_PRESETS, 6))
 def test_every_method_preset_alone_passes_the_start_up_checks(preset, hvp):
     """``method=ibot`` alone used to stop on a config error (iBOT needs a ViT): each preset brings a
     backbone it runs with, with and without +hvp=on. (On textures enough for its batch: the ImageNet
-    presets' 4096 do not fit the demo's 3072, which start-up says.)"""
+    presets' 4096 do not fit the demo's 2048, which start-up says.)"""
     check_options(composed(f"method={preset}", "logger=csv", "data.train_size=4096", *hvp))
 
 

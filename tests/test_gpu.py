@@ -1,4 +1,4 @@
-"""The GPU layer (issue 12): every path of a run on CUDA, in a few steps with tiny models.
+"""The GPU layer: every path of a run on CUDA, in a few steps with tiny models.
 
 Kept out of the default run (``-m 'not slow and not gpu and not slurm'`` in pyproject.toml); on a GPU machine::
 
@@ -397,7 +397,7 @@ def test_torchvision9_blur_on_gpu_matches_the_cpu() -> None:
 
 
 def test_timm_backbone_from_a_file_on_unlabelled_images_on_one_gpu(tmp_path: Path) -> None:
-    """Issue 38 on a GPU: ``backbone=timm`` started from a weights file, ``data=images`` with the
+    """Your own images on a GPU: ``backbone=timm`` started from a weights file, ``data=images`` with the
     label-free monitors, SimSiam at ``trainer.precision=auto-16-mixed`` (fp16 on a GPU) with HVP,
     then the export folder timm loads."""
     import timm

@@ -28,6 +28,7 @@ def _validate_all(cases) -> None:
         validate(gpu_cfg(*args))
 
 
+@pytest.mark.slow  # every GPU config through the start-up checks
 def test_gpu_layer_configs_of_each_method_and_setting_pass_the_start_up_checks() -> None:
     """Every method (HVP on, bf16, resident views) and every precision x HVP setting (SimSiam)."""
     _validate_all(

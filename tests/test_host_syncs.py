@@ -1,4 +1,4 @@
-"""Host syncs of one training step, counted on the CPU (issue 13's DINO step ran at 173 images/s
+"""Host syncs of one training step, counted on the CPU (the DINO step ran at 173 images/s
 on an H200 where its loader gave 745-820).
 
 A host sync makes the Python process wait until the GPU has run everything queued before it,
@@ -37,7 +37,7 @@ from hvp_lightning.analysis.callback import HardViewAnalysis
 from hvp_lightning.nn.sync_free import host_to_device
 from hvp_lightning.run.epoch_metrics import EpochAggregates
 
-from .conftest import build, make_cfg
+from .conftest import build, make_cfg, tiered
 from .test_device_guard import FAKE, METHOD_OVERRIDES, one_batch
 
 aten = torch.ops.aten
@@ -166,7 +166,7 @@ def one_step(model: Any, batch: dict[str, Any], trainer: SimpleNamespace) -> Non
     analysis.on_train_batch_end(trainer, model, loss, batch, 0)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", tiered(CASES, {"dino", "dino_sampled", "simsiam", "ibot_cheaper"}, ids=list(CASES)))
 def test_a_training_step_syncs_only_where_stated(
     case: str, counter: SyncCounter, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -107,6 +107,7 @@ def test_a_worker_left_alone_after_sigterm_ends_by_itself():
     assert worker.exitcode == -signal.SIGALRM
 
 
+@pytest.mark.slow  # a loader worker started and ended
 def test_a_sigterm_from_its_own_training_process_ends_a_worker_at_once():
     """torch's loader shutdown and multiprocessing's exit handler end workers with SIGTERM from the
     training process: no grace then (the process would wait for it at exit)."""

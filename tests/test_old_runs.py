@@ -1,4 +1,4 @@
-"""Run dirs written before issue 34's moves still load and resume.
+"""Run dirs written before the package's modules moved into folders still load and resume.
 
 ``tests/fixtures/run-0.1.0`` is a tiny SimSiam + HVP run (1 epoch, 4 steps) written by main at
 aeef57a, the last commit with the flat package root. The package has since moved its modules into

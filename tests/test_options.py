@@ -14,7 +14,7 @@ from hvp_lightning import schema
 from hvp_lightning.cli import evaluate_main, train
 from hvp_lightning.data import image_files
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, run_cli
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, run_cli, tiered
 
 HEAVY_PACKAGES = ("torch", "lightning", "torchvision", "timm")
 HEAVY_MODULES = (
@@ -110,7 +110,7 @@ BAD_COMMANDS = [
 ]
 
 
-@pytest.mark.parametrize("script,bad,key", BAD_COMMANDS)
+@pytest.mark.parametrize("script,bad,key", tiered(BAD_COMMANDS, 6))
 def test_a_bad_config_is_one_line_and_leaves_nothing(tmp_path, script, bad, key):
     """The command, from an empty folder with the default run dir (runs/<date>/<time>_<method>):
     one line naming the key, exit 2, and the folder is as empty as before."""

@@ -256,7 +256,7 @@ def test_every_folder_says_what_it_owns_and_what_it_may_import() -> None:
 
 
 def test_every_public_name_documents_its_arguments_and_result() -> None:
-    # The rule for the public API (issue 27): a docstring on every exported function and class,
+    # The rule for the public API: a docstring on every exported function and class,
     # with "Args:" and "Returns:" for functions that take parameters, "Args:" for classes --
     # checked over the public listing, so a newly exported name must follow it too.
     missing = []

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from hvp_lightning.config import check_options
 from hvp_lightning.schema import TrainConfig
 
-from .conftest import augs_of
+from .conftest import augs_of, tiered
 from .test_experiments import EXPERIMENTS, composed, experiment_cfg, global_batch
 
 pytestmark = pytest.mark.usefixtures("hub_weights_cached")  # backbone.init=timm:... needs no network
@@ -39,7 +39,7 @@ OFFICIAL_SIMSIAM = "official SimSiam code (main_simsiam.py)"
 OFFICIAL_SIMCLR = "official SimCLR code (data_util.py, color_jitter_strength 1.0)"
 PAPER_IBOT = TEXT + ': "For iBOT, we use the original objective as defined by the authors with global views only"'
 # The HVP code that made the paper's numbers (github.com/automl/hvp, branch:file:line): where the paper
-# is silent it comes before the upstream code (issue 40's rule).
+# is silent it comes before the upstream code.
 HVP_BLUR = "automl/hvp main:custom_transform.py:28, dino:data/custom_transform.py:30: GaussianBlur(9, (0.1, 2.0))"
 HVP_DINO_CLIP = "automl/hvp dino:pretrain.py:437,445: clip_grad_norm_(student.parameters(), 3.0)"
 HVP_IBOT_CLIP = "automl/hvp ibot:main_ibot.py:454,462: utils.clip_gradients (per parameter)"
@@ -254,8 +254,10 @@ def test_every_table_1_run_has_its_table() -> None:
     assert table_1 <= set(PAPER) <= set(EXPERIMENTS)
 
 
-@pytest.mark.parametrize("hvp", [False, True], ids=["baseline", "hvp_on"])
-@pytest.mark.parametrize("name", EXPERIMENTS)
+@pytest.mark.parametrize(
+    "hvp", [pytest.param(False, id="baseline"), pytest.param(True, id="hvp_on", marks=pytest.mark.slow)]
+)
+@pytest.mark.parametrize("name", tiered(EXPERIMENTS, 4))
 def test_every_preset_is_the_papers_run(name: str, hvp: bool, tmp_path: Path) -> None:
     """With and without +hvp=on: the preset passes the start-up checks (which also resolve
     data.crop_size: auto) and each value the paper (or, where it is silent, the official code)

@@ -92,7 +92,7 @@ def test_plan_and_commands_differ_only_in_hvp_keys_and_seed(tmp_path: Path) -> N
     }
     assert set(q.DEFAULT_ARMS) == {"baseline", "hard", "scale50", "fraction25", "scale50_fraction50", "min_iou"} | {
         f"baseline@{a}" for a in ("hard", "scale50", "fraction25", "scale50_fraction50")
-    }  # issue 48: every cheaper selection, and each one that costs FLOPs at equal FLOPs too
+    }  # every cheaper selection, and each one that costs FLOPs at equal FLOPs too
 
 
 def test_t_interval_matches_scipy() -> None:
@@ -128,7 +128,7 @@ def test_report_table_curves_and_config_check(tmp_path: Path) -> None:
 
 def test_methods_whose_baseline_does_not_learn_are_left_out(tmp_path: Path) -> None:
     """A method whose baseline ends at or below its random-init k-NN has nothing to compare: the
-    report names it and why, and has no table row for it (the CPU scale's SimSiam, issue 14)."""
+    report names it and why, and has no table row for it (the CPU scale's SimSiam)."""
     scale = q.SCALES["cpu"]
     arms = ["baseline", "hard"]
     jobs = q.plan(scale, ["simclr", "simsiam"], arms, [0, 1], tmp_path)
@@ -164,6 +164,7 @@ def test_unfinished_runs_are_left_out(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("scale_name", sorted(q.SCALES))
+@pytest.mark.slow  # every run of a scale composed and validated: seconds a scale
 def test_every_run_config_composes_and_validates(scale_name: str, tmp_path: Path) -> None:
     """A typo in a scale's overrides would only show after hours of other runs: compose them all.
     ``baseline@<arm>`` is the baseline with ``budget.match`` at <arm>'s run of its seed."""
@@ -173,14 +174,14 @@ def test_every_run_config_composes_and_validates(scale_name: str, tmp_path: Path
 
     scale = q.SCALES[scale_name]
     others = [m for m in scale.per_method if m != "simclr"]  # every arm once, every method with and without HVP
-    jobs = q.plan(scale, ["simclr"], q.ALL_ARMS, [0], tmp_path) + q.plan(
+    jobs = q.plan(scale, ["simclr"], [*q.ALL_ARMS, "baseline_x2"], [0], tmp_path) + q.plan(
         scale, others, ["baseline", "hard"], [0], tmp_path
     )
     for job in jobs:
         overrides = [o for o in q.train_command(scale, job)[2:] if not o.startswith("hydra.")]
         cfg = make_cfg(*overrides, tiny=False)
         assert cfg.method.name == job.method and q.baseline_family(job.arm) == (cfg.get("hvp") is None)
-        assert cfg.trainer.max_epochs == scale.epochs
+        assert cfg.trainer.max_epochs == (2 * scale.epochs if job.arm == "baseline_x2" else scale.epochs)
         assert cfg.budget.match == (str(job.matched_dir) if q.matched(job.arm) else None)
         if SHARED_CIFAR.is_dir():  # validation also checks the data root and the matched run
             cfg.data.root = str(SHARED_CIFAR)
@@ -328,6 +329,7 @@ def test_verdict_says_plainly_when_no_cheap_selection_beats_the_baseline(tmp_pat
     assert any(line.startswith("**Verdict, simclr, Linear probe at equal FLOPs") for line in text.splitlines())
 
 
+@pytest.mark.slow  # FLOPs counted for every arm of a scale
 def test_planned_flops_are_what_a_run_reports(monkeypatch: pytest.MonkeyPatch) -> None:
     """--dry-run's FLOPs: a baseline run's total is its images times the baseline step's FLOPs per
     image; SimCLR's N=4 selection adds 4 forwards to the step's 6 (2 views, forward and backward)."""
@@ -411,6 +413,185 @@ def test_a_tiny_scale_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert "Runs finished: 3/3" in report and "checked: saved configs agree" in report
     assert "| simclr | hard | 1.667 | baseline@hard |" in report and "**Verdict, simclr, k-NN" in report
     assert json.loads((tmp_path / "quality.json").read_text())["config_differences"] == []
+    times = [
+        json.loads(line) for line in (tmp_path / "simclr" / "hard" / "seed0" / q.TIMES_FILE).read_text().splitlines()
+    ]
+    assert [t["step"] for t in times] == ["pretrain", "linear"] and all(
+        t["cpu_s"] > 0 and t["exit"] == 0 for t in times
+    )
+    assert "| all | | 3 |" in report  # the hours table: three runs trained
     log = (tmp_path / "simclr" / "hard" / "seed0" / "benchmark.log").read_text()
     q.main(args)
     assert (tmp_path / "simclr" / "hard" / "seed0" / "benchmark.log").read_text() == log  # nothing ran again
+
+
+# --- out to saturation, the baseline trained longer, --data -----------------------------------------------
+
+
+def test_saturation_scale_plans_the_ceiling_and_the_equal_flops_baselines(tmp_path: Path) -> None:
+    """The saturation scale's default arms, at its data size (runs under ``<out>/n2000/``):
+    ``baseline_x2`` is the baseline's command with twice its epochs and nothing else."""
+    args = q.parse_args(["--scale", "saturation", "--out", str(tmp_path)])
+    assert args.methods == ["simclr"] and args.arms == list(q.SCALES["saturation"].arms)
+    out, parts = q.settings(args)
+    assert out == tmp_path and [(p.size, p.out) for p in parts] == [(2000, tmp_path / "n2000")]
+    scale = parts[0].scale
+    e = q.SATURATION_EPOCHS
+    assert scale.epochs == e and scale.train_images == 2000 and parts[0].label == f"2000 training images, {e} epochs"
+    jobs = q.plan(scale, args.methods, args.arms, [0], parts[0].out)
+    assert [j.arm for j in jobs] == [
+        "baseline", "hard", "scale50_fraction50", "baseline_x2", "baseline@hard", "baseline@scale50_fraction50"
+    ]  # fmt: skip
+    base, x2 = jobs[0], jobs[3]
+    assert set(q.train_command(scale, x2)) ^ set(q.train_command(scale, base)) == {
+        f"trainer.max_epochs={e}",
+        f"trainer.max_epochs={2 * e}",
+        f"hydra.run.dir={base.run_dir}",
+        f"hydra.run.dir={x2.run_dir}",
+    }
+    assert (
+        q.longer("baseline_x2") == 2.0
+        and q.longer("baseline_x1.5") == 1.5
+        and q.longer_epochs("baseline_x1.5", 9) == 14
+    )
+    assert q.longer("baseline_x") is None and q.longer("baseline@hard") is None and q.longer("hard") is None
+    assert q.baseline_family("baseline_x2") and q._slot(scale, x2) == ("simclr", 0, 2 * e)
+    with pytest.raises(SystemExit):
+        q.parse_args(["--arms", "baseline", "baseline_xx"])
+    # another size and its epochs, and the cpu scale as it was (no sizes: <out> itself)
+    _, parts = q.settings(q.parse_args(["--scale", "saturation", "--sizes", "2000", "5000:60", "--out", str(tmp_path)]))
+    assert [(p.size, p.scale.epochs, p.scale.train_images, p.out.name) for p in parts] == [
+        (2000, e, 2000, "n2000"), (5000, 60, 5000, "n5000")
+    ]  # fmt: skip
+    _, parts = q.settings(q.parse_args(["--out", str(tmp_path)]))
+    assert parts == [q.Setting(None, q.SCALES["cpu"], tmp_path)]
+
+
+def test_a_baseline_at_the_flops_of_twice_the_epochs_is_the_longer_baseline(tmp_path: Path) -> None:
+    """``baseline@<arm>`` whose budget comes to ``baseline_x2``'s epochs links to that run."""
+    scale = q.SCALES["cpu"]  # 12 epochs
+    queue = q.plan(scale, ["simclr"], ["baseline", "hard", "baseline_x2", "baseline@hard"], [0], tmp_path)
+    base, hard, x2, at = queue
+    assert q.next_job(scale, queue, set(), True)[0] is base
+    assert q.next_job(scale, queue, set(), True)[0] is hard
+    assert q.next_job(scale, queue, set(), True) == (x2, ("simclr", 0, 24))
+    for job, epochs, ratio in ((base, 12, 1.0), (hard, 12, 2.0), (x2, 24, 1.0)):
+        _finish(job, epochs, ratio)
+    assert q.next_job(scale, queue, set(), True) is None and queue == []
+    assert at.run_dir.resolve() == x2.run_dir.resolve()
+
+
+def _saturation_runs(tmp_path: Path, seeds=(0, 1, 2)) -> tuple[list, list[str]]:
+    """Fake runs of the saturation arms at 20 epochs (k-NN every 5): the baseline climbs 4 points
+    in its last quarter; ``hard`` ends 1 point above the baseline at its FLOPs and 1 below
+    ``baseline_x2``; each run's times (TIMES_FILE): 600 s pretraining, 30 s probe, CPU 1.25x wall."""
+    arms = list(q.SCALES["saturation"].arms)
+    jobs = q.plan(q.SCALES["saturation"], ["simclr"], arms, list(seeds), tmp_path)
+    end = {"baseline": 0.40, "hard": 0.44, "scale50_fraction50": 0.405, "baseline_x2": 0.45, "baseline@hard": 0.43,
+           "baseline@scale50_fraction50": 0.40}  # fmt: skip
+    epochs = {"baseline_x2": 40, "baseline@hard": 33, "baseline@scale50_fraction50": 22}
+    ratio = {"hard": 1.667, "scale50_fraction50": 1.086}
+    for j in jobs:
+        n = epochs.get(j.arm, 20)
+        final = end[j.arm] + 0.002 * j.seed
+        knn = [0.25 + (final - 0.25) * min(1.0, e / n) ** 0.5 for e in range(n + 1)]
+        knn[round(0.75 * n)] = final - 0.04  # the last quarter adds 4 points
+        run_cfg = {"seed": j.seed, "hvp": None if q.baseline_family(j.arm) else {"mode": j.arm},
+                   "trainer": {"max_epochs": n}}  # fmt: skip
+        _fake_run(j, knn, final + 0.1, run_cfg, ratio.get(j.arm, 1.0))
+        summary = json.loads((j.run_dir / "summary.json").read_text())  # k-NN every 5 epochs and at the end
+        summary["knn_history"] = [h for h in summary["knn_history"] if h["epoch"] % 5 == 0 or h["epoch"] == n]
+        (j.run_dir / "summary.json").write_text(json.dumps(summary))
+        with (j.run_dir / q.TIMES_FILE).open("w") as fh:
+            for step, wall in (("pretrain", 600.0), ("linear", 30.0)):
+                fh.write(
+                    json.dumps({"step": step, "wall_s": wall, "cpu_s": 1.25 * wall, "threads": 1, "exit": 0}) + "\n"
+                )
+    return jobs, arms
+
+
+def test_report_gives_the_ceiling_the_saturation_check_and_the_cpu_hours(tmp_path: Path) -> None:
+    """The baseline at each length, each arm against the best baseline of any length (paired by
+    seed), whether the baseline's last quarter adds under a point, and the hours the runs took."""
+    jobs, arms = _saturation_runs(tmp_path)
+    text = q.report("saturation", q.SCALES["saturation"], jobs, ["simclr"], arms, tmp_path, "cmd")
+    equal_images = text.split("k-NN, equal images")[1].split("k-NN, equal model FLOPs")[0]
+    assert "baseline_x2" not in equal_images and "| simclr | hard | 3 | 44.20 ± 0.20 | +4.00 (4.00, 4.00) |" in text
+    lengths = text.split("k-NN, the baseline at each length")[1].split("k-NN, each arm against the ceiling")[0]
+    rows = [line for line in lengths.splitlines() if line.startswith("| simclr |")]
+    assert [r.split(" | ")[1] for r in rows] == [
+        "baseline",
+        "baseline@scale50_fraction50",
+        "baseline@hard",
+        "baseline_x2",
+    ]
+    assert rows[-1].startswith("| simclr | baseline_x2 | 3 | 40 | 2.000 | 45.20 ± 0.20 | +5.00 (5.00, 5.00) |")
+    assert rows[0].endswith("| — | +4.00 (4.00, 4.00) |")  # its last quarter: epoch 15 to 20
+    ceiling = text.split("each arm against the ceiling")[1].split("Linear probe")[0]
+    assert (
+        "| simclr | hard | 1.667 | baseline_x2 | 40 | 2.000 | 44.20 ± 0.20 | 45.20 ± 0.20 | -1.00 (-1.00, -1.00) |"
+        in ceiling
+    )
+    assert (
+        "**Ceiling, simclr, k-NN: against the best baseline of any length measured (baseline_x2), no HVP arm is above "
+        "it (none has its 95% CI above 0); best: hard -1.00 (-1.00, -1.00) pp.**" in text
+    )
+    assert "- simclr: the baseline's last quarter (epochs 15-20) adds +4.00 (4.00, 4.00) pp k-NN over 3 seed(s): " \
+        "1 point or more: NOT saturated, train longer" in text  # fmt: skip
+    # 6 arms x 3 runs x (600 + 30) s = 3.15 h of wall, 1.25x of it CPU
+    assert "| simclr | hard | 3 | 0.50 | 0.03 | 0.53 | 0.66 | 10.5 |" in text
+    assert "| all | | 18 | 3.00 | 0.15 | 3.15 | 3.94 | 10.5 |" in text
+    numbers = json.loads((tmp_path / "quality.json").read_text())
+    assert numbers["knn_ceiling"]["simclr/hard"]["ceiling"] == "baseline_x2"
+    assert numbers["knn_lengths"]["simclr/baseline"]["last_quarter"] == pytest.approx(0.04)
+    assert numbers["hours"]["all"]["cpu"] == pytest.approx(18 * 630 * 1.25)
+    curve = q.band_curve(q.load_results(jobs)[("simclr", "baseline@hard")])
+    assert len(curve) == 8 and curve[-1][1:] == pytest.approx((0.432, 0.43, 0.434))  # epochs 0-30 by 5, and the end
+
+
+def _image_folder(root: Path, per_class: int = 6) -> Path:
+    """An ImageNet-layout folder of tiny PNGs: train/ and val/, two classes."""
+    from PIL import Image
+
+    for split, n in (("train", per_class), ("val", 2)):
+        for c, colour in (("cats", (200, 40, 40)), ("dogs", (40, 40, 200))):
+            (root / split / c).mkdir(parents=True)
+            for i in range(n):
+                Image.new("RGB", (12, 12), tuple(v + 5 * i for v in colour)).save(root / split / c / f"{i}.png")
+    return root
+
+
+def test_data_runs_the_regime_on_your_own_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--data DIR``: every run on that folder with its own normalisation and views (no CIFAR-10
+    keys), --sizes and --set in place of the scale's; the model FLOPs are counted on it (dry run);
+    on finished runs the report has a panel per data size and the CPU-hours."""
+    data = _image_folder(tmp_path / "pets")
+    args = ["--scale", "saturation", "--data", str(data), "--sizes", "8:4", "--set", "method.batch_size=4",
+            "data.test_subset=null", "--seeds", "0", "1", "--out", str(tmp_path / "out")]  # fmt: skip
+    q.main([*args, "--arms", "baseline", "hard", "--dry-run"])  # two arms: each composes and counts once
+    printed = capsys.readouterr().out.split("\n\n")
+    commands = printed[0].splitlines()
+    assert len(commands) == 4 and all(f"data.root={data}" in c and "data/aug=cifar" not in c for c in commands)
+    assert all("data.train_subset=8 " in c and "method.batch_size=4 " in c and "data.mean" not in c for c in commands)
+    assert all("trainer.max_epochs=4 " in c for c in commands)
+    assert "all 4 runs:" in printed[1] and "simclr hard:" in printed[1]  # counted on the folder's images
+    _, (part,) = q.settings(q.parse_args(args))
+    x2 = q.train_command(part.scale, q.Job("simclr", "baseline_x2", 0, tmp_path / "x2"))
+    assert "trainer.max_epochs=8" in x2 and f"data.root={data}" in x2
+    assert (
+        q.settings(q.parse_args(["--scale", "saturation", "--data", str(data)]))[0]
+        == q.REPO / "runs" / "quality-saturation-pets"
+    )
+    _saturation_runs(tmp_path / "out" / "n8", seeds=(0, 1))
+    q.main([*args, "--report-only"])
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert report.startswith("## Quality benchmark, saturation scale, 1 data size(s)")
+    assert "| 8 training images, 4 epochs | 12 | 2.10 | 2.10 | 2.62 |" in report
+    assert (
+        "### Quality benchmark, saturation scale, 8 training images, 4 epochs (" in report
+        and "Ceiling, simclr, k-NN" in report
+    )
+    assert (tmp_path / "out" / "knn_flops.png").stat().st_size > 10_000  # the panel per size
+    assert (tmp_path / "out" / "n8" / "report.md").is_file() and (tmp_path / "out" / "n8" / "knn_flops.png").is_file()
+    with pytest.raises(SystemExit, match="not a folder"):
+        q.main(["--scale", "saturation", "--data", str(tmp_path / "nowhere"), "--dry-run"])

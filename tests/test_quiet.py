@@ -7,6 +7,8 @@ import logging
 import os
 import warnings
 
+import pytest
+
 from hvp_lightning.data.augment import ViewAug
 from hvp_lightning.data.datamodule import SSLDataModule
 
@@ -58,6 +60,7 @@ def test_lightning_messages_print_once_under_hydras_console_handler(capsys):
         lightning_logger.handlers[:] = saved_lightning
 
 
+@pytest.mark.slow  # a run with its loader workers
 def test_loader_workers_default_to_the_machine_and_the_start_up_line_says_so(cfg_factory, caplog, monkeypatch):
     """Every data preset's ``num_workers: auto``: on a single core no worker (and no warning about
     the cores, which every run on 2 cores gave with 4), said in the data start-up line."""

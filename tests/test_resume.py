@@ -120,6 +120,7 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path):
     assert kept == ["epoch=001.ckpt", "epoch=002.ckpt", "epoch=003.ckpt", "last.ckpt"]
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_resume_config_is_the_runs_own_config_with_the_command_lines_changes(simsiam_run, tmp_path):
     """train.py resume=<run_dir>: the stored config, plus key=value overrides of existing keys;
     a run dir is not continued with another method, nor a path that holds no run."""
@@ -145,6 +146,7 @@ def test_resume_cli_uses_the_runs_own_config(tmp_path):
     assert summary["epochs"] == 2 and summary["steps"] == 8 and summary["images_seen"] == 2 * 4 * 16
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_run_dir_of_another_run_is_not_continued(simsiam_run, tmp_path):
     with pytest.raises(
         CheckpointError, match=r"holds last.ckpt of a run whose config differs in .*method.name \('simsiam' there"
@@ -206,6 +208,7 @@ def tiny_ckpt(simsiam_run) -> Path:
     return simsiam_run[0] / "checkpoints" / "last.ckpt"
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_checkpoints_load_with_weights_only(tiny_ckpt):
     ckpt = load_checkpoint(tiny_ckpt)  # torch.load(weights_only=True) inside
     assert ckpt["hvp_lightning"]["config"]["method"]["name"] == "simsiam"  # the run's config
@@ -214,6 +217,7 @@ def test_checkpoints_load_with_weights_only(tiny_ckpt):
     assert "RunCheckpoint" in ckpt["callbacks"] and ckpt["optimizer_states"] and ckpt["lr_schedulers"]
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_missing_truncated_and_foreign_checkpoints(tiny_ckpt, tmp_path):
     with pytest.raises(CheckpointError, match=r"ckpt='.*nothere.ckpt' is not allowed: no such checkpoint file"):
         load_checkpoint(tmp_path / "nothere.ckpt")
@@ -226,7 +230,7 @@ def test_missing_truncated_and_foreign_checkpoints(tiny_ckpt, tmp_path):
     with pytest.raises(CheckpointError) as err:
         load_checkpoint(garbage)
     # torch's own reason, not its advice half-quoted ("Re-running torch.load with weights_only set to False")
-    assert "truncated or not a PyTorch checkpoint (UnpicklingError: Unsupported operand" in str(err.value)
+    assert "truncated or not a PyTorch checkpoint (UnpicklingError)" in str(err.value)
     assert "weights_only" not in str(err.value)
     foreign = tmp_path / "foreign.pth"
     torch.save({"conv1.weight": torch.zeros(1)}, foreign)
@@ -242,13 +246,14 @@ class _RunsCode:
 @pytest.mark.parametrize(
     ("obj", "why"),
     [
-        (Path("x"), "Unsupported global: GLOBAL pathlib.PosixPath was not an allowed global"),  # not on the allowlist
-        (_RunsCode(), "unsupported GLOBAL posix.system whose module posix is blocked"),  # a blocked module
+        (Path("x"), "(pathlib.PosixPath)"),  # not on torch's allowlist
+        (_RunsCode(), "(posix.system)"),  # a blocked module
     ],
 )
 def test_a_refused_pickle_is_named_as_such_with_torchs_warning(tmp_path, obj, why):
-    """torch words the two refusals differently; both are refusals (not "truncated"), and the
-    message keeps torch's warning that weights_only=False can run arbitrary code."""
+    """Both refusals (an object not on torch's allowlist, a blocked module) are said as such with
+    the objects named (not "truncated"), and with torch's warning that weights_only=False can run
+    arbitrary code."""
     path = tmp_path / "pickled.ckpt"
     torch.save({"state_dict": {}, "obj": obj}, path)
     with pytest.raises(CheckpointError) as err:
@@ -274,6 +279,7 @@ def _files(folder: Path) -> dict[Path, bytes]:
 
 
 @pytest.mark.parametrize("main", [evaluate_main, train], ids=["eval.py", "train.py"])
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_a_truncated_checkpoint_is_one_line_exit_2_and_its_run_dir_untouched(tiny_ckpt, tmp_path, main):
     bad = _truncated_run(tiny_ckpt, tmp_path)
     before = _files(bad)

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from hvp_lightning.monitors.online import OnlineMonitors
 from hvp_lightning.run.directory import RunDir
-from hvp_lightning.run.records import MonitorRecord, RunRecord, read_record, wandb_resume, wandb_run_id
+from hvp_lightning.run.records import RunRecord, read_record, wandb_resume, wandb_run_id
 from hvp_lightning.training.checkpoint import AtomicCheckpointIO, CheckpointError, resume_config
 from hvp_lightning.training.driver import build_logger, run
 
@@ -84,13 +85,13 @@ def test_resumed_run_logs_each_step_once_and_sums_wall_time(straight, tmp_path, 
     shutil.copy(resumed / "checkpoints" / "epoch=001.ckpt", resumed / "checkpoints" / "last.ckpt")
     (resumed / "checkpoints" / "epoch=002.ckpt").unlink()
     at_fit_start: list[list[int]] = []
-    write = MonitorRecord.on_fit_start
+    write = OnlineMonitors.on_fit_start
 
     def spy(self, trainer, pl_module):
         write(self, trainer, pl_module)
         at_fit_start.append([h["step"] for h in json.loads(RunDir(resumed).monitors.read_text())["monitor_history"]])
 
-    monkeypatch.setattr(MonitorRecord, "on_fit_start", spy)
+    monkeypatch.setattr(OnlineMonitors, "on_fit_start", spy)
     summary = run(make_cfg(*RUN), resumed)
     straight_passes = json.loads(RunDir(straight).monitors.read_text())
     assert [h["step"] for h in straight_passes["monitor_history"]] == [STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH]
@@ -126,6 +127,7 @@ def test_finished_run_resumed_with_its_own_command_reports_the_same_run(straight
     assert summary["wall_time_s"] >= 0.8 * before["wall_time_s"]
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_another_seed_does_not_continue_a_finished_run(simsiam_run):
     """The same command with seed=1 in a seed-0 run dir: refused in one line naming seed
     (it resumed the seed-0 weights and reported them as seed 1)."""

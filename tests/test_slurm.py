@@ -159,6 +159,7 @@ def _assert_one_line_and_nothing_submitted(code: int, stderr: str, keys: list[st
 
 
 @BAD_SWEEPS
+@pytest.mark.slow  # a sweep through the SLURM launcher's checks, per case
 def test_a_bad_slurm_sweep_stops_before_sbatch_with_one_line(tmp_path, monkeypatch, overrides, keys):
     """The command in this process (the subprocess version: slow)."""
     for key, value in _stand_in_slurm(tmp_path).items():

@@ -353,7 +353,7 @@ def layout_weights(conf_dir: Path, tmp_path: Path, *extra: str) -> tuple[dict, d
 
 
 def test_two_nodes_by_one_process_equal_one_node_by_two(conf_dir, tmp_path):
-    """Issue 25.4: the two layouts end with the same weights, bit for bit: each process computes on
+    """The two layouts end with the same weights, bit for bit: each process computes on
     the CPUs SLURM gave its task (hvp_lightning/cluster/slurm.py), not on Lightning's node CPUs // processes
     on this node, which differs between the layouts."""
     got, want = layout_weights(conf_dir, tmp_path)

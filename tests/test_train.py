@@ -13,12 +13,13 @@ from hvp_lightning.cli import train
 from hvp_lightning.config import ConfigError, validate
 from hvp_lightning.training.driver import final_line, run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, build, help_groups, run_cli, wandb_records, write_images
+from .conftest import REPO, SUBPROCESS_TIMEOUT_S, build, help_groups, run_cli, tiered, wandb_records, write_images
 
 SUMMARY_KEYS = {"method", "hvp_enabled", "num_classes", "knn_top1", "train_loss", "epochs", "images_seen"}
 
 
 @pytest.mark.parametrize("hvp", [False, True])
+@pytest.mark.slow  # whole runs
 def test_tiny_train_run(cfg_factory, tmp_path, hvp, capsys):
     overrides = ["+hvp=on", "hvp.num_views=3"] if hvp else ["eval.at_start=true"]
     summary = run(cfg_factory(*overrides, "trainer.max_epochs=2", "eval.every_n_epochs=1"), tmp_path)
@@ -81,31 +82,34 @@ def test_easy_mode_selects_below_the_candidate_mean(cfg_factory, tmp_path):
 
 @pytest.mark.parametrize(
     ("override", "key"),
-    [
-        ("+hvp=on hvp.every_n_steps=0", "hvp.every_n_steps=0"),
-        ("+hvp=on hvp.selection_precision=int8", "hvp.selection_precision='int8'"),
-        ("method=dino_cifar +hvp=on hvp.global_pairs=same", "hvp.global_pairs='same'"),
-        ("data=imagefolder data.root=/nonexistent/path", "data.root='/nonexistent/path'"),
-        ("data=imagefolder", "data.root is not set"),
-        ("data=cifar10 data.root=/nonexistent/cifar", "data.root='/nonexistent/cifar'"),
-        ("backbone=vit_tiny data.crop_size=20", "data.crop_size=20"),
-        ("backbone=resnet18 data.crop_size=16", "data.crop_size=16"),
-        ("data.aug.scale=[0.5,0.2]", "data.aug.scale=[0.5, 0.2]"),
-        ("data.aug.gray_p=1.5", "data.aug.gray_p=1.5"),
-        ("data.aug.interpolation=nearest", "data.aug.interpolation='nearest'"),
-        ("method=dino_cifar method.clip_grad_kind=layerwise", "method.clip_grad_kind='layerwise'"),
-        ("method=dino_cifar method.clip_grad=-1", "method.clip_grad=-1"),
-        ("backbone.zero_init_residual=yes", "backbone.zero_init_residual='yes'"),
-        ("+trainer.max_epoch=3", "trainer.max_epoch=3"),
-        ("method.batch_size=1", "method.batch_size=1"),
-        ("seed=abc", "seed='abc'"),
-        ("seed=4294967296", "seed=4294967296"),
-        ("+hvp=on +hvp.max_combinations=8", "hvp.max_combinations=8"),
-        ("data=images", "data.root=None"),
-        ("data=images data.root=/nonexistent/path", "data.root='/nonexistent/path'"),
-        ("data=images data.files=/nonexistent/list.txt", "data.files='/nonexistent/list.txt'"),
-        ("method=simclr_cifar +hvp=on +hvp.max_combinations=8", "hvp.max_combinations=8"),
-    ],
+    tiered(
+        [
+            ("+hvp=on hvp.every_n_steps=0", "hvp.every_n_steps=0"),
+            ("+hvp=on hvp.selection_precision=int8", "hvp.selection_precision='int8'"),
+            ("method=dino_cifar +hvp=on hvp.global_pairs=same", "hvp.global_pairs='same'"),
+            ("data=imagefolder data.root=/nonexistent/path", "data.root='/nonexistent/path'"),
+            ("data=imagefolder", "data.root is not set"),
+            ("data=cifar10 data.root=/nonexistent/cifar", "data.root='/nonexistent/cifar'"),
+            ("backbone=vit_tiny data.crop_size=20", "data.crop_size=20"),
+            ("backbone=resnet18 data.crop_size=16", "data.crop_size=16"),
+            ("data.aug.scale=[0.5,0.2]", "data.aug.scale=[0.5, 0.2]"),
+            ("data.aug.gray_p=1.5", "data.aug.gray_p=1.5"),
+            ("data.aug.interpolation=nearest", "data.aug.interpolation='nearest'"),
+            ("method=dino_cifar method.clip_grad_kind=layerwise", "method.clip_grad_kind='layerwise'"),
+            ("method=dino_cifar method.clip_grad=-1", "method.clip_grad=-1"),
+            ("backbone.zero_init_residual=yes", "backbone.zero_init_residual='yes'"),
+            ("+trainer.max_epoch=3", "trainer.max_epoch=3"),
+            ("method.batch_size=1", "method.batch_size=1"),
+            ("seed=abc", "seed='abc'"),
+            ("seed=4294967296", "seed=4294967296"),
+            ("+hvp=on +hvp.max_combinations=8", "hvp.max_combinations=8"),
+            ("data=images", "data.root=None"),
+            ("data=images data.root=/nonexistent/path", "data.root='/nonexistent/path'"),
+            ("data=images data.files=/nonexistent/list.txt", "data.files='/nonexistent/list.txt'"),
+            ("method=simclr_cifar +hvp=on +hvp.max_combinations=8", "hvp.max_combinations=8"),
+        ],
+        10,
+    ),
 )
 def test_config_errors_name_key_value_and_allowed(cfg_factory, override, key):
     """(The schema's own rules, one per key, with the same message: tests/test_schema.py.)"""

@@ -185,6 +185,7 @@ def tiny_run(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_missing_root_names_its_key_and_path(simsiam_run, tmp_path):
     tiny_run = simsiam_run[0]  # any run: the checks come before the checkpoint is read
     fake_food101(tmp_path / "food101")
@@ -323,6 +324,7 @@ def test_checkpoints_sharing_out_dir_keep_their_cells_and_stack_rows(tiny_run, t
     assert TransferDir(out).table_md.read_text().count("| top-1, last epoch |") == 2
 
 
+@pytest.mark.slow  # reads a finished run (a whole run, made once per process)
 def test_protocol_setting_errors_name_the_transfer_key(simsiam_run, tmp_path, fakes_pass_checksums):
     """``linear.epochs=0`` was refused as ``protocol.epochs=0``, a key transfer.py does not have."""
     tiny_run = simsiam_run[0]  # any run: the checks come before the checkpoint is read

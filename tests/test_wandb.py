@@ -66,6 +66,7 @@ def history_rows(records) -> list[dict]:
     ]
 
 
+@pytest.mark.slow  # a whole run with an offline W&B run
 def test_offline_run_holds_identity_charts_and_hvp_curves(cfg_factory, tmp_path, capsys):
     cfg = cfg_factory(
         "logger=wandb",

@@ -124,7 +124,7 @@ def loader_starts_that_hung(n: int, stop_at_first: bool = False, **options) -> i
 @pytest.mark.slow  # 40 fresh loaders, 80 workers started: ~14 s on 2 cores
 def test_project_loaders_never_hang_beside_a_native_thread(native_churn):
     """The package's loader options (fork server) start 40 fresh 2-worker loaders beside the
-    churning thread without one hang. With the fork start (the code before the fix), 6 of 20 hung
+    churning thread without one hang. With the fork start, 6 of 20 hung
     on Python 3.11.7 (benchmarks/RESULTS.md)."""
     assert loader_starts_that_hung(40, **workers.worker_options(2, wait_s=20)) == 0
 
@@ -159,6 +159,7 @@ def _status(pid: int, field: str) -> str:
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the fork server's state from /proc")
+@pytest.mark.slow  # the loader workers' fork server started
 def test_the_fork_server_is_single_threaded_and_ignores_the_job_signals():
     """What makes its forks safe: one thread when it forks, and the job signals ignored from its
     start (a SLURM USR2 or a VM's SIGTERM to every process must not end it, or its workers

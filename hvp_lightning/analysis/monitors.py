@@ -3,7 +3,7 @@
 Pretraining on one's own unlabelled images has no accuracy to watch; the label-free monitors
 (RankMe and the feature std, hvp_lightning/monitors/health.py) are what shows progress or collapse. W&B
 plots them online; this reads ``<run_dir>/monitors.json``, which every run rewrites at each pass
-under any logger (hvp_lightning/run/records.py ``MonitorRecord``), so a run on a cluster can be
+under any logger (hvp_lightning/monitors/online.py ``OnlineMonitors``), so a run on a cluster can be
 watched from a login node while it trains (``--follow``), and gives one figure to look at instead
 of a table. A run dir from before that record is read from its ``summary.json`` once it ended, or
 from its CSV log (``logger=csv``) while it trains.

@@ -243,8 +243,8 @@ def attempt_store(timeout: timedelta, env: Mapping[str, str] | None = None) -> d
 
     Without it a restarted rank reads the addresses its peers left in the shared store during the
     previous attempt and fails to connect, or waits, in ``init_process_group`` (pytorch#135712;
-    benchmarks/RESULTS.md, issue 39 item 5: 5 of 5 restarts failed without a prefix, with one they join;
-    the script that showed it: ``git show 00970a2:benchmarks/torchrun_restart_race.py``)."""
+    benchmarks/RESULTS.md, "torchrun restarts on a shared store": 5 of 5 restarts failed without a
+    prefix, with one they join; the script that showed it: ``git show 00970a2:benchmarks/torchrun_restart_race.py``)."""
     env = os.environ if env is None else env
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None

@@ -1,7 +1,7 @@
 """Plain-C kernels for the CPU per-view colour path: the hue rotation, PIL's box blur and the
 9 px blur's convolution, one pass over a view each instead of ~100 (hue) or dozens (blur) of
-eager torch passes whose temporaries spill out of the cache (benchmarks/RESULTS.md, issue 40
-item 9), and the other jitter ops, grayscale, solarize and normalisation in place, one pass each.
+eager torch passes whose temporaries spill out of the cache (benchmarks/RESULTS.md, "A view's CPU
+cost"), and the other jitter ops, grayscale, solarize and normalisation in place, one pass each.
 They give the views the eager code gives, bit for bit:
 
 * the hue does :func:`.batched.hue`'s float32 adds, multiplies, divisions and floors in its

@@ -10,7 +10,8 @@ session repeats from that checkpoint on. So on resume:
   a preview feature of the W&B server). Offline the run is continued as it is (``resume="allow"``,
   the later rows stay), with one warning (:func:`wandb_resume`);
 * the wall time counts every session in full, up to its last heartbeat (:class:`RunRecord`);
-* the monitor and k-NN passes are the checkpoint's, then the resumed session's (:class:`MonitorRecord`).
+* the monitor and k-NN passes are the checkpoint's, then the resumed session's
+  (:class:`hvp_lightning.monitors.online.OnlineMonitors`, ``monitors.json``).
 
 The W&B step a checkpoint corresponds to, and each session's clock, are in
 ``<run_dir>/sessions.json`` (written atomically by global rank 0).
@@ -101,41 +102,6 @@ class RunRecord(L.Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self.beat(trainer, force=True)  # a session that stops (pre-emption) or fails counts in full
-
-
-class MonitorRecord(L.Callback):
-    """Every label-free monitor and k-NN pass in ``<run_dir>/monitors.json``, whatever the logger:
-    ``hvp-monitors`` reads it on a login node while the run trains, where a W&B history is out of
-    reach and a CSV log exists only under ``logger=csv``.
-
-    Global rank 0 rewrites the file whole (atomically) when fit starts and after every pass, from
-    the module's ``monitor_history`` and ``knn_history`` (every rank holds the same: each pass
-    gathers all ranks' features). Those histories travel in the checkpoint, so from its start a
-    resumed session's file holds the checkpoint's passes -- not those a killed session made after
-    it, which this one makes again -- and then its own: each pass once."""
-
-    def __init__(self, run_dir: str | Path | RunDir) -> None:
-        self.path = RunDir.of(run_dir).monitors
-
-    def write(self, trainer: L.Trainer, pl_module: Any) -> None:
-        """The record of ``pl_module``'s passes so far (an :class:`~hvp_lightning.methods.SSLMethod`)."""
-        if not trainer.is_global_zero:
-            return
-        last = pl_module.monitor_result
-        record = {
-            "monitor_dim": last.get("dim"),
-            "monitor_images": last.get("images"),
-            "monitor_source": last.get("source"),
-            "monitor_history": list(pl_module.monitor_history),
-            "knn_history": list(pl_module.knn_history),
-        }
-        atomic_write_text(self.path, json.dumps(record, indent=1) + "\n")
-
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.write(trainer, pl_module)  # after Lightning restored a resumed run's histories
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.write(trainer, pl_module)
 
 
 def wandb_run_id(run_dir: str | Path | RunDir) -> str:

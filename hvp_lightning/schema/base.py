@@ -24,7 +24,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field
 from pydantic.fields import FieldInfo
 
 from ..errors import ConfigError
-from ..settings import SettingError
+from ..settings import Bounds, SettingError
 
 MISSING = "???"  # OmegaConf's mark for a key a preset must set
 
@@ -474,20 +474,9 @@ def describe(tp: Any, metadata: list[Any] | tuple[Any, ...] = ()) -> str:
 
 
 def _range(meta: list[Any]) -> str:
-    low = next(((m.ge, False) for m in meta if isinstance(m, at.Ge)), None) or next(
-        ((m.gt, True) for m in meta if isinstance(m, at.Gt)), None
-    )
-    high = next(((m.le, False) for m in meta if isinstance(m, at.Le)), None) or next(
-        ((m.lt, True) for m in meta if isinstance(m, at.Lt)), None
-    )
-    if low is not None and high is not None:
-        return f" in {'(' if low[1] else '['}{_num(low[0])}, {_num(high[0])}{')' if high[1] else ']'}"
-    if low is not None:
-        return f" {'>' if low[1] else '>='} {_num(low[0])}"
-    if high is not None:
-        return f" {'<' if high[1] else '<='} {_num(high[0])}"
-    return ""
+    """A number's range in words, from its ``annotated_types`` bounds (the library's words: :class:`Bounds`)."""
 
+    def bound(kind: type) -> float | None:
+        return next((getattr(m, kind.__name__.lower()) for m in meta if isinstance(m, kind)), None)
 
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
+    return Bounds(ge=bound(at.Ge), gt=bound(at.Gt), le=bound(at.Le), lt=bound(at.Lt)).text()

@@ -18,7 +18,7 @@ import types
 import typing
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, create_model, model_validator
+from pydantic import ConfigDict, Field, create_model, model_validator
 
 from ..settings import Settings
 from ..settings.declare import NO_BOUNDS, UNSET, Bounds, bounds_of, field_type, is_settings
@@ -51,6 +51,13 @@ def annotation(tp: Any, bounds: Bounds = NO_BOUNDS, ordered: bool = False) -> An
     if is_settings(tp):
         return section_of(tp)
     return tp  # bool, str, Literal, None
+
+
+class _Generated(Section):
+    """A section built from settings: its docs are the fields' descriptions, so pydantic need not
+    look for attribute docstrings (a search of every loaded module per section)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=False)
 
 
 def _default(value: Any) -> Any:
@@ -87,7 +94,7 @@ def section_of(settings: type[Settings], name: str | None = None, node_values: t
 
     validators = {"core_rules": model_validator(mode="after")(core_rules)}
     model = create_model(  # type: ignore[call-overload]
-        f"{settings.__name__}Section", __base__=Section, __validators__=validators, **fields
+        f"{settings.__name__}Section", __base__=_Generated, __validators__=validators, **fields
     )
     model.__doc__ = settings.__doc__
     return model

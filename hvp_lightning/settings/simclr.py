@@ -19,7 +19,7 @@ class SimCLRSettings(PairHeadSettings):
     linear_recipe: ClassVar[LinearRecipe] = LinearRecipe(optimizer="sgd", base_lr=0.1, batch_size=4096, epochs=90)
     eval_interpolation: ClassVar[str] = "bicubic"  # the HVP code's simclr transfer transforms
 
-    temperature: float = setting(0.1, "NT-Xent temperature", gt=0)
+    temperature: float = setting(0.1, "NT-Xent temperature", gt=0)  # not in the paper's table: SimCLR's ImageNet value
     optimizer: Optimizer = setting(
         Optimizer(name="lars", base_lr=0.3, weight_decay=1e-4, warmup_epochs=10, final_lr_ratio=0.0),
         "the optimiser and its warm-up + cosine schedule (LARS, lr 0.3 x batch / 256)",

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import random
-import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -99,7 +98,7 @@ def load_checkpoint(
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as err:  # noqa: BLE001 -- every failure mode gets the same one-line answer
-        raise CheckpointError(f"{key}={str(path)!r} is not allowed: {load_failure(err)}") from None
+        raise CheckpointError(f"{key}={str(path)!r} is not allowed: {load_failure(path, err)}") from None
     cfg = stored_run_config(ckpt) if isinstance(ckpt, dict) else None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or not isinstance(cfg, dict) or "method" not in cfg:
         found = sorted(ckpt)[:8] if isinstance(ckpt, dict) else type(ckpt).__name__
@@ -128,30 +127,31 @@ class RunConfig(Callback):
         checkpoint.setdefault("hvp_lightning", {})["config"] = self.config
 
 
-def load_failure(err: BaseException) -> str:
-    """Why ``torch.load(weights_only=True)`` failed, in one line. A refusal to unpickle keeps
-    torch's reason and its warning: the workaround it offers (``weights_only=False``) can run
-    arbitrary code. torch words the refusal "Unsupported global: GLOBAL ..." (an object not on
-    the allowlist) or "... unsupported GLOBAL ... is blocked" (a module such as ``os``), so it
-    is matched without regard to case; its other "Weights only load failed" errors (pickle
-    garbage) mean the file is not a checkpoint."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))  # torch bolds part of its message
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    reason = next((line for line in lines if "unsupported global" in line.lower()), None)
-    if reason is not None:
-        reason = reason.removeprefix("WeightsUnpickler error:").strip().split(". ")[0].rstrip(".")
+def load_failure(path: Path, err: BaseException) -> str:
+    """Why ``torch.load(weights_only=True)`` failed on ``path``, in one line. A file whose pickle
+    names Python objects a weights-only load refuses (torch's own list of them,
+    ``torch.serialization.get_unsafe_globals_in_checkpoint``) is said to hold them, with torch's
+    warning: the workaround, ``weights_only=False``, can run arbitrary code. Anything else is a
+    file cut off or not a checkpoint."""
+    unsafe = unsafe_globals(path)
+    if unsafe:
         return (
-            f"it holds Python objects that torch.load(weights_only=True) refuses to unpickle ({reason[:200]}); "
+            "it holds Python objects that torch.load(weights_only=True) refuses to unpickle "
+            f"({', '.join(unsafe[:3])}); "
             "hvp-lightning checkpoints never need them. Loading it with weights_only=False can result in "
             "arbitrary code execution: do that only if you got the file from a trusted source"
         )
-    # EOFError, zip reader errors, OSError(EINVAL) on a cut-off archive, pickle garbage (for
-    # which torch's own reason follows "WeightsUnpickler error:", after its boilerplate)
-    at = next((i for i, line in enumerate(lines) if "WeightsUnpickler error:" in line), None)
-    detail = lines[0] if lines else type(err).__name__
-    if at is not None:
-        detail = lines[at].split("WeightsUnpickler error:", 1)[1].strip() or " ".join(lines[at + 1 : at + 2])
-    return f"the file is truncated or not a PyTorch checkpoint ({type(err).__name__}: {detail[:200]})"
+    return f"the file is truncated or not a PyTorch checkpoint ({type(err).__name__})"
+
+
+def unsafe_globals(path: Path) -> list[str] | None:
+    """The Python objects a ``torch.save`` file's pickle names that a weights-only load refuses
+    (torch's public check, which reads the pickle without running it); None for a file that is
+    not a whole ``torch.save`` archive."""
+    try:
+        return list(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+    except Exception:  # noqa: BLE001 -- not an archive torch can read: the caller says so
+        return None
 
 
 def checkpoint_config(ckpt: dict[str, Any]) -> TrainConfig:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 import sys
 import zipfile
 from collections.abc import Callable, Mapping
@@ -83,17 +82,19 @@ def load_file(path: Path, source: str) -> object:
 
 
 def unreadable(path: Path, err: Exception) -> str:
-    """Why ``path`` gives no weights, in one line: torch's own messages run over many lines with
-    terminal colour codes, and a text file only says ``KeyError: 105`` (its first byte)."""
-    said = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
-    pickled = re.search(r"GLOBAL ([\w.]+)", said)
-    if pickled and _is_module_class(pickled.group(1)):
-        return f"a whole pickled model ({pickled.group(1)}): save model.state_dict()"
-    if pickled:
-        return f"it pickles {pickled.group(1)}, which a weights-only load refuses: save a state_dict of tensors"
+    """Why ``path`` gives no weights, in one line, from what the file is (never from the text of
+    torch's error, which runs over many lines with terminal colour codes): a pickled object a
+    weights-only load refuses (a whole model), not a weights file at all, or cut off."""
+    from .checkpoint import unsafe_globals
+
+    unsafe = [g for g in unsafe_globals(path) or [] if g != "argparse.Namespace"]  # Namespace: DINO's args
+    if unsafe and _is_module_class(unsafe[0]):
+        return f"a whole pickled model ({unsafe[0]}): save model.state_dict()"
+    if unsafe:
+        return f"it pickles {unsafe[0]}, which a weights-only load refuses: save a state_dict of tensors"
     if path.suffix != ".safetensors" and not _torch_saved(path):
         return "not a weights file: neither torch.save's format nor .safetensors"
-    return f"cannot be read as weights ({first_words(said) or type(err).__name__})"
+    return f"cannot be read as weights ({type(err).__name__})"
 
 
 def _is_module_class(name: str) -> bool:

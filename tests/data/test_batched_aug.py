@@ -247,7 +247,7 @@ def _batch_blur(x: torch.Tensor, sigma: torch.Tensor, aug: ViewAug) -> torch.Ten
 
 
 def _masked_colour(x: torch.Tensor, params: dict[str, torch.Tensor], aug: ViewAug) -> torch.Tensor:
-    """The sync-free path before issue 48 item 5: every op on the whole batch (each jitter op at
+    """The sync-free path that ran every op on the whole batch (each jitter op at
     each of the 4 positions of the order), ``torch.where`` keeping its result for the views that
     drew it there."""
 
@@ -287,8 +287,8 @@ def count_views_per_op(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[s
 
 @pytest.mark.parametrize("aug", BLURS.values(), ids=BLURS.keys())
 def test_sync_free_path_runs_each_op_once_on_the_views_that_draw_it(monkeypatch, aug: ViewAug) -> None:
-    """The full-batch passes of the accelerator colour step per batch, counted: before issue 48
-    item 5 (:func:`_masked_colour`) each jitter op ran at each of the 4 positions of the order on
+    """The full-batch passes of the accelerator colour step per batch, counted: in the path
+    that ran every op (:func:`_masked_colour`) each jitter op ran at each of the 4 positions of the order on
     every view (16 full-batch passes of jitter, where a view takes at most 4) and grayscale, blur
     and solarize on every view; now each op runs once on each view that drew it (4 passes over
     the jittered share, the blur over the blurred share). Same views: the recorded parameters
@@ -425,6 +425,7 @@ def test_datamodule_colours_views_after_transfer_or_in_the_workers(cfg_factory) 
     assert cpu.on_after_batch_transfer(in_workers, 0)["views"] is in_workers["views"]
 
 
+@pytest.mark.slow  # two loader worker processes started per blur kind
 @pytest.mark.parametrize("aug", BLURS.values(), ids=BLURS.keys())
 def test_worker_made_batches_equal_the_colour_step_after_transfer(cfg_factory, aug: ViewAug) -> None:
     """CPU training: two loader workers write every image's coloured views straight into the

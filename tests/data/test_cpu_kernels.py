@@ -46,6 +46,7 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous().view(torch.int32)
 
 
+@pytest.mark.slow  # the C kernels compiled into an empty cache
 def test_built_once_into_an_empty_cache_then_only_loaded(native, monkeypatch) -> None:
     """The first process built the library into the empty cache (the fixture: one file, no
     temporary left); the next loads it without compiling (here: any compiling would fail)."""

@@ -249,6 +249,7 @@ def test_a_folder_of_one_image_size_is_held_and_a_too_large_one_refused(tmp_path
         stack_images(dm.train_raw)
 
 
+@pytest.mark.slow  # the loader workers' fork server started
 def test_datamodule_on_device_yields_indices_and_finishes_them_after_transfer(cfg_factory) -> None:
     """The training loader yields index batches (no workers); the transfer hook turns them into
     normalised float views with recorded parameters, labels of those images, as a loader batch."""

@@ -164,7 +164,8 @@ def build_preset(preset: str) -> nn.Module:
     )
     cfg = make_cfg(f"method={preset}", "logger=csv", "data.num_workers=0", "data.train_size=4096", *vit, tiny=False)
     validate(cfg)
-    return build(cfg)
+    with torch.device("meta"):  # the paper's 4096-wide heads: shapes, not values
+        return build(cfg)
 
 
 def out_features(head: nn.Module) -> list[int]:

@@ -70,7 +70,8 @@ def test_presets_build(preset: str) -> None:
     from hvp_lightning.config import validate
 
     cfg = validate(make_cfg(f"method={preset}", "logger=csv", "data.num_workers=0", "data.train_size=4096", tiny=False))
-    model = build(cfg)
+    with torch.device("meta"):  # the paper's ResNet-50 and heads: shapes, not values
+        model = build(cfg)
     linears = [m for m in model.projector if isinstance(m, nn.Linear)]
     assert [m.out_features for m in linears] == [2048, 128]
     assert isinstance(model.projector[-1], nn.BatchNorm1d)

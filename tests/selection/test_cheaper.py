@@ -1,4 +1,4 @@
-"""The cheaper selections of issue 48: hvp.selection_scale (downscaled candidates),
+"""The cheaper selections: hvp.selection_scale (downscaled candidates),
 hvp.selection_fraction (part of the samples) and hvp.mode=min_iou (no forward), each against a
 brute force of its own definition, and the defaults on today's path."""
 
@@ -438,6 +438,7 @@ def test_cheaper_selections_compose_with_the_other_keys(cfg_factory):
         assert hvp.mode in ("easy", "hard", "min_iou") and math.isfinite(hvp.selection_scale)
 
 
+@pytest.mark.slow  # a FLOP count per option
 def test_counted_selection_flops_follow_each_option(cfg_factory):
     """The run's cost count (training/cost.py): min_iou's selection costs no model FLOP,
     selection_fraction scores ceil(f B) of the run's B samples, selection_scale shrinks the

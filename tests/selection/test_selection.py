@@ -101,7 +101,7 @@ def _logged(model) -> dict:
 
 def test_logged_losses_say_which_pass_they_come_from(cfg_factory):
     """``hvp/selection_*`` are the selection pass's values; ``hvp/trained_loss`` is the loss
-    the training step returns. With BatchNorm in train mode they differ (issue 16), so a
+    the training step returns. With BatchNorm in train mode they differ, so a
     chart of the selection value must not be read as the trained loss."""
     torch.manual_seed(0)
     model = build(cfg_factory("+hvp=on", "hvp.num_views=4")).train()

@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hvp_lightning.cluster.distributed import CpuSyncBatchNorm, SyncBatchNormPlugin, sync_batchnorm_plugins
 from hvp_lightning.config import ConfigError, validate
 from hvp_lightning.nn.teacher import Centering
+from hvp_lightning.training.counters import RunCounters
 
 from ._ddp import run_ranks
 from .conftest import REPO, augs_of, build, images_run, make_cfg, score_and_assert_stateless, write_images
@@ -345,19 +346,21 @@ def _method_in_ddp(rank: int, world: int, cfg: DictConfig) -> Any:
 
 
 def _save_run_state(rank: int, world: int, cfg: DictConfig) -> dict[str, Any]:
-    """The checkpoint dict each rank dumps (rank 0's is the file) of a module whose run totals
-    and skipped files differ per rank."""
-    model = _method_in_ddp(rank, world, cfg)
-    model.hvp_totals, model.skipped_files = _rank_totals(rank), {f"bad{rank}.jpg"}
+    """The checkpoint dict each rank dumps (rank 0's is the file) of a module whose run totals,
+    and run counters whose skipped files, differ per rank."""
+    model, counters = _method_in_ddp(rank, world, cfg), RunCounters()
+    model.hvp_totals, counters.skipped_files = _rank_totals(rank), {f"bad{rank}.jpg"}
     ckpt: dict[str, Any] = {}
-    model.on_save_checkpoint(ckpt)
+    model.on_save_checkpoint(ckpt)  # the module's HVP totals
+    counters.on_save_checkpoint(None, model, ckpt)  # the run counters (a callback; no trainer used): skipped files
     return ckpt
 
 
 def _load_run_state(rank: int, world: int, cfg: DictConfig, ckpt: dict[str, Any]) -> tuple[torch.Tensor, set[str]]:
-    model = _method_in_ddp(rank, world, cfg)
+    model, counters = _method_in_ddp(rank, world, cfg), RunCounters()
     model.on_load_checkpoint(ckpt)
-    return model.hvp_totals, model.skipped_files
+    counters.on_load_checkpoint(None, model, ckpt)
+    return model.hvp_totals, counters.skipped_files
 
 
 def _roundtrip(ckpt: dict[str, Any]) -> dict[str, Any]:

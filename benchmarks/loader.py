@@ -56,7 +56,6 @@ import lightning as L
 import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, open_dict
 from torch.utils.data import DataLoader
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,6 +67,8 @@ from hvp_lightning.data.datasets import SafeImageFolder, load_image  # noqa: E40
 from hvp_lightning.data.items import MultiViewDataset  # noqa: E402
 from hvp_lightning.data.make_shards import main as make_shards  # noqa: E402
 from hvp_lightning.data.seeds import view_key  # noqa: E402
+from hvp_lightning.schema import TrainConfig, train_settings  # noqa: E402
+from hvp_lightning.schema.data import ShardsData  # noqa: E402
 from hvp_lightning.training.build import build_method, run_view_augs  # noqa: E402
 
 METHOD_PRESETS = sorted(p.stem for p in (REPO / "conf" / "method").glob("*.yaml"))  # simsiam, simsiam_cifar, ...
@@ -156,7 +157,9 @@ def shard_pattern(root: Path, shard_size: str = "8MB") -> str:
     return f"{out}/train-{{{names[0][6:-4]}..{names[-1][6:-4]}}}.tar"
 
 
-def build_cfg(args: argparse.Namespace, root: Path | None) -> DictConfig:
+def build_cfg(args: argparse.Namespace, root: Path | None) -> TrainConfig:
+    """The run's config (conf/ via Hydra, as tests/conftest.py), validated: the typed config the
+    package's builders take."""
     data = {
         "imagefolder": ["data=imagefolder", f"data.root={root}"],
         "cifar10": ["data=cifar10", f"data.root={root}"],
@@ -175,12 +178,10 @@ def build_cfg(args: argparse.Namespace, root: Path | None) -> DictConfig:
     ]
     if args.views > 2:
         overrides += ["+hvp=on", f"hvp.num_views={args.views}"]
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[*overrides, *args.override])
     if args.data == "imagefolder":
-        with open_dict(cfg):
-            cfg.data.eval_crop_ratio = 0.875
-    return cfg
+        overrides.append("data.eval_crop_ratio=0.875")
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return train_settings(compose("config", overrides=[*overrides, *args.override]))
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,7 @@ def check_images(args: argparse.Namespace, dm: SSLDataModule) -> None:
         raise SystemExit(f"--images: {len(dm.train_set)} training images, a round needs {need}")
 
 
-def loader_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.device) -> dict[str, list[float]]:
+def loader_rounds(args: argparse.Namespace, cfg: TrainConfig, device: torch.device) -> dict[str, list[float]]:
     def module(colour_in_workers: bool, on_device: bool = False, shards: str | None = None) -> SSLDataModule:
         return datamodule(args, cfg, on_device, colour_in_workers, shards)
 
@@ -318,7 +319,7 @@ class StepClock(L.Callback):
 
 def datamodule(
     args: argparse.Namespace,
-    cfg: DictConfig,
+    cfg: TrainConfig,
     on_device: bool = False,
     colour_in_workers: bool | None = None,
     shards: str | None = None,
@@ -326,11 +327,10 @@ def datamodule(
     """``cfg.data`` (held on the device with ``on_device``; through ``data=shards`` of the same
     images with ``shards``, no held-out monitor sample) as the method's views, set up.
     ``colour_in_workers`` None: where a fit's device puts it (:class:`SSLDataModule`)."""
-    data = cfg.data.copy()
-    with open_dict(data):
-        data.on_device = on_device
-        if shards:
-            data.update(name="shards", urls=shards, manifest=None, storage_options={}, monitor_size=0)
+    data = cfg.data.model_copy(update={"on_device": on_device})
+    if shards:
+        values = {k: v for k, v in data.model_dump().items() if k in ShardsData.model_fields}
+        data = ShardsData.model_validate({**values, "name": "shards", "urls": shards, "monitor_size": 0})
     dm = SSLDataModule(
         data,
         run_view_augs(cfg),
@@ -344,25 +344,21 @@ def datamodule(
 
 
 def step_datamodule(
-    args: argparse.Namespace, cfg: DictConfig, on_device: bool = False, colour_in_workers: bool | None = None
+    args: argparse.Namespace, cfg: TrainConfig, on_device: bool = False, colour_in_workers: bool | None = None
 ) -> SSLDataModule:
-    """The training data of ``--step`` (:func:`datamodule`); ``cfg.data.num_classes`` filled in
-    for the model. The colour placement is decided from the trainer's device when fit builds
-    the loader."""
-    dm = datamodule(args, cfg, on_device, colour_in_workers)
-    with open_dict(cfg):
-        cfg.data.num_classes = dm.num_classes
-    return dm
+    """The training data of ``--step`` (:func:`datamodule`). The colour placement is decided from
+    the trainer's device when fit builds the loader."""
+    return datamodule(args, cfg, on_device, colour_in_workers)
 
 
-def step_trainer(cfg: DictConfig, device: torch.device, batches: int, callbacks: list[L.Callback]) -> L.Trainer:
+def step_trainer(cfg: TrainConfig, device: torch.device, batches: int, callbacks: list[L.Callback]) -> L.Trainer:
     """The Lightning trainer of ``--step``: one device, ``cfg``'s precision, ``batches`` training
     batches, no validation, logging, checkpoints or progress bar."""
     return L.Trainer(
         accelerator="cpu" if device.type == "cpu" else "gpu",
         devices=1,
         max_epochs=1,
-        precision=cfg.trainer.get("precision", "32-true"),
+        precision=cfg.trainer.precision,
         limit_train_batches=batches,
         limit_val_batches=0,
         logger=False,
@@ -374,7 +370,7 @@ def step_trainer(cfg: DictConfig, device: torch.device, batches: int, callbacks:
     )
 
 
-def step_rounds(args: argparse.Namespace, cfg: DictConfig, device: torch.device) -> dict[str, list[float]]:
+def step_rounds(args: argparse.Namespace, cfg: TrainConfig, device: torch.device) -> dict[str, list[float]]:
     """Whole Lightning steps fed by the real loader: images/s between batch ``warmup`` and the
     fit's return (its teardown included)."""
     variants = {"step": bool(args.on_device)}

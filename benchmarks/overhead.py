@@ -59,7 +59,6 @@ from typing import Any
 
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -69,7 +68,7 @@ from hvp_lightning.methods import SSLMethod, method_class  # noqa: E402
 from hvp_lightning.methods.dino import DINO  # noqa: E402
 from hvp_lightning.nn.teacher import ema_update  # noqa: E402
 from hvp_lightning.run.perf import compute_dtype, peak_flops  # noqa: E402
-from hvp_lightning.schema import PRECISIONS  # noqa: E402
+from hvp_lightning.schema import PRECISIONS, TrainConfig, train_settings  # noqa: E402
 from hvp_lightning.selection import STEP_DTYPES, frozen_state, step_autocast_dtype  # noqa: E402
 from hvp_lightning.settings import method_names  # noqa: E402
 from hvp_lightning.training.build import build_method, run_view_augs  # noqa: E402
@@ -160,8 +159,8 @@ def method_preset(args: argparse.Namespace) -> str:
 
 def compose_cfg(
     args: argparse.Namespace, hvp: bool, teacher_reuse: bool = True, extra: list[str] | None = None
-) -> DictConfig:
-    """The real config (conf/ via Hydra, as tests/conftest.py) with this run's overrides."""
+) -> TrainConfig:
+    """The real config (conf/ via Hydra, as tests/conftest.py) with this run's overrides, validated."""
     preset = method_preset(args)
     ov = [
         f"method={preset}",
@@ -188,7 +187,7 @@ def compose_cfg(
             ov.append(f"hvp.max_combinations={args.max_combinations}")
         ov += extra or []
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("config", overrides=ov)
+        return train_settings(compose("config", overrides=ov))
 
 
 @dataclass
@@ -197,7 +196,7 @@ class Runner:
 
     name: str
     model: SSLMethod
-    cfg: DictConfig
+    cfg: TrainConfig
     device: torch.device
     precision: str = "32-true"
     opt: torch.optim.Optimizer = field(init=False)
@@ -469,7 +468,7 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.manual_seed(args.seed)
     base_cfg = compose_cfg(args, hvp=False)
-    variants: list[tuple[str, DictConfig]] = [
+    variants: list[tuple[str, TrainConfig]] = [
         ("baseline", base_cfg),
         ("hvp", compose_cfg(args, True, not args.no_teacher_reuse)),
     ]

@@ -1477,13 +1477,13 @@ def planned_flops(scale: Scale, job: Job) -> tuple[float, float]:
         cfg = check_options(cfg)  # resolves data.crop_size=auto from the images
     flops: StepFlops = count_step_flops(cfg)
     d = cfg.data  # the scales' training sets: a subset, the built-in textures, or CIFAR-10's train split
-    images = d.get("train_subset") or (d.train_size if d.name == "synthetic" else CIFAR10_TRAIN)
+    images = d.train_subset or (d.train_size if d.name == "synthetic" else CIFAR10_TRAIN)
     found = folder_images(d.root) if d.name == "imagefolder" else None
     if found is not None:  # --data: a subset of at most what is there
         images = min(int(images), found)
-    epoch = epoch_of(int(images), int(cfg.method.batch_size), 1)
-    every = int(cfg.hvp.every_n_steps) if cfg.get("hvp") else 1
-    epochs = int(cfg.trainer.max_epochs)  # the scale's, or baseline_x<k>'s own
+    epoch = epoch_of(int(images), cfg.method.batch_size, 1)
+    every = cfg.hvp.every_n_steps if cfg.hvp is not None else 1
+    epochs = cfg.trainer.max_epochs  # the scale's, or baseline_x<k>'s own
     total = run_flops(epochs, flops, epoch, every)
     return total / (epochs * epoch.steps * epoch.step_images) / flops.baseline, float(total)
 

@@ -13,6 +13,7 @@ from .settings import SettingError
 
 if TYPE_CHECKING:
     from .nn.backbones import Backbone
+    from .schema.backbone import TimmSettings
 
 
 @dataclass(frozen=True)
@@ -26,22 +27,22 @@ class TimmLayout:
     default_size: int  # the side of timm's default input (its pretrained_cfg)
 
 
-def meta_timm(cfg, img_size: int | None = None, model_args: dict | None = None) -> Backbone:
+def meta_timm(cfg: TimmSettings, img_size: int | None = None, model_args: dict | None = None) -> Backbone:
     """The ``backbone=timm`` model of ``cfg`` built on the meta device (no memory, no random
     init); ``img_size`` / ``model_args`` replace ``cfg``'s where given."""
     import torch
 
     from .nn.backbones import build_timm
 
-    args = dict(cfg.get("model_args") or {}) if model_args is None else model_args
+    args = dict(cfg.model_args or {}) if model_args is None else model_args
     try:
         with torch.device("meta"):
-            return build_timm(cfg.name, img_size or cfg.get("img_size"), 0.0, args)
+            return build_timm(cfg.name, img_size or cfg.img_size, 0.0, args)
     except SettingError as err:
         raise ConfigError(str(err.at("backbone."))) from None
 
 
-def timm_layout(cfg) -> TimmLayout:
+def timm_layout(cfg: TimmSettings) -> TimmLayout:
     """The model of ``cfg`` built on the meta device, read for its patch size and whether iBOT
     can use its tokens."""
     from .nn.backbones import has_vit_tokens, timm_is_vit
@@ -77,11 +78,11 @@ def runs_on_meta(backbone: Backbone, size: int) -> bool:
     return True
 
 
-def timm_size_fix(cfg, sizes: list[int]) -> str | None:
+def timm_size_fix(cfg: TimmSettings, sizes: list[int]) -> str | None:
     """The setting with which the model of ``cfg`` takes every crop size, tried on the meta
     device: ``backbone.img_size`` (models built for one input size, where all crops have one
     size), else ``dynamic_img_size`` (Swin, ViTs); None where neither does."""
-    args = dict(cfg.get("model_args") or {})
+    args = dict(cfg.model_args or {})
     dynamic = {**args, "dynamic_img_size": True}
     spelled = ", ".join(f"{k}: {json.dumps(v)}" for k, v in dynamic.items())
     tries = [(f"backbone.img_size={sizes[0]}", sizes[0], args)] if len(set(sizes)) == 1 else []

@@ -255,7 +255,6 @@ def train_job(cfg: DictConfig) -> float | None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     fresh = RunDir(run_dir).just_made()
     try:
-        checked = False  # a resumed run's config is checked by run(), once it is composed
         if cfg.get("resume"):  # continue that run with its own config (+ what the command line changes)
             cfg.resume = checked_resume(cfg.resume, run_dir, fresh)
             resolve_checkpoint(cfg.resume, key="resume")  # the path, before the heavy imports
@@ -263,14 +262,12 @@ def train_job(cfg: DictConfig) -> float | None:
 
             cfg = resume_config(cfg.resume, cfg, list(HydraConfig.get().overrides.task))
             run_dir = Path(cfg.resume)
-        else:
-            cfg = check_options(cfg)  # the config alone, before the heavy imports: the validated config
-            checked = True
-        if OmegaConf.select(cfg, "data.num_workers", default=0):
+        s = check_options(cfg)  # the config alone, before the heavy imports: the validated config
+        if s.data.num_workers:
             worker_context()  # the loader workers' fork server imports its preload beside ours
         from .training.driver import run
 
-        summary = run(cfg, run_dir, options_checked=checked)
+        summary = run(s, run_dir)
     except user_errors() as err:  # bad settings: one line, no traceback
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # this job fails, the sweep goes on
             raise SweepConfigError("; ".join(f"config error: {line}" for line in str(err).splitlines())) from err
@@ -433,12 +430,12 @@ def train() -> None:
 def evaluate_job(cfg: DictConfig) -> float | None:
     """One evaluation under Hydra; :func:`evaluate_main` starts it."""
     try:
-        cfg = check_eval_options(cfg)  # the config alone, before the heavy imports: the validated config
-        if cfg.get("num_workers") != 0:  # null: the data's (2 by default)
+        s = check_eval_options(cfg)  # the config alone, before the heavy imports: the validated config
+        if s.num_workers != 0:  # null: the data's (2 by default)
             worker_context()  # the loader workers' fork server imports its preload beside ours
         from .evaluation import evaluate
 
-        summary = evaluate(cfg, options_checked=True)
+        summary = evaluate(s)
     except user_errors() as err:  # bad settings or checkpoint: one line each, no traceback
         say_config_error(err)
         sys.exit(2)
@@ -478,16 +475,17 @@ def transfer_job(cfg: DictConfig) -> None:
     """The paper's transfer table for one checkpoint (:mod:`hvp_lightning.evaluation.transfer`)."""
     from .evaluation.transfer import check_transfer_options, run_transfer, transfer_out_dir
 
+    s = None
     try:
-        jobs = check_transfer_options(cfg)  # settings and every data set's files, before the heavy imports
-        run_transfer(cfg, jobs)
+        s, jobs = check_transfer_options(cfg)  # settings and every data set's files, before the heavy imports
+        run_transfer(s, jobs)
     except user_errors() as err:  # bad settings or checkpoint: one line each, no traceback
         say_config_error(err)
         sys.exit(2)
     except sigterm_exits():
-        table = transfer_out_dir(cfg).table_md
+        table = transfer_out_dir(s).table_md if s is not None else "the table"
         stopped(f"the evaluation under way wrote no eval_summary.json; {table} holds the finished ones")
-    print(transfer_out_dir(cfg).table_md.read_text(), end="")
+    print(transfer_out_dir(s).table_md.read_text(), end="")
 
 
 def transfer_main() -> None:

@@ -2,15 +2,17 @@
 allowed -- before any data is read or a Lightning Trainer exists -- and every problem is said at
 once, not the first one per try.
 
-Each key's type, range and choices come from its declaration (:mod:`hvp_lightning.schema`); here
-are the rules that tie several keys (or a key and the files it names) together, each once:
+Each key's type, range and choices, and the rules that tie several keys together, are the
+schema's (:mod:`hvp_lightning.schema`: a section's validators); here is what needs more than the
+config: the disk, the data and the machine.
 
-* :func:`check_options` (and :func:`check_eval_options` for eval.py): the schema, then everything
-  the config and the file system can tell (data roots, the images found, a batch and a monitor
-  sample that fit them, crops a backbone takes, multi-crop and HVP combinations). Torch-free: the
-  command-line entry points run it before the heavy imports (hvp_lightning/cli.py), so a typo
-  costs a second, not the ~15 s those imports take. It returns the validated config (every
-  declared key present with its declared type; ``auto`` values resolved) that the run then uses.
+* :func:`check_options` (and :func:`check_eval_options` for eval.py): the schema, then what the
+  file system can tell (``backbone.init``, ``budget.match``, data roots, the images found, a batch
+  and a monitor sample that fit them, crops a backbone takes once ``auto`` is resolved).
+  Torch-free: the command-line entry points run it before the heavy imports
+  (hvp_lightning/cli.py), so a typo costs a second, not the ~15 s those imports take. It returns
+  the validated config (:class:`~hvp_lightning.schema.TrainConfig`: every declared key with its
+  declared type; ``auto`` values the data decides resolved) that the run then reads.
 * :func:`validate`: what needs Lightning and the machine (``trainer.*`` against
   ``lightning.Trainer``'s signature, ``trainer.precision`` on this device) and the start-up
   warnings. :func:`hvp_lightning.training.driver.run` calls it.
@@ -21,12 +23,11 @@ from __future__ import annotations
 import difflib
 import json
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from .data.image_files import IMAGE_EXTENSIONS, is_image_file
 from .data.layout import (
@@ -39,94 +40,71 @@ from .data.layout import (
     training_image_side,
     training_images,
 )
-from .errors import ConfigError
+from .errors import ConfigError, fail
 from .hub_reach import hub_out_of_reach
 from .run.directory import RunDir, resolve_checkpoint
 from .schema import (
     AUTO_PRECISIONS,
-    BACKBONE_FAMILIES,
-    INIT_HUBS,
     MULTI_CROP,
-    OWNED_TRAINER_KEYS,
     TIMM_FAMILY,
     DataConfig,
     EvalConfig,
     TrainConfig,
-    as_config,
     backbone_family,
     container,
     is_hub_init,
     settings,
-    to_settings,
 )
-from .schema.base import chosen_model, discriminator, model_choices, strip_unknown
+from .schema.backbone import INIT_ALLOWED, TimmSettings
+from .schema.base import Problems, chosen_model, discriminator, model_choices, strip_unknown
+from .schema.data import DataSettings, UnlabelledData
+from .schema.run import TrainerSettings, check_crop_for_backbone, trainer_extras
 from .schema.stored import with_earlier_values
-from .settings import HVP, SettingError, method_settings, selection_side
+from .settings import SettingError, selection_side
 
 log = logging.getLogger(__name__)
 
 
-def fail(key: str, value: Any, allowed: str) -> None:
-    raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
-
-
-class Problems:
-    """Collects the checks' messages, so that every problem of a command is said at once."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    @contextmanager
-    def check(self) -> Iterator[None]:
-        """Run a check; its ConfigError is noted and the next check runs."""
-        try:
-            yield
-        except (ConfigError, SettingError) as err:
-            self.lines += [line for line in str(err).splitlines() if line not in self.lines]
-
-    def raise_any(self) -> None:
-        if self.lines:
-            raise ConfigError("\n".join(self.lines))
-
-
 # --- train.py ---------------------------------------------------------------------------------------
-def check_options(cfg: DictConfig) -> DictConfig:
-    """The validated config of a training command, or a :class:`ConfigError` with one line per
-    problem the config itself and the files it names show (all at once). ``auto`` values that the
-    data decides (``data.crop_size``, ``data.eval_crop_ratio``, ``data.monitor_size``) are
-    resolved. Torch-free. A resumed run's config may hold keys of an older version: they are left
-    out (the code no longer reads them), where a new command's unknown key is refused."""
-    refuse_group_keys_without_group(cfg)
+def check_options(cfg: DictConfig | Mapping[str, Any]) -> TrainConfig:
+    """The validated config of a training command (a composed config), or a :class:`ConfigError`
+    with one line per problem: the schema's (every key, and the rules that tie keys together: the
+    sections' validators), then, once the config holds together, those the files it names show
+    (all at once). ``auto`` values that the data decides (``data.crop_size``,
+    ``data.eval_crop_ratio``, ``data.monitor_size``) are resolved. Torch-free. A resumed run's
+    config may hold keys of an older version: they are left out (the code no longer reads them),
+    where a new command's unknown key is refused."""
     data = container(cfg)
-    if cfg.get("resume"):
+    refuse_group_keys_without_group(data)
+    if data.get("resume"):
         dropped = strip_unknown(TrainConfig, data)
         if dropped:
             log.info("the run's config holds keys this version does not read: %s", ", ".join(dropped))
     s = settings(TrainConfig, data)
     problems = Problems()
-    for rule in TRAIN_RULES:
-        with problems.check():
-            rule(s)
-    out = as_config(s)
     with problems.check():
-        images = check_data(out)
+        check_init(s)
+    with problems.check():
+        check_matched_run(s)
+    with problems.check():
+        images = check_data(s.data)
         with problems.check():
-            check_fit(out, images)
-        resolve_auto_crop(out.data, out.backbone)
+            s = check_fit(s, images)
+        s = s.model_copy(update={"data": resolve_auto_crop(s.data, s.backbone)})
         with problems.check():
-            check_crops(out)
+            check_crops(s)
     problems.raise_any()
-    return out
+    return s
 
 
-def stored_config(raw: dict[str, Any] | DictConfig) -> DictConfig:
+def stored_config(raw: Mapping[str, Any] | DictConfig) -> TrainConfig:
     """A run's config as its checkpoint stores it, read by this version: keys it no longer
     declares left out, keys added since at the value the run's version used
     (:mod:`hvp_lightning.schema.stored`) or else their defaults, every value of its declared type."""
     data = container(raw)
     strip_unknown(TrainConfig, data)
     with_earlier_values(data, declares)
-    return as_config(settings(TrainConfig, data))
+    return settings(TrainConfig, data)
 
 
 def declares(section: str, values: dict[str, Any], key: str) -> bool:
@@ -140,13 +118,17 @@ def declares(section: str, values: dict[str, Any], key: str) -> bool:
 OPTIONAL_GROUPS = (("hvp", "+hvp=on"), ("data.iou_policy", "+data/iou_policy=on"))
 
 
-def refuse_group_keys_without_group(cfg: DictConfig) -> None:
+def refuse_group_keys_without_group(cfg: DictConfig | Mapping[str, Any]) -> None:
     """``+hvp.num_views=8`` (Hydra's advice for ``hvp.num_views=8`` without ``+hvp=on``) makes an
     ``hvp`` node without ``+hvp=on``'s keys: it would turn HVP on with a key's worth of settings, or
-    read as the baseline. The same for ``data.iou_policy`` without ``+data/iou_policy=on``."""
+    read as the baseline. The same for ``data.iou_policy`` without ``+data/iou_policy=on``. Of the
+    composed config, before the schema reads it."""
+    values = container(cfg)
     for path, option in OPTIONAL_GROUPS:
-        node = OmegaConf.select(cfg, path)
-        if node is not None and "enabled" not in node and len(node) > 0:
+        node: Any = values
+        for part in path.split("."):
+            node = node[part] if isinstance(node, Mapping) and part in node else None
+        if isinstance(node, Mapping) and "enabled" not in node and len(node) > 0:
             key = next(iter(node))
             fail(
                 f"{path}.{key}",
@@ -155,106 +137,27 @@ def refuse_group_keys_without_group(cfg: DictConfig) -> None:
             )
 
 
-def check_train_crops_set(s: TrainConfig) -> None:
-    """``null`` crop size and crop ratio are transfer.py's ("the checkpoint's"), not a training run's."""
-    for key in ("crop_size", "eval_crop_ratio"):
-        if getattr(s.data, key) is None:
-            fail(f"data.{key}", None, f"{'an integer >= 1' if key == 'crop_size' else 'a number in (0, 1]'} or auto "
-                 "(null is transfer.py's: the checkpoint's)")  # fmt: skip
-
-
 def check_init(s: TrainConfig) -> None:
-    """``backbone.init``: null, ``timm:<name>`` / ``torchvision:<name>``, or a path that exists
-    (what the file holds is checked when it is loaded: hvp_lightning/training/weights.py). Not the
-    path on ``resume=``: a resumed run starts from its checkpoint, not from ``backbone.init``."""
+    """``backbone.init``'s path exists, or its hub can be reached (its form is the schema's; what
+    the file holds is checked when it is loaded: hvp_lightning/training/weights.py). Not on
+    ``resume=``: a resumed run starts from its checkpoint, not from ``backbone.init``."""
     init = s.backbone.init
-    if init is None:
+    if init is None or s.resume:
         return
-    allowed = "null, a weights file (.pth, .pt, .safetensors), an hvp-export folder, a run dir, " + " or ".join(
-        f"{hub}:<name>" for hub in INIT_HUBS
-    )
-    if not init:
-        fail("backbone.init", init, allowed)
     if is_hub_init(init):
-        if not init.partition(":")[2]:
-            fail("backbone.init", init, f"{init.partition(':')[0]}:<model name>")
-        if not s.resume and (why := hub_out_of_reach(init)) is not None:  # seconds, before the heavy imports
+        if (why := hub_out_of_reach(init)) is not None:  # seconds, before the heavy imports
             fail("backbone.init", init, f"released weights in the local cache or a hub to fetch them from ({why}): "
                  "fetch them where there is a network, or pass the file as backbone.init=<path>")  # fmt: skip
         return
-    if not s.resume and not Path(init).expanduser().exists():
-        fail("backbone.init", init, f"{allowed} (no such file or folder)")
+    if not Path(init).expanduser().exists():
+        fail("backbone.init", init, f"{INIT_ALLOWED} (no such file or folder)")
 
 
-def check_multicrop(s: TrainConfig) -> None:
-    """DINO/iBOT: a ViT's local crops are a multiple of its patch (a timm ViT's: check_timm_backbone)."""
-    m, b = s.method, s.backbone
-    if (
-        m.name in MULTI_CROP
-        and backbone_family(b) == "vit"
-        and m.num_local_crops > 0
-        and m.local_crop_size % b.patch_size
-    ):
-        fail(
-            "method.local_crop_size",
-            m.local_crop_size,
-            f"a multiple of backbone.patch_size={b.patch_size} for {b.name}",
-        )
-
-
-def check_ibot_backbone(s: TrainConfig) -> None:
-    """iBOT predicts masked patch tokens: a ViT (which timm models have tokens: check_timm_backbone)."""
-    if s.method.name == "ibot" and backbone_family(s.backbone) not in ("vit", TIMM_FAMILY):
-        vits = ", ".join(n for n, f in BACKBONE_FAMILIES.items() if f == "vit")
-        raise ConfigError(
-            f"backbone.name={s.backbone.name!r} is not allowed for method=ibot: a ViT (patch tokens), "
-            f"one of {vits} or a timm ViT (backbone=timm)"
-        )
-
-
-def check_method_hvp(s: TrainConfig) -> None:
-    """HVP's keys against the method: a key the method would not read is refused
-    (:meth:`~hvp_lightning.settings.MethodSettings.check_hvp`)."""
-    if s.hvp is not None:
-        method = to_settings(s.method, method_settings()[s.method.name])
-        method.resolve_hvp(to_settings(s.hvp, HVP, tagged=False))
-
-
-def check_iou_policy(s: TrainConfig) -> None:
-    """``data.iou_policy``'s warm-up is shorter than the run (its schedule spans the other epochs).
-    Under a budget the epochs are known once it is counted: checked then (training/budget.py)."""
-    p = s.data.iou_policy
-    if p is not None and p.enabled and not has_budget(s):
-        check_iou_warmup(p.warmup_epochs, s.trainer.max_epochs)
-
-
-def check_iou_warmup(warmup: int, epochs: int, whose: str = "trainer.max_epochs") -> None:
-    if warmup > epochs - 1:
-        fail(
-            "data.iou_policy.warmup_epochs", warmup, f"an integer in [0, {epochs - 1}] (shorter than {whose}={epochs})"
-        )
-
-
-def has_budget(s: TrainConfig | DictConfig) -> bool:
-    """Whether ``budget.flops`` or ``budget.match`` sets the run's length (docs/configuration.md)."""
-    b = s.budget
-    return b is not None and (b.flops is not None or b.match is not None)
-
-
-def check_budget(s: TrainConfig) -> None:
-    """``budget``: a number or a run's, not both; not beside ``trainer.max_steps``, which would end
-    the run before the epochs the budget sets; ``budget.match`` a finished run that counted its
-    FLOPs (not read again on ``resume=``: the run keeps the epochs it derived)."""
-    b = s.budget
-    if b.flops is not None and b.match is not None:
-        fail("budget.match", b.match, f"null when budget.flops is set ({b.flops:g}): the budget is a number of "
-             "FLOPs or a run's, not both")  # fmt: skip
-    extra = s.trainer.model_extra or {}
-    if has_budget(s) and extra.get("max_steps", -1) != -1:
-        fail("trainer.max_steps", extra["max_steps"], "-1 (unset) with a budget: the budget sets trainer.max_epochs, "
-             "and a step limit would end the run before them")  # fmt: skip
-    if b.match is not None and not s.resume:
-        matched_flops(b.match)
+def check_matched_run(s: TrainConfig) -> None:
+    """``budget.match`` a finished run that counted its FLOPs (not read again on ``resume=``: the
+    run keeps the epochs it derived)."""
+    if s.budget.match is not None and not s.resume:
+        matched_flops(s.budget.match)
 
 
 def matched_flops(run_dir: str) -> float:
@@ -277,57 +180,9 @@ def matched_flops(run_dir: str) -> float:
     return float(total)
 
 
-def check_owned_trainer_keys(s: TrainConfig) -> None:
-    for key in OWNED_TRAINER_KEYS:
-        if key in (s.trainer.model_extra or {}):
-            fail(
-                f"trainer.{key}",
-                s.trainer.model_extra[key],  # type: ignore[index]
-                "not set here: checkpoints are always written (checkpoint.every_n_epochs sets the kept ones)",
-            )
-
-
-def check_backbone_crop(s: TrainConfig) -> None:
-    """The training crop fits the built-in backbone (a timm model's: check_timm_backbone)."""
-    b, crop = s.backbone, s.data.crop_size
-    if not isinstance(crop, int):  # auto: checked once resolved (check_crops)
-        return
-    check_crop_for_backbone(b, crop)
-
-
-def smallest_resnet_side(b: Any) -> int:
-    """The smallest image side a built-in ResNet takes: its trunk downsamples 8x (CIFAR stem) or 32x."""
-    return 8 if b.cifar_stem else 32
-
-
-def check_crop_for_backbone(b: Any, crop: int) -> None:
-    family = backbone_family(b)
-    if family == "resnet":
-        smallest = smallest_resnet_side(b)
-        if crop < smallest:
-            fail("data.crop_size", crop, f">= {smallest} px for {b.name} with cifar_stem={b.cifar_stem}")
-    elif family == "vit" and crop % b.patch_size:
-        fail("data.crop_size", crop, f"a multiple of backbone.patch_size={b.patch_size} for {b.name}")
-
-
-# the rules of a training config, each once; run in this order, all of them
-TRAIN_RULES: tuple[Callable[[TrainConfig], None], ...] = (
-    check_train_crops_set,
-    check_init,
-    check_multicrop,
-    check_ibot_backbone,
-    check_method_hvp,
-    check_iou_policy,
-    check_budget,
-    check_owned_trainer_keys,
-    check_backbone_crop,
-)
-
-
-def check_crops(cfg: DictConfig) -> None:
+def check_crops(cfg: TrainConfig) -> None:
     """Once ``auto`` is resolved: the crop fits the built-in backbone."""
-    b = settings(TrainConfig, cfg).backbone
-    check_crop_for_backbone(b, cfg.data.crop_size)
+    check_crop_for_backbone(cfg.backbone, cfg.data.crop_size)
 
 
 # --- the data and what fits it ---------------------------------------------------------------------
@@ -335,10 +190,9 @@ IMAGE_FILES = f"image files ({', '.join(IMAGE_EXTENSIONS)}, any case)"
 AUTO_MONITOR_SHARE, AUTO_MONITOR_MAX = 5, 512  # data.monitor_size=auto: a fifth of the images, at most 512
 
 
-def check_data(cfg: DictConfig) -> int | None:
-    """The files ``data`` names exist and hold images: the training images found (before the
-    held-out monitor sample), where start-up can count them, else None."""
-    d = cfg.data
+def check_data(d: DataSettings) -> int | None:
+    """The files the ``data`` section ``d`` names exist and hold images: the training images found
+    (before the held-out monitor sample), where start-up can count them, else None."""
     if d.name == "synthetic":
         return int(d.train_size)
     if d.name == "images":
@@ -353,21 +207,23 @@ def check_data(cfg: DictConfig) -> int | None:
     return None
 
 
-def check_fit(cfg: DictConfig, images: int | None) -> None:
+def check_fit(cfg: TrainConfig, images: int | None) -> TrainConfig:
     """The held-out monitor sample and the batch fit the images found: ``data.monitor_size`` (auto:
     a fifth, at most 512) leaves some to train on, and every rank gets a whole batch per epoch.
-    Each problem names a value that would work; all are said together."""
+    Each problem names a value that would work; all are said together. Returns ``cfg`` with
+    ``data.monitor_size: auto`` resolved."""
     d, problems = cfg.data, Problems()
     if images is None:
-        return
+        return cfg
     held = 0
-    if d.name in ("images", "shards"):
+    if isinstance(d, UnlabelledData):
         held = auto_monitor_size(images)  # the batch is judged against the sample that would fit
         with problems.check():
-            held = resolve_monitor_size(cfg, images)
+            held = resolve_monitor_size(d, images)
+        cfg = cfg.with_values({"data.monitor_size": held})
     n = images - held
-    if d.get("train_subset") is not None:
-        n = min(n, int(d.train_subset))
+    if d.train_subset is not None:
+        n = min(n, d.train_subset)
     world = processes(cfg.trainer)
     batch = int(cfg.method.batch_size)
     if world is not None and batch > n // world:
@@ -384,20 +240,18 @@ def check_fit(cfg: DictConfig, images: int | None) -> None:
                 else f"more images: {what}{per} hold no batch of 2",
             )
     problems.raise_any()
+    return cfg
 
 
-def resolve_monitor_size(cfg: DictConfig, images: int) -> int:
-    """``data.monitor_size`` of ``images`` images (``auto`` resolved in ``cfg``): held out of
-    training, leaving some to train on, and at least 1 unless ``data.eval_root`` gives k-NN."""
-    d = cfg.data
-    if d.monitor_size == "auto":
-        d.monitor_size = auto_monitor_size(images)
-    size = int(d.monitor_size)
+def resolve_monitor_size(d: UnlabelledData, images: int) -> int:
+    """``data.monitor_size`` of ``images`` images (``auto`` resolved): held out of training,
+    leaving some to train on, and at least 1 unless ``data.eval_root`` gives k-NN."""
+    size = auto_monitor_size(images) if d.monitor_size == "auto" else d.monitor_size
     if size >= images:
         fits = auto_monitor_size(images)
         fail("data.monitor_size", size, f"fewer than the {images} images (it is held out of training); e.g. "
              f"data.monitor_size={fits} or auto")  # fmt: skip
-    if size == 0 and not d.get("eval_root"):
+    if size == 0 and not d.eval_root:
         fail(
             "data.monitor_size",
             0,
@@ -411,11 +265,10 @@ def auto_monitor_size(images: int) -> int:
     return max(1, min(AUTO_MONITOR_MAX, images // AUTO_MONITOR_SHARE)) if images > 1 else 0
 
 
-def processes(t: DictConfig) -> int | None:
+def processes(t: TrainerSettings) -> int | None:
     """Training processes (devices x nodes) where the config says it (not ``auto`` or a GPU list)."""
-    devices = t.get("devices", 1)
-    if isinstance(devices, int) and devices > 0:
-        return devices * int(t.get("num_nodes") or 1)
+    if isinstance(t.devices, int) and t.devices > 0:
+        return t.devices * t.num_nodes
     return None
 
 
@@ -441,11 +294,11 @@ def check_imagenet_layout(key: str, value: Any) -> None:
             )
 
 
-def check_images(d: DictConfig) -> int:
+def check_images(d: Any) -> int:
     """``data=images``: exactly one of ``data.root`` (a folder with images at any depth) and
     ``data.files`` (a list of existing image files); ``data.eval_root`` an ImageNet-layout
     folder when given. Returns the images found."""
-    root, files = d.get("root"), d.get("files")
+    root, files = d.root, d.files
     if bool(root) == bool(files):
         fail(
             "data.root",
@@ -469,21 +322,21 @@ def check_images(d: DictConfig) -> int:
             )
     else:
         _check_image_list(str(files), training_images(d) if Path(str(files)).expanduser().is_file() else None)
-    if d.get("eval_root"):
+    if d.eval_root:
         check_imagenet_layout("data.eval_root", d.eval_root)
     return len(training_images(d))
 
 
-def check_shards(d: DictConfig) -> int:
+def check_shards(d: Any) -> int:
     """``data=shards``: ``data.urls`` names shards that open and hold images (their index is
     built here, from the manifest or by reading them, and kept for the run); ``data.eval_root``
     as for ``data=images``. Returns the images in them."""
     from .data.shard_index import ShardError, run_index
 
-    if not d.get("urls"):
+    if not d.urls:
         fail(
             "data.urls",
-            d.get("urls"),
+            d.urls,
             f"a brace pattern of WebDataset tar shards, e.g. 'data.urls=\"{EXAMPLE_URLS}\"' (quoted for Hydra)",
         )
     try:
@@ -492,7 +345,7 @@ def check_shards(d: DictConfig) -> int:
         fail("data.urls", str(d.urls), f"shards that can be read: {err}")
     if not len(index):
         fail("data.urls", str(d.urls), f"shards holding {IMAGE_FILES} (none in the {len(index.urls)} shards)")
-    if d.get("eval_root"):
+    if d.eval_root:
         check_imagenet_layout("data.eval_root", d.eval_root)
     return len(index)
 
@@ -519,7 +372,7 @@ def _check_image_list(files: str, paths: tuple[str, ...] | None) -> None:
         )
 
 
-def check_torchvision_root(d: DictConfig, key: str) -> None:
+def check_torchvision_root(d: Any, key: str) -> None:
     """The files torchvision's class for data set ``d`` reads are under ``d.root``, or one
     message naming ``<key>.root``, the path and the first file missing (torchvision itself
     only says "Dataset not found", and ``INaturalist`` makes the missing root first)."""
@@ -534,15 +387,15 @@ def check_torchvision_root(d: DictConfig, key: str) -> None:
             )
 
 
-def validate_data(cfg: DictConfig) -> DictConfig:
-    """An evaluation's ``data`` (a data preset, or the checkpoint's own with changes): its keys
-    by the schema, its files by :func:`check_data`. Returns the validated ``data``."""
-    data = as_config(settings(DataConfig, {"data": container(cfg.data)})).data
-    check_data(OmegaConf.create({"data": data}))
-    return data
+def validate_data(cfg: DictConfig | Mapping[str, Any]) -> DataSettings:
+    """An evaluation's ``data`` (``cfg.data``: a data preset, or the checkpoint's own with changes):
+    its keys by the schema, its files by :func:`check_data`. Returns the validated ``data`` section."""
+    d = settings(DataConfig, {"data": container(cfg)["data"]}).data
+    check_data(d)
+    return d
 
 
-def _warn_upsampled_crops(d: DictConfig, backbone: DictConfig) -> None:
+def _warn_upsampled_crops(d: DataSettings, backbone: Any) -> None:
     """Crops larger than the images are upsampled (blurry training views): allowed (e.g.
     CIFAR at 224 px for a ViT), but said once at start-up, with the crop that would not upsample
     (``crop_size: auto``'s for these images and backbone)."""
@@ -565,27 +418,27 @@ def _warn_upsampled_crops(d: DictConfig, backbone: DictConfig) -> None:
 
 
 # --- the machine and Lightning ---------------------------------------------------------------------
-def validate(cfg: DictConfig, options_checked: bool = False) -> DictConfig:
-    """:func:`check_options` (unless ``options_checked``: the CLI has run it on ``cfg`` before the
-    heavy imports and ``cfg`` is its result), then the checks that need Lightning and the machine;
+def validate(cfg: TrainConfig | DictConfig | Mapping[str, Any]) -> TrainConfig:
+    """:func:`check_options` (unless ``cfg`` is its result already, a :class:`TrainConfig`: the CLI
+    runs it before the heavy imports), then the checks that need Lightning and the machine;
     resolves ``trainer.precision: auto`` / ``auto-16-mixed``. Warns once about settings that are
     allowed but probably not meant. Returns the validated config."""
-    if not options_checked:
+    if not isinstance(cfg, TrainConfig):
         cfg = check_options(cfg)
     if backbone_family(cfg.backbone) == TIMM_FAMILY:
         check_timm_backbone(cfg)
     _validate_trainer_keys(cfg)
-    validate_precision(cfg)
+    cfg = validate_precision(cfg)
     _validate_deterministic(cfg)
     _warn_upsampled_crops(cfg.data, cfg.backbone)
-    if not has_budget(cfg):  # else said once the budget has set the epochs (training/budget.py)
+    if not cfg.budget.sets_epochs:  # else said once the budget has set the epochs (training/budget.py)
         warn_long_warmup(cfg)
     _warn_small_monitor(cfg.data)
     _warn_cpu_oversubscription(cfg.trainer)
     return cfg
 
 
-def check_timm_backbone(cfg: DictConfig) -> None:
+def check_timm_backbone(cfg: TrainConfig) -> None:
     """``backbone=timm`` against timm itself: the name (else the closest names timm knows), iBOT's
     need for a ViT with a class token, and the model run at every crop size of the run (a ViT's
     patch size, a fixed input size, kernels larger than the image; a pooled ``[batch, features]``
@@ -594,6 +447,7 @@ def check_timm_backbone(cfg: DictConfig) -> None:
     from .nn.backbones import check_timm_name
 
     b, m = cfg.backbone, cfg.method
+    assert isinstance(b, TimmSettings)
     try:
         check_timm_name(b.name)
     except SettingError as err:
@@ -605,7 +459,7 @@ def check_timm_backbone(cfg: DictConfig) -> None:
             "needs patch tokens, a class token and a mask token (a timm ViT, e.g. vit_small_patch16_224)"
         )
     sizes = {"data.crop_size": cfg.data.crop_size}
-    if m.name in MULTI_CROP and int(m.get("num_local_crops") or 0) > 0:
+    if m.name in MULTI_CROP and m.num_local_crops > 0:
         sizes["method.local_crop_size"] = m.local_crop_size
     for key, size in sizes.items():
         if layout.patch_size is not None and size % layout.patch_size:
@@ -619,7 +473,7 @@ def check_timm_backbone(cfg: DictConfig) -> None:
             shape = meta_output_shape(backbone, size)
         except Exception as err:  # the model's own code refuses this size (an assertion, a shape mismatch)
             # a model that fails at the size it is built for cannot be judged on the meta device
-            if not runs_on_meta(backbone, b.get("img_size") or layout.img_size or layout.default_size):
+            if not runs_on_meta(backbone, b.img_size or layout.img_size or layout.default_size):
                 log.debug("backbone.name=%s: not checked on the meta device (%s)", b.name, err)
                 return
             said = (str(err).splitlines() or [type(err).__name__])[0]
@@ -639,26 +493,24 @@ def check_timm_backbone(cfg: DictConfig) -> None:
         if len(shape) != 2:
             fail(
                 "backbone.model_args",
-                OmegaConf.to_container(b.model_args) if b.model_args is not None else None,
+                b.model_args,
                 f"a global_pool that pools: {b.name} gives {list(shape)} at {size} px, not [batch, features] "
                 "(leave global_pool out, or e.g. avg)",
             )
 
 
-def _selection_sides(cfg: DictConfig, sizes: dict[str, int], patch: int | None) -> dict[str, tuple[int, int]]:
+def _selection_sides(cfg: TrainConfig, sizes: dict[str, int], patch: int | None) -> dict[str, tuple[int, int]]:
     """{crop key: (its size, its side in the selection pass)} where ``hvp.selection_scale`` makes the
     side smaller: what ``selection_size_rule`` gives a timm backbone (its patch; else at least 32 px)."""
-    h = cfg.get("hvp")
-    if h is None or not h.get("enabled") or float(h.get("selection_scale", 1)) >= 1:
+    h = cfg.hvp
+    if not cfg.hvp_on or h.selection_scale >= 1:  # type: ignore[union-attr]
         return {}
     multiple, minimum = (patch, patch) if patch else (1, 32)
-    sides = {
-        key: (size, selection_side(size, float(h.selection_scale), multiple, minimum)) for key, size in sizes.items()
-    }
+    sides = {key: (size, selection_side(size, h.selection_scale, multiple, minimum)) for key, size in sizes.items()}
     return {key: (size, side) for key, (size, side) in sides.items() if side != size}
 
 
-def _validate_trainer_keys(cfg: DictConfig) -> None:
+def _validate_trainer_keys(cfg: TrainConfig) -> None:
     """Every ``trainer.*`` key is a ``lightning.Trainer`` argument (of the installed version): the
     declared ones are, and a ``+trainer.<key>`` beyond them must be (with the closest one named)."""
     import inspect
@@ -671,24 +523,26 @@ def _validate_trainer_keys(cfg: DictConfig) -> None:
         "callbacks",
         "default_root_dir",
     }
-    for key in cfg.trainer:
+    for key, value in cfg.trainer.model_dump().items():
         if key not in allowed:
             close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
             hint = f" (did you mean trainer.{close[0]}?)" if close else ""
-            fail(f"trainer.{key}", cfg.trainer[key], f"not a lightning.Trainer argument{hint}")
+            fail(f"trainer.{key}", value, f"not a lightning.Trainer argument{hint}")
 
 
-def validate_precision(cfg: DictConfig) -> None:
+def validate_precision(cfg: TrainConfig) -> TrainConfig:
     """Lightning has no fp16 AMP on CPU: it would silently train in bf16-mixed instead.
     Resolves ``auto`` (bf16-mixed on a bf16-capable GPU, else 32-true) and ``auto-16-mixed``
-    (16-mixed on a GPU, else 32-true): hvp_lightning/device.py."""
+    (16-mixed on a GPU, else 32-true): hvp_lightning/device.py. Returns ``cfg`` so resolved."""
     from .device import auto_precision
 
-    accelerator = str(cfg.trainer.accelerator)
+    accelerator = cfg.trainer.accelerator
     precision = cfg.trainer.precision
     if precision in AUTO_PRECISIONS:
-        precision = cfg.trainer.precision = auto_precision(accelerator, precision)
+        precision = auto_precision(accelerator, precision)
+        cfg = cfg.with_values({"trainer.precision": precision})
     check_cpu_precision("trainer.precision", precision, accelerator)
+    return cfg
 
 
 def check_cpu_precision(key: str, precision: str, accelerator: str) -> None:
@@ -700,7 +554,7 @@ def check_cpu_precision(key: str, precision: str, accelerator: str) -> None:
         fail(key, precision, "on CPU one of 32-true, bf16-mixed (no fp16 mixed precision on CPU)")
 
 
-def _validate_deterministic(cfg: DictConfig) -> None:
+def _validate_deterministic(cfg: TrainConfig) -> None:
     """``trainer.deterministic=true`` on a GPU: Lightning turns on
     ``torch.use_deterministic_algorithms``, under which torch raises at the first backward
     through an op without a deterministic CUDA kernel. The CPU kernels are deterministic, so a
@@ -710,7 +564,7 @@ def _validate_deterministic(cfg: DictConfig) -> None:
     from .device import runs_on_cpu
 
     t = cfg.trainer
-    if t.get("deterministic") is not True or runs_on_cpu(str(t.accelerator)):
+    if trainer_extras(t).get("deterministic") is not True or runs_on_cpu(t.accelerator):  # a +trainer.* key
         return
     blocker = nondeterministic_cuda_backward(cfg)
     if blocker is not None:
@@ -722,13 +576,13 @@ def _validate_deterministic(cfg: DictConfig) -> None:
         )
 
 
-def nondeterministic_cuda_backward(cfg: DictConfig) -> str | None:
+def nondeterministic_cuda_backward(cfg: TrainConfig) -> str | None:
     """The op of this run's network whose CUDA backward torch refuses in deterministic mode, or
     None: a ViT's antialiased bicubic resize of its position embedding
     (``_upsample_bicubic2d_aa_backward``), which timm runs for crops of another size than
     ``backbone.img_size`` (DINO/iBOT's local crops, or global crops resized)."""
     b, m = cfg.backbone, cfg.method
-    family, img_size = backbone_family(b), b.get("img_size")
+    family = backbone_family(b)
     if family == TIMM_FAMILY:
         from .backbone_checks import timm_layout
 
@@ -736,10 +590,12 @@ def nondeterministic_cuda_backward(cfg: DictConfig) -> str | None:
         if layout.patch_size is None:
             return None
         img_size = layout.img_size
-    elif family != "vit":
+    elif family == "vit":
+        img_size = b.img_size
+    else:
         return None
     sizes = [cfg.data.crop_size]
-    if m.name in MULTI_CROP and int(m.get("num_local_crops") or 0) > 0:
+    if m.name in MULTI_CROP and m.num_local_crops > 0:
         sizes.append(m.local_crop_size)
     other = [s for s in sizes if isinstance(s, int) and s != img_size]
     if other:
@@ -750,7 +606,7 @@ def nondeterministic_cuda_backward(cfg: DictConfig) -> str | None:
     return None
 
 
-def warn_long_warmup(cfg: DictConfig) -> None:
+def warn_long_warmup(cfg: TrainConfig) -> None:
     """A learning-rate warm-up as long as the run never reaches the peak lr (base_lr x batch / 256):
     allowed (a short trial of a long recipe), but said once at start-up."""
     from lightning.pytorch.utilities import rank_zero_only
@@ -765,14 +621,14 @@ def warn_long_warmup(cfg: DictConfig) -> None:
         )
 
 
-def _warn_small_monitor(d: DictConfig) -> None:
+def _warn_small_monitor(d: DataSettings) -> None:
     """RankMe on n images is at most n, so below 3 held-out images it is always under the collapse
     floor of 2 (hvp_lightning/monitors/health.py): allowed, but every pass would signal collapse."""
     from lightning.pytorch.utilities import rank_zero_only
 
     from .monitors.health import RANKME_COLLAPSE
 
-    size = d.get("monitor_size") if d.name in ("images", "shards") else None
+    size = d.monitor_size if isinstance(d, UnlabelledData) else None
     if isinstance(size, int) and 0 < size <= RANKME_COLLAPSE and rank_zero_only.rank == 0:
         log.warning(
             "data.monitor_size=%s: RankMe on %s images is at most %s, under the collapse floor of %g, so every "
@@ -784,7 +640,7 @@ def _warn_small_monitor(d: DictConfig) -> None:
         )
 
 
-def _warn_cpu_oversubscription(t: DictConfig) -> None:
+def _warn_cpu_oversubscription(t: TrainerSettings) -> None:
     """``trainer.devices=N`` on CPU starts N processes: more than there are cores is allowed (the
     results are those of N devices) but they take turns on the cores, so each step is slower than
     with one process per core. Said once at start-up, with the key and the core count."""
@@ -793,7 +649,7 @@ def _warn_cpu_oversubscription(t: DictConfig) -> None:
     from .device import cpu_processes, runs_on_cpu, usable_cpu_cores
 
     n, cores = cpu_processes(t.devices), usable_cpu_cores()
-    if runs_on_cpu(str(t.accelerator)) and n is not None and n > cores and rank_zero_only.rank == 0:
+    if runs_on_cpu(t.accelerator) and n is not None and n > cores and rank_zero_only.rank == 0:
         log.warning(
             "trainer.devices=%s starts %s CPU processes on %s usable cores: allowed, but they share the "
             "cores, so each step is slower than with trainer.devices<=%s",
@@ -805,27 +661,26 @@ def _warn_cpu_oversubscription(t: DictConfig) -> None:
 
 
 # --- eval.py ----------------------------------------------------------------------------------------
-def check_eval_options(cfg: DictConfig) -> DictConfig:
+def check_eval_options(cfg: DictConfig | Mapping[str, Any]) -> EvalConfig:
     """eval.py's settings that need no checkpoint (the rest: hvp_lightning/evaluation/): the
     schema's, the checkpoint path, a data preset's files. Torch-free. Returns the validated config."""
     s = settings(EvalConfig, cfg)
     resolve_checkpoint(s.ckpt)  # the path exists (its contents are checked when it is loaded)
-    out = as_config(s)
-    if data_preset_given(out):  # else the checkpoint's data, checked once it is loaded
-        out.data = validate_data(OmegaConf.create({"data": preset_data(out)}))
-    return out
+    if data_preset_given(s):  # else the checkpoint's data, checked once it is loaded
+        validate_data({"data": preset_data(s)})
+    return s
 
 
-def preset_data(cfg: DictConfig) -> DictConfig:
+def preset_data(cfg: EvalConfig) -> dict[str, Any]:
     """An evaluation's ``data=<preset>``, without eval.py's own ``data.eval_root: null`` (the
     run's; declared so that ``data.eval_root=DIR`` takes no ``+``) where the preset has no such key."""
-    data = OmegaConf.create(container(cfg.data))
-    if data.get("eval_root", "given") is None:
-        data.pop("eval_root")
+    data = dict(cfg.data or {})
+    if "eval_root" in data and data["eval_root"] is None:
+        del data["eval_root"]
     return data
 
 
-def data_preset_given(cfg: DictConfig) -> bool:
+def data_preset_given(cfg: EvalConfig) -> bool:
     """Whether an evaluation's ``data`` is a data set (``data=<name>``), not only ``+data.<key>=``
     changes to the checkpoint's own data (conf/eval.yaml has no ``data`` without a preset)."""
-    return cfg.get("data") is not None and "name" in cfg.data
+    return cfg.data is not None and "name" in cfg.data

@@ -15,11 +15,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .schema.run import TrainerSettings
 
 log = logging.getLogger(__name__)
 
@@ -39,18 +42,18 @@ def usable_cpu_cores() -> int:
     return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
 
 
-def local_processes(trainer: Mapping[str, Any]) -> int:
-    """The training processes a ``trainer`` config starts on this machine: ``trainer.devices`` of
-    them (a list or ``"0,1"``: its length; the GPUs torch sees for ``auto`` / -1 on a GPU), one
-    for ``auto`` on a CPU."""
-    devices = trainer.get("devices", "auto")
+def local_processes(trainer: TrainerSettings) -> int:
+    """The training processes a ``trainer`` config section starts on this machine:
+    ``trainer.devices`` of them (a list or ``"0,1"``: its length; the GPUs torch sees for ``auto``
+    / -1 on a GPU), one for ``auto`` on a CPU."""
+    devices = trainer.devices
     if isinstance(devices, Sequence) and not isinstance(devices, str):
         return max(1, len(devices))
     if isinstance(devices, str) and "," in devices:
         return max(1, len([d for d in devices.split(",") if d.strip()]))
     if (n := cpu_processes(devices)) is not None:
         return max(1, n)
-    on_gpu = not runs_on_cpu(str(trainer.get("accelerator", "auto"))) and torch.cuda.is_available()
+    on_gpu = not runs_on_cpu(trainer.accelerator) and torch.cuda.is_available()
     return max(1, torch.cuda.device_count()) if on_gpu and str(devices) in ("auto", "-1") else 1
 
 

@@ -175,6 +175,19 @@ def make_cfg(*overrides: str, tiny: bool = True) -> DictConfig:
     return cfg
 
 
+def typed(cfg):
+    """A composed training config as the code below the command line gets it: validated, typed
+    (:class:`~hvp_lightning.schema.TrainConfig`; the schema's checks only, nothing on disk)."""
+    from hvp_lightning.schema import TrainConfig, train_settings
+
+    return cfg if isinstance(cfg, TrainConfig) else train_settings(cfg)
+
+
+def make_settings(*overrides: str, tiny: bool = True):
+    """:func:`make_cfg`, validated (:func:`typed`)."""
+    return typed(make_cfg(*overrides, tiny=tiny))
+
+
 @pytest.fixture
 def meta_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
     """``torch.autocast`` accepting the meta device (as a no-op, like CPU): the meta device
@@ -360,6 +373,13 @@ def eval_cfg(*overrides: str) -> DictConfig:
     return compose_conf("eval", "progress_bar=false", *overrides)
 
 
+def eval_settings(*overrides: str):
+    """:func:`eval_cfg`, validated (the schema's checks only: ``ckpt`` need not exist)."""
+    from hvp_lightning.schema import EvalConfig, settings
+
+    return settings(EvalConfig, eval_cfg(*overrides))
+
+
 def run_cli(main: Callable[[], None], *args: str, cwd: Path | None = None) -> tuple[int, str, str]:
     """A console command's ``main`` (``hvp_lightning.cli.train`` ...) called in this process as
     ``<command> *args`` from ``cwd``: (exit status, stdout, stderr). It answers what the command
@@ -499,24 +519,24 @@ def hub_weights_cached(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
 
 
-def build(cfg: DictConfig):
-    """The method of a (composed) training config, as train.py builds it: its settings, HVP's
-    and its backbone from the config (hvp_lightning/training/build.py)."""
+def build(cfg):
+    """The method of a training config (composed: validated first), as train.py builds it: its
+    settings, HVP's and its backbone from the config (hvp_lightning/training/build.py)."""
     from hvp_lightning.training.build import build_method
 
-    return build_method(cfg)
+    return build_method(typed(cfg))
 
 
-def augs_of(cfg: DictConfig) -> tuple:
+def augs_of(cfg) -> tuple:
     """The view augmentation of each view the config's method asks its loader for."""
     from hvp_lightning.training.build import run_view_augs
 
-    return run_view_augs(cfg)
+    return run_view_augs(typed(cfg))
 
 
-def counts_of(cfg: DictConfig) -> tuple[int, int]:
+def counts_of(cfg) -> tuple[int, int]:
     """(G global, L local) views per image of a multi-crop method's config."""
     from hvp_lightning.settings import HVP_OFF
     from hvp_lightning.training.build import hvp_of, method_settings_of
 
-    return method_settings_of(cfg).candidate_counts(hvp_of(cfg) or HVP_OFF)
+    return method_settings_of(typed(cfg)).candidate_counts(hvp_of(typed(cfg)) or HVP_OFF)

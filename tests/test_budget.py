@@ -1,4 +1,4 @@
-"""A compute budget instead of epochs (hvp_lightning/training/budget.py, config.py check_budget):
+"""A compute budget instead of epochs (hvp_lightning/training/budget.py; its rules: schema/run.py, config.py):
 the FLOPs of a run's steps against Lightning's loop counted micro-batch by micro-batch, the epochs
 closest to a budget, what a budget sets and says, its rules' one-line messages; the sweep
 table's cost columns and its plot of quality against FLOPs (cluster/sweep.py). Whole runs (slow):
@@ -24,7 +24,14 @@ from hvp_lightning.training import budget as budget_module
 from hvp_lightning.training.budget import Epoch, apply_budget, closest_count, epoch_of, run_flops
 from hvp_lightning.training.cost import count_step_flops
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, assert_same_reported_run, make_cfg, write_tiny_experiment
+from .conftest import (
+    REPO,
+    SUBPROCESS_TIMEOUT_S,
+    assert_same_reported_run,
+    make_cfg,
+    make_settings,
+    write_tiny_experiment,
+)
 from .test_device_guard import VIT
 
 # DINO-like: an HVP step's training step costs less than the baseline's (the selection's teacher
@@ -91,11 +98,11 @@ def test_a_budget_sets_the_epochs_and_says_so(caplog) -> None:
     cfg = check_options(make_cfg("+hvp=on", "hvp.num_views=3", "budget.flops=1"))
     f = count_step_flops(cfg)
     step = 16 * (f.train + f.selection)
-    cfg.budget.flops = 10.4 * step
+    cfg = cfg.with_values({"budget.flops": 10.4 * step})
     with caplog.at_level(logging.INFO, logger=budget_module.__name__):
         plan = apply_budget(cfg, f, 64)
     assert plan is not None and (plan.epochs, plan.steps, plan.planned_flops) == (3, 12, 12 * step)
-    assert cfg.trainer.max_epochs == 3 and "max_steps" not in cfg.trainer
+    assert cfg.trainer.max_epochs == 1 and "max_steps" not in cfg.trainer.model_dump()  # the run takes plan.epochs
     (line,) = caplog.messages
     assert line == (
         f"budget: {10.4 * step:.4g} model FLOPs -> trainer.max_epochs=3 (12 steps, in place of trainer.max_epochs=1): "
@@ -119,8 +126,7 @@ def test_dino_budget_with_every_n_steps_and_accumulation(tmp_path, caplog) -> No
     four = 32 * (3 * (f.train + f.selection) + 5 * f.baseline)  # steps 0-7
     five = 32 * (4 * (f.train + f.selection) + 6 * f.baseline)  # steps 0-9
     for budget, epochs in ((four, 4), (four + 0.4 * (five - four), 4), (four + 0.6 * (five - four), 5)):
-        cfg.budget.flops = budget
-        plan = apply_budget(cfg, f, 64)
+        plan = apply_budget(cfg.with_values({"budget.flops": budget}), f, 64)
         assert plan is not None and (plan.epochs, plan.steps) == (epochs, 2 * epochs), budget
     assert plan.planned_flops == five
 
@@ -138,8 +144,8 @@ def test_dino_budget_with_every_n_steps_and_accumulation(tmp_path, caplog) -> No
         "FLOPs all the same"
     ]
 
-    stored = cfg.copy()
-    stored.trainer.max_epochs = 3  # what this run's budget set when it started (on other data, say)
+    # what this run's budget set when it started (on other data, say)
+    stored = cfg.with_values({"trainer.max_epochs": 3})
     shutil.rmtree(matched)  # gone meanwhile: not needed to keep the stored epochs
     plan = apply_budget(check_options(make_cfg(*over, f"budget.match={matched}", f"resume={tmp_path}")), f, 64, stored)
     assert plan is not None and (plan.epochs, plan.kept, plan.flops) == (3, True, None)
@@ -295,7 +301,7 @@ def test_a_budget_run_trains_the_flops_it_planned_and_resumes_to_the_same_run(tm
     again -- to the uninterrupted run's weights and report."""
     from hvp_lightning.training.driver import run
 
-    f = count_step_flops(make_cfg(*BUDGET_RUN))
+    f = count_step_flops(make_settings(*BUDGET_RUN))
     three = run_flops(3, f, Epoch(steps=2, step_images=48, last_images=16), every_n_steps=2)
     command = [*BUDGET_RUN, f"budget.flops={0.98 * three}"]
     straight = run(make_cfg(*command), tmp_path / "straight")

@@ -17,7 +17,7 @@ from hvp_lightning.run.perf import PHASES, PerfMonitor, StepFlops, Timeline, bat
 from hvp_lightning.training.cost import count_step_flops, run_step_flops
 from hvp_lightning.training.flops import FlopMeter, model_flops
 
-from .conftest import build, make_cfg, tiered
+from .conftest import build, make_settings, tiered
 from .test_device_guard import VIT
 
 
@@ -56,8 +56,8 @@ def test_simsiam_step_flops_follow_the_views() -> None:
     """SimSiam: one forward f per view of backbone + projector + predictor. The training step
     trains 2 views (2 x 3f), HVP's selection forwards N candidates (N f): with N=3 the selection
     is half the training step's FLOPs, and the baseline step is HVP's training step."""
-    counted = count_step_flops(make_cfg("+hvp=on", "hvp.num_views=3"))
-    baseline = count_step_flops(make_cfg())
+    counted = count_step_flops(make_settings("+hvp=on", "hvp.num_views=3"))
+    baseline = count_step_flops(make_settings())
     assert counted.baseline == counted.train == baseline.train == baseline.baseline
     assert baseline.selection == 0 and counted.selection > 0
     assert 2 * counted.selection == counted.train
@@ -70,7 +70,7 @@ def test_dino_step_flops_by_hand() -> None:
     baseline = student 3 x (2g + L l) + teacher 2g; HVP's training step reuses the selection's
     teacher outputs (no BatchNorm), so 3 x (2g + L l); the selection forwards the teacher on the G
     global candidates and the student on them and the Lc local candidates: 2 G g + Lc l."""
-    cfg = make_cfg("method=dino_cifar", *VIT, "+hvp=on", "hvp.num_views=4")
+    cfg = make_settings("method=dino_cifar", *VIT, "+hvp=on", "hvp.num_views=4")
     counted = count_step_flops(cfg)
 
     with torch.device("meta"):
@@ -110,12 +110,13 @@ def test_dino_teacher_reuse_is_counted_as_the_runs_device_and_precision_give_it(
     will on its accelerator and precision (a teacher forward of the 2 globals more where it does not reuse)."""
     from hvp_lightning.training.cost import outputs_reusable
 
-    cfg = make_cfg("method=dino_cifar", *VIT, "+hvp=on", "hvp.num_views=4", *settings)
+    cfg = make_settings("method=dino_cifar", *VIT, "+hvp=on", "hvp.num_views=4", *settings)
     assert outputs_reusable(cfg) is reused
     if not any("selection_scale" in o for o in settings):
         counted = count_step_flops(cfg)
         extra = (
-            counted.train - count_step_flops(make_cfg("method=dino_cifar", *VIT, "+hvp=on", "hvp.num_views=4")).train
+            counted.train
+            - count_step_flops(make_settings("method=dino_cifar", *VIT, "+hvp=on", "hvp.num_views=4")).train
         )
         assert (extra == 0) is reused and extra >= 0
 
@@ -278,7 +279,7 @@ def test_a_run_says_when_its_flops_leave_out_heavy_selection_work(caplog, overri
     """VICReg's and Barlow Twins' selection computes a leave-one-out loss table outside the
     networks (model FLOPs leave it out): the run's FLOP count says so, where a table is made."""
     with caplog.at_level("WARNING", logger="hvp_lightning.training.cost"):
-        assert run_step_flops(make_cfg(*overrides)) is not None
+        assert run_step_flops(make_settings(*overrides)) is not None
     assert ("leave-one-out table" in caplog.text) is warned, caplog.text
 
 

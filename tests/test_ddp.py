@@ -279,8 +279,8 @@ def test_lr_scales_with_global_batch(preset: str) -> None:
     o = cfg.method.optimizer
     peak = o.base_lr * cfg.method.batch_size * 16 / 256
     assert model.global_batch_size == cfg.method.batch_size * 16
-    end = o.min_lr if o.get("min_lr") is not None else o.final_lr_ratio * peak
-    assert (o.get("min_lr") is not None) == preset.startswith(("dino", "ibot"))
+    end = o.min_lr if o.min_lr is not None else o.final_lr_ratio * peak
+    assert (o.min_lr is not None) == preset.startswith(("dino", "ibot"))
     groups, lambdas = out["optimizer"].param_groups, out["lr_scheduler"]["scheduler"].lr_lambdas
     scales = [1.0, o.base_lr_biases / o.base_lr] if preset.startswith("barlow_twins") else [1.0] * len(groups)
     assert len(groups) == len(scales)

@@ -13,7 +13,7 @@ from hvp_lightning.device import auto_precision, device_line
 from hvp_lightning.errors import ConfigError
 from hvp_lightning.training.driver import final_line, monitor_summary
 
-from .conftest import augs_of, build, make_cfg
+from .conftest import augs_of, build, make_cfg, make_settings
 
 VIT = ["backbone=vit_tiny", "backbone.patch_size=8", "backbone.img_size=16"]
 
@@ -137,7 +137,7 @@ def test_deterministic_rule_matches_the_ops_the_network_runs(overrides):
             self.names.add(func.__name__.split(".")[0])
             return func(*args, **(kwargs or {}))
 
-    cfg = make_cfg(*overrides)
+    cfg = make_settings(*overrides)
     model = build(cfg)
     with Ops() as ops:
         for aug in augs_of(cfg):
@@ -283,16 +283,18 @@ def test_auto_loader_workers_are_the_cores_of_this_process_but_one(monkeypatch, 
 def test_loader_workers_auto_and_numbers(monkeypatch, caplog):
     from hvp_lightning.cluster.slurm import cpus_per_task
     from hvp_lightning.device import loader_workers, local_processes
+    from hvp_lightning.schema.run import TrainerSettings
+
+    def trainer(devices, accelerator="auto"):
+        return TrainerSettings(devices=devices, accelerator=accelerator, precision="32-true", max_epochs=1)
 
     monkeypatch.setattr(hvp_lightning.device, "usable_cpu_cores", lambda: 4)
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
     assert loader_workers("auto") == (3, "3 loader workers (data.num_workers=auto: 4 usable CPU cores)")
     assert loader_workers(2) == (2, "2 loader workers") and not caplog.records  # a number below the cores: as given
     assert loader_workers(6)[0] == 4 and "data.num_workers=6 is more than the 4 CPU cores" in caplog.text
-    assert [
-        local_processes(t) for t in ({"devices": 2, "accelerator": "cpu"}, {"devices": [0, 1]}, {"devices": "0,1"})
-    ] == [2, 2, 2]
-    assert local_processes({"devices": "auto", "accelerator": "cpu"}) == 1
+    assert [local_processes(t) for t in (trainer(2, "cpu"), trainer([0, 1]), trainer("0,1"))] == [2, 2, 2]
+    assert local_processes(trainer("auto", "cpu")) == 1
     assert (cpus_per_task("auto"), cpus_per_task(3)) == (5, 4)  # SLURM: auto's 4 workers + the training process
     with pytest.raises(ConfigError, match=r"^data.num_workers='many' is not allowed: .*auto"):
         from hvp_lightning.config import check_options

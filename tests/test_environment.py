@@ -67,7 +67,7 @@ def test_more_cpu_processes_than_cores_is_said_at_start_up(monkeypatch, caplog, 
 def test_gpu_devices_are_not_counted_against_cpu_cores(monkeypatch, caplog):
     monkeypatch.setattr("hvp_lightning.device.usable_cpu_cores", lambda: 2)
     monkeypatch.setattr("hvp_lightning.device.runs_on_cpu", lambda accelerator: False)
-    monkeypatch.setattr("hvp_lightning.config.validate_precision", lambda cfg: None)  # no GPU here to check
+    monkeypatch.setattr("hvp_lightning.config.validate_precision", lambda cfg: cfg)  # no GPU here to check
     with caplog.at_level(logging.WARNING, logger="hvp_lightning.config"):
         validate(make_cfg("trainer.devices=8", "trainer.accelerator=gpu", "data.train_size=128"))
     assert not [r for r in caplog.records if "trainer.devices" in r.getMessage()]

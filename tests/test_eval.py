@@ -30,7 +30,19 @@ from hvp_lightning.training import export
 from hvp_lightning.training.checkpoint import pretrained_for
 from hvp_lightning.training.driver import run
 
-from .conftest import REPO, SUBPROCESS_TIMEOUT_S, build, eval_cfg, help_groups, make_cfg, run_cli, tiered, write_images
+from .conftest import (
+    REPO,
+    SUBPROCESS_TIMEOUT_S,
+    build,
+    eval_cfg,
+    eval_settings,
+    help_groups,
+    make_cfg,
+    make_settings,
+    run_cli,
+    tiered,
+    write_images,
+)
 
 DINO = [
     "method=dino_cifar",
@@ -433,16 +445,16 @@ def test_eval_takes_data_eval_root_as_the_docs_write_it(tmp_path):
             (labelled / split / c).mkdir(parents=True)
             Image.new("RGB", (20, 20), (40, 90, 200)).save(labelled / split / c / "0.png")
     unlabelled_overrides = ["data=images", f"data.root={tmp_path / 'images'}", "data.monitor_size=2"]
-    unlabelled = make_cfg(*unlabelled_overrides)
-    given = eval_data_cfg(eval_cfg("ckpt=RUN", f"data.eval_root={labelled}"), unlabelled)
+    unlabelled = make_settings(*unlabelled_overrides)
+    given = eval_data_cfg(eval_settings("ckpt=RUN", f"data.eval_root={labelled}"), unlabelled)
     assert given.eval_root == str(labelled) and given.root == str(tmp_path / "images")
     with pytest.raises(ConfigError, match=r"^data.eval_root=None is not allowed: a labelled ImageNet-layout folder"):
-        eval_data_cfg(eval_cfg("ckpt=RUN"), unlabelled)
-    with_own = make_cfg(*unlabelled_overrides, f"data.eval_root={labelled}")
-    assert eval_data_cfg(eval_cfg("ckpt=RUN"), with_own).eval_root == str(labelled)
+        eval_data_cfg(eval_settings("ckpt=RUN"), unlabelled)
+    with_own = make_settings(*unlabelled_overrides, f"data.eval_root={labelled}")
+    assert eval_data_cfg(eval_settings("ckpt=RUN"), with_own).eval_root == str(labelled)
     with pytest.raises(ConfigError, match=r"^data.eval_root='.*' is not allowed: a key of the checkpoint's data \("):
-        eval_data_cfg(eval_cfg("ckpt=RUN", f"data.eval_root={labelled}"), make_cfg())  # the built-in textures
-    assert eval_data_cfg(eval_cfg("ckpt=RUN", "data=synthetic"), unlabelled).name == "synthetic"
+        eval_data_cfg(eval_settings("ckpt=RUN", f"data.eval_root={labelled}"), make_settings())  # the built-in textures
+    assert eval_data_cfg(eval_settings("ckpt=RUN", "data=synthetic"), unlabelled).name == "synthetic"
 
 
 @pytest.mark.slow  # reads a finished run (a whole run, made once per process)
@@ -717,8 +729,8 @@ def test_export_folder_vit_teacher_student_and_narrow_resnet(dino_run, simsiam_r
         summary = json.loads((dino_run / "summary.json").read_text())
         assert config["hvp"]["knn"]["top1"] == summary["knn_top1"]
         assert config["hvp"]["images_seen"] == summary["images_seen"] and config["hvp"]["epochs"] == summary["epochs"]
-        hvp = run_cfg.get("hvp")  # this run: HVP off, no hvp block
-        assert config["hvp"]["hvp_settings"] == (None if hvp is None else OmegaConf.to_container(hvp))
+        hvp = run_cfg.hvp  # this run: HVP off, no hvp block
+        assert config["hvp"]["hvp_settings"] == (None if hvp is None else hvp.model_dump())
 
     run_dir, _ = simsiam_run
     out = tmp_path / "narrow"
@@ -751,11 +763,12 @@ def test_timm_target_of_timm_family_trunks(tmp_path):
     import timm
 
     from hvp_lightning.nn.backbones import Backbone
+    from hvp_lightning.schema.backbone import TimmSettings
     from hvp_lightning.training.model_card import TimmTarget, timm_target
 
-    def timm_cfg(name: str, img_size: int | None = 32, **model_args) -> DictConfig:
+    def timm_cfg(name: str, img_size: int | None = 32, **model_args) -> TimmSettings:
         keys = dict(img_size=img_size, drop_path_rate=0.0, init=None, init_student=False, channels_last=False)
-        return OmegaConf.create(dict(name=name, model_args=model_args, **keys))
+        return TimmSettings(name=name, model_args=model_args, **keys)
 
     vit = timm.create_model(
         "vit_tiny_patch16_224", num_classes=0, img_size=32, patch_size=8, depth=1, dynamic_img_size=True
@@ -827,20 +840,16 @@ def test_full_size_presets_are_timm_architectures(name, tmp_path):
     strict keys and equal features, and the short create_model form (no model_args) gets every
     tensor of the file."""
     import timm
-    from pydantic import TypeAdapter
     from safetensors.torch import save_file
 
-    from hvp_lightning import schema
+    from hvp_lightning.schema.backbone import ResNetSettings, ViTSettings
     from hvp_lightning.training.build import build_backbone
     from hvp_lightning.training.model_card import timm_target
 
-    resnet = dict(width=64, cifar_stem=False, channels_last=True, zero_init_residual=False)
-    keys = resnet if name.startswith("resnet") else {}
-    keys = keys or dict(img_size=224, patch_size=16, drop_path_rate=0.1)
-    section = TypeAdapter(schema.TrainConfig.model_fields["backbone"].annotation).validate_python(
-        dict(name=name, **keys)
-    )
-    cfg = OmegaConf.create(section.model_dump())  # the section as a run's config holds it: every key, defaults filled
+    if name.startswith("resnet"):
+        cfg = ResNetSettings(name=name, width=64, cifar_stem=False, channels_last=True, zero_init_residual=False)
+    else:
+        cfg = ViTSettings(name=name, img_size=224, patch_size=16, drop_path_rate=0.1)
     torch.manual_seed(0)
     backbone = build_backbone(cfg).eval()
     for buf_name, buf in backbone.named_buffers():

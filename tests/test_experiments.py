@@ -11,6 +11,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from hvp_lightning.config import check_options
+from hvp_lightning.schema import TrainConfig
 
 from .conftest import REPO, compose_conf, tiered
 
@@ -54,9 +55,9 @@ def experiment_cfg(name: str, tmp_path: Path, *more: str) -> DictConfig:
     return composed(f"+experiment={name}", *data, *more)
 
 
-def global_batch(cfg: DictConfig) -> int:
+def global_batch(cfg: DictConfig | TrainConfig) -> int:
     t = cfg.trainer
-    return cfg.method.batch_size * t.devices * t.get("num_nodes", 1) * t.get("accumulate_grad_batches", 1)
+    return cfg.method.batch_size * t.devices * t.num_nodes * t.accumulate_grad_batches
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

@@ -23,7 +23,7 @@ from hvp_lightning.analysis.monitors import main as monitors_main
 from hvp_lightning.training.driver import run
 from hvp_lightning.training.export import main as export_main
 
-from .conftest import REPO, make_cfg
+from .conftest import REPO, make_cfg, make_settings
 
 SMALL = [
     "trainer=cpu",
@@ -243,15 +243,22 @@ def test_hvp_monitors_on_run_dirs_from_before_the_record(tmp_path: Path, capsys)
     ],
 )
 def test_auto_crop_follows_the_images_median_shorter_side(tmp_path: Path, side, backbone, crop, ratio) -> None:
-    from omegaconf import OmegaConf
-
     from hvp_lightning.data.layout import resolve_auto_crop
+    from hvp_lightning.schema.backbone import ResNetSettings, TimmSettings, ViTSettings
 
     for i, short in enumerate((max(1, side // 2), side, side, side + 50, side + 200)):  # the median: side
         Image.new("RGB", (short + 7, short) if i % 2 else (short, short + 7)).save(tmp_path / f"{i}.png")
-    data = OmegaConf.create({"name": "images", "root": str(tmp_path), "crop_size": "auto", "eval_crop_ratio": "auto"})
-    resolve_auto_crop(data, OmegaConf.create(backbone))
-    assert (data.crop_size, data.eval_crop_ratio) == (crop, ratio)
+    data = make_settings(
+        "data=images", f"data.root={tmp_path}", "data.crop_size=auto", "data.eval_crop_ratio=auto"
+    ).data
+    if "model_args" in backbone:
+        section = TimmSettings(**backbone)
+    elif "patch_size" in backbone:
+        section = ViTSettings(**backbone, img_size=None, drop_path_rate=0.0)
+    else:
+        section = ResNetSettings(**backbone, width=64, cifar_stem=False, zero_init_residual=False, channels_last=False)
+    resolved = resolve_auto_crop(data, section)
+    assert (resolved.crop_size, resolved.eval_crop_ratio) == (crop, ratio)
 
 
 def test_auto_crops_and_their_evaluation_never_upsample_where_one_patch_fits() -> None:

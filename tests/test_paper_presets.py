@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from omegaconf import DictConfig, OmegaConf
+from pydantic import BaseModel
 
 from hvp_lightning.config import check_options
+from hvp_lightning.schema import TrainConfig
 
 from .conftest import augs_of, tiered
 from .test_experiments import EXPERIMENTS, composed, experiment_cfg, global_batch
@@ -239,9 +240,13 @@ PAPER: dict[str, dict[str, tuple[Any, str]]] = {
 }
 
 
-def value(cfg: DictConfig, key: str) -> Any:
-    got = global_batch(cfg) if key == "global_batch" else OmegaConf.select(cfg, key, throw_on_missing=True)
-    return OmegaConf.to_container(got) if OmegaConf.is_config(got) else got
+def value(cfg: TrainConfig, key: str) -> Any:
+    if key == "global_batch":
+        return global_batch(cfg)
+    got: Any = cfg
+    for part in key.split("."):
+        got = getattr(got, part)
+    return got.model_dump() if isinstance(got, BaseModel) else got
 
 
 def test_every_table_1_run_has_its_table() -> None:
@@ -258,7 +263,7 @@ def test_every_preset_is_the_papers_run(name: str, hvp: bool, tmp_path: Path) ->
     data.crop_size: auto) and each value the paper (or, where it is silent, the official code)
     gives is the composed config's."""
     cfg = check_options(experiment_cfg(name, tmp_path, *(["+hvp=on"] if hvp else [])))
-    assert (cfg.get("hvp") is not None) == hvp
+    assert (cfg.hvp is not None) == hvp
     values = PAPER.get(name, HVP_VALUES)
     for key, (want, source) in values.items():
         if key.startswith("hvp.") and not hvp:

@@ -335,11 +335,11 @@ def test_planned_flops_are_what_a_run_reports(monkeypatch: pytest.MonkeyPatch) -
     image; SimCLR's N=4 selection adds 4 forwards to the step's 6 (2 views, forward and backward)."""
     from hvp_lightning.training.cost import count_step_flops
 
-    from .conftest import make_cfg
+    from .conftest import make_settings
 
     monkeypatch.setitem(q.SCALES, "tiny", TINY_SCALE)
     ratio, total = q.planned_flops(TINY_SCALE, q.Job("simclr", "baseline", 0, Path("/tmp/unused")))
-    per_image = count_step_flops(make_cfg(*TINY_SCALE.common, *TINY_SCALE.per_method["simclr"], tiny=False)).train
+    per_image = count_step_flops(make_settings(*TINY_SCALE.common, *TINY_SCALE.per_method["simclr"], tiny=False)).train
     assert ratio == 1.0 and total == 64 * per_image  # 4 batches of 16, 1 epoch
     ratio, total = q.planned_flops(TINY_SCALE, q.Job("simclr", "baseline@hard", 0, Path("/tmp/unused")))
     assert ratio == pytest.approx(5 / 3) and total == pytest.approx(64 * per_image * 5 / 3)

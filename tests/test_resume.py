@@ -29,7 +29,16 @@ from hvp_lightning.training.checkpoint import (
 )
 from hvp_lightning.training.driver import run
 
-from .conftest import COST_COUNTS, REPO, SUBPROCESS_TIMEOUT_S, images_run, make_cfg, run_cli, write_images
+from .conftest import (
+    COST_COUNTS,
+    REPO,
+    SUBPROCESS_TIMEOUT_S,
+    images_run,
+    make_cfg,
+    make_settings,
+    run_cli,
+    write_images,
+)
 
 # A tiny SimSiam + HVP run, spelled as train.py command-line overrides so that the same
 # config runs in a subprocess (to be killed) and in this process (make_cfg(..., tiny=False)).
@@ -142,9 +151,9 @@ def test_run_dir_of_another_run_is_not_continued(simsiam_run, tmp_path):
     with pytest.raises(
         CheckpointError, match=r"holds last.ckpt of a run whose config differs in .*method.name \('simsiam' there"
     ):
-        resume_checkpoint(make_cfg("method=simclr_cifar"), simsiam_run[0])
+        resume_checkpoint(make_settings("method=simclr_cifar"), simsiam_run[0])
     with pytest.raises(CheckpointError, match=r"resume='.*' is not allowed: a run dir holding checkpoints/last.ckpt"):
-        resume_checkpoint(make_cfg(f"resume={tmp_path / 'empty'}"), tmp_path / "empty")
+        resume_checkpoint(make_settings(f"resume={tmp_path / 'empty'}"), tmp_path / "empty")
 
 
 def test_docs_list_the_keys_a_resumed_run_may_change():

@@ -17,7 +17,7 @@ from hvp_lightning.run.records import RunRecord, read_record, wandb_resume, wand
 from hvp_lightning.training.checkpoint import AtomicCheckpointIO, CheckpointError, resume_config
 from hvp_lightning.training.driver import build_logger, run
 
-from .conftest import make_cfg, wandb_records
+from .conftest import make_cfg, make_settings, wandb_records
 
 RUN = [
     "+hvp=on",
@@ -233,7 +233,8 @@ def test_wandb_resume_arguments(tmp_path, monkeypatch, caplog):
     made: list[dict] = []
     monkeypatch.setattr(loggers, "WandbLogger", lambda **kwargs: made.append(kwargs))
     monkeypatch.setenv("WANDB_MODE", "online")
-    build_logger(make_cfg("logger=wandb"), tmp_path, resume_step=8)  # training.driver.run passes the checkpoint's step
+    # training.driver.run passes the checkpoint's step
+    build_logger(make_settings("logger=wandb"), tmp_path, resume_step=8)
     assert made[0]["resume_from"] == "abc123?_step=13" and made[0]["resume"] is None and made[0]["id"] == "abc123"
 
 

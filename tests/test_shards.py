@@ -135,10 +135,8 @@ def test_an_image_has_the_same_views_from_its_folder_and_its_shards(tmp_path) ->
     on_shards = [*folder[:-3], "data=shards", f'data.urls="{pattern}"', "data.monitor_size=3"]
     modules = []
     for overrides in (folder, on_shards):
-        cfg = make_cfg(*overrides)
-        validate_data(cfg)
-        resolve_auto_crop(cfg.data)
-        dm = SSLDataModule(cfg.data, (view_aug(cfg.data),) * 3, batch_size=4, num_workers=0, seed=5)
+        data = resolve_auto_crop(validate_data(make_cfg(*overrides)))
+        dm = SSLDataModule(data, (view_aug(data),) * 3, batch_size=4, num_workers=0, seed=5)
         dm.setup()
         modules.append(dm)
     a, b = modules

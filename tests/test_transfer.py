@@ -245,7 +245,7 @@ def test_transfer_writes_the_paper_table(datasets, tiny_run, tmp_path, fakes_pas
         "finetune.epochs=1",
         f"datasets=[{','.join(datasets)}]",
     )
-    row = run_transfer(cfg, check_transfer_options(cfg))
+    row = run_transfer(*check_transfer_options(cfg))
     with open(TransferDir(out).table_csv) as f:
         rows = list(csv.DictReader(f))
     assert rows == [{k: str(v) for k, v in row.items()}]
@@ -313,7 +313,7 @@ def test_checkpoints_sharing_out_dir_keep_their_cells_and_stack_rows(tiny_run, t
             "datasets=[cifar10]",
             "protocols=[linear]",
         )
-        run_transfer(cfg, check_transfer_options(cfg))
+        run_transfer(*check_transfer_options(cfg))
     with open(TransferDir(out).table_csv) as f:
         rows = list(csv.DictReader(f))
     runs = [tiny_run, base.parent.parent]
@@ -331,4 +331,4 @@ def test_protocol_setting_errors_name_the_transfer_key(simsiam_run, tmp_path, fa
     FAKES["cifar10"](tmp_path / "cifar10")
     cfg = compose_cfg("transfer", f"ckpt={tiny_run}", f"root={tmp_path}", "datasets=[cifar10]", "linear.epochs=0")
     with pytest.raises(ConfigError, match=r"^linear.epochs=0 is not allowed: an integer >= 1 or null"):
-        run_transfer(cfg, check_transfer_options(cfg))
+        run_transfer(*check_transfer_options(cfg))

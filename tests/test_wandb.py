@@ -15,7 +15,7 @@ from hvp_lightning.analysis.monitors import main as monitors_main
 from hvp_lightning.run.wandb_logging import current_sweep_dir, run_names, sweep_group
 from hvp_lightning.training.driver import build_logger, run
 
-from .conftest import REPO, compose_with_hydra, wandb_records, write_tiny_experiment
+from .conftest import REPO, compose_with_hydra, make_settings, wandb_records, write_tiny_experiment
 
 
 def test_names_default_to_the_run_dir_and_the_sweep():
@@ -37,23 +37,23 @@ def multirun_job(tmp_path):
 
 def test_a_sweep_job_logs_to_the_sweep_group(cfg_factory, tmp_path, multirun_job):
     assert current_sweep_dir() == str(multirun_job)
-    logger = build_logger(cfg_factory("logger=wandb"), multirun_job / "1_seed=1")  # wandb.init is lazy: not run here
+    logger = build_logger(make_settings("logger=wandb"), multirun_job / "1_seed=1")  # wandb.init is lazy: not run here
     assert logger._wandb_init["group"] == f"sweep_{tmp_path.name}_sweep" and logger._wandb_init["name"] == "1_seed=1"
 
 
 def test_no_group_outside_a_sweep(cfg_factory, tmp_path):
     assert current_sweep_dir() is None
-    logger = build_logger(cfg_factory("logger=wandb"), tmp_path / "10-38-59_simsiam")
+    logger = build_logger(make_settings("logger=wandb"), tmp_path / "10-38-59_simsiam")
     assert logger._wandb_init["group"] is None and logger._wandb_init["name"] == "10-38-59_simsiam"
 
 
 def test_no_live_gallery_without_wandb_or_without_hvp(cfg_factory):
     from hvp_lightning.analysis.live import LiveGallery, live_gallery_callbacks
 
-    assert live_gallery_callbacks(cfg_factory("logger=csv", "+hvp=on")) == []
-    assert live_gallery_callbacks(cfg_factory("logger=wandb")) == []  # baseline: nothing is selected
-    assert live_gallery_callbacks(cfg_factory("logger=wandb", "+hvp=on", "logger.gallery_images=0")) == []
-    (cb,) = live_gallery_callbacks(cfg_factory("logger=wandb", "+hvp=on", "logger.gallery_images=2"))
+    assert live_gallery_callbacks(make_settings("logger=csv", "+hvp=on")) == []
+    assert live_gallery_callbacks(make_settings("logger=wandb")) == []  # baseline: nothing is selected
+    assert live_gallery_callbacks(make_settings("logger=wandb", "+hvp=on", "logger.gallery_images=0")) == []
+    (cb,) = live_gallery_callbacks(make_settings("logger=wandb", "+hvp=on", "logger.gallery_images=2"))
     assert isinstance(cb, LiveGallery) and cb.num_images == 2
 
 

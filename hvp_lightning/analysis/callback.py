@@ -38,6 +38,7 @@ from ..data.augment import PARAM_NAMES
 from ..nn.sync_free import host_to_device
 from ..run.atomic import atomic_write_text
 from ..run.directory import RunDir
+from ..schema import TrainConfig
 from ..selection import global_pair_index, pair_index
 from .metrics import JITTER_NAMES, jitter_differences, pair_metrics
 
@@ -379,13 +380,9 @@ def drop_rows_from(path: Path, step: int) -> None:
     atomic_write_text(path, text.getvalue())
 
 
-def analysis_callbacks(cfg: Any, run_dir: str | Path | RunDir) -> list[L.Callback]:
-    """The callbacks ``training.driver.run`` adds for the ``analysis`` config node (a missing node means
-    the defaults: online statistics on, no Parquet log)."""
-    node = cfg.get("analysis") if hasattr(cfg, "get") else None
-    node = node if node is not None else {}
-    online = bool(node.get("online", True))
-    every = node.get("log_every_n_steps")
-    if not online and every is None:
+def analysis_callbacks(cfg: TrainConfig, run_dir: str | Path | RunDir) -> list[L.Callback]:
+    """The callbacks ``training.driver.run`` adds for the config's ``analysis`` section."""
+    a = cfg.analysis
+    if not a.online and a.log_every_n_steps is None:
         return []
-    return [HardViewAnalysis(RunDir.of(run_dir).analysis, every, online, int(node.get("flush_every_n_logs") or 20))]
+    return [HardViewAnalysis(RunDir.of(run_dir).analysis, a.log_every_n_steps, a.online, a.flush_every_n_logs)]

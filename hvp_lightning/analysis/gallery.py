@@ -26,12 +26,12 @@ def load_train_images(run_dir: Path):
     """The run's training set as the data module built it (``index`` in the logs points into it)."""
     from omegaconf import OmegaConf
 
+    from ..config import stored_config
     from ..data.datamodule import SSLDataModule
 
-    cfg = OmegaConf.load(RunDir.of(run_dir).config)
-    data = cfg.data.copy()
-    data.on_device = False  # the raw images are all it needs: no stacked copy of the set
-    dm = SSLDataModule(data, (), 1, 0, int(cfg.get("seed", 0)))
+    cfg = stored_config(OmegaConf.load(RunDir.of(run_dir).config))
+    data = cfg.data.model_copy(update={"on_device": False})  # the raw images are all it needs: no stacked copy
+    dm = SSLDataModule(data, (), 1, 0, cfg.seed)
     dm.setup("fit")
     return cfg, dm.train_raw
 

@@ -26,6 +26,7 @@ import lightning as L
 import numpy as np
 import torch
 
+from ..schema import TrainConfig
 from .callback import head_views, pair_table
 from .metrics import crop_iou
 
@@ -167,9 +168,9 @@ class LiveGallery(L.Callback):
         self.seconds += time.perf_counter() - start
 
 
-def live_gallery_callbacks(cfg: Any) -> list[L.Callback]:
+def live_gallery_callbacks(cfg: TrainConfig) -> list[L.Callback]:
     """``[LiveGallery]`` for a W&B run with HVP on and ``logger.gallery_images`` > 0, else ``[]``."""
-    if cfg.logger.name != "wandb" or not cfg.get("hvp", {}).get("enabled", False):
+    if cfg.logger.name != "wandb" or not cfg.hvp_on:
         return []
-    n = int(cfg.logger.get("gallery_images", 0) or 0)
+    n = cfg.logger.gallery_images
     return [LiveGallery(n)] if n > 0 else []

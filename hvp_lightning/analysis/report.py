@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..run.atomic import atomic_write_text
 from ..run.directory import RunDir
 from .callback import TIE_EPS
@@ -107,11 +108,16 @@ def run_label(run_dir: Path) -> str:
     """``<dir name>: <hvp.colour> colour`` from the run's saved config (``HVP off`` without HVP)."""
     from omegaconf import OmegaConf
 
+    from ..config import stored_config
+
     rd = RunDir(run_dir)
     for path in (rd.config, rd.hydra_config):
         if path.is_file():
-            hvp = OmegaConf.load(path).get("hvp") or {}
-            what = f"{hvp.get('colour', 'per_view')} colour" if hvp.get("enabled") else "HVP off"
+            try:
+                cfg = stored_config(OmegaConf.load(path))
+            except ConfigError:  # a composed config that never ran: no label to read from it
+                return run_dir.name
+            what = f"{cfg.hvp.colour} colour" if cfg.hvp_on else "HVP off"  # type: ignore[union-attr]
             return f"{run_dir.name}: {what.replace('_', '-')}"
     return run_dir.name
 

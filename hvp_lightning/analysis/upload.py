@@ -20,9 +20,11 @@ def log_to_wandb(run_dir: Path, result: dict[str, Any]) -> str | None:
     run_id = runs[-1].name.rsplit("-", 1)[-1]
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.load(RunDir.of(run_dir).config)
-    lc = cfg.get("logger", {})
-    run = wandb.init(id=run_id, resume="allow", project=lc.get("project"), entity=lc.get("entity"), dir=str(run_dir))
+    from ..config import stored_config
+
+    lc = stored_config(OmegaConf.load(RunDir.of(run_dir).config)).logger
+    project, entity = (lc.project, lc.entity) if lc.name == "wandb" else (None, None)
+    run = wandb.init(id=run_id, resume="allow", project=project, entity=entity, dir=str(run_dir))
     run.log({f"analysis/{k}": wandb.Image(v) for k, v in result["figures"].items()})
     run.summary.update(
         {

@@ -3,7 +3,7 @@ Hydra sweeps and their summary table, the distributed helpers (ranks, gathers, S
 and the wait limits that make every wait on another process end (``limits.wait_s``, the stop
 watch, ending what a process started).
 
-Imports ``run/``, ``nn/`` and the package's leaves; ``selection/``, ``methods/`` and everything
-above import from here. ``hydra_plugins/hvp_lightning_launcher`` (the SLURM launcher) uses
-``cluster.slurm``.
+Imports ``run/``, ``nn/``, ``schema/`` (a config's sections, typed) and the package's leaves;
+``selection/``, ``methods/`` and everything above import from here.
+``hydra_plugins/hvp_lightning_launcher`` (the SLURM launcher) uses ``cluster.slurm``.
 """

@@ -21,6 +21,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import ConfigError
+from ..schema import settings
+from ..schema.run import TrainerSettings
 
 GPU_ACCELERATORS = ("gpu", "cuda")
 
@@ -81,10 +83,13 @@ OmegaConf.register_new_resolver("hvp_slurm_gpus", gpus_per_node, replace=True)
 OmegaConf.register_new_resolver("hvp_slurm_cpus", cpus_per_task, replace=True)
 
 
-def check_slurm_job(trainer: DictConfig, launcher: dict[str, Any]) -> None:
-    """Raise :class:`ConfigError` when a job with this ``trainer`` config cannot run as the SLURM
+def check_slurm_job(trainer: DictConfig | TrainerSettings, launcher: dict[str, Any]) -> None:
+    """Raise :class:`ConfigError` when a job with this ``trainer`` config (a job's composed
+    ``trainer`` node, validated here, or its validated section) cannot run as the SLURM
     ``launcher`` parameters (resolved, as submitit gets them) would lay it out."""
-    devices, accelerator = trainer.get("devices", 1), str(trainer.get("accelerator", "auto"))
+    if not isinstance(trainer, TrainerSettings):
+        trainer = settings(TrainerSettings, trainer, "trainer.")
+    devices, accelerator = trainer.devices, trainer.accelerator
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise ConfigError(
             f"trainer.devices={devices!r} is not allowed with a SLURM launcher: a number of devices "
@@ -96,7 +101,7 @@ def check_slurm_job(trainer: DictConfig, launcher: dict[str, Any]) -> None:
             f"hydra.launcher.tasks_per_node={tasks!r} differs from trainer.devices={devices}: "
             "Lightning's DDP on SLURM runs one task per device (leave tasks_per_node to the preset)"
         )
-    num_nodes, nodes = trainer.get("num_nodes", 1), launcher.get("nodes", 1)
+    num_nodes, nodes = trainer.num_nodes, launcher.get("nodes", 1)
     if nodes != num_nodes:
         raise ConfigError(
             f"hydra.launcher.nodes={nodes!r} differs from trainer.num_nodes={num_nodes!r}: "

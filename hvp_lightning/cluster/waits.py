@@ -35,6 +35,7 @@ from types import TracebackType
 from typing import Any
 
 from ..run.process_rank import env_rank
+from ..schema.run import TrainerSettings
 
 # --- collectives --------------------------------------------------------------------------------
 DDP_STRATEGIES: dict[str, dict[str, Any]] = {
@@ -59,19 +60,13 @@ def several_processes(devices: Any, num_nodes: int, accelerator: str) -> bool:
     return accelerator in ("auto", "gpu", "cuda") and torch.cuda.device_count() > 1
 
 
-def ddp_strategy(trainer_kwargs: dict[str, Any], wait_s: float) -> Any:
+def ddp_strategy(trainer: TrainerSettings, wait_s: float) -> Any:
     """``trainer.strategy`` with the process group's timeout set to ``wait_s``: a
     ``DDPStrategy`` for ``ddp`` (and its ``find_unused_parameters`` variants) and for ``auto``
     where that means several processes; any other strategy as given. A collective that waits
     longer raises (gloo) or aborts the process (NCCL's watchdog) instead of waiting 30 minutes."""
-    strategy = trainer_kwargs.get("strategy", "auto")
-    if not isinstance(strategy, str):
-        return strategy
-    if strategy == "auto" and several_processes(
-        trainer_kwargs.get("devices", "auto"),
-        int(trainer_kwargs.get("num_nodes", 1)),
-        str(trainer_kwargs.get("accelerator", "auto")),
-    ):
+    strategy = trainer.strategy
+    if strategy == "auto" and several_processes(trainer.devices, trainer.num_nodes, trainer.accelerator):
         strategy = "ddp"
     if strategy not in DDP_STRATEGIES:
         return strategy

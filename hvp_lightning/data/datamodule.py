@@ -16,7 +16,7 @@ from torch.profiler import record_function
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from ..device import loader_workers
-from ..schema import DATASETS, AugSettings, settings
+from ..schema import DATASETS
 from ..settings import ViewSpec
 from .augment import EvalTransform, MultiViewTransform, ViewAug
 from .batched import finish_views
@@ -79,7 +79,7 @@ def image_sets(cfg) -> tuple[Dataset, Dataset | None]:
     else:
         paths = training_images(cfg)
         n, make = len(paths), lambda keep: ImageFiles([paths[i] for i in keep])
-    train, held = monitor_split(n, int(cfg.get("monitor_size") or 0))
+    train, held = monitor_split(n, cfg.monitor_size)
     return make(train), make(held) if held else None
 
 
@@ -88,8 +88,9 @@ def eval_roles(cfg) -> tuple[str, ...]:
     k-NN ``bank`` and ``test`` queries (every data set but ``data=images`` without
     ``data.eval_root``), then ``data=images``'s held-out ``monitor`` sample when it has one.
     The label-free monitors use the monitor sample where there is one, else the test set."""
-    labelled = cfg.name not in UNLABELLED or bool(cfg.get("eval_root"))
-    held_out = cfg.name in UNLABELLED and bool(cfg.get("monitor_size"))
+    unlabelled = cfg.name in UNLABELLED
+    labelled = not unlabelled or bool(cfg.eval_root)
+    held_out = unlabelled and bool(cfg.monitor_size)
     return ("bank", "test") * labelled + ("monitor",) * held_out
 
 
@@ -108,7 +109,7 @@ def build_raw_datasets(cfg) -> tuple[Dataset, Dataset | None, Dataset | None, li
         return train, train, test, train.classes
     if name in UNLABELLED:
         pre, _ = image_sets(cfg)
-        if not cfg.get("eval_root"):
+        if not cfg.eval_root:
             return pre, None, None, []
         root = Path(str(cfg.eval_root)).expanduser()
         bank = SafeImageFolder(split_dir(root, "train"))
@@ -143,7 +144,7 @@ def data_counts(name: str, train: Dataset, given: dict[str, Dataset | None], rol
 def view_aug(cfg) -> ViewAug:
     """A ``data`` config's view augmentation: its crop size and normalisation, and every key of
     its ``aug`` (the :class:`~hvp_lightning.schema.AugSettings` keys are :class:`ViewAug`'s fields)."""
-    aug = settings(AugSettings, cfg.aug, "data.aug.").model_dump()
+    aug = cfg.aug.model_dump()
     return ViewAug(
         size=cfg.crop_size,
         mean=tuple(cfg.mean),
@@ -247,7 +248,7 @@ class SSLDataModule(L.LightningDataModule):
         bank = pre if bank is pre or bank is getattr(pre, "dataset", None) else bank
         test = subset(test, self.cfg.test_subset, seed=1, key="data.test_subset") if test is not None else None
         self.train_raw = pre  # what the logged ``index`` of a training view points into
-        if self.cfg.get("on_device", False):
+        if self.cfg.on_device:
             images, labels = stack_images(pre, self.num_workers, self.wait_s)
             self.resident = ResidentImages(images, labels, self.views, self.seed, self.iou_policy)
             self.train_set: Dataset = IndexDataset(len(self.resident))

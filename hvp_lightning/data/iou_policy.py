@@ -71,8 +71,8 @@ class IoUPolicy:
 
 def iou_policy(cfg: Any) -> IoUPolicy | None:
     """The run's policy from ``data.iou_policy`` (None when absent or ``enabled: false``)."""
-    node = cfg.data.get("iou_policy")
-    if node is None or not node.get("enabled", False):
+    node = cfg.data.iou_policy
+    if node is None or not node.enabled:
         return None
     return IoUPolicy(
         start=float(node.start),

@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +106,7 @@ def _spread(items: list, k: int) -> list:
 
 def training_images(d) -> tuple[str, ...]:
     """``data=images``: the images of ``data.files`` if set, else those under ``data.root``."""
-    if d.get("files"):
+    if d.files:
         return listed_images(Path(str(d.files)).expanduser().resolve())
     return images_under(Path(str(d.root)).expanduser())
 
@@ -128,7 +127,7 @@ AUTO_CROP_MAX = 224  # crop_size: auto never exceeds the ImageNet protocol's cro
 SMALL_CROP = 96  # up to this crop (CIFAR, STL), eval_crop_ratio: auto evaluates the whole image
 
 
-def crop_multiple(backbone: Mapping[str, Any] | None) -> int:
+def crop_multiple(backbone: Any) -> int:
     """What a crop size must be a multiple of for ``backbone``: a ViT's patch size (the preset's
     ``backbone.patch_size``; for ``backbone=timm``, ``model_args.patch_size`` or the ``patch<N>`` of
     its name, which hvp_lightning/config.py ``check_timm_backbone`` then checks against timm's
@@ -137,10 +136,10 @@ def crop_multiple(backbone: Mapping[str, Any] | None) -> int:
         return 1
     family = backbone_family(backbone)
     if family == "vit":
-        return int(backbone["patch_size"])
+        return int(backbone.patch_size)
     if family == TIMM_FAMILY:
-        size = (backbone.get("model_args") or {}).get("patch_size")
-        found = re.search(r"patch(\d+)", str(backbone.get("name") or ""))
+        size = (backbone.model_args or {}).get("patch_size")  # timm's keyword arguments, as given
+        found = re.search(r"patch(\d+)", backbone.name)
         return int(size) if size else int(found.group(1)) if found else 1
     return 1
 
@@ -162,12 +161,16 @@ def auto_eval_crop_ratio(crop: int, side: int) -> float:
     return round(min(1.0, max(0.875, crop / side)), 4)
 
 
-def resolve_auto_crop(cfg, backbone: Mapping[str, Any] | None = None) -> None:
-    """``crop_size: auto`` (:func:`auto_crop_size`) and ``eval_crop_ratio: auto``
-    (:func:`auto_eval_crop_ratio`) of the data config ``cfg`` from its training images' median
-    shorter side; ``backbone``: the run's, for a ViT's patch multiple."""
-    if cfg.get("crop_size") == "auto":
-        cfg.crop_size = auto_crop_size(training_image_side(cfg), crop_multiple(backbone))
-    if cfg.get("eval_crop_ratio") == "auto":
-        crop = int(cfg.crop_size)  # the images' side matters only above SMALL_CROP
-        cfg.eval_crop_ratio = auto_eval_crop_ratio(crop, training_image_side(cfg) if crop > SMALL_CROP else crop)
+def resolve_auto_crop(d: Any, backbone: Any = None) -> Any:
+    """The data section ``d`` with ``crop_size: auto`` (:func:`auto_crop_size`) and
+    ``eval_crop_ratio: auto`` (:func:`auto_eval_crop_ratio`) resolved from its training images'
+    median shorter side (a changed copy; ``d`` itself where neither is auto); ``backbone``: the
+    run's backbone section, for a ViT's patch multiple."""
+    changes: dict[str, Any] = {}
+    crop = d.crop_size
+    if crop == "auto":
+        crop = changes["crop_size"] = auto_crop_size(training_image_side(d), crop_multiple(backbone))
+    if d.eval_crop_ratio == "auto":  # the images' side matters only above SMALL_CROP
+        side = training_image_side(d) if crop > SMALL_CROP else crop
+        changes["eval_crop_ratio"] = auto_eval_crop_ratio(crop, side)
+    return d.model_copy(update=changes) if changes else d

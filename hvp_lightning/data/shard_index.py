@@ -435,10 +435,7 @@ def is_shard_member(name: str) -> bool:
 # --- the shards of a run's ``data`` config ------------------------------------------------------
 def storage_options(d: Any) -> dict[str, Any]:
     """``data.storage_options`` as a plain dict (fsspec's keyword arguments)."""
-    from omegaconf import OmegaConf
-
-    options = d.get("storage_options")
-    return dict(OmegaConf.to_container(options, resolve=True)) if options is not None else {}  # type: ignore[arg-type]
+    return dict(d.storage_options)
 
 
 def run_index(d: Any) -> ShardIndex:
@@ -447,7 +444,7 @@ def run_index(d: Any) -> ShardIndex:
     crop size and the datasets ask for the same one. Truncated shards are named once."""
     urls = d.urls if isinstance(d.urls, str) else tuple(str(u) for u in d.urls)
     options = storage_options(d)
-    return _cached_index(urls, d.get("manifest"), json.dumps(options, sort_keys=True))
+    return _cached_index(urls, d.manifest, json.dumps(options, sort_keys=True))
 
 
 @functools.lru_cache(maxsize=4)

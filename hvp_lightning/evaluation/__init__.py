@@ -9,7 +9,8 @@
 * :mod:`.transfer` -- the paper's transfer table: every (dataset, protocol) cell in one process.
 
 The top layer below the console commands: imports ``training/`` (loading a checkpoint builds its
-method), ``nn/``, ``data/``, ``cluster/``, ``run/``, ``config`` and the leaves.
+method), ``nn/``, ``data/``, ``cluster/``, ``run/``, ``config``, ``schema/`` (the validated configs,
+typed) and the leaves.
 """
 
 from .run import evaluate

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-import copy
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
 from torch.utils.data import DataLoader, Dataset
 
-from ..config import check_crop_for_backbone, data_preset_given, fail, preset_data, validate_data
+from ..config import data_preset_given, fail, preset_data, validate_data
 from ..data.augment import EvalTransform
-from ..data.datamodule import build_raw_datasets, subset
+from ..data.datamodule import UNLABELLED, build_raw_datasets, subset
 from ..data.layout import resolve_auto_crop
 from ..data.workers import worker_options
 from ..device import loader_workers
+from ..schema import EvalConfig, TrainConfig
+from ..schema.data import DataSettings
+from ..schema.run import check_crop_for_backbone
 
 log = logging.getLogger(__name__)
 
@@ -25,14 +28,14 @@ class EvalData:
     train: Dataset  # the labelled training split (raw)
     test: Dataset
     classes: list[str]
-    cfg: DictConfig
+    cfg: DataSettings
 
 
-def eval_data(data_cfg: DictConfig) -> EvalData:
+def eval_data(data_cfg: DataSettings) -> EvalData:
     """The labelled splits (training split as the bank / probe data), ``*_subset`` applied."""
     _, bank, test, classes = build_raw_datasets(data_cfg)
-    bank = subset(bank, data_cfg.get("train_subset"), seed=0, key="data.train_subset")
-    test = subset(test, data_cfg.get("test_subset"), seed=1, key="data.test_subset")
+    bank = subset(bank, data_cfg.train_subset, seed=0, key="data.train_subset")
+    test = subset(test, data_cfg.test_subset, seed=1, key="data.test_subset")
     return EvalData(bank, test, list(classes), data_cfg)
 
 
@@ -52,37 +55,46 @@ def eval_loader(
     )
 
 
-def eval_transform(d: DictConfig, interpolation: str = "bilinear") -> EvalTransform:
+def eval_transform(d: DataSettings, interpolation: str = "bilinear") -> EvalTransform:
     """Resize and centre crop (``data.eval_crop_ratio``): the views features are computed on
     (bilinear for k-NN, as the training run's monitor; the protocol's for a classifier)."""
     return EvalTransform(d.crop_size, d.eval_crop_ratio, tuple(d.mean), tuple(d.std), interpolation)
 
 
-def own_data(train_cfg: DictConfig, changes: DictConfig | None) -> DictConfig:
-    """The pretraining data with the command's ``+data.<key>=`` ``changes`` (``+data.test_subset=50``).
-    conf/eval.yaml declares ``data.eval_root`` (so that ``data.eval_root=DIR`` needs no ``+``): its
-    null is no change, the run's own ``data.eval_root`` stays."""
-    data = copy.deepcopy(train_cfg.data)
-    changes = OmegaConf.create({k: v for k, v in (changes or {}).items() if not (k == "eval_root" and v is None)})
+def own_data(train_cfg: TrainConfig, changes: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The pretraining data with the command's ``+data.<key>=`` ``changes`` (``+data.test_subset=50``),
+    as plain values. conf/eval.yaml declares ``data.eval_root`` (so that ``data.eval_root=DIR``
+    needs no ``+``): its null is no change, the run's own ``data.eval_root`` stays."""
+    data = train_cfg.data.model_dump()
+    changes = {k: v for k, v in (changes or {}).items() if not (k == "eval_root" and v is None)}
     for key, value in changes.items():
         if key not in data:
             fail(f"data.{key}", value, f"a key of the checkpoint's data ({', '.join(data)}), or data=<data set>")
-    return OmegaConf.merge(data, changes) if changes else data
+    return _merged(data, changes)
 
 
-def eval_data_cfg(cfg: DictConfig, train_cfg: DictConfig) -> DictConfig:
+def _merged(values: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with ``changes`` on top, nested mappings merged key by key (``+data.aug.hue=0.1``)."""
+    out = dict(values)
+    for key, value in changes.items():
+        old = out[key] if key in out else None
+        out[key] = _merged(old, value) if isinstance(old, dict) and isinstance(value, Mapping) else value
+    return out
+
+
+def eval_data_cfg(cfg: EvalConfig, train_cfg: TrainConfig) -> DataSettings:
     """The data to evaluate on: ``data=<data set>`` if given, else the pretraining data with the
-    command's ``+data.<key>=`` changes; validated."""
-    data = preset_data(cfg) if data_preset_given(cfg) else own_data(train_cfg, cfg.get("data"))
-    with open_dict(data):
-        if cfg.get("num_workers") is not None:
-            data.num_workers = cfg.num_workers
-    data = validate_data(OmegaConf.create({"data": data}))
-    if data.name in ("images", "shards") and not data.get("eval_root"):
-        why = f"data={data.name} has no test split"
+    command's ``+data.<key>=`` changes; validated, ``auto`` crops resolved, the loader workers of
+    this machine."""
+    data = preset_data(cfg) if data_preset_given(cfg) else own_data(train_cfg, cfg.data)
+    if cfg.num_workers is not None:
+        data["num_workers"] = cfg.num_workers
+    d = validate_data({"data": data})
+    if d.name in UNLABELLED and not d.eval_root:
+        why = f"data={d.name} has no test split"
         fail("data.eval_root", None, f"a labelled ImageNet-layout folder to evaluate on ({why})")
-    resolve_auto_crop(data, train_cfg.backbone)
-    check_crop_for_backbone(train_cfg.backbone, data.crop_size)
-    data.num_workers, said = loader_workers(data.num_workers)  # auto, or capped at the usable cores
+    d = resolve_auto_crop(d, train_cfg.backbone)
+    check_crop_for_backbone(train_cfg.backbone, d.crop_size)
+    workers, said = loader_workers(d.num_workers)  # auto, or capped at the usable cores
     log.info("eval data: %s", said)
-    return data
+    return d.model_copy(update={"num_workers": workers})

@@ -9,12 +9,12 @@ from typing import Any
 
 import lightning as L
 import torch
-from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..device import runs_on_cpu
 from ..nn.backbones import Backbone
+from ..schema import EvalConfig
 
 
 def is_vit(backbone: Backbone) -> bool:
@@ -67,7 +67,7 @@ class _Extract(L.LightningModule):
         return self.net(batch["image"]).float().cpu(), batch["label"].cpu()
 
 
-def eval_trainer(cfg: DictConfig, logger=False, max_epochs: int | None = None, validate: bool = False) -> L.Trainer:
+def eval_trainer(cfg: EvalConfig, logger=False, max_epochs: int | None = None, validate: bool = False) -> L.Trainer:
     """The Lightning Trainer every evaluation step runs under (feature extraction, probe and
     fine-tuning): one device, no checkpoints; ``validate``: the test split after every epoch,
     as the official eval_linear.py (val_freq 1), else only when asked."""
@@ -93,7 +93,7 @@ def eval_trainer(cfg: DictConfig, logger=False, max_epochs: int | None = None, v
         quiet.setLevel(level)
 
 
-def extract(cfg: DictConfig, net: FeatureNet, loader: DataLoader) -> tuple[torch.Tensor, torch.Tensor]:
+def extract(cfg: EvalConfig, net: FeatureNet, loader: DataLoader) -> tuple[torch.Tensor, torch.Tensor]:
     """Features and labels of a whole loader (no gradients, network in eval mode)."""
     net.eval()
     out = eval_trainer(cfg).predict(_Extract(net), dataloaders=loader)
@@ -101,10 +101,10 @@ def extract(cfg: DictConfig, net: FeatureNet, loader: DataLoader) -> tuple[torch
     return torch.cat(feats), torch.cat(labels)
 
 
-def forward_seconds(cfg: DictConfig, net: FeatureNet, ds: Dataset, batch_size: int) -> float:
+def forward_seconds(cfg: EvalConfig, net: FeatureNet, ds: Dataset, batch_size: int) -> float:
     """Seconds per image of one timed, no-grad forward batch on the evaluation device (the
     start-up time estimate; the first call also pays the device's warm-up)."""
-    device = torch.device("cuda" if not runs_on_cpu(str(cfg.accelerator)) and torch.cuda.is_available() else "cpu")
+    device = torch.device("cuda" if not runs_on_cpu(cfg.accelerator) and torch.cuda.is_available() else "cpu")
     x = torch.stack([ds[i]["image"] for i in range(min(batch_size, len(ds)))]).to(device)  # type: ignore[arg-type]
     was_training, first = net.training, next(net.parameters()).device
     net.eval().to(device)

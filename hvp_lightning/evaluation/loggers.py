@@ -5,18 +5,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from ..run.directory import EvalDir, RunDir
 from ..run.wandb_logging import wandb_logged_in
+from ..schema import EvalConfig, TrainConfig
 
 
-def eval_logger(cfg: DictConfig, train_cfg: DictConfig, out: EvalDir, run_dir: RunDir, protocol: str):
+def eval_logger(cfg: EvalConfig, train_cfg: TrainConfig, out: EvalDir, run_dir: RunDir, protocol: str):
     """``logger=...`` of the evaluation, else the pretraining run's logger kind."""
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
-    lc = cfg.logger if cfg.get("logger") is not None else train_cfg.get("logger", {"name": "csv"})
-    if lc.get("name", "csv") == "csv":
+    lc = cfg.logger if cfg.logger is not None else train_cfg.logger
+    if lc.name == "csv":
         return CSVLogger(save_dir=str(out.path), name=out.csv_name, version="")
     mode = os.environ.get("WANDB_MODE") or (
         lc.mode if lc.mode != "auto" else ("online" if wandb_logged_in() else "offline")
@@ -29,8 +28,8 @@ def eval_logger(cfg: DictConfig, train_cfg: DictConfig, out: EvalDir, run_dir: R
         name=f"{run_dir.name}-eval-{protocol}",
         save_dir=str(out.path),
         mode=mode,
-        tags=[*lc.get("tags", []), "eval", protocol],
-        config=OmegaConf.to_container(cfg, resolve=True),
+        tags=[*lc.tags, "eval", protocol],
+        config=cfg.model_dump(),
     )
 
 

@@ -11,11 +11,11 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import DataLoader
 
 from ..nn.optim import make_optimizer, warmup_cosine
+from ..schema import EvalConfig
 from .features import FeatureNet, eval_trainer
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ def warn_if_lars_cannot_fit(s: dict[str, Any], steps_per_epoch: int) -> None:
 
 
 def fit_classifier(
-    cfg: DictConfig, model: Classifier, train_loader: DataLoader, test_loader: DataLoader, epochs: int, logger=False
+    cfg: EvalConfig, model: Classifier, train_loader: DataLoader, test_loader: DataLoader, epochs: int, logger=False
 ) -> dict[str, Any]:
     """Train ``model`` for ``epochs``, scoring ``test_loader`` after each as the official code
     does (val_freq 1); its :attr:`Classifier.test_metrics` and the last epoch's training loss."""

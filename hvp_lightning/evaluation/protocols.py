@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from ..config import fail
+from ..schema.evaluate import ProtocolSettings
 from ..settings import method_settings
 
 # Finetune tables: which one a method's checkpoint uses (the paper has DINO ViT-S and SimSiam RN50).
@@ -20,16 +19,15 @@ FINETUNE_TABLE = {name: cls.finetune_table for name, cls in method_settings().it
 EVAL_INTERPOLATION = {name: cls.eval_interpolation for name, cls in method_settings().items()}
 
 
-def protocol_settings(p: DictConfig, method: str, dataset: str) -> dict[str, Any]:
+def protocol_settings(p: ProtocolSettings, method: str, dataset: str) -> dict[str, Any]:
     """The protocol's recipe for this checkpoint, with every non-null ``protocol.*`` key on top."""
     if p.name == "knn":
-        ks = list(p.ks) if OmegaConf.is_list(p.ks) else p.ks
-        return {"ks": ks, "temperature": p.temperature, "batch_size": p.batch_size}
+        return {"ks": list(p.ks), "temperature": p.temperature, "batch_size": p.batch_size}
     recipe = method if p.recipe == "auto" else p.recipe
     if p.name == "linear":
         if recipe not in p.recipes:
             fail("protocol.recipe", p.recipe, f"auto or one of {', '.join(p.recipes)}")
-        base = dict(OmegaConf.to_container(p.recipes[recipe], resolve=True))  # type: ignore[arg-type]
+        base = p.recipes[recipe].model_dump()
     else:
         recipe = FINETUNE_TABLE.get(recipe, recipe) if p.recipe == "auto" else recipe
         if recipe not in p.tables:
@@ -49,10 +47,10 @@ def protocol_settings(p: DictConfig, method: str, dataset: str) -> dict[str, Any
             "table_row": row,
         }
     skip = {"name", "recipe", "recipes", "tables", "table_row"}
-    for key, value in p.items():
+    for key, value in p.model_dump().items():
         if key not in skip and value is not None:
-            base[str(key)] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+            base[key] = value
     base["recipe"] = recipe
-    if base.get("interpolation") == "auto":
+    if base["interpolation"] == "auto":
         base["interpolation"] = EVAL_INTERPOLATION.get(method, "bilinear")
     return base

@@ -15,12 +15,13 @@ import json
 import logging
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, TensorDataset
 
 from ..config import check_cpu_precision, check_eval_options, data_preset_given, fail
@@ -32,6 +33,7 @@ from ..monitors.knn import knn_accuracies
 from ..nn.backbones import Backbone
 from ..run.atomic import atomic_write_text
 from ..run.directory import EvalDir, eval_variant
+from ..schema import EvalConfig
 from ..training.checkpoint import build_method, checkpoint_config, load_checkpoint, pretrained_for, resolve_checkpoint
 from ..warning_filters import quiet_console
 from .data import EvalData, eval_data, eval_data_cfg, eval_loader, eval_transform
@@ -43,7 +45,7 @@ from .protocols import protocol_settings
 log = logging.getLogger(__name__)
 
 
-def run_knn(cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[str, Any], logger) -> dict[str, Any]:
+def run_knn(cfg: EvalConfig, backbone: Backbone, data: EvalData, s: dict[str, Any], logger) -> dict[str, Any]:
     d = data.cfg
     net = FeatureNet(backbone)
     bank, bank_y = extract(
@@ -90,7 +92,7 @@ def table_row_used(s: dict[str, Any], dataset: str) -> str:
 
 
 def run_classifier(
-    cfg: DictConfig, backbone: Backbone, data: EvalData, s: dict[str, Any], logger, finetune: bool
+    cfg: EvalConfig, backbone: Backbone, data: EvalData, s: dict[str, Any], logger, finetune: bool
 ) -> dict[str, Any]:
     d, n_cls = data.cfg, len(data.classes)
     # The batch is the recipe's (or protocol.batch_size), whatever the data's size, and so is the
@@ -98,7 +100,7 @@ def run_classifier(
     # still scaled from the batch asked for, as the official eval_linear.py does (its DataLoader
     # takes batch_size as given; init_lr = lr * batch_size / 256, dino:eval_linear.py line 128).
     if s.get("augment") == "auto":
-        s["augment"] = not runs_on_cpu(str(cfg.accelerator))
+        s["augment"] = not runs_on_cpu(cfg.accelerator)
     s["lr"] = s["base_lr"] * s["batch_size"] / s["lr_ref_batch"]
     # BatchNorm trains in fine-tuning: drop a last batch of one image only (the official loaders keep it).
     drop_last = finetune and len(data.train) % s["batch_size"] == 1
@@ -163,16 +165,16 @@ def run_classifier(
     return fit_classifier(cfg, model, train_loader, test_loader, s["epochs"], logger)
 
 
-def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
+def evaluate(cfg: EvalConfig | DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     """Run ``cfg.protocol`` on ``cfg.ckpt``; return the summary (also in eval_summary.json).
-    ``options_checked``: :func:`hvp_lightning.config.check_eval_options` has passed on ``cfg``
-    (the CLI runs it before the heavy imports; callers of this API need not)."""
+    ``cfg``: :func:`hvp_lightning.config.check_eval_options`'s validated config (the CLI runs it
+    before the heavy imports), or a composed one, validated here first."""
     start = time.time()
     quiet_console()
-    if not options_checked:
+    if not isinstance(cfg, EvalConfig):
         cfg = check_eval_options(cfg)
-    check_accelerator("accelerator", str(cfg.accelerator))
-    check_cpu_precision("precision", str(cfg.precision), str(cfg.accelerator))
+    check_accelerator("accelerator", cfg.accelerator)
+    check_cpu_precision("precision", cfg.precision, cfg.accelerator)
     protocol = cfg.protocol.name
     ckpt_path, run_dir = resolve_checkpoint(cfg.ckpt)
     ckpt = load_checkpoint(ckpt_path)
@@ -183,10 +185,9 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
     pretrain = pretrained_for(ckpt)
     del ckpt
     backbone = model.backbone if cfg.student else model.eval_backbone
-    on_gpu = not runs_on_cpu(str(cfg.accelerator)) and torch.cuda.is_available()
-    cfg = copy.deepcopy(cfg)  # precision: auto, resolved for this backbone and device
-    with open_dict(cfg):
-        cfg.precision = eval_precision(str(cfg.get("precision", "32-true")), protocol, is_vit(backbone), on_gpu)
+    on_gpu = not runs_on_cpu(cfg.accelerator) and torch.cuda.is_available()
+    # precision: auto, resolved for this backbone and device
+    cfg = cfg.model_copy(update={"precision": eval_precision(cfg.precision, protocol, is_vit(backbone), on_gpu)})
     which = (
         "student backbone"
         if cfg.student and backbone is not model.eval_backbone
@@ -199,7 +200,7 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
         raise ConfigError(f"data.name={data_cfg.name!r} is not allowed: its train or test split is empty")
     other_data = data_preset_given(cfg) and data_cfg.name != train_cfg.data.name  # the run's own: its folder
     variant = eval_variant(ckpt_path, data_cfg.name if other_data else None)
-    out = EvalDir(Path(cfg.out_dir)) if cfg.get("out_dir") else run_dir.eval(protocol, variant)
+    out = EvalDir(Path(cfg.out_dir)) if cfg.out_dir else run_dir.eval(protocol, variant)
     out.start()  # no earlier summary stays beside this evaluation's log
     logger = eval_logger(cfg, train_cfg, out, run_dir, protocol)
     log.info(
@@ -246,7 +247,7 @@ def evaluate(cfg: DictConfig, options_checked: bool = False) -> dict[str, Any]:
         "wall_time_s": round(time.time() - start, 1),
     }
     atomic_write_text(out.summary, json.dumps(summary, indent=2) + "\n")
-    OmegaConf.save(cfg, out.config)
+    OmegaConf.save(cfg.model_dump(), out.config)
     finish_logger(logger, summary)
     summary["out_dir"] = str(out.path)
     return summary

@@ -24,13 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from ..config import check_eval_options, check_torchvision_root, fail
+from ..config import check_eval_options, check_torchvision_root
 from ..errors import ConfigError
 from ..run.atomic import atomic_write_text
 from ..run.directory import RunDir, TransferDir, resolve_checkpoint
-from ..schema import TRANSFER_DATASETS, TRANSFER_PROTOCOLS, TransferConfig, settings
+from ..schema import TRANSFER_DATASETS, TRANSFER_PROTOCOLS, EvalConfig, TransferConfig, settings
+from ..schema.data import DataSettings
 
 log = logging.getLogger(__name__)
 
@@ -63,17 +64,17 @@ def cell(name: str, protocol: str) -> str:
     return f"{name}_{protocol}"
 
 
-def transfer_out_dir(cfg: DictConfig) -> TransferDir:
+def transfer_out_dir(cfg: TransferConfig) -> TransferDir:
     """The table's folder: ``out_dir``, or ``<run_dir>/eval/transfer`` of the checkpoint."""
-    return TransferDir(Path(cfg.out_dir)) if cfg.get("out_dir") else resolve_checkpoint(cfg.ckpt)[1].transfer
+    return TransferDir(Path(cfg.out_dir)) if cfg.out_dir else resolve_checkpoint(cfg.ckpt)[1].transfer
 
 
-def checkpoint_cells(cfg: DictConfig) -> TransferDir:
+def checkpoint_cells(cfg: TransferConfig) -> TransferDir:
     """Where this checkpoint's cells go: the table's folder for a run's last.ckpt in its own
     ``eval/transfer``, else a subfolder naming the checkpoint (``out_dir=``: :func:`run_folder_name`,
     and the file's stem unless last.ckpt), so that the checkpoints sharing a table keep their own cells."""
     ckpt_path, run_dir = resolve_checkpoint(cfg.ckpt)
-    parts = [run_folder_name(run_dir)] if cfg.get("out_dir") else []
+    parts = [run_folder_name(run_dir)] if cfg.out_dir else []
     parts += [] if RunDir.is_last_checkpoint(ckpt_path) else [ckpt_path.stem]
     table = transfer_out_dir(cfg)
     return TransferDir(table.path / "_".join(parts)) if parts else table
@@ -87,25 +88,31 @@ def run_folder_name(run_dir: RunDir) -> str:
     return f"{run_dir.name}-{digest}"
 
 
-def job_config(cfg: DictConfig, name: str, protocol: str) -> DictConfig:
+def job_config(
+    cfg: TransferConfig, name: str, protocol: str, checkpoint_data: DataSettings | None = None
+) -> EvalConfig:
     """eval.py's config of one evaluation: ``protocol`` = ``cfg.<protocol>``, ``data`` =
-    ``cfg.data.<name>`` (resolved: its root may be ``${root}/<name>``), eval.py's keys as given."""
-    plain = lambda node: OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node  # noqa: E731
-    job = {key: plain(cfg.get(key)) for key in EVAL_KEYS}
-    job["protocol"], job["data"] = plain(cfg[protocol]), plain(cfg.data[name])
+    ``cfg.data.<name>`` (its null crop size and crop ratio: ``checkpoint_data``'s, the run's),
+    eval.py's keys as given."""
+    values = cfg.model_dump()
+    job = {key: values[key] for key in EVAL_KEYS}
+    job["protocol"], job["data"] = values[protocol], values["data"][name]
+    if checkpoint_data is not None:
+        for key in ("crop_size", "eval_crop_ratio"):
+            if job["data"][key] is None:  # transfer.py's "the checkpoint's"
+                job["data"][key] = getattr(checkpoint_data, key)
     job["out_dir"] = str(checkpoint_cells(cfg).cell(name, protocol).path)
-    return OmegaConf.create(job)
+    return settings(EvalConfig, job)
 
 
-def check_transfer_options(cfg: DictConfig) -> list[tuple[str, str]]:
-    """The (data set, protocol) evaluations asked for, in the paper's order, once every setting
-    and every data set's files have passed (a missing root names ``data.<name>.root``). Torch-free."""
-    settings(TransferConfig, cfg)  # every key's type and range, all at once
-    datasets = [n for n in TRANSFER_DATASETS if n in cfg.datasets]
+def check_transfer_options(cfg: DictConfig | TransferConfig) -> tuple[TransferConfig, list[tuple[str, str]]]:
+    """The validated config and the (data set, protocol) evaluations asked for, in the paper's
+    order, once every setting and every data set's files have passed (a missing root names
+    ``data.<name>.root``). Torch-free."""
+    s = cfg if isinstance(cfg, TransferConfig) else settings(TransferConfig, cfg)  # every key, all at once
+    datasets = [n for n in TRANSFER_DATASETS if n in s.datasets]
     for name in datasets:
-        d = cfg.data[name]
-        if d.name != name:
-            fail(f"data.{name}.name", d.name, f"{name} (the preset conf/data/{name}.yaml)")
+        d = s.data[name]
         if d.download:
             continue
         try:
@@ -114,10 +121,10 @@ def check_transfer_options(cfg: DictConfig) -> list[tuple[str, str]]:
             rest = [n for n in datasets if n != name]
             hint = f"; or leave it out: datasets=[{','.join(rest)}]" if rest else ""
             raise ConfigError(f"{err}{hint}") from None
-    jobs = [(n, p) for n in datasets for p in TRANSFER_PROTOCOLS if p in cfg.protocols]
+    jobs = [(n, p) for n in datasets for p in TRANSFER_PROTOCOLS if p in s.protocols]
     for name, protocol in jobs:
-        check_eval_options(job_config(cfg, name, protocol))
-    return jobs
+        check_eval_options(job_config(s, name, protocol))
+    return s, jobs
 
 
 def read_results(out_dir: TransferDir, checkpoint: Path) -> dict[str, dict[str, Any]]:
@@ -221,19 +228,19 @@ def write_table(out_dir: TransferDir, cells: TransferDir, label: dict[str, Any],
     return row
 
 
-def check_settings(job: DictConfig, method: str) -> None:
+def check_settings(job: EvalConfig, method: str) -> None:
     """The protocol's recipe for this checkpoint exists, before any runs; an error names the key as typed
     here (``linear.epochs``, not eval.py's ``protocol.epochs``)."""
     from .protocols import protocol_settings
 
     protocol = job.protocol.name
     try:
-        protocol_settings(job.protocol, method, job.data.name)
+        protocol_settings(job.protocol, method, job.data["name"])
     except ConfigError as err:
         raise ConfigError(f"{protocol}.{str(err).removeprefix('protocol.')}") from None
 
 
-def run_transfer(cfg: DictConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]:
+def run_transfer(cfg: TransferConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]:
     """Every evaluation of ``jobs`` (from :func:`check_transfer_options`), then the table; its row."""
     from ..training.checkpoint import checkpoint_config, load_checkpoint, pretrained_for
     from .data import eval_data, eval_data_cfg
@@ -242,10 +249,9 @@ def run_transfer(cfg: DictConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]
     ckpt_path, _ = resolve_checkpoint(cfg.ckpt)
     ckpt = load_checkpoint(ckpt_path, mmap=True)
     train_cfg = checkpoint_config(ckpt)
-    hvp = bool((train_cfg.get("hvp") or {}).get("enabled"))
     pretrain = pretrained_for(ckpt)
     label = {
-        "method": train_cfg.method.name + (" + HVP" if hvp else ""),
+        "method": train_cfg.method.name + (" + HVP" if train_cfg.hvp_on else ""),
         "backbone": train_cfg.backbone.name,
         "checkpoint": str(ckpt_path.resolve()),
         "pretrain_epochs": pretrain["epochs"],
@@ -254,23 +260,19 @@ def run_transfer(cfg: DictConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]
     del ckpt
     configs = []
     for name, protocol in jobs:  # every data set's crop, and its splits read once, before the first evaluation
-        job = job_config(cfg, name, protocol)
-        for key in ("crop_size", "eval_crop_ratio"):
-            if job.data[key] is None:
-                job.data[key] = train_cfg.data[key]
+        job = job_config(cfg, name, protocol, train_cfg.data)
         check_settings(job, train_cfg.method.name)
         configs.append(job)
     plan = {}  # data set -> its line of the plan
-    for job in configs:
-        d = job.data
-        if d.name not in plan:
+    for job, (name, _) in zip(configs, jobs):
+        if name not in plan:
             try:
                 data = eval_data(eval_data_cfg(job, train_cfg))
             except ConfigError as err:  # its keys are data.<name>.* here
-                raise ConfigError(f"data.{d.name}: {err}") from None
-            plan[d.name] = (
-                f"  {d.name}: {len(data.train):,} train / {len(data.test):,} test images, "
-                f"{len(data.classes)} classes, {d.crop_size} px crops"
+                raise ConfigError(f"data.{name}: {err}") from None
+            plan[name] = (
+                f"  {name}: {len(data.train):,} train / {len(data.test):,} test images, "
+                f"{len(data.classes)} classes, {data.cfg.crop_size} px crops"
             )
     out_dir = transfer_out_dir(cfg)
     log.info(
@@ -287,7 +289,7 @@ def run_transfer(cfg: DictConfig, jobs: list[tuple[str, str]]) -> dict[str, Any]
     for i, ((name, protocol), job) in enumerate(zip(jobs, configs), 1):
         log.info("transfer %d/%d: %s on %s ...", i, len(jobs), protocol, name)
         start = time.time()
-        summary = evaluate(job, options_checked=True)
+        summary = evaluate(job)
         row = write_table(out_dir, checkpoint_cells(cfg), label, ckpt_path)
         cells = cell_values(summary)
         log.info(

@@ -12,8 +12,12 @@ Where a key goes: a field of its group's section, with its type (range or choice
 From these declarations come: the Hydra nodes presets extend (:mod:`.nodes`, registered on import,
 so ``key=value`` works without ``+`` for every declared key), the one-line messages for a bad
 value or an unknown key (:func:`.base.checked`), the ``--help`` listing (:func:`help_listing`) and
-the typed settings code below the command line receives. Rules that tie several keys together
-live in :mod:`hvp_lightning.config`, each once. Torch-free (pydantic, omegaconf, hydra).
+the typed config the code below the command line receives (:class:`TrainConfig`,
+:class:`EvalConfig`, :class:`TransferConfig` and their sections: frozen; a value the run derives
+is set by :meth:`.base.Section.with_values`, a changed copy). Rules that tie several keys together
+are the validators of the section that holds them (a training config's over several groups:
+:data:`.run.TRAIN_RULES`), each once; what needs the disk, the data or the machine is
+:mod:`hvp_lightning.config`'s. Torch-free (pydantic, omegaconf, hydra).
 """
 
 from __future__ import annotations
@@ -68,10 +72,12 @@ def compose(config_name: str = "config", overrides: list[str] | None = None) -> 
 S = TypeVar("S", bound=Section)
 
 
-def container(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+def container(cfg: DictConfig | Section | Mapping[str, Any]) -> dict[str, Any]:
     """A config as plain Python values (interpolations resolved, ``???`` kept as the string)."""
     if isinstance(cfg, DictConfig):
         return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)  # type: ignore[return-value]
+    if isinstance(cfg, Section):
+        return cfg.model_dump()
     return dict(cfg)
 
 
@@ -90,12 +96,6 @@ def hvp_config(cfg: DictConfig | Mapping[str, Any]) -> HVP:
     HVP off where the config has none."""
     node = cfg.get("hvp")
     return HVP_OFF if node is None else to_settings(settings(HVPSection, node, "hvp."), HVP, tagged=False)
-
-
-def as_config(validated: Section) -> DictConfig:
-    """Validated settings as the DictConfig the run carries (every declared key present, with its
-    declared type; absent optional groups, such as ``hvp`` without ``+hvp=on``, left out)."""
-    return OmegaConf.create({k: v for k, v in validated.model_dump().items() if v is not None or k != "hvp"})
 
 
 def help_listing(command: str, root: Mapping[str, Any]) -> str:
@@ -144,7 +144,6 @@ __all__ = [
     "Section",
     "TrainConfig",
     "TransferConfig",
-    "as_config",
     "backbone_family",
     "checked",
     "compose",

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag
+from pydantic import Discriminator, Field, Tag, model_validator
 
+from ..errors import fail
 from .base import COUNT, Section, integer, number
 
 # backbone.name -> family (hvp_lightning/nn/backbones.py builds them)
@@ -21,6 +22,9 @@ BACKBONE_FAMILIES = {
 TIMM_FAMILY = "timm"
 # backbone.init=<scheme>:<name> fetches released weights from a hub (hvp_lightning/training/weights.py)
 INIT_HUBS = ("timm", "torchvision")
+INIT_ALLOWED = "null, a weights file (.pth, .pt, .safetensors), an hvp-export folder, a run dir, " + " or ".join(
+    f"{hub}:<name>" for hub in INIT_HUBS
+)
 
 
 class BackboneBase(Section):
@@ -30,6 +34,19 @@ class BackboneBase(Section):
     """weights to start from: a file (.pth, .pt, .safetensors), an hvp-export folder, a run dir, timm:<name> or torchvision:<name>; null: random init (docs/backbones.md)"""
     init_student: bool = False
     """DINO/iBOT checkpoints as init: load the student, not the teacher"""
+
+    @model_validator(mode="after")
+    def init_form(self) -> BackboneBase:
+        """``backbone.init``: null, ``timm:<name>`` / ``torchvision:<name>``, or a path (that the path
+        exists, and that a hub can be reached, is start-up's to check: hvp_lightning/config.py)."""
+        init = self.init
+        if init is None:
+            return self
+        if not init:
+            fail("backbone.init", init, INIT_ALLOWED)
+        if is_hub_init(init) and not init.partition(":")[2]:
+            fail("backbone.init", init, f"{init.partition(':')[0]}:<model name>")
+        return self
 
 
 class ResNetSettings(BackboneBase):

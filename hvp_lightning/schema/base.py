@@ -15,7 +15,8 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Annotated, Any, Literal, TypeVar, Union
 
 import annotated_types as at
@@ -41,6 +42,64 @@ class Section(BaseModel):
         use_attribute_docstrings=True,
         validate_default=True,
     )
+
+    def with_values(self: SectionT, values: Mapping[str, Any]) -> SectionT:
+        """A copy with the dotted keys of ``values`` changed (``{"data.num_classes": 10}``): a
+        section is frozen, so a value the run derives (a resolved ``auto``, the classes its data
+        holds, the epochs a budget sets) is set by making the changed copy, where it is derived.
+        The values are not validated again: the code that derives them gives them their type."""
+        own: dict[str, Any] = {}
+        nested: dict[str, dict[str, Any]] = {}
+        for key, value in values.items():
+            head, _, rest = key.partition(".")
+            if rest:
+                nested.setdefault(head, {})[rest] = value
+            else:
+                own[head] = value
+        for head, changes in nested.items():
+            own[head] = getattr(self, head).with_values(changes)
+        return self.model_copy(update=own)
+
+
+SectionT = TypeVar("SectionT", bound=Section)
+
+
+class Problems:
+    """Collects the messages of several checks, so that every problem is said at once: a
+    section's validator over several rules (:func:`every_rule`), start-up's checks of the disk."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    @contextmanager
+    def check(self) -> Iterator[None]:
+        """Run a check; its ConfigError (or SettingError) is noted and the next check runs."""
+        try:
+            yield
+        except (ConfigError, SettingError) as err:
+            self.lines += [line for line in str(err).splitlines() if line not in self.lines]
+
+    def raise_any(self) -> None:
+        if self.lines:
+            raise ConfigError("\n".join(self.lines))
+
+
+def every_rule(section: SectionT, rules: tuple[Callable[[Any], None], ...]) -> SectionT:
+    """A section's validator over several rules: every rule runs, and the problems they find are
+    one :class:`ConfigError`, a line each (:func:`messages` says them with the schema's own)."""
+    problems = Problems()
+    for rule in rules:
+        with problems.check():
+            rule(section)
+    problems.raise_any()
+    return section
+
+
+def as_dict(validated: BaseModel) -> dict[str, Any]:
+    """A validated config as plain values, for what is written or handed on (config.yaml, the
+    checkpoint's config, W&B's config): every declared key, an absent optional group (``hvp``
+    without ``+hvp=on``) left out, as a composed config leaves it out."""
+    return {k: v for k, v in validated.model_dump().items() if v is not None or k != "hvp"}
 
 
 # --- value types: the range is part of the type, so the message can say it -----------------------

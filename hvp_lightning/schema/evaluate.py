@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from ..settings import LinearRecipe, method_settings
+from ..errors import ConfigError
+from ..settings import LinearRecipe, SettingError, method_settings
 from .base import COUNT, NON_NEGATIVE, POSITIVE, SEED, UNIT_RANGE, Section, distinct, integer, number
 from .core import section_of
 from .data import INTERPOLATIONS, DataSettings
@@ -75,6 +76,13 @@ class LinearProtocol(ClassifierProtocol):
     recipes: dict[str, LinearRecipeSection] = LINEAR_RECIPES  # type: ignore[valid-type]
     """each method's official linear-evaluation recipe (the methods' own, hvp_lightning/settings/<method>.py)"""
 
+    @model_validator(mode="after")
+    def recipe_given(self) -> LinearProtocol:
+        """A recipe named is one of ``recipes`` (``auto``'s, the checkpoint's method: checked once it is read)."""
+        if self.recipe != "auto" and self.recipe not in self.recipes:
+            raise SettingError("recipe", self.recipe, f"auto or one of {', '.join(self.recipes)}")
+        return self
+
 
 class FinetuneTable(Section):
     """One of the paper's fine-tuning tables (per transfer data set: lr and epochs)."""
@@ -101,6 +109,19 @@ class FinetuneProtocol(ClassifierProtocol):
     """linear warm-up, then cosine to 0"""
     tables: dict[str, FinetuneTable]
     """the paper's fine-tuning tables"""
+
+    @model_validator(mode="after")
+    def row_given(self) -> FinetuneProtocol:
+        """A table named is one of ``tables``, a row named one of its rows (``auto``'s, which follow the
+        checkpoint's method and the data set: checked once they are known)."""
+        if self.recipe == "auto":
+            return self
+        if self.recipe not in self.tables:
+            raise SettingError("recipe", self.recipe, f"auto or one of {', '.join(self.tables)}")
+        rows = self.tables[self.recipe].base_lr
+        if self.table_row != "auto" and self.table_row not in rows:
+            raise SettingError("table_row", self.table_row, f"auto or one of {', '.join(rows)}")
+        return self
 
 
 ProtocolSettings = Annotated[KnnProtocol | LinearProtocol | FinetuneProtocol, Field(discriminator="name")]
@@ -159,3 +180,20 @@ class TransferConfig(EvaluationBase):
     linear: LinearProtocol
     finetune: FinetuneProtocol
     data: dict[str, DataSettings]
+
+    @model_validator(mode="after")
+    def presets(self) -> TransferConfig:
+        """Each data set asked for is its own preset (``data.cifar10`` holds data=cifar10's keys)."""
+        lines = [
+            f"data.{name}.name={self.data[name].name!r} is not allowed: {name} (the preset conf/data/{name}.yaml)"
+            for name in self.datasets
+            if name in self.data and self.data[name].name != name
+        ]
+        lines += [
+            f"data.{name} is not set: the keys of the preset conf/data/{name}.yaml (datasets names {name})"
+            for name in self.datasets
+            if name not in self.data
+        ]
+        if lines:
+            raise ConfigError("\n".join(lines))
+        return self

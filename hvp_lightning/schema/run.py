@@ -1,17 +1,22 @@
 """The top-level keys of ``train.py`` (conf/config.yaml), the ``trainer`` and ``logger`` groups, and
-:class:`TrainConfig`: a whole training config, every group in it."""
+:class:`TrainConfig`: a whole training config, every group in it, with the rules that tie keys of
+several groups together (its validators: what needs only the config; the disk, the data and the
+machine are hvp_lightning/config.py's)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
-from .backbone import BackboneSettings
-from .base import COUNT, COUNT_OR_ZERO, POSITIVE, SEED, Section, integer
+from ..errors import ConfigError, fail
+from ..settings import HVP, method_settings
+from .backbone import BACKBONE_FAMILIES, TIMM_FAMILY, BackboneSettings, ResNetSettings, backbone_family
+from .base import COUNT, COUNT_OR_ZERO, POSITIVE, SEED, Section, every_rule, integer
+from .core import to_settings
 from .data import DataSettings
 from .hvp import HVPSection
-from .method import MethodSection
+from .method import MULTI_CROP, MethodSection
 
 # trainer.accelerator and eval.py's accelerator: Lightning's but XLA's and Gaudi's (tpu, hpu: packages we lack)
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
@@ -51,6 +56,20 @@ class TrainerSettings(Section):
     """auto, ddp (and its find_unused_parameters variants) or another Lightning strategy name"""
     sync_batchnorm: bool | Literal["auto"] = "auto"
     """DDP: SyncBatchNorm; auto: on when the model has BatchNorm"""
+
+    @model_validator(mode="after")
+    def owned_keys(self) -> TrainerSettings:
+        """The ``trainer.*`` keys train.py sets itself (checkpointing) are not the command's."""
+        extra = self.model_extra or {}
+        lines = [
+            f"trainer.{key}={extra[key]!r} is not allowed: not set here: checkpoints are always written "
+            "(checkpoint.every_n_epochs sets the kept ones)"
+            for key in OWNED_TRAINER_KEYS
+            if key in extra
+        ]
+        if lines:
+            raise ConfigError("\n".join(lines))
+        return self
 
 
 class CSVLoggerSettings(Section):
@@ -135,6 +154,19 @@ class BudgetSettings(Section):
     match: str | None = None
     """a run dir: train for as many model FLOPs as that run did (its summary.json cost.total_flops), e.g. the baseline at an HVP run's compute; null: none"""
 
+    @property
+    def sets_epochs(self) -> bool:
+        """Whether a budget is given: it then sets ``trainer.max_epochs``."""
+        return self.flops is not None or self.match is not None
+
+    @model_validator(mode="after")
+    def one_budget(self) -> BudgetSettings:
+        """A number of FLOPs or a run's, not both (whether the run holds its FLOPs: on disk)."""
+        if self.flops is not None and self.match is not None:
+            fail("budget.match", self.match, f"null when budget.flops is set ({self.flops:g}): the budget is a "
+                 "number of FLOPs or a run's, not both")  # fmt: skip
+        return self
+
 
 class TrainConfig(Section):
     """``train.py``'s whole config: the top-level keys and every group."""
@@ -154,6 +186,122 @@ class TrainConfig(Section):
     limits: LimitsSettings = LimitsSettings()
     analysis: AnalysisSettings = AnalysisSettings()
     budget: BudgetSettings = BudgetSettings()
+
+    @property
+    def hvp_on(self) -> bool:
+        """Whether the run selects hard views: an ``hvp`` section (``+hvp=on``), enabled."""
+        return self.hvp is not None and self.hvp.enabled
+
+    @model_validator(mode="after")
+    def rules(self) -> TrainConfig:
+        """The rules that tie keys of several groups together (:data:`TRAIN_RULES`), every one run."""
+        return every_rule(self, TRAIN_RULES)
+
+
+# --- the rules of a training config that tie its groups together, each once ----------------------
+def check_train_crops_set(s: TrainConfig) -> None:
+    """``null`` crop size and crop ratio are transfer.py's ("the checkpoint's"), not a training run's."""
+    for key in ("crop_size", "eval_crop_ratio"):
+        if getattr(s.data, key) is None:
+            fail(f"data.{key}", None, f"{'an integer >= 1' if key == 'crop_size' else 'a number in (0, 1]'} or auto "
+                 "(null is transfer.py's: the checkpoint's)")  # fmt: skip
+
+
+def check_multicrop(s: TrainConfig) -> None:
+    """DINO/iBOT: a ViT's local crops are a multiple of its patch (a timm ViT's: checked against timm
+    at start-up, hvp_lightning/config.py ``check_timm_backbone``)."""
+    m, b = s.method, s.backbone
+    if (
+        m.name in MULTI_CROP
+        and backbone_family(b) == "vit"
+        and m.num_local_crops > 0
+        and m.local_crop_size % b.patch_size
+    ):
+        fail(
+            "method.local_crop_size",
+            m.local_crop_size,
+            f"a multiple of backbone.patch_size={b.patch_size} for {b.name}",
+        )
+
+
+def check_ibot_backbone(s: TrainConfig) -> None:
+    """iBOT predicts masked patch tokens: a ViT (which timm models have tokens: checked against timm)."""
+    if s.method.name == "ibot" and backbone_family(s.backbone) not in ("vit", TIMM_FAMILY):
+        vits = ", ".join(n for n, f in BACKBONE_FAMILIES.items() if f == "vit")
+        raise ConfigError(
+            f"backbone.name={s.backbone.name!r} is not allowed for method=ibot: a ViT (patch tokens), "
+            f"one of {vits} or a timm ViT (backbone=timm)"
+        )
+
+
+def check_method_hvp(s: TrainConfig) -> None:
+    """HVP's keys against the method: a key the method would not read is refused
+    (:meth:`~hvp_lightning.settings.MethodSettings.check_hvp`)."""
+    if s.hvp is not None:
+        method = to_settings(s.method, method_settings()[s.method.name])
+        method.resolve_hvp(to_settings(s.hvp, HVP, tagged=False))
+
+
+def check_iou_policy(s: TrainConfig) -> None:
+    """``data.iou_policy``'s warm-up is shorter than the run (its schedule spans the other epochs).
+    Under a budget the epochs are known once it is counted: checked then (training/budget.py)."""
+    p = s.data.iou_policy
+    if p is not None and p.enabled and not s.budget.sets_epochs:
+        check_iou_warmup(p.warmup_epochs, s.trainer.max_epochs)
+
+
+def check_iou_warmup(warmup: int, epochs: int, whose: str = "trainer.max_epochs") -> None:
+    if warmup > epochs - 1:
+        fail(
+            "data.iou_policy.warmup_epochs", warmup, f"an integer in [0, {epochs - 1}] (shorter than {whose}={epochs})"
+        )
+
+
+def check_budget_steps(s: TrainConfig) -> None:
+    """A budget sets ``trainer.max_epochs``: not beside ``trainer.max_steps``, which would end the
+    run before the epochs the budget sets."""
+    extra = trainer_extras(s.trainer)
+    if (
+        s.budget.sets_epochs and extra.get("max_steps", -1) != -1
+    ):  # an undeclared Trainer argument: -1 is Lightning's unset
+        fail("trainer.max_steps", extra["max_steps"], "-1 (unset) with a budget: the budget sets trainer.max_epochs, "
+             "and a step limit would end the run before them")  # fmt: skip
+
+
+def check_backbone_crop(s: TrainConfig) -> None:
+    """The training crop fits the built-in backbone (a timm model's: checked against timm; ``auto``:
+    once it is resolved from the images, hvp_lightning/config.py ``check_crops``)."""
+    if isinstance(s.data.crop_size, int):
+        check_crop_for_backbone(s.backbone, s.data.crop_size)
+
+
+def smallest_resnet_side(b: ResNetSettings) -> int:
+    """The smallest image side a built-in ResNet takes: its trunk downsamples 8x (CIFAR stem) or 32x."""
+    return 8 if b.cifar_stem else 32
+
+
+def check_crop_for_backbone(b: Any, crop: int) -> None:
+    """``crop`` (``data.crop_size``) fits the built-in backbone ``b`` (a timm model's: checked against timm)."""
+    family = backbone_family(b)
+    if family == "resnet":
+        smallest = smallest_resnet_side(b)
+        if crop < smallest:
+            fail("data.crop_size", crop, f">= {smallest} px for {b.name} with cifar_stem={b.cifar_stem}")
+    elif family == "vit" and crop % b.patch_size:
+        fail("data.crop_size", crop, f"a multiple of backbone.patch_size={b.patch_size} for {b.name}")
+
+
+# the rules of a training config over several groups, each once; run in this order, all of them
+# (a group's own rules are its section's validators: trainer, budget, backbone, method, hvp)
+TRAIN_RULES = (
+    check_train_crops_set,
+    check_multicrop,
+    check_ibot_backbone,
+    check_method_hvp,
+    check_iou_policy,
+    check_budget_steps,
+    check_backbone_crop,
+)
 
 
 def trainer_extras(trainer: TrainerSettings) -> dict[str, Any]:

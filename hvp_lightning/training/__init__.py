@@ -3,5 +3,6 @@ build, fit, evaluate, summarise), checkpoints and resume (they build methods), s
 at a step (SLURM's signal, SIGTERM) and the export of a trained backbone.
 
 The highest layer below ``evaluation/`` and the console commands: it imports methods, data,
-analysis, ``cluster/`` and ``run/``; nothing below imports it.
+analysis, ``cluster/``, ``run/``, ``config`` and ``schema/`` (the run's validated config, typed);
+nothing below imports it.
 """

@@ -28,14 +28,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig
-
-from ..config import check_iou_warmup, fail, has_budget, matched_flops, warn_long_warmup
+from ..config import fail, matched_flops, warn_long_warmup
 from ..device import local_processes
 from ..errors import ConfigError
 from ..run.directory import RunDir
 from ..run.perf import StepFlops
 from ..run.process_rank import env_rank
+from ..schema import TrainConfig
+from ..schema.run import check_iou_warmup, trainer_extras
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def closest_count(budget: float, cost: Callable[[int], int]) -> int:
     return lo if lo >= 1 and budget - cost(lo) <= cost(hi) - budget else hi
 
 
-def _check_at_least_half_an_epoch(cfg: DictConfig, target: float, one_epoch: int) -> None:
+def _check_at_least_half_an_epoch(cfg: TrainConfig, target: float, one_epoch: int) -> None:
     """Whole epochs come within half an epoch of a budget only if it holds half of one: a smaller
     one would train a whole epoch, many times what was asked."""
     if target >= one_epoch / 2:
@@ -159,12 +159,13 @@ class BudgetPlan:
 
 
 def apply_budget(
-    cfg: DictConfig, flops: StepFlops | None, train_images: int, stored: DictConfig | None = None
+    cfg: TrainConfig, flops: StepFlops | None, train_images: int, stored: TrainConfig | None = None
 ) -> BudgetPlan | None:
-    """Set ``cfg.trainer.max_epochs`` from ``cfg.budget`` (None without one): ``flops`` the run's
-    counted step, ``train_images`` its training set, ``stored`` the config of the checkpoint it
-    resumes (its epochs are kept if the budget is the same). Says what it set in one start-up line."""
-    if not has_budget(cfg):
+    """The ``trainer.max_epochs`` that ``cfg.budget`` sets (None without one), as the plan's
+    ``epochs`` (the run takes the changed copy of its config): ``flops`` the run's counted step,
+    ``train_images`` its training set, ``stored`` the config of the checkpoint it resumes (its
+    epochs are kept if the budget is the same). Says what it set in one start-up line."""
+    if not cfg.budget.sets_epochs:
         return None
     b = cfg.budget
     key, value = ("budget.flops", b.flops) if b.flops is not None else ("budget.match", b.match)
@@ -172,36 +173,33 @@ def apply_budget(
         raise ConfigError(f"{key}={value!r} is not allowed: a run whose model FLOPs are counted (this method's "
                           "step could not be, see the warning above); set trainer.max_epochs instead")  # fmt: skip
     t = cfg.trainer
-    processes = local_processes(t) * int(t.num_nodes)
-    epoch = epoch_of(train_images, int(cfg.method.batch_size), processes, int(t.get("accumulate_grad_batches") or 1),
-                     t.get("limit_train_batches", 1.0))  # fmt: skip
-    hvp = cfg.get("hvp") or {}
-    every = int(hvp.get("every_n_steps", 1)) if hvp.get("enabled") else 1
+    processes = local_processes(t) * t.num_nodes
+    limit = trainer_extras(t).get("limit_train_batches", 1.0)  # a +trainer.* key: Lightning's default
+    epoch = epoch_of(train_images, cfg.method.batch_size, processes, t.accumulate_grad_batches, limit)
+    every = cfg.hvp.every_n_steps if cfg.hvp_on else 1  # type: ignore[union-attr]
 
     def cost(epochs: int) -> int:
         return run_flops(epochs, flops, epoch, every)
 
-    kept = stored is not None and stored.get("budget") == b
+    kept = stored is not None and stored.budget == b
     target = float(b.flops) if b.flops is not None else _matched(cfg, required=not kept)
     if not kept:
         _check_at_least_half_an_epoch(cfg, target, cost(1))  # type: ignore[arg-type]
-    epochs = int(stored.trainer.max_epochs) if kept else closest_count(target, cost)  # type: ignore[union-attr,arg-type]
+    epochs = stored.trainer.max_epochs if kept else closest_count(target, cost)  # type: ignore[union-attr,arg-type]
     plan = BudgetPlan(target, b.match, epochs, epochs * epoch.steps, cost(epochs), kept)
-    before = int(t.max_epochs)
-    t.max_epochs = plan.epochs
-    policy = cfg.data.get("iou_policy")
-    if policy is not None and policy.get("enabled"):
-        check_iou_warmup(int(policy.warmup_epochs), plan.epochs, "the budget's trainer.max_epochs")
+    policy = cfg.data.iou_policy
+    if policy is not None and policy.enabled:
+        check_iou_warmup(policy.warmup_epochs, plan.epochs, "the budget's trainer.max_epochs")
     if env_rank() == 0:
-        log.info(plan.line(before))
-    warn_long_warmup(cfg)
+        log.info(plan.line(t.max_epochs))
+    warn_long_warmup(cfg.with_values({"trainer.max_epochs": plan.epochs}))
     return plan
 
 
-def _matched(cfg: DictConfig, required: bool) -> float | None:
+def _matched(cfg: TrainConfig, required: bool) -> float | None:
     """The matched run's total (a warning if it trained another method, backbone or data set: the
     budget is its FLOPs all the same); on a resume that keeps its epochs, None if that run is gone."""
-    run_dir = str(cfg.budget.match)
+    run_dir = cfg.budget.match
     try:
         total = matched_flops(run_dir)
     except ConfigError:

@@ -50,6 +50,8 @@ from ..errors import CheckpointError
 from ..run.atomic import atomic_write
 from ..run.directory import LAST, RunDir, resolve_checkpoint
 from ..run.epoch_metrics import epoch_aggregates
+from ..schema import TrainConfig
+from ..schema.base import as_dict
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +120,8 @@ class RunConfig(Callback):
     """The run's config in every checkpoint (``checkpoint["hvp_lightning"]["config"]``, resolved,
     plain values): the method keeps its own settings as its hyperparameters, the run the rest."""
 
-    def __init__(self, cfg: DictConfig) -> None:
-        self.config = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.config = as_dict(cfg)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         checkpoint.setdefault("hvp_lightning", {})["config"] = self.config
@@ -152,7 +154,7 @@ def unsafe_globals(path: Path) -> list[str] | None:
         return None
 
 
-def checkpoint_config(ckpt: dict[str, Any]) -> DictConfig:
+def checkpoint_config(ckpt: dict[str, Any]) -> TrainConfig:
     """The training config stored in a checkpoint (resolved, with ``data.num_classes``), as this
     version reads it (:func:`~hvp_lightning.config.stored_config`)."""
     return stored_config(stored_run_config(ckpt))
@@ -409,35 +411,33 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): node}
 
 
-def _plain(cfg: DictConfig) -> dict[str, Any]:
-    out = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(out, dict)
-    if not (out.get("hvp") or {}).get("enabled"):  # absent and disabled are the same run
+def _plain(cfg: TrainConfig) -> dict[str, Any]:
+    out = as_dict(cfg)
+    if not cfg.hvp_on:  # absent and disabled are the same run
         out.pop("hvp", None)
-    if not (out.get("data") or {}).get("on_device", True):  # absent (run dirs before the key) and false alike
-        out["data"].pop("on_device")
+    if not cfg.data.on_device:  # false, and false for a run dir from before the key, are the same run
+        del out["data"]["on_device"]
     return out
 
 
-def config_differences(there: DictConfig, here: DictConfig) -> list[str]:
+def config_differences(there: TrainConfig, here: TrainConfig) -> list[str]:
     """Dotted keys whose values differ between two training configs, except
     :data:`RESUMABLE_KEYS` and :data:`DERIVED_KEYS` (sub-keys included)."""
     a, b = _flat(_plain(there)), _flat(_plain(here))
     skip = RESUMABLE_KEYS + DERIVED_KEYS
     keys = [k for k in set(a) | set(b) if not any(k == s or k.startswith(s + ".") for s in skip)]
-    missing = object()
-    return sorted(k for k in keys if a.get(k, missing) != b.get(k, missing))
+    return sorted(k for k in keys if (k in a, a.get(k)) != (k in b, b.get(k)))
 
 
-def _describe(key: str, there: DictConfig, here: DictConfig) -> str:
-    def show(cfg: DictConfig) -> str:
-        value = OmegaConf.select(cfg, key, default="<absent>")
-        return repr(OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value)
+def _describe(key: str, there: TrainConfig, here: TrainConfig) -> str:
+    def show(cfg: TrainConfig) -> str:
+        values = _flat(as_dict(cfg))
+        return repr(values[key]) if key in values else "'<absent>'"
 
     return f"{key} ({show(there)} there, {show(here)} here)"
 
 
-def check_same_run(there: DictConfig, here: DictConfig, run_dir: RunDir) -> None:
+def check_same_run(there: TrainConfig, here: TrainConfig, run_dir: RunDir) -> None:
     """Raise :class:`CheckpointError` (one line naming the differing keys) unless ``here``
     continues the run whose config is ``there``."""
     diffs = config_differences(there, here)
@@ -452,7 +452,7 @@ def check_same_run(there: DictConfig, here: DictConfig, run_dir: RunDir) -> None
         )
 
 
-def resume_checkpoint(cfg: DictConfig, run_dir: str | Path | RunDir) -> tuple[Path | None, int]:
+def resume_checkpoint(cfg: TrainConfig, run_dir: str | Path | RunDir) -> tuple[Path | None, int]:
     """The checkpoint this run continues from and the optimiser steps it has trained
     (``global_step``, where a resumed logger continues), or ``(None, 0)`` for a fresh run.
     The step is read here, from the one load that checks the config.
@@ -463,7 +463,7 @@ def resume_checkpoint(cfg: DictConfig, run_dir: str | Path | RunDir) -> tuple[Pa
     an old run is never continued under another run's config."""
     run_dir = RunDir.of(run_dir)
     last = run_dir.last_checkpoint
-    asked = cfg.get("resume")
+    asked = cfg.resume
     if not last.is_file():
         if asked:
             raise CheckpointError(
@@ -480,11 +480,13 @@ def resume_config(run_dir: str | Path | RunDir, requested: DictConfig, overrides
     groups that ``overrides`` (the command line) name taken from ``requested`` (the config
     that command composes), e.g. ``trainer.max_epochs=200`` to extend a run. Whether the
     result may continue that run is :func:`check_same_run`'s call (``training.driver.run``): repeating
-    the run's own command with ``resume=`` appended changes nothing and is fine."""
+    the run's own command with ``resume=`` appended changes nothing and is fine. A composed config
+    (the command's overrides are Hydra's), which :func:`~hvp_lightning.config.check_options` then
+    validates."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     last, run_dir = resolve_checkpoint(run_dir, key="resume")
-    cfg = checkpoint_config(load_checkpoint(last, mmap=True, key="resume"))
+    cfg = OmegaConf.create(as_dict(checkpoint_config(load_checkpoint(last, mmap=True, key="resume"))))
     for ov in OverridesParser.create().parse_overrides(list(overrides)):
         key = ov.key_or_group.replace("/", ".")
         if key == "resume" or key.startswith("hydra."):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from ..analysis.callback import analysis_callbacks
 from ..analysis.live import live_gallery_callbacks
@@ -23,7 +23,7 @@ from ..cluster.waits import (
     describe_wait_error,
     end_descendants,
 )
-from ..config import check_options, has_budget, processes, validate
+from ..config import check_options, processes, validate
 from ..data.datamodule import SSLDataModule, eval_roles
 from ..data.iou_policy import iou_policy
 from ..device import check_accelerator, device_line, local_processes, set_matmul_precision
@@ -38,6 +38,8 @@ from ..run.perf import PerfMonitor
 from ..run.process_rank import env_rank
 from ..run.records import RunRecord, continue_csv_log, wandb_resume
 from ..run.wandb_logging import WandbCharts, current_sweep_dir, run_names, wandb_logged_in
+from ..schema import TrainConfig
+from ..schema.base import as_dict
 from ..selection import hvp_summary
 from ..warning_filters import quiet_console
 from .backbone_init import init_backbone
@@ -58,7 +60,7 @@ from .preemption import StopOnSignal, cluster_plugins
 log = logging.getLogger(__name__)
 
 
-def build_logger(cfg: DictConfig, run_dir: str | Path | RunDir, resume_step: int = 0):
+def build_logger(cfg: TrainConfig, run_dir: str | Path | RunDir, resume_step: int = 0):
     """The run's CSV or W&B logger, continuing the run's log over a resume (from ``resume_step``)."""
     from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
@@ -71,7 +73,7 @@ def build_logger(cfg: DictConfig, run_dir: str | Path | RunDir, resume_step: int
     mode = os.environ.get("WANDB_MODE") or (
         lc.mode if lc.mode != "auto" else ("online" if wandb_logged_in() else "offline")
     )
-    group, name = run_names(lc.group, lc.get("run_name"), run_dir.path, current_sweep_dir())  # a sweep shares a group
+    group, name = run_names(lc.group, lc.run_name, run_dir.path, current_sweep_dir())  # a sweep shares a group
     return WandbLogger(
         project=lc.project,
         entity=lc.entity,
@@ -81,19 +83,20 @@ def build_logger(cfg: DictConfig, run_dir: str | Path | RunDir, resume_step: int
         save_dir=str(run_dir),
         mode=mode,
         **wandb_resume(run_dir, resume_step, mode),  # a resumed run continues its W&B run
-        config=OmegaConf.to_container(cfg, resolve=True),
+        config=as_dict(cfg),
     )
 
 
-def run(cfg: DictConfig, run_dir: str | Path | RunDir, options_checked: bool = False) -> dict[str, Any]:
+def run(cfg: TrainConfig | DictConfig, run_dir: str | Path | RunDir) -> dict[str, Any]:
     """Pretrain as configured and return the summary (also written to run_dir/summary.json).
-    ``options_checked``: :func:`hvp_lightning.config.check_options` has passed on ``cfg`` (the CLI).
+    ``cfg``: a validated config (:func:`hvp_lightning.config.check_options`'s, as the CLI passes it),
+    or a composed one, validated here first.
 
     Nothing waits forever (:mod:`hvp_lightning.cluster.waits`): a wait on another rank or on loader
     workers longer than ``limits.wait_s`` fails the run with :class:`~hvp_lightning.cluster.waits.WaitedTooLong`,
     a failure ends the processes this one started, and a SIGTERM or Ctrl-C that the run cannot
     act on within ``limits.stop_grace_s`` (it waits in native code) ends it anyway."""
-    if not options_checked:
+    if not isinstance(cfg, TrainConfig):
         cfg = check_options(cfg)
     with StopWatch(cfg.limits.stop_grace_s):
         try:
@@ -106,11 +109,11 @@ def run(cfg: DictConfig, run_dir: str | Path | RunDir, options_checked: bool = F
             raise WaitedTooLong(described) from err
 
 
-def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]:
+def _pretrain(cfg: TrainConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]:
     """:func:`run`'s work, on a config :func:`~hvp_lightning.config.check_options` has validated."""
     quiet_console()
-    cfg = validate(cfg, options_checked=True)
-    check_accelerator("trainer.accelerator", str(cfg.trainer.accelerator))
+    cfg = validate(cfg)
+    check_accelerator("trainer.accelerator", cfg.trainer.accelerator)
     run_dir.path.mkdir(parents=True, exist_ok=True)
     ckpt_path, resume_step = resume_checkpoint(cfg, run_dir)  # (None, 0): a fresh run
     record = RunRecord(run_dir)  # this session's clock starts
@@ -125,19 +128,21 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]
             f"method.batch_size={cfg.method.batch_size} is not allowed: the training set has only "
             f"{len(dm.train_set)} images{over} (batches are full, drop_last)"
         )
-    with open_dict(cfg):
-        cfg.data.num_classes = dm.num_classes
+    cfg = cfg.with_values({"data.num_classes": dm.num_classes})
     step_flops = run_step_flops(cfg)  # model FLOPs counted on the meta device, before training
-    stored = checkpoint_config(load_checkpoint(ckpt_path, mmap=True)) if ckpt_path and has_budget(cfg) else None
+    budgeted = ckpt_path is not None and cfg.budget.sets_epochs
+    stored = checkpoint_config(load_checkpoint(ckpt_path, mmap=True)) if budgeted else None
     budget = apply_budget(cfg, step_flops, len(dm.train_set), stored)  # trainer.max_epochs from the FLOPs
+    if budget is not None:
+        cfg = cfg.with_values({"trainer.max_epochs": budget.epochs})
     if budget is not None and iou_policy(cfg) != dm.iou_policy:  # its schedule spans the budget's epochs
         dm = data_module(cfg, wait_s)
     model = build_method(cfg)
     if (init_line := init_backbone(model, cfg.backbone, resuming=ckpt_path is not None)) and env_rank() == 0:
         (log.warning if ckpt_path is not None else log.info)(init_line)
-    trainer_kwargs: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)  # type: ignore[assignment]
-    sync_bn = sync_batchnorm_plugins(trainer_kwargs.pop("sync_batchnorm", "auto"), model)  # DDP only
-    trainer_kwargs["strategy"] = ddp_strategy(trainer_kwargs, wait_s)  # collectives wait at most wait_s
+    trainer_kwargs = cfg.trainer.model_dump()
+    sync_bn = sync_batchnorm_plugins(trainer_kwargs.pop("sync_batchnorm"), model)  # DDP only
+    trainer_kwargs["strategy"] = ddp_strategy(cfg.trainer, wait_s)  # collectives wait at most wait_s
     checkpointer = RunCheckpoint(
         run_dir,
         cfg.checkpoint.every_n_epochs,
@@ -191,12 +196,12 @@ def _pretrain(cfg: DictConfig, run_dir: RunDir, wait_s: float) -> dict[str, Any]
     summary["sync_batchnorm_layers"] = sync_bn[0].converted if sync_bn else 0
     if trainer.is_global_zero:
         atomic_write_text(run_dir.summary, json.dumps(summary, indent=2) + "\n")  # sweeps read it live
-        OmegaConf.save(cfg, run_dir.config)
+        OmegaConf.save(as_dict(cfg), run_dir.config)
     _close_logger(trainer, summary)
     return summary
 
 
-def data_module(cfg: DictConfig, wait_s: float) -> SSLDataModule:
+def data_module(cfg: TrainConfig, wait_s: float) -> SSLDataModule:
     """The run's data, set up for training."""
     hvp = hvp_of(cfg)
     dm = SSLDataModule(
@@ -313,7 +318,7 @@ def monitor_summary(last: dict[str, Any], init: dict[str, float], history: list[
 
 
 def _summary(
-    cfg: DictConfig,
+    cfg: TrainConfig,
     model: SSLMethod,
     monitors: OnlineMonitors,
     counters: RunCounters,
@@ -323,7 +328,7 @@ def _summary(
     train_loss: float | None,
 ) -> dict[str, Any]:
     skipped = counters.skipped()  # every rank's
-    num_classes = int(cfg.data.num_classes or 0)
+    num_classes = cfg.data.num_classes
     out: dict[str, Any] = {
         "method": cfg.method.name,
         "backbone": cfg.backbone.name,

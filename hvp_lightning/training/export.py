@@ -47,6 +47,7 @@ from ..errors import CheckpointError
 from ..run.atomic import atomic_write, atomic_write_text
 from ..run.directory import resolve_checkpoint
 from ..schema import TIMM_FAMILY, backbone_family
+from ..schema.backbone import ResNetSettings
 
 if TYPE_CHECKING:
     import torch
@@ -84,8 +85,8 @@ def backbone_state_dict(ckpt: dict, student: bool = False) -> tuple[dict[str, to
         "backbone": cfg.backbone.name,
         "source_prefix": prefix,
         "family": backbone_family(cfg.backbone),
-        "width": cfg.backbone.get("width"),
-        "cifar_stem": cfg.backbone.get("cifar_stem"),
+        "width": cfg.backbone.width if isinstance(cfg.backbone, ResNetSettings) else None,
+        "cifar_stem": cfg.backbone.cifar_stem if isinstance(cfg.backbone, ResNetSettings) else None,
         "model": model,
         "module": backbone,
     }

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
 
-from ..schema import TIMM_FAMILY, backbone_family
+from ..schema import TIMM_FAMILY, TrainConfig, backbone_family
+from ..schema.backbone import BackboneSettings
+from ..schema.base import as_dict
+from ..schema.data import DataSettings
 
 # Bookkeeping entries of summary.json: how long and on what the run went, not how the model is.
 _NOT_MONITORS = {
@@ -44,7 +46,7 @@ class TimmTarget:
     builder_args: dict[str, Any] = field(default_factory=dict)
 
 
-def timm_target(backbone_cfg: DictConfig, trunk: Any) -> TimmTarget:
+def timm_target(backbone_cfg: BackboneSettings, trunk: Any) -> TimmTarget:
     """The timm architecture and arguments whose model has the trunk's keys, shapes and features.
 
     Width-64 ImageNet-stem ResNets are timm's ``resnet18``/``resnet50`` (timm keeps torchvision's
@@ -62,21 +64,21 @@ def timm_target(backbone_cfg: DictConfig, trunk: Any) -> TimmTarget:
 
         architecture = str(backbone_cfg.name).split(".", 1)[0]
         if backbone_cfg.model_args is not None:
-            args.update(OmegaConf.to_container(backbone_cfg.model_args, resolve=True))  # type: ignore[arg-type]
-        if backbone_cfg.get("img_size") is not None:  # the model took it (build_timm passes it to any)
+            args.update(backbone_cfg.model_args)
+        if backbone_cfg.img_size is not None:  # the model took it (build_timm passes it to any)
             args["img_size"] = int(backbone_cfg.img_size)
         elif timm_is_vit(architecture):  # its default grid, which a loader would not take from our pretrained_cfg
             args["img_size"] = _side(trunk.patch_embed.img_size)
     elif family == "resnet":
-        width, cifar = backbone_cfg.get("width", 64), bool(backbone_cfg.get("cifar_stem", False))
+        width, cifar = backbone_cfg.width, backbone_cfg.cifar_stem
         if width != 64 or cifar:
-            builder = {"name": str(backbone_cfg.name), "width": int(width), "cifar_stem": cifar}
+            builder = {"name": backbone_cfg.name, "width": width, "cifar_stem": cifar}
             return TimmTarget(None, builder_args=builder)
         architecture = str(backbone_cfg.name)
     else:
         architecture = f"{backbone_cfg.name}_patch16_224"
         given = {"img_size": backbone_cfg.img_size, "patch_size": backbone_cfg.patch_size}
-        given["depth"] = backbone_cfg.get("depth") or _VIT_DEFAULTS["depth"]
+        given["depth"] = backbone_cfg.depth or _VIT_DEFAULTS["depth"]  # null: the model's
         args.update({k: int(v) for k, v in given.items() if v != _VIT_DEFAULTS[k]})
     if getattr(trunk, "dynamic_img_size", False):
         args["dynamic_img_size"] = True
@@ -89,7 +91,7 @@ def _side(size: Any) -> int | list[int]:
     return h if h == w else [h, w]
 
 
-def pretrained_cfg(data_cfg: DictConfig, target: TimmTarget) -> dict[str, Any]:
+def pretrained_cfg(data_cfg: DataSettings, target: TimmTarget) -> dict[str, Any]:
     """timm's data config of the run's evaluation views (hvp_lightning/data/augment.py
     ``EvalTransform``: bilinear resize to ``crop_size / eval_crop_ratio``, centre crop, the
     data set's mean and std), so ``timm.data.resolve_data_config`` reproduces them.
@@ -114,7 +116,7 @@ def pretrained_cfg(data_cfg: DictConfig, target: TimmTarget) -> dict[str, Any]:
     return cfg
 
 
-def run_record(cfg: DictConfig, ckpt: dict[str, Any], summary: dict[str, Any] | None, weights: str) -> dict[str, Any]:
+def run_record(cfg: TrainConfig, ckpt: dict[str, Any], summary: dict[str, Any] | None, weights: str) -> dict[str, Any]:
     """The ``hvp`` block of config.json: how the weights were made. Counters come from the
     checkpoint (they belong to these weights); monitors and k-NN from ``summary.json`` when it
     describes the same step, else the checkpoint's last k-NN and no monitors."""
@@ -128,10 +130,10 @@ def run_record(cfg: DictConfig, ckpt: dict[str, Any], summary: dict[str, Any] | 
         "method": str(cfg.method.name),
         "backbone": str(cfg.backbone.name),
         "weights": weights,
-        "hvp_settings": _plain(cfg.get("hvp")),
+        "hvp_settings": cfg.hvp.model_dump() if cfg.hvp is not None else None,
         "data": {
             k: v
-            for k, v in no_local_paths(_plain(cfg.data)).items()
+            for k, v in no_local_paths(cfg.data.model_dump()).items()
             if k not in ("num_workers", "on_device", "download")
         },
         "epochs": int(position[0]) if position else (summary or {}).get("epochs"),
@@ -144,7 +146,7 @@ def run_record(cfg: DictConfig, ckpt: dict[str, Any], summary: dict[str, Any] | 
     record["monitors"] = _monitors(summary) if same else {}
     if same and summary.get("hvp"):  # type: ignore[union-attr]
         record["selection"] = summary["hvp"]  # type: ignore[index]
-    record["train_config"] = no_local_paths(_plain(cfg))
+    record["train_config"] = no_local_paths(as_dict(cfg))
     return record
 
 
@@ -162,7 +164,7 @@ def no_local_paths(value: Any) -> Any:
     return value
 
 
-def export_config(target: TimmTarget, num_features: int, data_cfg: DictConfig, record: dict) -> dict[str, Any]:
+def export_config(target: TimmTarget, num_features: int, data_cfg: DataSettings, record: dict) -> dict[str, Any]:
     """config.json: timm's hub fields, then ours (``hvp``; ``hvp_builder`` where timm has no
     architecture for the trunk)."""
     config: dict[str, Any] = {
@@ -310,7 +312,7 @@ def _monitor_rows(rec: dict[str, Any]) -> list[str]:
     return ["| | |", "|---|---|", *rows]
 
 
-def _knn(cfg: DictConfig, summary: dict[str, Any] | None, state: dict[str, Any]) -> dict[str, Any]:
+def _knn(cfg: TrainConfig, summary: dict[str, Any] | None, state: dict[str, Any]) -> dict[str, Any]:
     if summary is not None and summary.get("knn_top1") is not None:
         out = {k[4:]: summary[k] for k in ("knn_top1", "knn_top5", "knn_chance", "knn_queries") if k in summary}
         last = (summary.get("knn_history") or [{}])[-1]
@@ -318,7 +320,7 @@ def _knn(cfg: DictConfig, summary: dict[str, Any] | None, state: dict[str, Any])
     else:
         out = dict(state.get("knn_result") or {})
     if out:
-        out["k"] = cfg.eval.get("knn_k") if cfg.get("eval") is not None else None
+        out["k"] = cfg.eval.knn_k
     return out
 
 
@@ -339,10 +341,6 @@ def _monitors(summary: dict[str, Any]) -> dict[str, Any]:
             last = {f"{prefix}_{k}": v for k, v in value[-1].items() if k not in _POSITION}
             out.update({k: v for k, v in last.items() if k not in summary})
     return out
-
-
-def _plain(node: Any) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
 
 def _fmt(value: Any) -> str:

@@ -29,6 +29,7 @@ from hvp_lightning.data.resident import ResidentImages, crop_flip_batch, resampl
 from hvp_lightning.data.seeds import view_keys
 from hvp_lightning.data.textures import SyntheticTextures
 
+from ..conftest import make_settings
 from .test_batched_aug import record_host_reads
 
 
@@ -149,15 +150,16 @@ def test_resident_draws_are_functions_of_seed_epoch_index_slot() -> None:
 def test_run_dirs_from_before_the_key_still_resume() -> None:
     """``data.on_device: false`` is the behaviour of run dirs written before the key existed, so
     the resume check treats absent and false alike (true is a different run)."""
-    from omegaconf import OmegaConf
-
+    from hvp_lightning.config import stored_config
+    from hvp_lightning.schema.base import as_dict
     from hvp_lightning.training.checkpoint import config_differences
 
-    old = OmegaConf.create({"data": {"name": "cifar10"}})
-    assert config_differences(old, OmegaConf.create({"data": {"name": "cifar10", "on_device": False}})) == []
-    assert config_differences(old, OmegaConf.create({"data": {"name": "cifar10", "on_device": True}})) == [
-        "data.on_device"
-    ]
+    cfg = make_settings()
+    stored = as_dict(cfg)
+    del stored["data"]["on_device"]  # a run dir written before the key
+    old = stored_config(stored)
+    assert config_differences(old, cfg) == []
+    assert config_differences(old, cfg.with_values({"data.on_device": True})) == ["data.on_device"]
 
 
 def test_draw_view_params_keeps_each_views_distribution() -> None:

@@ -17,7 +17,7 @@ from ..conftest import build
 
 
 def test_architecture_follows_official_simsiam(cfg_factory):
-    model = build(cfg_factory("method=simsiam", "method.proj_hidden_dim=64", "method.proj_dim=32"))
+    model = build(cfg_factory("method=simsiam", "method.proj_hidden_dim=64", "method.proj_dim=32", "data.crop_size=32"))
     proj, pred = model.projector, model.predictor
     assert sum(isinstance(m, torch.nn.Linear) for m in proj) == 3  # ImageNet preset: 3 layers
     assert isinstance(proj[-1], torch.nn.BatchNorm1d) and not proj[-1].affine

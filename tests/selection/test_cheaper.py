@@ -35,7 +35,7 @@ from hvp_lightning.selection import mixin as mixin_module
 from hvp_lightning.selection import scale as scale_module
 from hvp_lightning.training.cost import count_step_flops
 
-from ..conftest import build
+from ..conftest import build, typed
 from ..methods import test_dino, test_ibot
 from .test_static_colour import _batch as static_batch
 
@@ -391,7 +391,7 @@ def test_static_colour_colours_the_chosen_full_size_crops(cfg_factory, keys):
     model = build(cfg).train()
     seen = _capture_step(model)
     batch = static_batch(cfg)
-    crops, drawn, aug = list(batch["views"]), dict(batch["params"]), view_aug(cfg.data)
+    crops, drawn, aug = list(batch["views"]), dict(batch["params"]), view_aug(typed(cfg).data)
     model.training_step(batch, 0)
     choice = model.last_selection["choice"]
     pairs, rows = pair_index(4)[choice], torch.arange(len(choice))
@@ -445,7 +445,7 @@ def test_counted_selection_flops_follow_each_option(cfg_factory):
     backbone's share by about the scale squared (the heads' share does not shrink)."""
 
     def count(*keys: str):
-        return count_step_flops(cfg_factory("+hvp=on", "hvp.num_views=3", "data.crop_size=32", *keys))
+        return count_step_flops(typed(cfg_factory("+hvp=on", "hvp.num_views=3", "data.crop_size=32", *keys)))
 
     full, geometric = count(), count("hvp.mode=min_iou")
     assert geometric.selection == 0 and geometric.train == full.train

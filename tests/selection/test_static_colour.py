@@ -13,12 +13,12 @@ from hvp_lightning.data.datamodule import view_aug
 from hvp_lightning.data.static_colour import COLOUR_KEYS, share_colour
 from hvp_lightning.selection import pair_index
 
-from ..conftest import build
+from ..conftest import build, typed
 
 
 def _batch(cfg, b: int = 6, n: int = 4) -> dict:
     """A loader batch as the data module leaves it with defer_colour: uint8 crops + parameters."""
-    aug = view_aug(cfg.data)
+    aug = view_aug(typed(cfg).data)
     imgs = torch.randint(0, 256, (b, 3, 24, 24), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     items = [MultiViewTransform((aug,) * n, seed=1)(img, 0, i) for i, img in enumerate(imgs)]
     views = [torch.stack([it[0][v] for it in items]) for v in range(n)]
@@ -42,7 +42,7 @@ def test_selection_sees_uncoloured_candidates_and_the_step_the_coloured_pair(cfg
     cfg = cfg_factory("+hvp=on", "hvp.colour=static", "data.crop_size=16")
     model = build(cfg).train()
     batch = _batch(cfg)
-    crops, drawn, aug = list(batch["views"]), dict(batch["params"]), view_aug(cfg.data)
+    crops, drawn, aug = list(batch["views"]), dict(batch["params"]), view_aug(typed(cfg).data)
     seen: dict = {}
     scores = model.candidate_scores
 

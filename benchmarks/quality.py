@@ -198,6 +198,29 @@ def derive(
 
 SATURATION_EPOCHS = 80  # the saturation scale's E at 2k images, batch 64: the pilot (benchmarks/README.md)
 
+
+def cifar_subset_run(train: int, batch: int, epochs: int, eval_every: int) -> list[str]:
+    """The CPU scales' common overrides: the width-8 CIFAR-stem ResNet-18 on a fixed subset of
+    ``train`` CIFAR-10 images (k-NN on a fixed 2k test subset), one loader worker, CSV logs."""
+    return [
+        "backbone=resnet18_narrow",
+        "backbone.width=8",
+        "data=imagefolder",
+        "data.root=../shared/datasets/cifar10",
+        *CIFAR,
+        f"data.train_subset={train}",
+        "data.test_subset=2000",
+        "data.num_workers=1",
+        f"method.batch_size={batch}",
+        "trainer=cpu",
+        f"trainer.max_epochs={epochs}",
+        f"eval.every_n_epochs={eval_every}",
+        "logger=csv",
+        "checkpoint.every_n_epochs=null",
+        "+trainer.enable_progress_bar=false",
+    ]
+
+
 SCALES: dict[str, Scale] = {
     # 75 runs on 2 cores (5 methods x 5 arms x 3 seeds; SimSiam left out below): fixed 5k-image subset,
     # ResNet-18 (CIFAR stem) at width 8, batch 256, 12 epochs (228 optimiser steps, 58k images seen
@@ -206,23 +229,7 @@ SCALES: dict[str, Scale] = {
     "cpu": Scale(
         description="CIFAR-10 5k-image train subset, 2k test subset, ResNet-18 CIFAR stem width 8, "
         "batch 256, 12 epochs, 1 thread per run",
-        common=[
-            "backbone=resnet18_narrow",
-            "backbone.width=8",
-            "data=imagefolder",
-            "data.root=../shared/datasets/cifar10",
-            *CIFAR,
-            "data.train_subset=5000",
-            "data.test_subset=2000",
-            "data.num_workers=1",
-            "method.batch_size=256",
-            "trainer=cpu",
-            "trainer.max_epochs=12",
-            "eval.every_n_epochs=1",
-            "logger=csv",
-            "checkpoint.every_n_epochs=null",
-            "+trainer.enable_progress_bar=false",
-        ],
+        common=cifar_subset_run(train=5000, batch=256, epochs=12, eval_every=1),
         per_method={
             "simclr": [
                 "method=simclr_cifar",
@@ -276,23 +283,7 @@ SCALES: dict[str, Scale] = {
         description=f"CIFAR-10 2k-image train subset, 2k test subset, ResNet-18 CIFAR stem width 8, "
         f"batch 64, {SATURATION_EPOCHS} epochs (the pilot's baseline: its last quarter adds < 1 k-NN point), "
         "k-NN every 5 epochs, 1 thread per run",
-        common=[
-            "backbone=resnet18_narrow",
-            "backbone.width=8",
-            "data=imagefolder",
-            "data.root=../shared/datasets/cifar10",
-            *CIFAR,
-            "data.train_subset=2000",
-            "data.test_subset=2000",
-            "data.num_workers=1",
-            "method.batch_size=64",
-            "trainer=cpu",
-            f"trainer.max_epochs={SATURATION_EPOCHS}",
-            "eval.every_n_epochs=5",
-            "logger=csv",
-            "checkpoint.every_n_epochs=null",
-            "+trainer.enable_progress_bar=false",
-        ],
+        common=cifar_subset_run(train=2000, batch=64, epochs=SATURATION_EPOCHS, eval_every=5),
         per_method={
             "simclr": [
                 "method=simclr_cifar",

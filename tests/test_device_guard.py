@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten
 
 from hvp_lightning.analysis.callback import head_views, pair_table, step_statistics
 from hvp_lightning.data.datamodule import SSLDataModule
-from hvp_lightning.evaluation.probe import Classifier
+from hvp_lightning.evaluation.probe import Classifier, HeadRecipe
 from hvp_lightning.monitors.knn import knn_scores
 from hvp_lightning.selection import pair_index
 
@@ -161,7 +161,7 @@ def test_training_step_keeps_tensors_on_the_data_device(
 def test_evaluation_keeps_tensors_on_the_data_device(fake_gpu: DeviceMixGuard) -> None:
     """k-NN votes and the classifier's test counts live where the features are."""
     feats, labels = torch.randn(6, 4, device=FAKE), torch.zeros(6, dtype=torch.long, device=FAKE)
-    clf = Classifier(None, 4, 3, {}).to(FAKE)
+    clf = Classifier(None, 4, 3, HeadRecipe("sgd", 0.1, 0.0, 0.9, 0, 1)).to(FAKE)
     with fake_gpu:
         scores = knn_scores(feats, labels, feats, 3, k=2)
         clf.on_validation_epoch_start()

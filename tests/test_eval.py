@@ -22,7 +22,13 @@ from hvp_lightning.config import ConfigError
 from hvp_lightning.errors import CheckpointError
 from hvp_lightning.evaluation import evaluate
 from hvp_lightning.evaluation.features import FeatureNet, eval_precision
-from hvp_lightning.evaluation.probe import Classifier, fit_classifier, lars_growth_bound, warn_if_lars_cannot_fit
+from hvp_lightning.evaluation.probe import (
+    Classifier,
+    HeadRecipe,
+    fit_classifier,
+    lars_growth_bound,
+    warn_if_lars_cannot_fit,
+)
 from hvp_lightning.monitors.knn import knn_accuracies, knn_accuracy
 from hvp_lightning.nn.backbones import build_resnet, build_vit
 from hvp_lightning.run.directory import eval_variant
@@ -125,8 +131,9 @@ def test_linear_probe_separates_linearly_separable_features():
         return centres[y] + torch.randn(n, 16, generator=g), y
 
     (x_train, y_train), (x_test, y_test) = blobs(500), blobs(200)
-    settings = {"optimizer": "sgd", "lr": 0.5, "momentum": 0.9, "weight_decay": 0.0, "epochs": 10}
-    model = Classifier(None, 16, 5, settings)
+    model = Classifier(
+        None, 16, 5, HeadRecipe("sgd", lr=0.5, weight_decay=0.0, momentum=0.9, warmup_epochs=0, epochs=10)
+    )
     res = fit_classifier(
         _cpu(),
         model,
@@ -145,9 +152,9 @@ def test_classifier_decays_every_parameter():
     official AdamW / SGD of eval_linear.py (automl/hvp dino:eval_linear.py lines 129-139); the
     frozen backbone of a linear probe is not optimised."""
     net = build_resnet("resnet18", width=8, cifar_stem=True)
-    settings = {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.05, "epochs": 1}
+    recipe = HeadRecipe("adamw", lr=1e-3, weight_decay=0.05, momentum=0.9, warmup_epochs=0, epochs=1)
     for finetune in (True, False):
-        model = Classifier(FeatureNet(net), 64, 3, settings, finetune=finetune)
+        model = Classifier(FeatureNet(net), 64, 3, recipe, finetune=finetune)
         (group,) = model.optimizer().param_groups
         trained = list(model.parameters()) if finetune else list(model.head.parameters())
         assert group["weight_decay"] == 0.05 and {id(p) for p in group["params"]} == {id(p) for p in trained}
@@ -363,16 +370,16 @@ def test_lars_probe_warns_where_it_cannot_fit_the_head(caplog):
     move the head off its init: a warning. Its own scale, or a CIFAR GPU run, or SGD: none."""
     import logging
 
-    def settings(optimizer: str, batch: int) -> dict:
-        return {"optimizer": optimizer, "batch_size": batch, "lr": 0.1 * batch / 256, "epochs": 90, "momentum": 0.9}
+    def settings(optimizer: str, batch: int) -> HeadRecipe:
+        return HeadRecipe(optimizer, lr=0.1 * batch / 256, weight_decay=0.0, momentum=0.9, warmup_epochs=0, epochs=90)
 
     assert lars_growth_bound(1.6, 90 * 312, 0, 0.9) > math.exp(200)  # ImageNet, batch 4,096
     with caplog.at_level(logging.WARNING, logger="hvp_lightning.evaluation.probe"):
-        warn_if_lars_cannot_fit(settings("lars", 4096), 312)
-        warn_if_lars_cannot_fit(settings("lars", 512), 98)  # CIFAR-10's 50k images
-        warn_if_lars_cannot_fit(settings("sgd", 128), 24)
+        warn_if_lars_cannot_fit(settings("lars", 4096), 4096, 312)
+        warn_if_lars_cannot_fit(settings("lars", 512), 512, 98)  # CIFAR-10's 50k images
+        warn_if_lars_cannot_fit(settings("sgd", 128), 128, 24)
         assert not caplog.records
-        warn_if_lars_cannot_fit(settings("lars", 128), 24)  # 3,072 images (the demo)
+        warn_if_lars_cannot_fit(settings("lars", 128), 128, 24)  # 3,072 images (the demo)
     assert len(caplog.records) == 1 and "protocol.optimizer=sgd" in caplog.records[0].getMessage()
 
 

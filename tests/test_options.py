@@ -54,7 +54,9 @@ def test_registries_hold_exactly_the_option_names():
         section = backbone.validate_python({"name": name, **keys})
         assert build_backbone(section)(torch.zeros(2, 3, 16, 16)).shape[0] == 2
     for name in schema.OPTIMIZERS:
-        make_optimizer(name, [{"params": [torch.nn.Parameter(torch.zeros(2, 2))]}], lr=0.1, weight_decay=0.0)
+        make_optimizer(
+            name, [{"params": [torch.nn.Parameter(torch.zeros(2, 2))]}], lr=0.1, weight_decay=0.0, momentum=0.9
+        )
 
 
 def test_the_start_up_check_imports_no_torch():

@@ -6,6 +6,7 @@ import logging
 import math
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -21,6 +22,23 @@ from .features import FeatureNet, eval_trainer
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class HeadRecipe:
+    """How the head (and, fine-tuning, the backbone) trains: the protocol's resolved recipe
+    (:func:`~hvp_lightning.evaluation.protocols.protocol_settings`, its ``lr`` scaled to the batch)."""
+
+    optimizer: str
+    lr: float
+    weight_decay: float
+    momentum: float
+    warmup_epochs: float
+    epochs: int
+
+    @classmethod
+    def of(cls, s: dict[str, Any]) -> HeadRecipe:
+        return cls(s["optimizer"], s["lr"], s["weight_decay"], s["momentum"], s["warmup_epochs"], s["epochs"])
+
+
 class Classifier(L.LightningModule):
     """A linear head on features: frozen (linear probe, backbone in eval mode, no gradients),
     trained (fine-tuning) or precomputed (``features=None``: batches are feature tensors)."""
@@ -30,11 +48,11 @@ class Classifier(L.LightningModule):
         features: FeatureNet | None,
         feature_dim: int,
         num_classes: int,
-        settings: dict[str, Any],
+        recipe: HeadRecipe,
         finetune: bool = False,
     ) -> None:
         super().__init__()
-        self.features, self.settings, self.finetune, self.num_classes = features, settings, finetune, num_classes
+        self.features, self.recipe, self.finetune, self.num_classes = features, recipe, finetune, num_classes
         self.head = nn.Linear(feature_dim, num_classes)
         nn.init.normal_(self.head.weight, std=0.01)  # as the SimSiam / DINO linear classifiers
         nn.init.zeros_(self.head.bias)
@@ -110,15 +128,15 @@ class Classifier(L.LightningModule):
     def optimizer(self) -> torch.optim.Optimizer:
         """Weight decay on every trained parameter, biases and norms included: one parameter group,
         as the official optimisers (dino:eval_linear.py lines 129-139, main:eval_linear.py lines 128-138)."""
-        s = self.settings
+        r = self.recipe
         params = [p for p in self.parameters() if p.requires_grad]
-        return make_optimizer(s["optimizer"], [{"params": params}], s["lr"], s["weight_decay"], s.get("momentum", 0.9))
+        return make_optimizer(r.optimizer, [{"params": params}], r.lr, r.weight_decay, r.momentum)
 
     def configure_optimizers(self):
-        s = self.settings
+        r = self.recipe
         opt = self.optimizer()
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup = int(s.get("warmup_epochs", 0) * total / max(1, s["epochs"]))
+        warmup = int(r.warmup_epochs * total / max(1, r.epochs))
 
         def schedule(step: int) -> float:  # linear warm-up, then cosine to 0 (per step)
             return warmup_cosine(step, total, warmup)
@@ -159,21 +177,21 @@ def lars_growth_bound(lr: float, total_steps: int, warmup_steps: int, momentum: 
     return math.exp(min(700.0, eta * total_lr / (1.0 - momentum)))
 
 
-def warn_if_lars_cannot_fit(s: dict[str, Any], steps_per_epoch: int) -> None:
+def warn_if_lars_cannot_fit(r: HeadRecipe, batch_size: int, steps_per_epoch: int) -> None:
     """A warning when the LARS recipe, at this batch and step count, cannot even double the
     head's weight norm: the probe would report an untrained classifier, not the features."""
-    if s["optimizer"] != "lars":
+    if r.optimizer != "lars":
         return
-    total = s["epochs"] * steps_per_epoch
-    growth = lars_growth_bound(s["lr"], total, int(s.get("warmup_epochs", 0) * steps_per_epoch), s.get("momentum", 0.9))
+    total = r.epochs * steps_per_epoch
+    growth = lars_growth_bound(r.lr, total, int(r.warmup_epochs * steps_per_epoch), r.momentum)
     if growth < 2.0:
         log.warning(
             "protocol.optimizer=lars at batch %d (lr %.3g) for %d steps can grow the linear head's weights "
             "at most %.2fx from their init (std 0.01): too little to fit it; its accuracy would measure the "
             "optimiser, not the features. The recipe's own scale (batch 4,096, 90 ImageNet epochs) allows "
             "e^225. Use protocol.optimizer=sgd here, or raise protocol.base_lr / protocol.epochs.",
-            s["batch_size"],
-            s["lr"],
+            batch_size,
+            r.lr,
             total,
             growth,
         )

@@ -40,6 +40,7 @@ def protocol_settings(p: ProtocolSettings, method: str, dataset: str) -> dict[st
             "optimizer": "adamw",
             "batch_size": table.batch_size,
             "weight_decay": table.weight_decay,
+            "momentum": table.momentum,
             "base_lr": table.base_lr[row],
             "epochs": table.epochs[row],
             "n_last_blocks": table.n_last_blocks,

@@ -39,7 +39,7 @@ from ..warning_filters import quiet_console
 from .data import EvalData, eval_data, eval_data_cfg, eval_loader, eval_transform
 from .features import FeatureNet, eval_precision, extract, forward_seconds, is_vit
 from .loggers import eval_logger, finish_logger
-from .probe import Classifier, fit_classifier, warn_if_lars_cannot_fit
+from .probe import Classifier, HeadRecipe, fit_classifier, warn_if_lars_cannot_fit
 from .protocols import protocol_settings
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,7 @@ def run_classifier(
     if not net.is_vit:
         s["n_last_blocks"], s["avgpool_patchtokens"] = None, None  # ResNets: the pooled features
     s["feature_dim"] = net.feature_dim
+    recipe = HeadRecipe.of(s)
     test_tf = eval_transform(d, s["interpolation"])
     test_ds = EvalDataset(data.test, test_tf)
     cached = not finetune and not s["augment"]
@@ -144,14 +145,14 @@ def run_classifier(
         test_x, test_y = extract(
             cfg, net, eval_loader(test_ds, s["batch_size"], d.num_workers, False, wait_s=cfg.limits.wait_s)
         )
-        model = Classifier(None, net.feature_dim, n_cls, s)
+        model = Classifier(None, net.feature_dim, n_cls, recipe)
         train_loader = DataLoader(TensorDataset(train_x, train_y), batch_size=s["batch_size"], shuffle=True)
         test_loader = DataLoader(TensorDataset(test_x, test_y), batch_size=s["batch_size"])
     else:
         train_tf = TrainTransform(
             d.crop_size, tuple(s["train_crop_scale"]), tuple(d.mean), tuple(d.std), s["interpolation"]
         )
-        model = Classifier(net, net.feature_dim, n_cls, s, finetune=finetune)
+        model = Classifier(net, net.feature_dim, n_cls, recipe, finetune=finetune)
         train_loader = eval_loader(
             EvalDataset(data.train, train_tf),
             s["batch_size"],
@@ -161,7 +162,7 @@ def run_classifier(
             wait_s=cfg.limits.wait_s,
         )
         test_loader = eval_loader(test_ds, s["batch_size"], d.num_workers, False, wait_s=cfg.limits.wait_s)
-    warn_if_lars_cannot_fit(s, len(train_loader))
+    warn_if_lars_cannot_fit(recipe, s["batch_size"], len(train_loader))
     return fit_classifier(cfg, model, train_loader, test_loader, s["epochs"], logger)
 
 

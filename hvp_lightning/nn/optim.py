@@ -80,7 +80,7 @@ class LARS(torch.optim.Optimizer):
 
 
 def make_optimizer(
-    name: str, groups: list[dict[str, Any]], lr: float, weight_decay: float, momentum: float = 0.9, eta: float = 1e-3
+    name: str, groups: list[dict[str, Any]], lr: float, weight_decay: float, momentum: float, eta: float = 1e-3
 ) -> torch.optim.Optimizer:
     """The optimisers the recipes use, by name (pretraining and evaluation share this)."""
     if name == "sgd":

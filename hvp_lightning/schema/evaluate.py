@@ -51,6 +51,10 @@ class ClassifierProtocol(Section):
     """null: the recipe's"""
     weight_decay: NON_NEGATIVE | None = None
     """null: the recipe's"""
+    momentum: number(0, 1, open_high=True) | None = None
+    """SGD's and LARS's momentum (null: the recipe's)"""
+    warmup_epochs: NON_NEGATIVE = 0
+    """linear warm-up epochs, then cosine to 0"""
     n_last_blocks: integer(1) | None = None
     """ViTs: the head sees the CLS tokens of the last n blocks, concatenated (null: the recipe's)"""
     avgpool_patchtokens: bool | None = None
@@ -68,8 +72,6 @@ class LinearProtocol(ClassifierProtocol):
     recipe: Literal[("auto", *METHOD_NAMES)] = "auto"
     """whose recipe: auto = the checkpoint's method"""
     optimizer: Literal[OPTIMIZERS] | None = None
-    """null: the recipe's"""
-    momentum: number(0, 1, open_high=True) | None = None
     """null: the recipe's"""
     augment: bool | Literal["auto"] = "auto"
     """train on augmented crops (the official scripts); auto: false on CPU (cached features)"""
@@ -89,6 +91,8 @@ class FinetuneTable(Section):
 
     batch_size: COUNT
     weight_decay: NON_NEGATIVE
+    momentum: number(0, 1, open_high=True) = 0.9
+    """SGD's and LARS's, if protocol.optimizer picks one (the tables' AdamW has none)"""
     base_lr: dict[str, POSITIVE]
     epochs: dict[str, COUNT]
     n_last_blocks: COUNT
@@ -105,8 +109,6 @@ class FinetuneProtocol(ClassifierProtocol):
     """the table's row: auto = data.name if the table lists it, else cifar10"""
     optimizer: Literal[OPTIMIZERS] = "adamw"
     """the optimiser (the paper's: AdamW on every parameter, biases and norms too)"""
-    warmup_epochs: NON_NEGATIVE = 0
-    """linear warm-up, then cosine to 0"""
     tables: dict[str, FinetuneTable]
     """the paper's fine-tuning tables"""
 

@@ -1033,7 +1033,10 @@ def ceiling_verdict(numbers: dict[str, Any], method: str, label: str = "k-NN") -
 
 
 def saturation_line(res: Results, methods: list[str]) -> list[str]:
-    """The pilot's criterion on the baseline at the scale's epochs: what its last quarter added."""
+    """The pilot's criterion on the baseline at the scale's epochs (what its last quarter added) and,
+    where a ``baseline_x<k>`` ran, the stronger test: what a whole schedule k times as long added.
+    A cosine schedule's last quarter adds little at any length (its lr is near 0 there), so only the
+    second says whether training longer has stopped paying."""
     lines = []
     for m in methods:
         quarters = [q for q in map(last_quarter, res.get((m, BASE), {}).values()) if q is not None]
@@ -1042,10 +1045,24 @@ def saturation_line(res: Results, methods: list[str]) -> list[str]:
         d, lo, hi = t_interval(quarters)
         epochs = max(r["epochs"] for r in res[(m, BASE)].values())
         ok = "under 1 point: saturated by the criterion" if d < 0.01 else "1 point or more: NOT saturated, train longer"
-        lines.append(
+        line = (
             f"- {m}: the baseline's last quarter (epochs {round(0.75 * epochs)}-{epochs}) adds "
             f"{_diff(d, lo, hi, len(quarters))} pp k-NN over {len(quarters)} seed(s): {ok}"
         )
+        longest = max((a for (mm, a) in res if mm == m and longer(a) is not None), key=longer, default=None)
+        pair = paired(res, m, longest, BASE, "knn") if longest else None
+        if pair:
+            lo2 = pair["ci"][0]
+            pays = (
+                "training longer still pays (its interval is above 0)"
+                if pair["n"] > 1 and lo2 > 0
+                else "no gain shown from training longer (its interval reaches 0)"
+            )
+            line += (
+                f"; a whole schedule {longer(longest):g}x as long (`{longest}`) adds "
+                f"{_diff(pair['diff'], *pair['ci'], pair['n'])} pp: {pays}"
+            )
+        lines.append(line)
     return lines
 
 

@@ -537,7 +537,8 @@ def test_report_gives_the_ceiling_the_saturation_check_and_the_cpu_hours(tmp_pat
         "it (none has its 95% CI above 0); best: hard -1.00 (-1.00, -1.00) pp.**" in text
     )
     assert "- simclr: the baseline's last quarter (epochs 15-20) adds +4.00 (4.00, 4.00) pp k-NN over 3 seed(s): " \
-        "1 point or more: NOT saturated, train longer" in text  # fmt: skip
+        "1 point or more: NOT saturated, train longer; a whole schedule 2x as long (`baseline_x2`) adds " \
+        "+5.00 (5.00, 5.00) pp: training longer still pays (its interval is above 0)" in text  # fmt: skip
     # 6 arms x 3 runs x (600 + 30) s = 3.15 h of wall, 1.25x of it CPU
     assert "| simclr | hard | 3 | 0.50 | 0.03 | 0.53 | 0.66 | 10.5 |" in text
     assert "| all | | 18 | 3.00 | 0.15 | 3.15 | 3.94 | 10.5 |" in text

@@ -51,7 +51,7 @@ def test_a_method_takes_its_settings_as_keywords_or_one_object_and_refuses_a_bad
     assert [v.size for v in a.views()] == [None, None, None]  # N candidates at the data's crop size
     for keys, said in (
         ({"temperature": 0}, "temperature=0 is not allowed: a number > 0"),
-        ({"temperatur": 0.2}, "temperatur=0.2 is not allowed: not a key of SimCLRSettings"),
+        ({"temperatur": 0.2}, "temperatur=0.2 is not allowed: not a key of SimCLRSettings (did you mean temperature? "),
         ({"hvp": HVP(global_pairs="all")}, "hvp.global_pairs='all' is not allowed: cross for method simclr"),
         ({"optimizer": {"name": "lars"}}, "optimizer.base_lr is not set"),
     ):

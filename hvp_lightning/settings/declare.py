@@ -15,6 +15,7 @@ type, range, default and doc are written here only. Torch-free, no dependency be
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import inspect
 import math
@@ -188,8 +189,10 @@ class Settings:
             raise SettingError(cls.__name__, data, f"a mapping with keys {', '.join(cls.keys())}")
         unknown = [k for k in data if k not in cls.keys()]
         if unknown:
+            close = difflib.get_close_matches(str(unknown[0]), cls.keys(), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}? " if close else ""
             raise SettingError(
-                str(unknown[0]), data[unknown[0]], f"not a key of {cls.__name__} ({', '.join(cls.keys())})"
+                str(unknown[0]), data[unknown[0]], f"not a key of {cls.__name__} ({hint}keys: {', '.join(cls.keys())})"
             )
         return cls(**data)
 

@@ -22,7 +22,7 @@ from hvp_lightning.cli import checked_command_line
 from hvp_lightning.config import check_options, validate
 from hvp_lightning.errors import ConfigError
 from hvp_lightning.schema import TrainConfig, compose, describe, help_listing, train_settings
-from hvp_lightning.schema.base import COUNT, POSITIVE, UNIT_RANGE, Section, checked, integer, numbers
+from hvp_lightning.schema.base import COUNT, POSITIVE, UNIT_RANGE, Section, as_dict, checked, integer, numbers
 from tests.conftest import REPO, SUBPROCESS_TIMEOUT_S, images_run, make_cfg, tiered, write_images, write_plain_shards
 
 VIT = ("backbone=vit_tiny_cifar", "data.crop_size=16", "method.local_crop_size=8")
@@ -242,6 +242,15 @@ def test_the_validated_config_has_every_declared_key_with_its_type() -> None:
     assert out.method.optimizer.warmup_epochs == 0.0 and isinstance(out.method.optimizer.warmup_epochs, float)
     assert out.method.optimizer.eta == 0.001  # a default of the schema, not set by simsiam_cifar
     assert set(TrainConfig.model_fields) - {"hvp"} <= set(out.model_dump())
+
+
+def test_what_is_written_has_every_key_and_an_absent_group_left_out_as_composed() -> None:
+    """config.yaml and the checkpoint's config (``as_dict``): a null key stays (``resume: null``), an
+    optional group not added (``hvp`` without ``+hvp=on``) is absent, as in the composed config."""
+    base, hvp = make_cfg(), make_cfg("+hvp=on")
+    written, written_hvp = as_dict(check_options(base)), as_dict(check_options(hvp))
+    assert "hvp" not in base and "hvp" not in written and written["resume"] is None
+    assert written_hvp["hvp"]["num_views"] == hvp.hvp.num_views and set(written_hvp) - set(written) == {"hvp"}
 
 
 def test_a_warm_up_as_long_as_the_run_is_said_at_start_up(caplog: pytest.LogCaptureFixture) -> None:

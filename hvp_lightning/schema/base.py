@@ -99,7 +99,14 @@ def as_dict(validated: BaseModel) -> dict[str, Any]:
     """A validated config as plain values, for what is written or handed on (config.yaml, the
     checkpoint's config, W&B's config): every declared key, an absent optional group (``hvp``
     without ``+hvp=on``) left out, as a composed config leaves it out."""
-    return {k: v for k, v in validated.model_dump().items() if v is not None or k != "hvp"}
+    fields = type(validated).model_fields
+    return {k: v for k, v in validated.model_dump().items() if v is not None or not _optional_group(fields[k])}
+
+
+def _optional_group(field: FieldInfo) -> bool:
+    """A top-level ``Group | None``: a config group that is absent until added (``+hvp=on``)."""
+    args = typing.get_args(field.annotation)
+    return type(None) in args and any(isinstance(a, type) and issubclass(a, BaseModel) for a in args)
 
 
 # --- value types: the range is part of the type, so the message can say it -----------------------
